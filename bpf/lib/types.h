@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Map keys and values shared with user space (cozyebpf/datapath/layout.py mirrors them; a test
+ * checks sizes and offsets against what bcc generates from this file). This is a contract:
+ * never reorder or resize a field; add reservedN slots instead and bump CZ_LAYOUT_VERSION.
+ */
+#ifndef COZYEBPF_TYPES_H
+#define COZYEBPF_TYPES_H
+
+#include <linux/types.h>
+
+#define CZ_LAYOUT_VERSION 1
+
+/* svc4_val.flags and pod4_val.flags */
+#define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
+#define CZ_F_ALLOW_ICMP 0x02  /* ICMP passes in port-filter mode */
+
+/* svc4: key __be32 LB IP */
+struct svc4_val {
+	__be32 pod_ip;	  /* destination after translation */
+	__u8 flags;	  /* CZ_F_* */
+	__u8 reserved[3]; /* zero */
+};
+
+/* pod4: key __be32 pod IP */
+struct pod4_val {
+	__be32 lb_ip;	  /* source after translation on egress */
+	__u8 flags;	  /* CZ_F_* of the Service that owns the pod's egress */
+	__u8 reserved[3]; /* zero */
+};
+
+/* allow4: a set; value __u8 (1) */
+struct allow4_key {
+	__be32 pod_ip; /* after translation */
+	__u8 proto;    /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP */
+	__u8 reserved; /* zero */
+	__be16 port;   /* destination port */
+};
+
+/* flow4: connections the pod opened (port-filter mode), so that replies pass */
+struct flow4_key {
+	__be32 pod_ip;	    /* the pod's own address */
+	__be32 remote_ip;   /* the peer */
+	__be16 pod_port;    /* the pod's port; ICMP echo: the identifier */
+	__be16 remote_port; /* the peer's port; ICMP echo: 0 */
+	__u8 proto;	    /* IPPROTO_* */
+	__u8 reserved[3];   /* zero */
+};
+
+struct flow4_val {
+	__u64 last_seen_ns; /* bpf_ktime_get_ns() of the last egress packet, 1 s resolution */
+};
+
+/* stats: per-CPU array indexed by enum cz_reason (stats.h) */
+struct stat_val {
+	__u64 packets;
+	__u64 bytes;
+};
+
+#endif

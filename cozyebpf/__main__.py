@@ -1,0 +1,3 @@
+from cozyebpf.cli import main
+
+main()

@@ -1,0 +1,451 @@
+"""Thin wrappers over the bpf(2) system call, for what bcc does not offer: creating and pinning
+maps with a checked layout, bpf_link create/update/pin (XDP and tcx), program queries, and
+BPF_PROG_TEST_RUN. Calling the syscall directly keeps us independent of the libbpf version on the
+host (Debian 12's libbpf 1.1 predates tcx).
+
+Attribute layouts follow `union bpf_attr` in include/uapi/linux/bpf.h; each ctypes struct below
+covers exactly the fields of one command and is zero-padded to the size the kernel checks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from dataclasses import dataclass
+from typing import Any
+
+#: a ctypes object passed by address (Structure, Array, c_* value)
+CObj = Any
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+SYS_BPF = 321  # x86_64
+
+# commands
+BPF_MAP_CREATE = 0
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_MAP_GET_NEXT_KEY = 4
+BPF_OBJ_PIN = 6
+BPF_OBJ_GET = 7
+BPF_PROG_TEST_RUN = 10
+BPF_PROG_GET_FD_BY_ID = 13
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_PROG_QUERY = 16
+BPF_LINK_CREATE = 28
+BPF_LINK_UPDATE = 29
+BPF_LINK_GET_FD_BY_ID = 30
+BPF_LINK_DETACH = 34
+
+# map types
+BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_PERCPU_ARRAY = 6
+BPF_MAP_TYPE_LRU_HASH = 9
+
+MAP_TYPE_NAMES = {
+    BPF_MAP_TYPE_HASH: "hash",
+    BPF_MAP_TYPE_ARRAY: "array",
+    BPF_MAP_TYPE_PERCPU_ARRAY: "percpu_array",
+    BPF_MAP_TYPE_LRU_HASH: "lru_hash",
+}
+
+# attach types
+BPF_XDP = 37
+BPF_TCX_INGRESS = 46
+BPF_TCX_EGRESS = 47
+
+# link_create / prog_query flags
+BPF_F_BEFORE = 1 << 3
+XDP_FLAGS_SKB_MODE = 1 << 1
+XDP_FLAGS_DRV_MODE = 1 << 2
+
+# update flags
+BPF_ANY = 0
+BPF_NOEXIST = 1
+BPF_EXIST = 2
+
+BPF_OBJ_NAME_LEN = 16
+_ATTR_SIZE = 144  # sizeof(union bpf_attr) on 6.x; the kernel zero-checks bytes it does not know
+
+
+class BpfError(OSError):
+    """A bpf(2) call failed; `errno` is set, the message names the command and the object."""
+
+
+def _sys_bpf(cmd: int, attr: ctypes.Structure, what: str) -> int:
+    buf = ctypes.create_string_buffer(_ATTR_SIZE)
+    ctypes.memmove(buf, ctypes.addressof(attr), ctypes.sizeof(attr))
+    ret = _libc.syscall(SYS_BPF, cmd, buf, _ATTR_SIZE)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise BpfError(err, f"{what}: {os.strerror(err)}")
+    # copy back: some commands write into attr (test_run, query)
+    ctypes.memmove(ctypes.addressof(attr), buf, ctypes.sizeof(attr))
+    return int(ret)
+
+
+def _ptr(obj: CObj | None) -> int:
+    return 0 if obj is None else ctypes.addressof(obj)
+
+
+class _MapCreate(ctypes.Structure):
+    _fields_ = [
+        ("map_type", ctypes.c_uint32),
+        ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32),
+        ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("inner_map_fd", ctypes.c_uint32),
+        ("numa_node", ctypes.c_uint32),
+        ("map_name", ctypes.c_char * BPF_OBJ_NAME_LEN),
+    ]
+
+
+class _MapElem(ctypes.Structure):
+    _fields_ = [
+        ("map_fd", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),  # or next_key
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+class _ObjPin(ctypes.Structure):
+    _fields_ = [
+        ("pathname", ctypes.c_uint64),
+        ("bpf_fd", ctypes.c_uint32),
+        ("file_flags", ctypes.c_uint32),
+    ]
+
+
+class _InfoByFd(ctypes.Structure):
+    _fields_ = [
+        ("bpf_fd", ctypes.c_uint32),
+        ("info_len", ctypes.c_uint32),
+        ("info", ctypes.c_uint64),
+    ]
+
+
+class _GetFdById(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint32),
+        ("next_id", ctypes.c_uint32),
+        ("open_flags", ctypes.c_uint32),
+    ]
+
+
+class _LinkCreate(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_ifindex", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("relative_fd", ctypes.c_uint32),  # tcx.relative_fd / relative_id
+        ("_pad", ctypes.c_uint32),
+        ("expected_revision", ctypes.c_uint64),
+    ]
+
+
+class _LinkUpdate(ctypes.Structure):
+    _fields_ = [
+        ("link_fd", ctypes.c_uint32),
+        ("new_prog_fd", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("old_prog_fd", ctypes.c_uint32),
+    ]
+
+
+class _LinkDetach(ctypes.Structure):
+    _fields_ = [("link_fd", ctypes.c_uint32)]
+
+
+class _ProgQuery(ctypes.Structure):
+    _fields_ = [
+        ("target_ifindex", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("query_flags", ctypes.c_uint32),
+        ("attach_flags", ctypes.c_uint32),
+        ("prog_ids", ctypes.c_uint64),
+        ("prog_cnt", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+        ("prog_attach_flags", ctypes.c_uint64),
+        ("link_ids", ctypes.c_uint64),
+        ("link_attach_flags", ctypes.c_uint64),
+        ("revision", ctypes.c_uint64),
+    ]
+
+
+class _TestRun(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32),
+        ("data_size_in", ctypes.c_uint32),
+        ("data_size_out", ctypes.c_uint32),
+        ("data_in", ctypes.c_uint64),
+        ("data_out", ctypes.c_uint64),
+        ("repeat", ctypes.c_uint32),
+        ("duration", ctypes.c_uint32),
+        ("ctx_size_in", ctypes.c_uint32),
+        ("ctx_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_uint64),
+        ("ctx_out", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("batch_size", ctypes.c_uint32),
+    ]
+
+
+class _ProgInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", ctypes.c_uint32),
+        ("xlated_prog_len", ctypes.c_uint32),
+        ("jited_prog_insns", ctypes.c_uint64),
+        ("xlated_prog_insns", ctypes.c_uint64),
+        ("load_time", ctypes.c_uint64),
+        ("created_by_uid", ctypes.c_uint32),
+        ("nr_map_ids", ctypes.c_uint32),
+        ("map_ids", ctypes.c_uint64),
+        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
+        ("_rest", ctypes.c_uint8 * 168),  # up to verified_insns (offset 216) and beyond
+    ]
+
+
+class _MapInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32),
+        ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
+    ]
+
+
+class _LinkInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("prog_id", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+        ("ifindex", ctypes.c_uint32),  # xdp.ifindex / tcx.ifindex
+        ("attach_type", ctypes.c_uint32),  # tcx.attach_type
+        ("_rest", ctypes.c_uint8 * 32),
+    ]
+
+
+@dataclass(frozen=True)
+class MapInfo:
+    type: int
+    id: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ProgInfo:
+    type: int
+    id: int
+    name: str
+    xlated_insns: int  # xlated_prog_len / 8
+    verified_insns: int
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    type: int
+    id: int
+    prog_id: int
+    ifindex: int
+    attach_type: int
+
+
+def map_create(
+    map_type: int, key_size: int, value_size: int, max_entries: int, name: str, flags: int = 0
+) -> int:
+    attr = _MapCreate(
+        map_type=map_type,
+        key_size=key_size,
+        value_size=value_size,
+        max_entries=max_entries,
+        map_flags=flags,
+        map_name=name.encode()[: BPF_OBJ_NAME_LEN - 1],
+    )
+    return _sys_bpf(BPF_MAP_CREATE, attr, f"create map {name}")
+
+
+def obj_pin(fd: int, path: str) -> None:
+    p = ctypes.create_string_buffer(path.encode())
+    _sys_bpf(BPF_OBJ_PIN, _ObjPin(pathname=_ptr(p), bpf_fd=fd), f"pin {path}")
+
+
+def obj_get(path: str) -> int:
+    p = ctypes.create_string_buffer(path.encode())
+    return _sys_bpf(BPF_OBJ_GET, _ObjPin(pathname=_ptr(p)), f"open pin {path}")
+
+
+def _info(fd: int, info: ctypes.Structure, what: str) -> None:
+    attr = _InfoByFd(bpf_fd=fd, info_len=ctypes.sizeof(info), info=_ptr(info))
+    _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, attr, f"info of {what}")
+
+
+def map_info(fd: int) -> MapInfo:
+    i = _MapInfo()
+    _info(fd, i, f"map fd {fd}")
+    return MapInfo(
+        i.type, i.id, i.key_size, i.value_size, i.max_entries, i.map_flags, i.name.decode()
+    )
+
+
+def prog_info(fd: int) -> ProgInfo:
+    i = _ProgInfo()
+    _info(fd, i, f"program fd {fd}")
+    verified = int.from_bytes(bytes(i._rest)[216 - 80 : 216 - 80 + 4], "little")
+    return ProgInfo(i.type, i.id, i.name.decode(), i.xlated_prog_len // 8, verified)
+
+
+def link_info(fd: int) -> LinkInfo:
+    i = _LinkInfo()
+    _info(fd, i, f"link fd {fd}")
+    return LinkInfo(i.type, i.id, i.prog_id, i.ifindex, i.attach_type)
+
+
+def prog_fd_by_id(prog_id: int) -> int:
+    return _sys_bpf(BPF_PROG_GET_FD_BY_ID, _GetFdById(id=prog_id), f"open program id {prog_id}")
+
+
+def prog_info_by_id(prog_id: int) -> ProgInfo:
+    fd = prog_fd_by_id(prog_id)
+    try:
+        return prog_info(fd)
+    finally:
+        os.close(fd)
+
+
+def link_create(
+    prog_fd: int, ifindex: int, attach_type: int, flags: int = 0, relative_fd: int = 0
+) -> int:
+    attr = _LinkCreate(
+        prog_fd=prog_fd,
+        target_ifindex=ifindex,
+        attach_type=attach_type,
+        flags=flags,
+        relative_fd=relative_fd,
+    )
+    return _sys_bpf(
+        BPF_LINK_CREATE, attr, f"attach program (type {attach_type}) to ifindex {ifindex}"
+    )
+
+
+def link_update(link_fd: int, new_prog_fd: int) -> None:
+    _sys_bpf(BPF_LINK_UPDATE, _LinkUpdate(link_fd=link_fd, new_prog_fd=new_prog_fd), "update link")
+
+
+def link_detach(link_fd: int) -> None:
+    _sys_bpf(BPF_LINK_DETACH, _LinkDetach(link_fd=link_fd), "detach link")
+
+
+def prog_query(ifindex: int, attach_type: int) -> tuple[list[int], list[int]]:
+    """Program ids and link ids (0 where none) attached at (ifindex, tcx attach type), in order."""
+    ids = (ctypes.c_uint32 * 64)()
+    links = (ctypes.c_uint32 * 64)()
+    attr = _ProgQuery(
+        target_ifindex=ifindex,
+        attach_type=attach_type,
+        prog_ids=_ptr(ids),
+        link_ids=_ptr(links),
+        prog_cnt=64,
+    )
+    try:
+        _sys_bpf(BPF_PROG_QUERY, attr, f"query programs on ifindex {ifindex}")
+    except BpfError as e:
+        if e.errno in (errno.ENOENT, errno.EINVAL):
+            return [], []
+        raise
+    n = attr.prog_cnt
+    return list(ids[:n]), list(links[:n])
+
+
+def map_lookup(fd: int, key: CObj, value: CObj) -> bool:
+    attr = _MapElem(map_fd=fd, key=_ptr(key), value=_ptr(value))
+    try:
+        _sys_bpf(BPF_MAP_LOOKUP_ELEM, attr, "map lookup")
+    except BpfError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    return True
+
+
+def map_update(fd: int, key: CObj, value: CObj, flags: int = BPF_ANY) -> None:
+    _sys_bpf(
+        BPF_MAP_UPDATE_ELEM,
+        _MapElem(map_fd=fd, key=_ptr(key), value=_ptr(value), flags=flags),
+        "map update",
+    )
+
+
+def map_delete(fd: int, key: CObj) -> bool:
+    try:
+        _sys_bpf(BPF_MAP_DELETE_ELEM, _MapElem(map_fd=fd, key=_ptr(key)), "map delete")
+    except BpfError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    return True
+
+
+def map_keys(fd: int, key_size: int) -> list[bytes]:
+    """Every key of a hash map (raw bytes). Keys deleted meanwhile may restart the walk."""
+    keys: list[bytes] = []
+    cur = None
+    nxt = ctypes.create_string_buffer(key_size)
+    while True:
+        attr = _MapElem(map_fd=fd, key=_ptr(cur), value=_ptr(nxt))
+        try:
+            _sys_bpf(BPF_MAP_GET_NEXT_KEY, attr, "map walk")
+        except BpfError as e:
+            if e.errno == errno.ENOENT:
+                return keys
+            raise
+        keys.append(nxt.raw)
+        cur = ctypes.create_string_buffer(nxt.raw, key_size)
+
+
+@dataclass(frozen=True)
+class TestRunResult:
+    retval: int
+    data: bytes
+    duration_ns: int
+
+
+def prog_test_run(
+    prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 4096
+) -> TestRunResult:
+    """BPF_PROG_TEST_RUN: run a loaded program on `data` (a frame from its Ethernet header)."""
+    din = ctypes.create_string_buffer(data, len(data))
+    dout = ctypes.create_string_buffer(out_size)
+    attr = _TestRun(
+        prog_fd=prog_fd,
+        data_size_in=len(data),
+        data_size_out=out_size,
+        data_in=_ptr(din),
+        data_out=_ptr(dout),
+        repeat=repeat,
+    )
+    _sys_bpf(BPF_PROG_TEST_RUN, attr, "test run")
+    return TestRunResult(
+        ctypes.c_int32(attr.retval).value, dout.raw[: attr.data_size_out], attr.duration
+    )

@@ -1,0 +1,90 @@
+"""Compile and load the C programs in bpf/ with bcc.
+
+bcc rewrites map accesses (`map.lookup(&k)`) only in the main file of a compilation, so the
+loader inlines our own quoted `#include "lib/x.h"` headers into one source text, each once, with
+`#line` markers so that compiler and verifier messages still name the real file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cozyebpf.datapath.layout import ALL_MAPS
+from cozyebpf.errors import DatapathError
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+def bpf_dir() -> Path:
+    """Where the C sources are: $COZYEBPF_BPF_DIR, else bpf/ beside the package."""
+    env = os.environ.get("COZYEBPF_BPF_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "bpf"
+
+
+def flatten(path: Path, seen: set[Path] | None = None) -> str:
+    """`path` with its quoted includes (relative to the including file) inlined, each once."""
+    seen = set() if seen is None else seen
+    path = path.resolve()
+    if path in seen:
+        return ""
+    seen.add(path)
+    out = [f'#line 1 "{path}"']
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        m = _INCLUDE.match(line)
+        if m:
+            inc = (path.parent / m.group(1)).resolve()
+            if not inc.is_file():
+                raise DatapathError(f"{path}:{n}: included file {m.group(1)} not found")
+            out.append(flatten(inc, seen))
+            out.append(f'#line {n + 1} "{path}"')
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def cflags(pin_dir: str, extra: Sequence[str] = ()) -> list[str]:
+    flags = [f'-DCZ_PIN_DIR="{pin_dir}"']
+    flags += [f"-D{s.macro}={s.max_entries}" for s in ALL_MAPS if s.macro]
+    flags += ["-Wno-unused-function", *extra]
+    return flags
+
+
+@dataclass
+class Program:
+    """A loaded program; `bpf` keeps bcc's module (and so the program fd) alive."""
+
+    name: str
+    fd: int
+    bpf: Any
+
+
+def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
+    """Compile bpf/<source> and load `func` as prog_type ("xdp" or "sched_cls"). The pinned
+    maps must exist already (PinnedMaps.ensure), so bcc only opens them."""
+    from bcc import BPF  # imported here: the model and the CLI's help work without bcc
+
+    path = bpf_dir() / source
+    if not path.is_file():
+        raise DatapathError(f"BPF source {path} not found; set COZYEBPF_BPF_DIR")
+    try:
+        b = BPF(text=flatten(path), cflags=cflags(pin_dir))
+    except Exception as e:  # bcc raises bare Exception; the compiler printed the details
+        raise DatapathError(
+            f"compiling {path} failed ({e}); see the compiler output above. Are kernel "
+            f"headers installed at /lib/modules/{os.uname().release}/build?"
+        ) from e
+    kind = {"xdp": BPF.XDP, "sched_cls": BPF.SCHED_CLS}[prog_type]
+    try:
+        fn = b.load_func(func, kind)
+    except Exception as e:
+        raise DatapathError(
+            f"the kernel rejected {func} from {path}: {e}; the verifier log is above"
+        ) from e
+    return Program(func, fn.fd, b)

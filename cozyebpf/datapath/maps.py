@@ -1,0 +1,273 @@
+"""The pinned maps: create them with a checked layout, open them from another process, and
+read or program them through plain bpf(2) calls (no compilation needed, so `maps dump` is
+instant)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+from collections.abc import Iterator
+from ipaddress import IPv4Address
+from pathlib import Path
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.layout import (
+    ALL_MAPS,
+    ALLOW4,
+    F_ALLOW_ICMP,
+    F_PORT_FILTER,
+    FLOW4,
+    LAYOUT_VERSION,
+    META,
+    POD4,
+    STATS,
+    SVC4,
+    Allow4Key,
+    Flow4Key,
+    MapSpec,
+    MetaVal,
+    Pod4Val,
+    StatVal,
+    Svc4Val,
+    be16,
+    be32,
+    ip_of,
+    port_of,
+)
+from cozyebpf.datapath.reasons import REASONS
+from cozyebpf.errors import DatapathError
+from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PIN_DIR = "/sys/fs/bpf/cozyebpf"
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs: the stride of per-CPU map values."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += (int(hi) if hi else int(lo)) - int(lo) + 1
+    return n
+
+
+def _flags(port_filter: bool, allow_icmp: bool) -> int:
+    return (F_PORT_FILTER if port_filter else 0) | (F_ALLOW_ICMP if allow_icmp else 0)
+
+
+def _layout_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
+    want = (spec.map_type, spec.key_size, spec.value_size, spec.max_entries)
+    have = (info.type, info.key_size, info.value_size, info.max_entries)
+    if want == have:
+        return None
+    names = ("type", "key size", "value size", "max entries")
+    return ", ".join(
+        f"{n} {h} (want {w})" for n, h, w in zip(names, have, want, strict=True) if h != w
+    )
+
+
+class PinnedMaps:
+    """File descriptors of every cozyebpf map under one pin directory."""
+
+    def __init__(self, pin_dir: str, fds: dict[str, int]) -> None:
+        self.pin_dir = pin_dir
+        self.fds = fds
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
+        """Open existing pins (for `maps dump`); every map must be there with our layout."""
+        fds: dict[str, int] = {}
+        try:
+            for spec in ALL_MAPS:
+                path = os.path.join(pin_dir, spec.name)
+                try:
+                    fd = bpfsys.obj_get(path)
+                except bpfsys.BpfError as e:
+                    if e.errno == errno.ENOENT:
+                        raise DatapathError(
+                            f"no cozyebpf map pinned at {path}: is `cozyebpf run` running on "
+                            f"this node (and is --pin-dir the same)?"
+                        ) from None
+                    raise DatapathError(f"cannot open {path}: {e}") from e
+                fds[spec.name] = fd
+                cls._check(spec, fd, path)
+            maps = cls(pin_dir, fds)
+            maps._check_version()
+            return maps
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+
+    @classmethod
+    def ensure(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
+        """Open the pins, creating (and pinning, mode 0600 in a 0700 dir) any that are missing.
+        A pin with another layout is never reused: that is an error naming the map."""
+        os.makedirs(pin_dir, mode=0o700, exist_ok=True)
+        os.chmod(pin_dir, 0o700)
+        fds: dict[str, int] = {}
+        created: list[str] = []
+        try:
+            for spec in ALL_MAPS:
+                path = os.path.join(pin_dir, spec.name)
+                try:
+                    fd = bpfsys.obj_get(path)
+                    cls._check(spec, fd, path)
+                except bpfsys.BpfError as e:
+                    if e.errno != errno.ENOENT:
+                        raise DatapathError(f"cannot open {path}: {e}") from e
+                    fd = bpfsys.map_create(
+                        spec.map_type,
+                        spec.key_size,
+                        spec.value_size,
+                        spec.max_entries,
+                        f"cz_{spec.name}",
+                    )
+                    bpfsys.obj_pin(fd, path)
+                    os.chmod(path, 0o600)
+                    created.append(spec.name)
+                fds[spec.name] = fd
+            maps = cls(pin_dir, fds)
+            if META.name in created:
+                key = ctypes.c_uint32(0)
+                bpfsys.map_update(fds[META.name], key, MetaVal(layout_version=LAYOUT_VERSION))
+            maps._check_version()
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        if created:
+            log.info("created maps in %s: %s", pin_dir, ", ".join(created))
+        if len(created) < len(ALL_MAPS):
+            kept = [s.name for s in ALL_MAPS if s.name not in created]
+            log.info("adopted pinned maps in %s: %s", pin_dir, ", ".join(kept))
+        return maps
+
+    @staticmethod
+    def _check(spec: MapSpec, fd: int, path: str) -> None:
+        problem = _layout_problem(spec, bpfsys.map_info(fd))
+        if problem:
+            os.close(fd)
+            raise DatapathError(
+                f"pinned map {path} has another layout ({problem}); it was made by another "
+                f"cozyebpf version. Run `cozyebpf detach --pin-dir {os.path.dirname(path)}` to "
+                f"remove the old datapath, then start again"
+            )
+
+    def _check_version(self) -> None:
+        val = MetaVal()
+        if not bpfsys.map_lookup(self.fds[META.name], ctypes.c_uint32(0), val):
+            raise DatapathError(f"{self.pin_dir}/meta holds no layout version")
+        if val.layout_version != LAYOUT_VERSION:
+            raise DatapathError(
+                f"maps in {self.pin_dir} have layout version {val.layout_version}, this "
+                f"cozyebpf uses {LAYOUT_VERSION}; run `cozyebpf detach --pin-dir "
+                f"{self.pin_dir}` to remove the old datapath, then start again"
+            )
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = {}
+
+    def __enter__(self) -> PinnedMaps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _items(self, spec: MapSpec) -> Iterator[tuple[bytes, bytes]]:
+        fd = self.fds[spec.name]
+        for raw in bpfsys.map_keys(fd, spec.key_size):
+            key = spec.key.from_buffer_copy(raw)
+            val = spec.value()
+            if bpfsys.map_lookup(fd, key, val):  # gone meanwhile: skip
+                yield raw, bytes(val)
+
+    def read_state(self) -> MapState:
+        st = MapState()
+        for kraw, vraw in self._items(SVC4):
+            sv = Svc4Val.from_buffer_copy(vraw)
+            st.services[IPv4Address(kraw)] = ServiceEntry(
+                ip_of(sv.pod_ip), bool(sv.flags & F_PORT_FILTER), bool(sv.flags & F_ALLOW_ICMP)
+            )
+        for kraw, vraw in self._items(POD4):
+            pv = Pod4Val.from_buffer_copy(vraw)
+            st.pods[IPv4Address(kraw)] = PodEntry(
+                ip_of(pv.lb_ip), bool(pv.flags & F_PORT_FILTER), bool(pv.flags & F_ALLOW_ICMP)
+            )
+        for kraw, _ in self._items(ALLOW4):
+            ak = Allow4Key.from_buffer_copy(kraw)
+            try:
+                proto = Proto(ak.proto)
+            except ValueError:
+                proto = None
+            if proto is None:
+                # not something we write: remove it on the next apply
+                log.warning("allow4 holds an entry with unknown protocol %d", ak.proto)
+                continue
+            st.allowed.add(AllowedPort(ip_of(ak.pod_ip), proto, port_of(ak.port)))
+        return st
+
+    def flows_by_pod(self) -> dict[IPv4Address, int]:
+        out: dict[IPv4Address, int] = {}
+        for raw in bpfsys.map_keys(self.fds[FLOW4.name], FLOW4.key_size):
+            pod = ip_of(Flow4Key.from_buffer_copy(raw).pod_ip)
+            out[pod] = out.get(pod, 0) + 1
+        return out
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per-reason totals, summed over CPUs."""
+        ncpu = possible_cpus()
+        stride = (STATS.value_size + 7) // 8 * 8
+        buf = ctypes.create_string_buffer(stride * ncpu)
+        out: dict[str, dict[str, int]] = {}
+        for idx, name in enumerate(REASONS):
+            if not bpfsys.map_lookup(self.fds[STATS.name], ctypes.c_uint32(idx), buf):
+                continue
+            pk = by = 0
+            for cpu in range(ncpu):
+                v = StatVal.from_buffer_copy(buf.raw, cpu * stride)
+                pk += v.packets
+                by += v.bytes
+            out[name] = {"packets": pk, "bytes": by}
+        return out
+
+    # -- programming ---------------------------------------------------------------------
+
+    def apply(self, d: MapDiff) -> None:
+        """Apply `d` in the order that never opens a hole (see MapDiff)."""
+        svc, pod, allow = self.fds[SVC4.name], self.fds[POD4.name], self.fds[ALLOW4.name]
+        one = ctypes.c_uint8(1)
+        try:
+            for a in sorted(d.allowed_add):
+                bpfsys.map_update(allow, _allow_key(a), one)
+            for lb, s in sorted(d.services_set.items()):
+                v = Svc4Val(pod_ip=be32(s.pod_ip), flags=_flags(s.port_filter, s.allow_icmp))
+                bpfsys.map_update(svc, ctypes.c_uint32(be32(lb)), v)
+            for p, e in sorted(d.pods_set.items()):
+                v2 = Pod4Val(lb_ip=be32(e.lb_ip), flags=_flags(e.port_filter, e.allow_icmp))
+                bpfsys.map_update(pod, ctypes.c_uint32(be32(p)), v2)
+            for lb in sorted(d.services_del):
+                bpfsys.map_delete(svc, ctypes.c_uint32(be32(lb)))
+            for p in sorted(d.pods_del):
+                bpfsys.map_delete(pod, ctypes.c_uint32(be32(p)))
+            for a in sorted(d.allowed_del):
+                bpfsys.map_delete(allow, _allow_key(a))
+        except bpfsys.BpfError as e:
+            hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
+            raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
+
+
+def _allow_key(a: AllowedPort) -> Allow4Key:
+    return Allow4Key(pod_ip=be32(a.pod_ip), proto=int(a.proto), port=be16(a.port))

@@ -1,0 +1,34 @@
+"""Counter reasons, mirroring `enum cz_reason` in bpf/lib/stats.h (a test compares them)."""
+
+from __future__ import annotations
+
+#: index == enum value; names are what `maps dump` prints
+REASONS: tuple[str, ...] = (
+    "nat_ingress",
+    "nat_egress",
+    "pass_port",
+    "pass_icmp",
+    "pass_reply",
+    "pass_fragment",
+    "drop_port",
+    "drop_icmp",
+    "drop_proto",
+    "drop_malformed",
+    "flow_new",
+    "flow_error",
+)
+
+DESCRIPTIONS: dict[str, str] = {
+    "nat_ingress": "whole-IP packet translated LB IP -> pod IP",
+    "nat_egress": "pod packet translated pod IP -> LB IP",
+    "pass_port": "port filter: allowed (pod, protocol, port)",
+    "pass_icmp": "port filter: ICMP with allowICMP",
+    "pass_reply": "port filter: reply to a flow the pod opened",
+    "pass_fragment": "port filter: non-first IPv4 fragment, passed",
+    "drop_port": "port filter: TCP/UDP/SCTP port not in spec.ports",
+    "drop_icmp": "port filter: ICMP without allowICMP",
+    "drop_proto": "port filter: protocol without ports (GRE, ESP, ...)",
+    "drop_malformed": "L4 header truncated on a managed address",
+    "flow_new": "flow-table entry created (egress)",
+    "flow_error": "flow-table entry could not be written",
+}

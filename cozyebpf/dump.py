@@ -1,0 +1,111 @@
+"""The shape of `cozyebpf maps dump`: JSON-ready data built from a MapState plus the datapath's
+own tables (flows, counters, attachments), and the human table printed from it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from ipaddress import IPv4Address
+from typing import Any
+
+from cozyebpf.state import MapState
+
+
+def mode_name(port_filter: bool) -> str:
+    return "port-filter" if port_filter else "whole-ip"
+
+
+def build_dump(
+    state: MapState,
+    flows_by_pod: Mapping[IPv4Address, int] | None = None,
+    counters: Mapping[str, Mapping[str, int]] | None = None,
+    attachments: Sequence[Mapping[str, Any]] = (),
+    pin_dir: str = "",
+) -> dict[str, Any]:
+    """JSON-ready dump. Services are sorted by LB IP; ports as "tcp/22"."""
+    flows_by_pod = flows_by_pod or {}
+    ports_by_pod: dict[IPv4Address, list[str]] = {}
+    for a in sorted(state.allowed, key=lambda a: (a.pod_ip, a.proto, a.port)):
+        ports_by_pod.setdefault(a.pod_ip, []).append(f"{a.proto.name.lower()}/{a.port}")
+    services = [
+        {
+            "lb_ip": str(lb),
+            "pod_ip": str(svc.pod_ip),
+            "mode": mode_name(svc.port_filter),
+            "allow_icmp": svc.allow_icmp,
+            "allowed_ports": ports_by_pod.get(svc.pod_ip, []) if svc.port_filter else [],
+            "flows": flows_by_pod.get(svc.pod_ip, 0),
+        }
+        for lb, svc in sorted(state.services.items())
+    ]
+    pods = [
+        {
+            "pod_ip": str(pod),
+            "lb_ip": str(entry.lb_ip),
+            "mode": mode_name(entry.port_filter),
+            "allow_icmp": entry.allow_icmp,
+        }
+        for pod, entry in sorted(state.pods.items())
+    ]
+    return {
+        "pin_dir": pin_dir,
+        "attachments": list(attachments),
+        "services": services,
+        "pods": pods,
+        "flows": sum(flows_by_pod.values()),
+        "counters": {k: dict(v) for k, v in (counters or {}).items()},
+    }
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+
+
+def render_dump(d: Mapping[str, Any]) -> str:
+    """The readable table of `cozyebpf maps dump`."""
+    out: list[str] = []
+    if d.get("pin_dir"):
+        out.append(f"pinned maps: {d['pin_dir']}")
+    if d.get("attachments"):
+        out.append("attached:")
+        out += [
+            "  " + line
+            for line in _table(
+                ["DEVICE", "HOOK", "PROGRAM", "PROG ID"],
+                [(a["device"], a["hook"], a["program"], a["prog_id"]) for a in d["attachments"]],
+            )
+        ]
+    out.append(f"services ({len(d['services'])}):")
+    if d["services"]:
+        rows = [
+            (
+                s["lb_ip"],
+                s["pod_ip"],
+                s["mode"],
+                "yes" if s["allow_icmp"] else "no",
+                ",".join(s["allowed_ports"]) or "-",
+                s["flows"],
+            )
+            for s in d["services"]
+        ]
+        out += [
+            "  " + line
+            for line in _table(["LB IP", "POD IP", "MODE", "ICMP", "PORTS", "FLOWS"], rows)
+        ]
+    lonely = [p for p in d["pods"] if p["lb_ip"] not in {s["lb_ip"] for s in d["services"]}]
+    if lonely:
+        out.append("pods whose LB IP has no service entry:")
+        out += [f"  {p['pod_ip']} -> {p['lb_ip']}" for p in lonely]
+    out.append(f"flows: {d['flows']}")
+    nonzero = {k: v for k, v in d["counters"].items() if v.get("packets")}
+    out.append("counters:" + ("" if nonzero else " (all zero)"))
+    if nonzero:
+        out += [
+            "  " + line
+            for line in _table(
+                ["REASON", "PACKETS", "BYTES"],
+                [(k, v["packets"], v["bytes"]) for k, v in sorted(nonzero.items())],
+            )
+        ]
+    return "\n".join(out)
