@@ -1,0 +1,1 @@
+"""Sources of desired state: they return Kubernetes objects as plain dicts for the model."""

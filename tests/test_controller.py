@@ -1,0 +1,399 @@
+"""The controller against the fake datapath: whole dumps after sync, drift repair, failures,
+and problem logging."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from ipaddress import IPv4Address
+from typing import Any
+
+import pytest
+
+from cozyebpf.controller import Controller, ProblemLog, log_problems
+from cozyebpf.datapath import Datapath
+from cozyebpf.datapath.fake import FakeDatapath
+from cozyebpf.errors import DatapathError
+from cozyebpf.model import ObjectRef, Problem, build_state
+from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
+
+LB1, LB2, LB3 = IPv4Address("192.0.2.10"), IPv4Address("192.0.2.11"), IPv4Address("192.0.2.12")
+POD1, POD2, POD3 = IPv4Address("10.244.0.5"), IPv4Address("10.244.0.7"), IPv4Address("10.244.1.3")
+ROGUE_LB, ROGUE_POD = IPv4Address("198.51.100.1"), IPv4Address("10.244.9.9")
+
+LOGGER = "test.controller"
+
+
+def desired() -> MapState:
+    """vm1: port filter tcp/22 + udp/53 with ICMP; vm2: whole-IP."""
+    return MapState(
+        services={LB1: ServiceEntry(POD1, True, True), LB2: ServiceEntry(POD2, False, False)},
+        pods={POD1: PodEntry(LB1, True, True), POD2: PodEntry(LB2, False, False)},
+        allowed={AllowedPort(POD1, Proto.TCP, 22), AllowedPort(POD1, Proto.UDP, 53)},
+    )
+
+
+def svc(lb: str, pod: str, mode: str, icmp: bool, ports: list[str]) -> dict[str, Any]:
+    return {
+        "lb_ip": lb,
+        "pod_ip": pod,
+        "mode": mode,
+        "allow_icmp": icmp,
+        "allowed_ports": ports,
+        "flows": 0,
+    }
+
+
+def pod(pod_ip: str, lb: str, mode: str, icmp: bool) -> dict[str, Any]:
+    return {"pod_ip": pod_ip, "lb_ip": lb, "mode": mode, "allow_icmp": icmp}
+
+
+def dump(services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "pin_dir": "(fake)",
+        "attachments": [],
+        "services": services,
+        "pods": pods,
+        "flows": 0,
+        "counters": {},
+    }
+
+
+DESIRED_DUMP = dump(
+    [
+        svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"]),
+        svc("192.0.2.11", "10.244.0.7", "whole-ip", False, []),
+    ],
+    [
+        pod("10.244.0.5", "192.0.2.10", "port-filter", True),
+        pod("10.244.0.7", "192.0.2.11", "whole-ip", False),
+    ],
+)
+EMPTY_DUMP = dump([], [])
+
+
+def _drift_deleted(s: MapState) -> None:
+    del s.services[LB1]
+    del s.pods[POD2]
+    s.allowed.discard(AllowedPort(POD1, Proto.UDP, 53))
+
+
+def _drift_added(s: MapState) -> None:
+    s.services[ROGUE_LB] = ServiceEntry(ROGUE_POD, False, False)
+    s.pods[ROGUE_POD] = PodEntry(ROGUE_LB, False, False)
+    s.allowed.add(AllowedPort(POD1, Proto.TCP, 80))
+    s.allowed.add(AllowedPort(ROGUE_POD, Proto.SCTP, 9))
+
+
+def _drift_modified(s: MapState) -> None:
+    s.services[LB1] = ServiceEntry(POD1, False, True)  # someone opened the port filter
+    s.pods[POD1] = PodEntry(LB3, True, True)  # and points egress at another IP
+
+
+def _drift_all(s: MapState) -> None:
+    _drift_deleted(s)
+    _drift_added(s)
+    _drift_modified(s)
+
+
+def _nothing(s: MapState) -> None:
+    pass
+
+
+# (id, how to corrupt the programmed desired state, expected INFO line)
+DRIFT_CASES: list[tuple[str, Callable[[MapState], None], str]] = [
+    (
+        "deleted-entries-come-back",
+        _drift_deleted,
+        "programmed: services +1 ~0 -0, pods +1 ~0 -0, allowed ports +1 -0; "
+        "now 2 services, 2 pods, 2 allowed ports",
+    ),
+    (
+        "unwanted-entries-go-away",
+        _drift_added,
+        "programmed: services +0 ~0 -1, pods +0 ~0 -1, allowed ports +0 -2; "
+        "now 2 services, 2 pods, 2 allowed ports",
+    ),
+    (
+        "modified-entries-are-restored",
+        _drift_modified,
+        "programmed: services +0 ~1 -0, pods +0 ~1 -0, allowed ports +0 -0; "
+        "now 2 services, 2 pods, 2 allowed ports",
+    ),
+    (
+        "all-at-once",
+        _drift_all,
+        "programmed: services +0 ~1 -1, pods +1 ~1 -1, allowed ports +1 -2; "
+        "now 2 services, 2 pods, 2 allowed ports",
+    ),
+]
+
+
+def _records(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == LOGGER]
+
+
+@pytest.fixture
+def controller(caplog: pytest.LogCaptureFixture) -> tuple[Controller, FakeDatapath]:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    fake = FakeDatapath()
+    return Controller(fake, logging.getLogger(LOGGER)), fake
+
+
+def test_fake_is_a_datapath() -> None:
+    dp: Datapath = FakeDatapath()
+    assert dp.dump() == EMPTY_DUMP
+
+
+def test_first_sync_programs_everything(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    ctl, fake = controller
+    d = ctl.sync(desired())
+    assert fake.dump() == DESIRED_DUMP
+    assert d == MapDiff(
+        services_set=dict(desired().services),
+        pods_set=dict(desired().pods),
+        allowed_add=set(desired().allowed),
+    )
+    assert _records(caplog) == [
+        (
+            "INFO",
+            "programmed: services +2 ~0 -0, pods +2 ~0 -0, allowed ports +2 -0; "
+            "now 2 services, 2 pods, 2 allowed ports",
+        )
+    ]
+
+
+def test_second_sync_is_a_no_op(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    ctl, fake = controller
+    ctl.sync(desired())
+    caplog.clear()
+    before = fake.state
+    d = ctl.sync(desired())
+    assert d.empty()
+    assert fake.state is before, "apply() must not be called for an empty diff"
+    assert fake.dump() == DESIRED_DUMP
+    assert _records(caplog) == [("DEBUG", "in sync: 2 services, 2 pods, 2 allowed ports")]
+
+
+def test_change_of_desired_state(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    """vm1 switches to whole-IP (its ports go), vm2 is deleted, vm3 appears."""
+    ctl, fake = controller
+    ctl.sync(desired())
+    caplog.clear()
+    new = MapState(
+        services={LB1: ServiceEntry(POD1, False, True), LB3: ServiceEntry(POD3, True, False)},
+        pods={POD1: PodEntry(LB1, False, True), POD3: PodEntry(LB3, True, False)},
+        allowed={AllowedPort(POD3, Proto.TCP, 443)},
+    )
+    ctl.sync(new)
+    assert fake.dump() == dump(
+        [
+            svc("192.0.2.10", "10.244.0.5", "whole-ip", True, []),
+            svc("192.0.2.12", "10.244.1.3", "port-filter", False, ["tcp/443"]),
+        ],
+        [
+            pod("10.244.0.5", "192.0.2.10", "whole-ip", True),
+            pod("10.244.1.3", "192.0.2.12", "port-filter", False),
+        ],
+    )
+    assert _records(caplog) == [
+        (
+            "INFO",
+            "programmed: services +1 ~1 -1, pods +1 ~1 -1, allowed ports +1 -2; "
+            "now 2 services, 2 pods, 1 allowed ports",
+        )
+    ]
+
+
+def test_sync_to_empty_removes_everything(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    ctl, fake = controller
+    ctl.sync(desired())
+    caplog.clear()
+    ctl.sync(MapState())
+    assert fake.dump() == EMPTY_DUMP
+    assert _records(caplog) == [
+        (
+            "INFO",
+            "programmed: services +0 ~0 -2, pods +0 ~0 -2, allowed ports +0 -2; "
+            "now 0 services, 0 pods, 0 allowed ports",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "line"), [c[1:] for c in DRIFT_CASES], ids=[c[0] for c in DRIFT_CASES]
+)
+def test_drift_is_repaired(
+    controller: tuple[Controller, FakeDatapath],
+    caplog: pytest.LogCaptureFixture,
+    corrupt: Callable[[MapState], None],
+    line: str,
+) -> None:
+    ctl, fake = controller
+    ctl.sync(desired())
+    corrupt(fake.state)
+    assert fake.dump() != DESIRED_DUMP
+    caplog.clear()
+    ctl.sync(desired())
+    assert fake.dump() == DESIRED_DUMP
+    assert _records(caplog) == [("INFO", line)]
+
+
+def test_failing_apply_propagates_and_next_sync_recovers(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    ctl, fake = controller
+    error = DatapathError("writing map cozy_services: Operation not permitted")
+    fake.fail_next_apply = error
+    with pytest.raises(DatapathError) as info:
+        ctl.sync(desired())
+    assert info.value is error
+    assert fake.dump() == EMPTY_DUMP
+    assert _records(caplog) == []
+    assert fake.fail_next_apply is None, "the failure is injected once"
+
+    ctl.sync(desired())
+    assert fake.dump() == DESIRED_DUMP
+    assert _records(caplog) == [
+        (
+            "INFO",
+            "programmed: services +2 ~0 -0, pods +2 ~0 -0, allowed ports +2 -0; "
+            "now 2 services, 2 pods, 2 allowed ports",
+        )
+    ]
+
+
+def test_failing_apply_keeps_previous_state(controller: tuple[Controller, FakeDatapath]) -> None:
+    ctl, fake = controller
+    ctl.sync(desired())
+    fake.fail_next_apply = RuntimeError("bcc: map update failed")
+    with pytest.raises(RuntimeError, match="bcc: map update failed"):
+        ctl.sync(MapState())
+    assert fake.dump() == DESIRED_DUMP
+
+
+def test_read_state_is_a_copy() -> None:
+    fake = FakeDatapath(desired())
+    live = fake.read_state()
+    live.services.clear()
+    live.allowed.clear()
+    assert fake.dump() == DESIRED_DUMP
+
+
+def test_manifest_objects_to_dump(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Model and controller together: the dump of what a Service + EndpointSlice program."""
+    ctl, fake = controller
+    objects: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": "vm1",
+                "namespace": "tenant-a",
+                "labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"},
+                "annotations": {"networking.cozystack.io/allowICMP": "true"},
+            },
+            "spec": {"ports": [{"port": 22}, {"port": 53, "protocol": "UDP"}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "vm1-abc",
+                "namespace": "tenant-a",
+                "labels": {"kubernetes.io/service-name": "vm1"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.5"]}],
+        },
+    ]
+    result = build_state(objects)
+    assert ctl.log_problems(result.problems) == []
+    ctl.sync(result.state)
+    assert fake.dump() == dump(
+        [svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"])],
+        [pod("10.244.0.5", "192.0.2.10", "port-filter", True)],
+    )
+
+
+P1 = Problem(ObjectRef("Service", "default", "vm1"), "has no ready endpoint; check its pod")
+P2 = Problem(ObjectRef("Service", "default", "vm2"), "has no LoadBalancer IP yet; wait")
+P3 = Problem(ObjectRef("EndpointSlice", "default", "vm1-x"), "addressType FQDN; fix it", "error")
+
+# (id, the problem lists of successive calls, the records each call logs)
+PROBLEM_CASES: list[tuple[str, list[list[Problem]], list[list[tuple[str, str]]]]] = [
+    (
+        "each-once",
+        [[P2, P1], [P1, P2], [P2, P1, P1]],
+        [
+            [
+                ("WARNING", "Service default/vm1: has no ready endpoint; check its pod"),
+                ("WARNING", "Service default/vm2: has no LoadBalancer IP yet; wait"),
+            ],
+            [],
+            [],
+        ],
+    ),
+    (
+        "only-the-new-one",
+        [[P1], [P1, P3]],
+        [
+            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
+            [("ERROR", "EndpointSlice default/vm1-x: addressType FQDN; fix it")],
+        ],
+    ),
+    (
+        "gone-and-back-is-logged-again",
+        [[P1], [], [P1]],
+        [
+            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
+            [],
+            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("calls", "logged"), [c[1:] for c in PROBLEM_CASES], ids=[c[0] for c in PROBLEM_CASES]
+)
+def test_problem_log(
+    caplog: pytest.LogCaptureFixture,
+    calls: list[list[Problem]],
+    logged: list[list[tuple[str, str]]],
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    plog = ProblemLog(logging.getLogger(LOGGER))
+    for problems, expected in zip(calls, logged, strict=True):
+        caplog.clear()
+        new = plog.log_problems(problems)
+        assert _records(caplog) == expected
+        assert [str(p) for p in new] == [m for _, m in expected]
+
+
+def test_controller_and_module_log_problems(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    ctl = Controller(FakeDatapath(), logging.getLogger(LOGGER))
+    assert ctl.log_problems([P1]) == [P1]
+    assert ctl.log_problems([P1]) == []
+    log = logging.getLogger(LOGGER + ".module")
+    assert log_problems(log, [P1, P3]) == [P3, P1]
+    assert log_problems(log, [P1, P3]) == []
+    assert log_problems(log, [P2]) == [P2]
+
+
+def test_default_logger(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="cozyebpf.controller")
+    Controller(FakeDatapath()).sync(desired())
+    assert [r.name for r in caplog.records] == ["cozyebpf.controller"]
