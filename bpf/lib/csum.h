@@ -19,8 +19,8 @@ static __always_inline __u16 cz_csum_replace32(__u16 sum, __u32 from, __u32 to)
 {
 	__u32 c = (__u16)~sum;
 
-	c += (__u16)~(from & 0xffff);
-	c += (__u16)~(from >> 16);
+	c += (__u16) ~(from & 0xffff);
+	c += (__u16) ~(from >> 16);
 	c += to & 0xffff;
 	c += to >> 16;
 	return (__u16)~cz_csum_fold32(c);

@@ -14,7 +14,7 @@
 
 /* Build the key; 0 on success, -1 when the packet has nothing to key a flow on. */
 static __always_inline int flow4_key_of(struct flow4_key *k, __be32 pod_ip, __be32 remote_ip,
-					 __u8 proto, struct l4_info *info, int egress)
+					__u8 proto, struct l4_info *info, int egress)
 {
 	__builtin_memset(k, 0, sizeof(*k));
 	k->pod_ip = pod_ip;
@@ -36,7 +36,7 @@ static __always_inline int flow4_key_of(struct flow4_key *k, __be32 pod_ip, __be
 
 /* Egress: remember (refresh at most once a second) a flow the pod opened. */
 static __always_inline void flow4_record(__be32 pod_ip, __be32 remote_ip, __u8 proto,
-					  struct l4_info *info)
+					 struct l4_info *info)
 {
 	struct flow4_key k;
 	struct flow4_val *v, nv;
@@ -60,7 +60,7 @@ static __always_inline void flow4_record(__be32 pod_ip, __be32 remote_ip, __u8 p
 
 /* Ingress: is this (already translated) packet a reply to a flow the pod opened? */
 static __always_inline int flow4_is_reply(__be32 pod_ip, __be32 remote_ip, __u8 proto,
-					   struct l4_info *info)
+					  struct l4_info *info)
 {
 	struct flow4_key k;
 

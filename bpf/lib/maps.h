@@ -11,8 +11,7 @@
 
 BPF_TABLE_PINNED("hash", __be32, struct svc4_val, cz_svc4, CZ_SVC4_MAX, CZ_PIN_DIR "/svc4");
 BPF_TABLE_PINNED("hash", __be32, struct pod4_val, cz_pod4, CZ_POD4_MAX, CZ_PIN_DIR "/pod4");
-BPF_TABLE_PINNED("hash", struct allow4_key, __u8, cz_allow4, CZ_ALLOW4_MAX,
-		 CZ_PIN_DIR "/allow4");
+BPF_TABLE_PINNED("hash", struct allow4_key, __u8, cz_allow4, CZ_ALLOW4_MAX, CZ_PIN_DIR "/allow4");
 BPF_TABLE_PINNED("lru_hash", struct flow4_key, struct flow4_val, cz_flow4, CZ_FLOW4_MAX,
 		 CZ_PIN_DIR "/flow4");
 

@@ -54,8 +54,8 @@ static __always_inline void nat4_xdp(struct iphdr *ip, struct l4_info *info, voi
 static __always_inline int nat4_skb(struct __sk_buff *skb, __u32 ip_off, __u32 l4_off, __u8 proto,
 				    int has_l4, int is_dst, __be32 from, __be32 to)
 {
-	__u32 addr_off = ip_off + (is_dst ? offsetof(struct iphdr, daddr)
-					  : offsetof(struct iphdr, saddr));
+	__u32 addr_off =
+		ip_off + (is_dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
 	int ret;
 
 	if (has_l4 && proto == IPPROTO_TCP) {
@@ -69,7 +69,8 @@ static __always_inline int nat4_skb(struct __sk_buff *skb, __u32 ip_off, __u32 l
 		if (ret < 0)
 			return ret;
 	}
-	ret = bpf_l3_csum_replace(skb, ip_off + offsetof(struct iphdr, check), from, to, sizeof(to));
+	ret = bpf_l3_csum_replace(skb, ip_off + offsetof(struct iphdr, check), from, to,
+				  sizeof(to));
 	if (ret < 0)
 		return ret;
 	return bpf_skb_store_bytes(skb, addr_off, &to, sizeof(to), 0);

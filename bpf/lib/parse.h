@@ -75,7 +75,9 @@ static __always_inline int parse_l4(struct hdr_cursor *nh, void *data_end, struc
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP: {
 		__be16 *ports = nh->pos;
-		unsigned int need = ip->protocol == IPPROTO_TCP ? 20 : ip->protocol == IPPROTO_UDP ? 8 : 12;
+		unsigned int need = ip->protocol == IPPROTO_TCP	  ? 20
+				    : ip->protocol == IPPROTO_UDP ? 8
+								  : 12;
 
 		if (nh->pos + need > data_end)
 			return -1;

@@ -74,7 +74,7 @@ def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
     if not path.is_file():
         raise DatapathError(f"BPF source {path} not found; set COZYEBPF_BPF_DIR")
     try:
-        b = BPF(text=flatten(path), cflags=cflags(pin_dir))
+        b = BPF(text=flatten(path).encode(), cflags=cflags(pin_dir))
     except Exception as e:  # bcc raises bare Exception; the compiler printed the details
         raise DatapathError(
             f"compiling {path} failed ({e}); see the compiler output above. Are kernel "
@@ -82,7 +82,7 @@ def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
         ) from e
     kind = {"xdp": BPF.XDP, "sched_cls": BPF.SCHED_CLS}[prog_type]
     try:
-        fn = b.load_func(func, kind)
+        fn = b.load_func(func.encode(), kind)
     except Exception as e:
         raise DatapathError(
             f"the kernel rejected {func} from {path}: {e}; the verifier log is above"

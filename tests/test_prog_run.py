@@ -1,0 +1,408 @@
+"""Program-level cases with BPF_PROG_RUN: input frame -> expected verdict and output bytes.
+
+The real programs are compiled and loaded into the kernel with their pinned maps seeded through
+the same code the agent uses (PinnedMaps.apply); no namespace is needed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from ipaddress import IPv4Address as A
+
+import pytest
+from scapy.layers.inet import ICMP, IP, TCP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import GRE, Ether
+from scapy.layers.sctp import SCTP, SCTPChunkData
+from scapy.packet import Packet, Raw
+
+from cozyebpf.datapath import bpfsys, loader
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.reasons import REASONS
+from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
+from tests.packets import (
+    CLIENT,
+    LB_FILT,
+    LB_ICMP,
+    LB_UNKNOWN,
+    LB_WHOLE,
+    MAC_A,
+    MAC_B,
+    OTHER_CLIENT,
+    POD_FILT,
+    POD_ICMP,
+    POD_OTHER,
+    POD_WHOLE,
+    assert_frame,
+    checksums_ok,
+)
+
+pytestmark = pytest.mark.datapath
+
+XDP_DROP, XDP_PASS = 1, 2
+TC_NEXT, TC_SHOT = -1, 2
+
+SEED = MapState(
+    services={
+        A(LB_WHOLE): ServiceEntry(A(POD_WHOLE), False, False),
+        A(LB_FILT): ServiceEntry(A(POD_FILT), True, False),
+        A(LB_ICMP): ServiceEntry(A(POD_ICMP), True, True),
+    },
+    pods={
+        A(POD_WHOLE): PodEntry(A(LB_WHOLE), False, False),
+        A(POD_FILT): PodEntry(A(LB_FILT), True, False),
+        A(POD_ICMP): PodEntry(A(LB_ICMP), True, True),
+    },
+    allowed={
+        AllowedPort(A(POD_FILT), Proto.TCP, 80),
+        AllowedPort(A(POD_FILT), Proto.UDP, 53),
+        AllowedPort(A(POD_FILT), Proto.SCTP, 9),
+        AllowedPort(A(POD_ICMP), Proto.TCP, 22),
+    },
+)
+
+
+@dataclass
+class Progs:
+    maps: PinnedMaps
+    ingress: int
+    egress: int
+
+    def xdp(self, frame: bytes) -> tuple[int, bytes]:
+        r = bpfsys.prog_test_run(self.ingress, frame)
+        return r.retval, r.data
+
+    def tc(self, frame: bytes) -> tuple[int, bytes]:
+        r = bpfsys.prog_test_run(self.egress, frame)
+        return r.retval, r.data
+
+
+@pytest.fixture(scope="module")
+def progs(pin_dir_module: str) -> Iterator[Progs]:
+    maps = PinnedMaps.ensure(pin_dir_module)
+    ing = loader.load("ingress.c", "cz_ingress", "xdp", pin_dir_module)
+    eg = loader.load("egress.c", "cz_egress", "sched_cls", pin_dir_module)
+    maps.apply(diff(maps.read_state(), SEED))
+    yield Progs(maps, ing.fd, eg.fd)
+    maps.close()
+
+
+@pytest.fixture(scope="module")
+def pin_dir_module() -> Iterator[str]:
+    from cozyebpf.datapath.attach import detach_all
+    from tests.conftest import unique_prefix
+
+    path = f"/sys/fs/bpf/{unique_prefix('run')}"
+    yield path
+    detach_all(path)
+
+
+def eth() -> Packet:
+    return Ether(src=MAC_A, dst=MAC_B)
+
+
+def udp_zero_after_nat() -> tuple[Packet, Packet]:
+    """A UDP packet to LB_WHOLE whose checksum after translation computes to 0, which must be
+    sent as 0xffff (RFC 768). The first payload word is chosen to cancel the rest of the sum:
+    with word 0 the checksum is ~S, so word ~S makes the sum 0xffff and the checksum 0."""
+    probe = IP(src=CLIENT, dst=POD_WHOLE, id=7) / UDP(sport=1000, dport=2000) / b"\0\0zero"
+    word = IP(bytes(probe))[UDP].chksum.to_bytes(2, "big")
+    out = IP(src=CLIENT, dst=POD_WHOLE, id=7) / UDP(sport=1000, dport=2000) / (word + b"zero")
+    assert IP(bytes(out))[UDP].chksum == 0xFFFF  # scapy writes a computed 0 as 0xffff
+    inp = IP(src=CLIENT, dst=LB_WHOLE, id=7) / UDP(sport=1000, dport=2000) / (word + b"zero")
+    return eth() / inp, eth() / out
+
+
+def frag(dst: str, offset: int) -> Packet:
+    return eth() / IP(src=CLIENT, dst=dst, id=99, proto=17, frag=offset) / Raw(b"x" * 24)
+
+
+SCTP_PAYLOAD = SCTP(sport=5000, dport=9, tag=1) / SCTPChunkData(data=b"sctp")
+ZERO = udp_zero_after_nat()
+
+# (id, input frame, expected verdict, expected output frame or None for "unchanged")
+INGRESS_CASES: list[tuple[str, Packet, int, Packet | None]] = [
+    (
+        "whole-ip TCP to an unlisted port is translated",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / TCP(sport=40000, dport=4444, flags="S"),
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE) / TCP(sport=40000, dport=4444, flags="S"),
+    ),
+    (
+        "whole-ip UDP is translated, checksum fixed",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=5353, dport=9999) / b"hello",
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(sport=5353, dport=9999) / b"hello",
+    ),
+    (
+        "whole-ip UDP checksum 0 stays 0",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=5353, dport=9999, chksum=0) / b"nocs",
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(sport=5353, dport=9999, chksum=0) / b"nocs",
+    ),
+    ("whole-ip UDP whose new checksum is 0 is written 0xffff", ZERO[0], XDP_PASS, ZERO[1]),
+    (
+        "whole-ip ICMP echo is translated",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / ICMP(id=7, seq=1) / b"ping",
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE) / ICMP(id=7, seq=1) / b"ping",
+    ),
+    (
+        "whole-ip GRE is translated, payload kept",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / GRE() / IP(src="192.0.2.1", dst="192.0.2.2"),
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE) / GRE() / IP(src="192.0.2.1", dst="192.0.2.2"),
+    ),
+    (
+        "whole-ip SCTP is translated, CRC untouched",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / SCTP_PAYLOAD,
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE) / SCTP_PAYLOAD,
+    ),
+    (
+        "whole-ip IP options are kept, header checksum fixed",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE, options=b"\x01\x01\x01\x00") / UDP(dport=7) / b"o",
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE, options=b"\x01\x01\x01\x00") / UDP(dport=7) / b"o",
+    ),
+    (
+        "whole-ip non-first fragment: only the IP header changes",
+        frag(LB_WHOLE, 3),
+        XDP_PASS,
+        frag(POD_WHOLE, 3),
+    ),
+    (
+        "port filter: listed TCP port passes, translated",
+        eth() / IP(src=CLIENT, dst=LB_FILT) / TCP(sport=40001, dport=80, flags="S"),
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_FILT) / TCP(sport=40001, dport=80, flags="S"),
+    ),
+    (
+        "port filter: listed UDP port passes",
+        eth() / IP(src=CLIENT, dst=LB_FILT) / UDP(sport=40001, dport=53) / b"q",
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_FILT) / UDP(sport=40001, dport=53) / b"q",
+    ),
+    (
+        "port filter: listed SCTP port passes",
+        eth() / IP(src=CLIENT, dst=LB_FILT) / SCTP_PAYLOAD,
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_FILT) / SCTP_PAYLOAD,
+    ),
+    (
+        "port filter: unlisted TCP port is dropped",
+        eth() / IP(src=CLIENT, dst=LB_FILT) / TCP(sport=40002, dport=81, flags="S"),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "port filter: a listed port of another protocol is dropped (UDP/80)",
+        eth() / IP(src=CLIENT, dst=LB_FILT) / UDP(sport=40002, dport=80),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "port filter: ICMP without allowICMP is dropped",
+        eth() / IP(src=CLIENT, dst=LB_FILT) / ICMP(id=8),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "port filter: ICMP with allowICMP passes",
+        eth() / IP(src=CLIENT, dst=LB_ICMP) / ICMP(id=8),
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_ICMP) / ICMP(id=8),
+    ),
+    (
+        "port filter: allowICMP does not open ports",
+        eth() / IP(src=CLIENT, dst=LB_ICMP) / TCP(dport=23),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "port filter: GRE has no ports and is dropped",
+        eth() / IP(src=CLIENT, dst=LB_FILT) / GRE(),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "port filter: direct to the pod IP, unlisted port is dropped",
+        eth() / IP(src=CLIENT, dst=POD_FILT) / TCP(dport=81),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "port filter: direct to the pod IP, listed port passes untouched",
+        eth() / IP(src=CLIENT, dst=POD_FILT) / TCP(dport=80),
+        XDP_PASS,
+        None,
+    ),
+    (
+        "port filter: non-first fragment passes (documented)",
+        frag(LB_FILT, 3),
+        XDP_PASS,
+        frag(POD_FILT, 3),
+    ),
+    (
+        "truncated TCP header to an LB IP is dropped",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE, proto=6) / Raw(b"\x00\x01\x00\x02"),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "an address nobody manages passes untouched",
+        eth() / IP(src=CLIENT, dst=LB_UNKNOWN) / TCP(dport=80),
+        XDP_PASS,
+        None,
+    ),
+    (
+        "a pod without a Service passes untouched",
+        eth() / IP(src=CLIENT, dst=POD_OTHER) / TCP(dport=80),
+        XDP_PASS,
+        None,
+    ),
+    (
+        "IPv6 passes untouched",
+        eth() / IPv6(src="2001:db8::1", dst="2001:db8::2") / UDP(dport=53),
+        XDP_PASS,
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "verdict", "expected"),
+    [c[1:] for c in INGRESS_CASES],
+    ids=[c[0] for c in INGRESS_CASES],
+)
+def test_ingress(progs: Progs, frame: Packet, verdict: int, expected: Packet | None) -> None:
+    ret, out = progs.xdp(bytes(frame))
+    assert ret == verdict
+    assert_frame(out, expected if expected is not None else frame, "XDP output")
+    if verdict == XDP_PASS and expected is not None and IPv6 not in frame:
+        assert checksums_ok(out) == []
+
+
+EGRESS_CASES: list[tuple[str, Packet, Packet | None]] = [
+    (
+        "whole-ip pod TCP gets the LB IP as source",
+        eth() / IP(src=POD_WHOLE, dst=CLIENT) / TCP(sport=33000, dport=443, flags="S"),
+        eth() / IP(src=LB_WHOLE, dst=CLIENT) / TCP(sport=33000, dport=443, flags="S"),
+    ),
+    (
+        "whole-ip pod UDP checksum fixed",
+        eth() / IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53) / b"query",
+        eth() / IP(src=LB_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53) / b"query",
+    ),
+    (
+        "pod UDP checksum 0 stays 0",
+        eth() / IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53, chksum=0) / b"q",
+        eth() / IP(src=LB_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53, chksum=0) / b"q",
+    ),
+    (
+        "pod ICMP echo",
+        eth() / IP(src=POD_WHOLE, dst=CLIENT) / ICMP(id=3) / b"x",
+        eth() / IP(src=LB_WHOLE, dst=CLIENT) / ICMP(id=3) / b"x",
+    ),
+    (
+        "pod GRE",
+        eth() / IP(src=POD_WHOLE, dst=CLIENT) / GRE() / b"payload",
+        eth() / IP(src=LB_WHOLE, dst=CLIENT) / GRE() / b"payload",
+    ),
+    (
+        "filtered pod TCP is translated too",
+        eth() / IP(src=POD_FILT, dst=CLIENT) / TCP(sport=33001, dport=443),
+        eth() / IP(src=LB_FILT, dst=CLIENT) / TCP(sport=33001, dport=443),
+    ),
+    (
+        "a pod without a Service is untouched",
+        eth() / IP(src=POD_OTHER, dst=CLIENT) / TCP(sport=33001, dport=443),
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"), [c[1:] for c in EGRESS_CASES], ids=[c[0] for c in EGRESS_CASES]
+)
+def test_egress(progs: Progs, frame: Packet, expected: Packet | None) -> None:
+    ret, out = progs.tc(bytes(frame))
+    assert ret == TC_NEXT  # never ends the tcx chain: Cilium's programs still run
+    assert_frame(out, expected if expected is not None else frame, "TC output")
+    if expected is not None:
+        assert checksums_ok(out) == []
+
+
+@pytest.mark.parametrize(
+    ("out_pkt", "reply"),
+    [
+        (
+            IP(src=POD_FILT, dst=CLIENT) / TCP(sport=34000, dport=443, flags="S"),
+            IP(src=CLIENT, dst=LB_FILT) / TCP(sport=443, dport=34000, flags="SA"),
+        ),
+        (
+            IP(src=POD_FILT, dst=CLIENT) / UDP(sport=34001, dport=123),
+            IP(src=CLIENT, dst=LB_FILT) / UDP(sport=123, dport=34001),
+        ),
+        (
+            IP(src=POD_FILT, dst=CLIENT) / ICMP(type=8, id=4242),
+            IP(src=CLIENT, dst=LB_FILT) / ICMP(type=0, id=4242),
+        ),
+    ],
+    ids=["tcp", "udp", "icmp-echo"],
+)
+def test_replies_to_pod_flows_pass(progs: Progs, out_pkt: Packet, reply: Packet) -> None:
+    reply_frame = bytes(eth() / reply)
+    ret, _ = progs.xdp(reply_frame)
+    assert ret == XDP_DROP, "before the pod opened the flow, the reply must be dropped"
+    ret, _ = progs.tc(bytes(eth() / out_pkt))
+    assert ret == TC_NEXT
+    ret, out = progs.xdp(reply_frame)
+    assert ret == XDP_PASS
+    want = reply.copy()
+    want[IP].dst = POD_FILT
+    assert_frame(out, eth() / IP(bytes(want)), "reply")
+    # another peer, same ports: not a reply
+    other = reply.copy()
+    other[IP].src = OTHER_CLIENT
+    ret, _ = progs.xdp(bytes(eth() / IP(bytes(other))))
+    assert ret == XDP_DROP
+    assert progs.maps.flows_by_pod().get(A(POD_FILT), 0) >= 1
+
+
+def test_whole_ip_pods_record_no_flows(progs: Progs) -> None:
+    before = progs.maps.flows_by_pod().get(A(POD_WHOLE), 0)
+    progs.tc(bytes(eth() / IP(src=POD_WHOLE, dst=CLIENT) / TCP(sport=35000, dport=80)))
+    assert progs.maps.flows_by_pod().get(A(POD_WHOLE), 0) == before == 0
+
+
+def test_counters_count_each_verdict(progs: Progs) -> None:
+    def snap() -> dict[str, int]:
+        return {k: v["packets"] for k, v in progs.maps.counters().items()}
+
+    before = snap()
+    frame = eth() / IP(src=CLIENT, dst=LB_FILT) / TCP(sport=1, dport=81)
+    for _ in range(3):
+        progs.xdp(bytes(frame))
+    progs.xdp(bytes(eth() / IP(src=CLIENT, dst=LB_FILT) / ICMP()))
+    progs.xdp(bytes(eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(dport=1)))
+    progs.tc(bytes(eth() / IP(src=POD_WHOLE, dst=CLIENT) / UDP(dport=1)))
+    after = snap()
+    delta = {k: after[k] - before.get(k, 0) for k in REASONS if after[k] != before.get(k, 0)}
+    assert delta == {"drop_port": 3, "drop_icmp": 1, "nat_ingress": 1, "nat_egress": 1}
+    assert progs.maps.counters()["drop_port"]["bytes"] >= 3 * len(frame)
+
+
+def test_programs_use_the_pinned_maps(progs: Progs) -> None:
+    """bcc opened our pins rather than making maps of its own."""
+    import ctypes
+
+    ids = (ctypes.c_uint32 * 16)()
+    pinned = {bpfsys.map_info(fd).id for fd in progs.maps.fds.values()}
+    for fd in (progs.ingress, progs.egress):
+        i = bpfsys._ProgInfo()
+        i.nr_map_ids = 16
+        i.map_ids = ctypes.addressof(ids)
+        bpfsys._info(fd, i, "prog")
+        used = set(ids[: i.nr_map_ids])
+        assert used and used <= pinned, (used, pinned)
