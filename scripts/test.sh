@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The project's test command (README; also what CI runs through .ci/run):
+#   sudo bash scripts/test.sh [pytest args...]      (default pytest args: -q)
+#
+# 1. scripts/setup.sh (idempotent; fast when everything is in place)
+# 2. lint: ruff check, ruff format --check, mypy, clang-format on bpf/
+# 3. pytest
+# The tests run even when lint fails; the script exits non-zero when either
+# failed. pytest's exit code 5 (no tests collected) counts as a failure.
+set -uo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT" || exit 1
+
+section() { printf '\n======== %s ========\n' "$*"; }
+
+section "setup"
+if ! bash scripts/setup.sh; then
+	echo "test.sh: setup failed, not running lint or tests" >&2
+	exit 1
+fi
+
+section "lint"
+LINT_FAILED=()
+lint() {
+	local name=$1
+	shift
+	printf -- '--> %s\n' "$*"
+	if "$@"; then
+		printf -- '--> %s: ok\n' "$name"
+	else
+		printf -- '--> %s: FAILED\n' "$name"
+		LINT_FAILED+=("$name")
+	fi
+}
+lint "ruff check" .venv/bin/ruff check cozyebpf tests
+lint "ruff format" .venv/bin/ruff format --check cozyebpf tests
+lint "mypy" .venv/bin/mypy
+shopt -s nullglob
+BPF_SOURCES=(bpf/*.c bpf/lib/*.h)
+shopt -u nullglob
+if ((${#BPF_SOURCES[@]} > 0)); then
+	lint "clang-format" clang-format --dry-run -Werror "${BPF_SOURCES[@]}"
+else
+	echo "--> clang-format: no bpf/*.c or bpf/lib/*.h, skipped"
+fi
+
+if ((${#LINT_FAILED[@]} == 0)); then
+	echo "lint: passed"
+else
+	echo "lint: FAILED (${LINT_FAILED[*]}); running the tests anyway"
+fi
+
+# pytest's own closing line stays the last line of a green run.
+section "tests"
+if (($# == 0)); then
+	set -- -q
+fi
+printf -- '--> .venv/bin/pytest %s\n' "$*"
+.venv/bin/pytest "$@"
+PYTEST_RC=$?
+
+FAILED=()
+if ((${#LINT_FAILED[@]} > 0)); then
+	FAILED+=("lint (${LINT_FAILED[*]})")
+fi
+case $PYTEST_RC in
+0) ;;
+5) FAILED+=("tests (pytest exit 5: no tests were collected)") ;;
+*) FAILED+=("tests (pytest exit $PYTEST_RC)") ;;
+esac
+if ((${#FAILED[@]} > 0)); then
+	section "FAILED"
+	printf 'test.sh: FAILED: %s\n' "${FAILED[@]}"
+	exit 1
+fi
+exit 0
