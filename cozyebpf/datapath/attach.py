@@ -1,0 +1,303 @@
+"""Attaching the programs: XDP and tcx through pinned bpf_links, legacy clsact through netlink.
+
+Links are pinned under <pin dir>/links/<device>.<hook>, so the datapath keeps forwarding when
+the agent exits or crashes (fail-static), and a new agent replaces the program in place with
+BPF_LINK_UPDATE. bcc's attach_xdp/remove_xdp are not used: they cannot replace atomically and
+remove_xdp removes whatever program is attached, ours or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.errors import DatapathError
+
+log = logging.getLogger(__name__)
+
+OUR_PROGRAMS = ("cz_ingress", "cz_egress")
+XDP_MODES = {"native": bpfsys.XDP_FLAGS_DRV_MODE, "generic": bpfsys.XDP_FLAGS_SKB_MODE}
+TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
+LEGACY_PRIO = 1
+
+
+@dataclass(frozen=True)
+class Attachment:
+    device: str
+    hook: str  # "xdp", "tcx-egress", "tc-egress"
+    program: str
+    prog_id: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "hook": self.hook,
+            "program": self.program,
+            "prog_id": self.prog_id,
+        }
+
+
+def links_dir(pin_dir: str) -> str:
+    return os.path.join(pin_dir, "links")
+
+
+def link_pin(pin_dir: str, hook: str, device: str) -> str:
+    """<pin dir>/links/<hook>_<device>; bpffs forbids dots in names, so a dot in a device name
+    (eth0.100) is stored as '%'."""
+    return os.path.join(links_dir(pin_dir), f"{hook}_{device.replace('.', '%')}")
+
+
+def _parse_link_pin(name: str) -> tuple[str, str]:
+    hook, _, device = name.partition("_")
+    return hook, device.replace("%", ".")
+
+
+def ifindex_of(device: str) -> int:
+    try:
+        return socket.if_nametoindex(device)
+    except OSError:
+        raise DatapathError(
+            f"device {device!r} does not exist in this network namespace; check --devices"
+        ) from None
+
+
+def _prog_name(prog_id: int) -> str:
+    try:
+        return bpfsys.prog_info_by_id(prog_id).name or "(unnamed)"
+    except OSError:
+        return "(unknown)"
+
+
+def current_xdp(ifindex: int) -> tuple[int, str] | None:
+    """(program id, attach mode as netlink reports it: "xdp", "xdpgeneric", ...) of the XDP
+    program on a device, or None."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        links = ipr.get_links(ifindex)
+    xdp = links[0].get_attr("IFLA_XDP") if links else None
+    if not xdp:
+        return None
+    attrs = dict(xdp.get("attrs", []))
+    prog_id = attrs.get("IFLA_XDP_PROG_ID")
+    if not prog_id:
+        return None
+    return int(prog_id), str(attrs.get("IFLA_XDP_ATTACHED") or "")
+
+
+def _replace_pinned(path: str, ifindex: int, prog_fd: int) -> bool:
+    """If our pinned link for this hook exists and still targets `ifindex`, swap its program
+    atomically and return True. A stale pin (device recreated) is removed."""
+    try:
+        fd = bpfsys.obj_get(path)
+    except bpfsys.BpfError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise DatapathError(f"cannot open our link pin {path}: {e}") from e
+    try:
+        info = bpfsys.link_info(fd)
+        if info.ifindex == ifindex:
+            bpfsys.link_update(fd, prog_fd)
+            return True
+        log.warning(
+            "link pin %s targets ifindex %d, not %d: removing it", path, info.ifindex, ifindex
+        )
+        with contextlib.suppress(OSError):
+            bpfsys.link_detach(fd)
+        os.unlink(path)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _pin_link(fd: int, path: str) -> None:
+    try:
+        bpfsys.obj_pin(fd, path)
+        os.chmod(path, 0o600)
+    finally:
+        os.close(fd)
+
+
+def attach_xdp(prog_fd: int, device: str, pin_dir: str, mode: str = "native") -> Attachment:
+    """Attach (or atomically replace) our XDP program on `device`. A foreign XDP program is
+    never replaced: that is an error naming it."""
+    ifindex = ifindex_of(device)
+    os.makedirs(links_dir(pin_dir), mode=0o700, exist_ok=True)
+    path = link_pin(pin_dir, "xdp", device)
+    prog_id = bpfsys.prog_info(prog_fd).id
+    if _replace_pinned(path, ifindex, prog_fd):
+        log.info("replaced XDP program on %s in place (link %s)", device, path)
+        return Attachment(device, "xdp", "cz_ingress", prog_id)
+    cur = current_xdp(ifindex)
+    if cur:
+        _foreign_xdp(device, cur[0])
+    try:
+        fd = bpfsys.link_create(prog_fd, ifindex, bpfsys.BPF_XDP, flags=XDP_MODES[mode])
+    except bpfsys.BpfError as e:
+        if e.errno in (errno.EBUSY, errno.EEXIST):
+            cur = current_xdp(ifindex)
+            _foreign_xdp(device, cur[0] if cur else 0)
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL) and mode == "native":
+            raise DatapathError(
+                f"device {device} does not support native XDP ({e.strerror}); run with "
+                f"--xdp-mode generic (slower) or choose the uplink device with --devices"
+            ) from e
+        raise DatapathError(f"attaching XDP to {device} failed: {e}") from e
+    _pin_link(fd, path)
+    log.info("attached cz_ingress (XDP %s) to %s", mode, device)
+    return Attachment(device, "xdp", "cz_ingress", prog_id)
+
+
+def _foreign_xdp(device: str, prog_id: int) -> None:
+    name = _prog_name(prog_id) if prog_id else "(unknown)"
+    raise DatapathError(
+        f"device {device} already has an XDP program that is not cozyebpf's: {name} "
+        f"(id {prog_id}). cozyebpf never replaces a foreign XDP program; remove it (e.g. "
+        f"`ip link set dev {device} xdp off`) if it is not needed, or leave {device} out of "
+        f"--devices"
+    )
+
+
+def tcx_supported() -> bool:
+    """tcx exists from Linux 6.6: a program query for a tcx hook on lo fails with EINVAL
+    on older kernels."""
+    attr = bpfsys._ProgQuery(
+        target_ifindex=socket.if_nametoindex("lo"), attach_type=bpfsys.BPF_TCX_EGRESS
+    )
+    try:
+        bpfsys._sys_bpf(bpfsys.BPF_PROG_QUERY, attr, "probe tcx")
+    except bpfsys.BpfError:
+        return False
+    return True
+
+
+def attach_tc_egress(prog_fd: int, device: str, pin_dir: str, mode: str = "auto") -> Attachment:
+    """Attach (or atomically replace) our egress program on `device`: a tcx link placed before
+    every other tcx program (BPF_F_BEFORE) where the kernel has tcx, else a clsact filter at
+    priority 1 (mode "legacy" forces that)."""
+    ifindex = ifindex_of(device)
+    prog_id = bpfsys.prog_info(prog_fd).id
+    if mode == "auto":
+        mode = "tcx" if tcx_supported() else "legacy"
+    if mode == "legacy":
+        _attach_legacy_egress(prog_fd, device, ifindex)
+        log.info("attached cz_egress (clsact egress, prio %d) to %s", LEGACY_PRIO, device)
+        return Attachment(device, "tc-egress", "cz_egress", prog_id)
+    os.makedirs(links_dir(pin_dir), mode=0o700, exist_ok=True)
+    path = link_pin(pin_dir, "tcx-egress", device)
+    if _replace_pinned(path, ifindex, prog_fd):
+        log.info("replaced tcx egress program on %s in place (link %s)", device, path)
+        return Attachment(device, "tcx-egress", "cz_egress", prog_id)
+    try:
+        fd = bpfsys.link_create(prog_fd, ifindex, bpfsys.BPF_TCX_EGRESS, flags=bpfsys.BPF_F_BEFORE)
+    except bpfsys.BpfError as e:
+        raise DatapathError(f"attaching tcx egress to {device} failed: {e}") from e
+    _pin_link(fd, path)
+    log.info("attached cz_egress (tcx egress, first) to %s", device)
+    return Attachment(device, "tcx-egress", "cz_egress", prog_id)
+
+
+def _attach_legacy_egress(prog_fd: int, device: str, ifindex: int) -> None:
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with IPRoute() as ipr:
+        try:
+            ipr.tc("add", "clsact", ifindex)
+        except NetlinkError as e:
+            if e.code != errno.EEXIST:
+                raise DatapathError(f"adding clsact qdisc to {device} failed: {e}") from e
+        try:
+            ipr.tc(
+                "replace-filter",
+                "bpf",
+                ifindex,
+                ":1",
+                fd=prog_fd,
+                name="cz_egress",
+                parent=TC_EGRESS_PARENT,
+                prio=LEGACY_PRIO,
+                direct_action=True,
+            )
+        except NetlinkError as e:
+            raise DatapathError(f"adding the clsact egress filter to {device} failed: {e}") from e
+
+
+def legacy_egress_filters(ifindex: int) -> list[int]:
+    """Priorities of our (cz_egress) clsact egress filters on a device."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    out = []
+    with IPRoute() as ipr:
+        try:
+            filters = ipr.get_filters(ifindex, parent=TC_EGRESS_PARENT)
+        except NetlinkError:
+            return []
+        for f in filters:
+            opts = f.get_attr("TCA_OPTIONS")
+            name = opts.get_attr("TCA_BPF_NAME") if opts else None
+            if name and name.startswith("cz_egress"):
+                out.append(f["info"] >> 16)
+    return sorted(set(out))
+
+
+def list_attachments(pin_dir: str) -> list[Attachment]:
+    """Our pinned links (any network namespace) and our legacy filters (this namespace)."""
+    out: list[Attachment] = []
+    ldir = links_dir(pin_dir)
+    for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
+        hook, device = _parse_link_pin(name)
+        try:
+            fd = bpfsys.obj_get(os.path.join(ldir, name))
+        except OSError:
+            continue
+        try:
+            info = bpfsys.link_info(fd)
+        finally:
+            os.close(fd)
+        out.append(Attachment(device, hook, _prog_name(info.prog_id), info.prog_id))
+    for _, dev in socket.if_nameindex():
+        for _prio in legacy_egress_filters(socket.if_nametoindex(dev)):
+            out.append(Attachment(dev, "tc-egress", "cz_egress", 0))
+    return out
+
+
+def detach_all(pin_dir: str) -> list[str]:
+    """Remove every link, legacy filter and pin of ours. Returns what was removed."""
+    from pyroute2 import IPRoute
+
+    removed: list[str] = []
+    ldir = links_dir(pin_dir)
+    if os.path.isdir(ldir):
+        for name in sorted(os.listdir(ldir)):
+            path = os.path.join(ldir, name)
+            with contextlib.suppress(OSError):
+                fd = bpfsys.obj_get(path)
+                try:
+                    bpfsys.link_detach(fd)
+                finally:
+                    os.close(fd)
+            os.unlink(path)
+            removed.append(path)
+        os.rmdir(ldir)
+    with IPRoute() as ipr:
+        for idx, dev in socket.if_nameindex():
+            for prio in legacy_egress_filters(idx):
+                ipr.tc("del-filter", "bpf", idx, parent=TC_EGRESS_PARENT, prio=prio)
+                removed.append(f"{dev}: clsact egress filter cz_egress prio {prio}")
+    if os.path.isdir(pin_dir):
+        for name in sorted(os.listdir(pin_dir)):
+            path = os.path.join(pin_dir, name)
+            if os.path.isfile(path) or not os.path.isdir(path):
+                os.unlink(path)
+                removed.append(path)
+        os.rmdir(pin_dir)
+        removed.append(pin_dir)
+    return removed
