@@ -1,0 +1,71 @@
+"""Kubernetes manifests for the lab: Services with status and their EndpointSlices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+
+@dataclass
+class Svc:
+    name: str
+    lb_ip: str
+    pod_ip: str | None
+    ports: list[tuple[str, int]] = field(default_factory=list)  # ("TCP", 22)
+    whole_ip: str | None = None  # value of networking.cozystack.io/wholeIP, None: absent
+    allow_icmp: str | None = None
+    proxy_name: str = "cozy-proxy"
+    namespace: str = "default"
+    created: str = "2026-01-01T00:00:00Z"
+
+
+def objects(svc: Svc) -> list[dict[str, object]]:
+    ann = {}
+    if svc.whole_ip is not None:
+        ann["networking.cozystack.io/wholeIP"] = svc.whole_ip
+    if svc.allow_icmp is not None:
+        ann["networking.cozystack.io/allowICMP"] = svc.allow_icmp
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": svc.name,
+            "namespace": svc.namespace,
+            "creationTimestamp": svc.created,
+            "labels": {"service.kubernetes.io/service-proxy-name": svc.proxy_name},
+            "annotations": ann,
+        },
+        "spec": {
+            "type": "LoadBalancer",
+            "ports": [
+                {"name": f"{p.lower()}-{n}", "protocol": p, "port": n, "targetPort": n}
+                for p, n in svc.ports
+            ]
+            # a LoadBalancer Service needs a port; port 1 stands in where a test names none
+            or [{"name": "placeholder", "protocol": "TCP", "port": 1}],
+        },
+        "status": {"loadBalancer": {"ingress": [{"ip": svc.lb_ip}]}},
+    }
+    out: list[dict[str, object]] = [service]
+    if svc.pod_ip:
+        out.append(
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": f"{svc.name}-abcde",
+                    "namespace": svc.namespace,
+                    "labels": {"kubernetes.io/service-name": svc.name},
+                },
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [svc.pod_ip], "conditions": {"ready": True}}],
+                "ports": [{"port": n, "protocol": p} for p, n in svc.ports],
+            }
+        )
+    return out
+
+
+def manifest(*services: Svc) -> str:
+    docs = [o for s in services for o in objects(s)]
+    return yaml.safe_dump_all(docs, sort_keys=False)

@@ -1,0 +1,193 @@
+"""The namespace lab with a real `cozyebpf run` agent on the node, driven by a manifest file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.lab import UPLINK, Lab, Pod, capture, drain
+from cozyebpf.state import MapState
+from tests.k8s import Svc, manifest
+
+T = TypeVar("T")
+
+
+def wait_for(
+    pred: Callable[[], T], timeout: float = 10.0, what: str | Callable[[], str] = "condition"
+) -> T:
+    """Poll `pred` until it returns something truthy; `what` (or what it returns, computed at
+    the timeout) describes the wait in the failure."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except Exception as e:  # not there yet
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.05)
+    desc = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout}s waiting for {desc} (last: {last!r})")
+
+
+@dataclass
+class AgentLab:
+    lab: Lab
+    pin_dir: str
+    manifest_path: Path
+    log_path: Path
+    cmd: list[str]
+    proc: subprocess.Popen[str] | None = None
+    _sockets: list[socket.socket] = field(default_factory=list)
+
+    # -- agent ---------------------------------------------------------------------------
+
+    def start_agent(self, *extra: str) -> None:
+        offset = len(self.log())
+        log = self.log_path.open("a")
+        self.proc = self.lab.popen(
+            self.lab.node,
+            *self.cmd,
+            "run",
+            "--manifests",
+            str(self.manifest_path),
+            "--devices",
+            UPLINK,
+            "--pin-dir",
+            self.pin_dir,
+            "--poll-interval",
+            "0.1",
+            "--log-level",
+            "debug",
+            *extra,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(
+            lambda: "datapath ready" in self.log()[offset:] or self.proc_exited(),
+            30,
+            "the agent to attach",
+        )
+        assert not self.proc_exited(), self.log()[offset:]
+
+    def proc_exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def stop_agent(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout=20)
+        self.proc = None
+        return rc
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def maps_state(self) -> MapState:
+        with PinnedMaps.open(self.pin_dir) as m:
+            return m.read_state()
+
+    def counters(self) -> dict[str, int]:
+        with PinnedMaps.open(self.pin_dir) as m:
+            return {k: v["packets"] for k, v in m.counters().items()}
+
+    def set_services(self, *svcs: Svc, expect: Sequence[Svc] | None = None) -> None:
+        """Write the manifest (atomically, as editors and ConfigMap mounts do) and wait until
+        the maps hold exactly the LB IPs of `expect` (default: all `svcs`) with their modes."""
+        expected = svcs if expect is None else expect
+        tmp = self.manifest_path.with_suffix(".tmp")
+        tmp.write_text(manifest(*svcs))
+        os.replace(tmp, self.manifest_path)
+
+        want = {
+            s.lb_ip: (s.pod_ip, s.whole_ip != "true", s.allow_icmp == "true")
+            for s in expected
+            if s.pod_ip
+        }
+
+        def programmed() -> bool:
+            have = {
+                str(lb): (str(e.pod_ip), e.port_filter, e.allow_icmp)
+                for lb, e in self.maps_state().services.items()
+            }
+            if have != want:
+                raise AssertionError(f"maps hold {have}, want {want}")
+            return True
+
+        wait_for(programmed, 10, lambda: f"the maps; agent log:\n{self.log()[-3000:]}")
+
+    # -- traffic -------------------------------------------------------------------------
+
+    def packet_socket(self, ns: str, dev: str) -> socket.socket:
+        s = self.lab.packet_socket(ns, dev)
+        self._sockets.append(s)
+        return s
+
+    def send_and_capture(
+        self, frame: bytes, pod: Pod, match: Callable[[bytes], bool], timeout: float = 1.0
+    ) -> list[bytes]:
+        """Send `frame` from the client's eth0; return the frames at `pod`'s eth0 that match."""
+        tx = self.packet_socket(self.lab.client, "eth0")
+        rx = self.packet_socket(self.lab.pod_ns(pod), "eth0")
+        drain(rx)
+        tx.send(frame)
+        return [f for f in capture(rx, timeout) if match(f)]
+
+    def close(self) -> None:
+        for s in self._sockets:
+            s.close()
+        self._sockets.clear()
+
+
+@contextlib.contextmanager
+def serve(
+    lab: Lab, ns: str, kind: int, port: int, handler: Callable[[socket.socket], None]
+) -> Iterator[socket.socket]:
+    """A TCP or UDP server socket in `ns` on 0.0.0.0:port, handled in a thread."""
+    s = lab.ns_socket(ns, socket.AF_INET, kind)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    if kind == socket.SOCK_STREAM:
+        s.listen(8)
+    stop = threading.Event()
+
+    def loop() -> None:
+        s.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                handler(s)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield s
+    finally:
+        stop.set()
+        t.join(2)
+        s.close()
+
+
+def tcp_echo(s: socket.socket) -> None:
+    """Accept one connection; answer "<peer ip> <data>"."""
+    conn, peer = s.accept()
+    with conn:
+        conn.settimeout(2)
+        data = conn.recv(1024)
+        conn.sendall(f"{peer[0]} ".encode() + data)
+
+
+def udp_echo(s: socket.socket) -> None:
+    data, peer = s.recvfrom(2048)
+    s.sendto(f"{peer[0]} ".encode() + data, peer)

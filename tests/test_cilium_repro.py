@@ -1,0 +1,144 @@
+"""The Cilium 1.19 failure, reproduced: a TC program on the node's uplink drops packets to the
+LB IP on ports the Service does not list (Cilium's wildcard <LB_IP>:0/ANY entry, DROP_NO_SERVICE).
+nftables NAT in prerouting (cozy-proxy) runs after it and never sees those packets; cozyebpf's
+XDP program runs before it, so Cilium only ever sees the pod IP."""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scapy.layers.inet import IP, TCP
+from scapy.layers.l2 import Ether
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, cozy_proxy_ruleset
+from cozyebpf.lab import DEFAULT_PODS as PODS
+from tests.conftest import unique_prefix
+from tests.k8s import Svc
+from tests.labtools import AgentLab
+from tests.packets import LB_WHOLE
+
+pytestmark = pytest.mark.datapath
+
+POD1 = PODS[0]
+LISTED, UNLISTED = 22, 4444
+TC_INGRESS_PARENT = 0xFFFFFFF2
+
+
+class CiliumLike:
+    """The stand-in program, attached to the node's uplink via tcx (tail) and a legacy
+    clsact filter, both ingress; plus a tcx egress copy to check our place in that chain."""
+
+    def __init__(self, lab: Lab) -> None:
+        from bcc import BPF
+
+        src = Path(__file__).parent / "bpf" / "cilium_like.c"
+        lb_be32 = int.from_bytes(socket.inet_aton(LB_WHOLE), "little")
+        self.bpf = BPF(
+            src_file=str(src).encode(), cflags=[f"-DLB_IP={lb_be32}U", f"-DLISTED_PORT={LISTED}"]
+        )
+        self.fd = self.bpf.load_func(b"cilium_like", BPF.SCHED_CLS).fd
+        self.lab = lab
+        self.links: list[int] = []
+
+        def attach() -> None:
+            from pyroute2 import IPRoute
+
+            idx = socket.if_nametoindex(UPLINK)
+            self.links.append(bpfsys.link_create(self.fd, idx, bpfsys.BPF_TCX_INGRESS))
+            self.links.append(bpfsys.link_create(self.fd, idx, bpfsys.BPF_TCX_EGRESS))
+            with IPRoute() as ipr:
+                ipr.tc("add", "clsact", idx)
+                ipr.tc(
+                    "add-filter",
+                    "bpf",
+                    idx,
+                    ":1",
+                    fd=self.fd,
+                    name="cilium_like",
+                    parent=TC_INGRESS_PARENT,
+                    prio=1,
+                    direct_action=True,
+                )
+
+        lab.in_ns(lab.node, attach)
+
+    def counts(self) -> tuple[int, int, int]:
+        t = self.bpf[b"counts"]
+        return tuple(t[ctypes.c_int(i)].value for i in range(3))  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for fd in self.links:
+            bpfsys.link_detach(fd)
+        self.bpf.cleanup()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    tmp = tmp_path_factory.mktemp("cilium")
+    lab = Lab(unique_prefix("c"), pods=PODS[:1]).up()
+    env = AgentLab(
+        lab, f"/sys/fs/bpf/{lab.prefix}", tmp / "services.yaml", tmp / "agent.log", cozyebpf_cmd
+    )
+    try:
+        yield env
+    finally:
+        if env.proc:
+            env.stop_agent()
+        env.close()
+        subprocess.run(
+            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
+            capture_output=True,
+        )
+        lab.down()
+
+
+def syn(port: int, marker: int) -> bytes:
+    return bytes(
+        Ether(src=CLIENT_MAC, dst=UPLINK_MAC)
+        / IP(src=CLIENT_IP, dst=LB_WHOLE, id=marker)
+        / TCP(sport=45000, dport=port)
+    )
+
+
+def arrived(env: AgentLab, port: int, marker: int) -> bool:
+    got = env.send_and_capture(
+        syn(port, marker), POD1, lambda f: IP in Ether(f) and Ether(f)[IP].id == marker
+    )
+    return len(got) == 1 and Ether(got[0])[IP].dst == POD1.ip
+
+
+def test_nftables_nat_loses_unlisted_ports_cozyebpf_does_not(env: AgentLab) -> None:
+    lab = env.lab
+    cilium = CiliumLike(lab)
+    try:
+        # 1. cozy-proxy: nftables stateless NAT in prerouting
+        lab.exec(lab.node, "nft", "-f", "-", input=cozy_proxy_ruleset([(LB_WHOLE, POD1.ip)]))
+        assert arrived(env, LISTED, 1), "nftables NAT works for a listed port"
+        assert not arrived(env, UNLISTED, 2), "the Cilium-like program drops unlisted ports"
+        seen, dropped, _ = cilium.counts()
+        assert dropped >= 1 and seen >= 2
+        lab.exec(lab.node, "nft", "delete", "table", "ip", "cozy_proxy")
+
+        # 2. cozyebpf with the same Service (whole-IP, spec.ports = [22])
+        env.manifest_path.write_text("")
+        env.start_agent()
+        env.set_services(Svc("vm", LB_WHOLE, POD1.ip, [("TCP", LISTED)], whole_ip="true"))
+        before = cilium.counts()
+        assert arrived(env, UNLISTED, 3), "cozyebpf delivers the unlisted port"
+        assert arrived(env, LISTED, 4)
+        assert cilium.counts() == before, "Cilium must never see a packet to the LB IP"
+
+        # our egress program runs before the Cilium-like one in the tcx chain
+        def order() -> list[str]:
+            ids, _ = bpfsys.prog_query(socket.if_nametoindex(UPLINK), bpfsys.BPF_TCX_EGRESS)
+            return [bpfsys.prog_info_by_id(i).name for i in ids]
+
+        assert lab.in_ns(lab.node, order) == ["cz_egress", "cilium_like"]
+    finally:
+        cilium.close()

@@ -1,0 +1,207 @@
+"""Agent lifecycle on the real kernel: clean stop (datapath stays), restart in place, detach
+leaves nothing, a foreign XDP program is never replaced, bad input never stops the agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.attach import current_xdp
+from cozyebpf.lab import DEFAULT_PODS as PODS
+from cozyebpf.lab import UPLINK, Lab
+from tests.conftest import unique_prefix
+from tests.k8s import Svc, manifest
+from tests.labtools import AgentLab, wait_for
+from tests.packets import LB_FILT, LB_WHOLE
+
+pytestmark = pytest.mark.datapath
+
+POD1, POD2 = PODS[:2]
+WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
+
+
+@pytest.fixture
+def env(tmp_path: os.PathLike[str], cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    from pathlib import Path
+
+    tmp = Path(tmp_path)
+    lab = Lab(unique_prefix("f"), pods=PODS[:2]).up()
+    env = AgentLab(
+        lab, f"/sys/fs/bpf/{lab.prefix}", tmp / "services.yaml", tmp / "agent.log", cozyebpf_cmd
+    )
+    env.manifest_path.write_text(manifest(WHOLE))
+    try:
+        yield env
+    finally:
+        if env.proc:
+            env.stop_agent(signal.SIGKILL)
+        env.close()
+        subprocess.run(
+            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
+            capture_output=True,
+        )
+        lab.down()
+
+
+def ping_lb(env: AgentLab, lb: str = LB_WHOLE) -> bool:
+    p = env.lab.exec(env.lab.client, "ping", "-c", "1", "-W", "1", lb, check=False)
+    return p.returncode == 0
+
+
+def our_hooks(env: AgentLab) -> tuple[tuple[int, str] | None, list[int]]:
+    """(XDP program on the uplink, tcx egress program ids) in the node namespace."""
+
+    def q() -> tuple[tuple[int, str] | None, list[int]]:
+        idx = socket.if_nametoindex(UPLINK)
+        return current_xdp(idx), bpfsys.prog_query(idx, bpfsys.BPF_TCX_EGRESS)[0]
+
+    return env.lab.in_ns(env.lab.node, q)
+
+
+def test_sigterm_exits_cleanly_and_keeps_forwarding(env: AgentLab) -> None:
+    env.start_agent()
+    env.set_services(WHOLE)
+    assert ping_lb(env)
+    assert env.stop_agent(signal.SIGTERM) == 0
+    assert "got SIGTERM, stopping" in env.log()
+    assert ping_lb(env), "fail-static: the datapath keeps forwarding without the agent"
+    d = json.loads(
+        env.lab.exec(
+            env.lab.node, *env.cmd, "maps", "dump", "--json", "--pin-dir", env.pin_dir
+        ).stdout
+    )
+    assert [s["lb_ip"] for s in d["services"]] == [LB_WHOLE]
+
+
+def test_restart_replaces_programs_in_place(env: AgentLab) -> None:
+    env.start_agent()
+    env.set_services(WHOLE)
+    xdp_before, tcx_before = our_hooks(env)
+    assert xdp_before and len(tcx_before) == 1
+    assert env.stop_agent() == 0
+    env.start_agent()
+    xdp_after, tcx_after = our_hooks(env)
+    assert xdp_after and xdp_after[0] != xdp_before[0], "a new program was loaded"
+    assert len(tcx_after) == 1 and tcx_after != tcx_before, "still exactly one egress program"
+    assert "replaced XDP program on uplink in place" in env.log()
+    assert "adopted pinned maps" in env.log()
+    assert ping_lb(env)
+
+
+def test_detach_leaves_nothing(env: AgentLab) -> None:
+    env.start_agent()
+    env.set_services(WHOLE)
+    assert env.stop_agent() == 0
+    out = env.lab.exec(env.lab.node, *env.cmd, "detach", "--pin-dir", env.pin_dir).stdout
+    assert "detached:" in out
+    assert not os.path.exists(env.pin_dir)
+    assert our_hooks(env) == (None, [])
+    assert not ping_lb(env), "no NAT any more"
+    again = env.lab.exec(env.lab.node, *env.cmd, "detach", "--pin-dir", env.pin_dir).stdout
+    assert again.strip() == "nothing to detach"
+
+
+def test_detach_removes_legacy_tc_filters(env: AgentLab) -> None:
+    env.start_agent("--tc-mode", "legacy")
+    env.set_services(WHOLE)
+    tc = env.lab.exec(env.lab.node, "tc", "filter", "show", "dev", UPLINK, "egress").stdout
+    assert "cz_egress" in tc
+    # the pod's egress goes through the legacy filter
+    out = env.lab.exec(env.lab.pod_ns(POD1), "ping", "-c", "1", "-W", "2", "198.51.100.2")
+    assert " 0% packet loss" in out.stdout
+    assert env.stop_agent() == 0
+    env.lab.exec(env.lab.node, *env.cmd, "detach", "--pin-dir", env.pin_dir)
+    tc = env.lab.exec(env.lab.node, "tc", "filter", "show", "dev", UPLINK, "egress").stdout
+    assert "cz_egress" not in tc
+
+
+def test_foreign_xdp_program_is_never_replaced(env: AgentLab) -> None:
+    from bcc import BPF
+
+    b = BPF(text=b"int foreign_xdp(struct xdp_md *ctx) { return XDP_PASS; }")
+    fn = b.load_func(b"foreign_xdp", BPF.XDP)
+
+    def attach_foreign() -> None:
+        b.attach_xdp(UPLINK.encode(), fn, 0)
+
+    env.lab.in_ns(env.lab.node, attach_foreign)
+    try:
+        p = env.lab.exec(
+            env.lab.node,
+            *env.cmd,
+            "run",
+            "--manifests",
+            str(env.manifest_path),
+            "--devices",
+            UPLINK,
+            "--pin-dir",
+            env.pin_dir,
+            check=False,
+        )
+        assert p.returncode == 1
+        assert (
+            "device uplink already has an XDP program that is not cozyebpf's: foreign_xdp"
+            in p.stderr
+        )
+        xdp, _ = our_hooks(env)
+        assert xdp is not None and bpfsys.prog_info_by_id(xdp[0]).name == "foreign_xdp"
+    finally:
+        env.lab.in_ns(env.lab.node, lambda: BPF.remove_xdp(UPLINK.encode(), 0))
+
+
+def test_unknown_device_is_a_clear_error(env: AgentLab) -> None:
+    p = env.lab.exec(
+        env.lab.node,
+        *env.cmd,
+        "run",
+        "--manifests",
+        str(env.manifest_path),
+        "--devices",
+        "nosuchdev0",
+        "--pin-dir",
+        env.pin_dir,
+        check=False,
+    )
+    assert p.returncode == 1
+    assert "device 'nosuchdev0' does not exist in this network namespace" in p.stderr
+
+
+def test_bad_input_keeps_the_last_good_state(env: AgentLab) -> None:
+    env.start_agent()
+    env.set_services(WHOLE)
+    # a YAML syntax error: logged with file and line, the datapath keeps its state
+    env.manifest_path.write_text("kind: Service\n  bad: [indent\n")
+    wait_for(lambda: f"{env.manifest_path}: line" in env.log(), 10, "the YAML error")
+    time.sleep(0.3)
+    assert [str(x) for x in env.maps_state().services] == [LB_WHOLE]
+    assert ping_lb(env)
+    # one bad Service next to a good one: the good one is programmed, the bad one named
+    bad = Svc("broken", "010.1.2.3", POD2.ip, [("TCP", 80)])
+    good = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)], allow_icmp="true")
+    env.set_services(WHOLE, bad, good, expect=[WHOLE, good])
+    assert "Service default/broken" in env.log()
+    assert ping_lb(env) and ping_lb(env, LB_FILT)
+    assert env.proc is not None and env.proc.poll() is None
+
+
+def test_drift_in_the_maps_is_repaired(env: AgentLab) -> None:
+    env.start_agent("--resync-interval", "0.5")
+    env.set_services(WHOLE)
+    from ipaddress import IPv4Address
+
+    from cozyebpf.datapath.maps import PinnedMaps
+    from cozyebpf.state import MapDiff
+
+    with PinnedMaps.open(env.pin_dir) as m:
+        m.apply(MapDiff(services_del={IPv4Address(LB_WHOLE)}))
+    assert not env.maps_state().services
+    wait_for(lambda: env.maps_state().services, 5, "the resync to restore the entry")
+    assert ping_lb(env)
