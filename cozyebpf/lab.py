@@ -20,7 +20,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -76,7 +76,6 @@ def run(
 class Lab:
     prefix: str = "cz"
     pods: Sequence[Pod] = DEFAULT_PODS
-    namespaces: list[str] = field(default_factory=list)
 
     @property
     def client(self) -> str:
@@ -89,113 +88,48 @@ class Lab:
     def pod_ns(self, pod: Pod) -> str:
         return f"{self.prefix}-{pod.name}"
 
+    @property
+    def all_namespaces(self) -> list[str]:
+        return [self.client, self.node, *(self.pod_ns(p) for p in self.pods)]
+
     # -- building ------------------------------------------------------------------------
 
     def up(self) -> Lab:
         self.down()
-        for ns in [self.client, self.node, *(self.pod_ns(p) for p in self.pods)]:
+        for ns in self.all_namespaces:
             run("ip", "netns", "add", ns)
-            self.namespaces.append(ns)
             self.ip(ns, "link", "set", "lo", "up")
             for key in ("all", "default"):
                 self.sysctl(ns, f"net.ipv4.conf.{key}.rp_filter", "0")
         self.sysctl(self.node, "net.ipv4.ip_forward", "1")
         c, n = self.client, self.node
-        self.ip(
-            n,
-            "link",
-            "add",
-            UPLINK,
-            "address",
-            UPLINK_MAC,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "address",
-            CLIENT_MAC,
-            "netns",
-            c,
-        )
+        self.veth(n, UPLINK, UPLINK_MAC, c, "eth0", CLIENT_MAC)
         self.ip(c, "addr", "add", f"{CLIENT_IP}/24", "dev", "eth0")
         self.ip(c, "link", "set", "eth0", "up")
         self.ip(c, "route", "add", "default", "via", NODE_UPLINK_IP)
-        self.ip(
-            c,
-            "neigh",
-            "replace",
-            NODE_UPLINK_IP,
-            "lladdr",
-            UPLINK_MAC,
-            "dev",
-            "eth0",
-            "nud",
-            "permanent",
-        )
+        self.neigh(c, NODE_UPLINK_IP, UPLINK_MAC, "eth0")
         self.ip(n, "addr", "add", f"{NODE_UPLINK_IP}/24", "dev", UPLINK)
         self.ip(n, "link", "set", UPLINK, "up")
-        self.ip(
-            n,
-            "neigh",
-            "replace",
-            CLIENT_IP,
-            "lladdr",
-            CLIENT_MAC,
-            "dev",
-            UPLINK,
-            "nud",
-            "permanent",
-        )
+        self.neigh(n, CLIENT_IP, CLIENT_MAC, UPLINK)
         for p in self.pods:
             pns = self.pod_ns(p)
-            self.ip(
-                n,
-                "link",
-                "add",
-                p.host_dev,
-                "address",
-                p.host_mac,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "address",
-                p.mac,
-                "netns",
-                pns,
-            )
+            self.veth(n, p.host_dev, p.host_mac, pns, "eth0", p.mac)
             self.ip(n, "addr", "add", f"{NODE_POD_GW}/32", "dev", p.host_dev)
             self.ip(n, "link", "set", p.host_dev, "up")
             self.ip(n, "route", "add", f"{p.ip}/32", "dev", p.host_dev)
-            self.ip(
-                n, "neigh", "replace", p.ip, "lladdr", p.mac, "dev", p.host_dev, "nud", "permanent"
-            )
+            self.neigh(n, p.ip, p.mac, p.host_dev)
             self.ip(pns, "addr", "add", f"{p.ip}/32", "dev", "eth0")
             self.ip(pns, "link", "set", "eth0", "up")
             self.ip(pns, "route", "add", NODE_POD_GW, "dev", "eth0")
             self.ip(pns, "route", "add", "default", "via", NODE_POD_GW)
-            self.ip(
-                pns,
-                "neigh",
-                "replace",
-                NODE_POD_GW,
-                "lladdr",
-                p.host_mac,
-                "dev",
-                "eth0",
-                "nud",
-                "permanent",
-            )
+            self.neigh(pns, NODE_POD_GW, p.host_mac, "eth0")
         return self
 
     def down(self) -> None:
         existing = run("ip", "netns", "list", check=False).stdout.split()
-        for ns in [self.client, self.node, *(self.pod_ns(p) for p in self.pods)]:
+        for ns in self.all_namespaces:
             if ns in existing:
                 run("ip", "netns", "del", ns, check=False)
-        self.namespaces.clear()
 
     def __enter__(self) -> Lab:
         return self.up()
@@ -204,6 +138,30 @@ class Lab:
         self.down()
 
     # -- doing things inside -------------------------------------------------------------
+
+    def veth(self, ns: str, name: str, mac: str, peer_ns: str, peer: str, peer_mac: str) -> None:
+        """A veth pair with fixed MACs: `name` in `ns`, `peer` in `peer_ns`."""
+        self.ip(
+            ns,
+            "link",
+            "add",
+            name,
+            "address",
+            mac,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
+            "address",
+            peer_mac,
+            "netns",
+            peer_ns,
+        )
+
+    def neigh(self, ns: str, ip: str, mac: str, dev: str) -> None:
+        """A permanent neighbour entry: no ARP in the lab, so no first packet is lost."""
+        self.ip(ns, "neigh", "replace", ip, "lladdr", mac, "dev", dev, "nud", "permanent")
 
     def ip(self, ns: str, *args: str) -> subprocess.CompletedProcess[str]:
         return run("ip", "-n", ns, *args)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,19 +62,3 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
     venv = repo_root / ".venv" / "bin" / "python"
     python = str(venv) if venv.exists() else shutil.which("python3") or "python3"
     return [python, "-m", "cozyebpf"]
-
-
-def run_cli(cmd: list[str], *args: str, ns: str | None = None) -> subprocess.CompletedProcess[str]:
-    prefix = ["nsenter", f"--net=/run/netns/{ns}"] if ns else []
-    return subprocess.run([*prefix, *cmd, *args], capture_output=True, text=True, timeout=60)
-
-
-@pytest.fixture
-def pin_dir() -> Iterator[str]:
-    """A private pin dir, detached and removed afterwards."""
-    path = f"/sys/fs/bpf/{unique_prefix('p')}"
-    yield path
-    if os.path.isdir(path):
-        from cozyebpf.datapath.attach import detach_all
-
-        detach_all(path)

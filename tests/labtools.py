@@ -191,3 +191,23 @@ def tcp_echo(s: socket.socket) -> None:
 def udp_echo(s: socket.socket) -> None:
     data, peer = s.recvfrom(2048)
     s.sendto(f"{peer[0]} ".encode() + data, peer)
+
+
+def tcp_talk(lab: Lab, ns: str, addr: str, port: int, data: bytes, timeout: float = 3) -> bytes:
+    """Connect from `ns` to addr:port, send `data`, return the answer (raises on timeout)."""
+    with lab.ns_socket(ns, socket.AF_INET, socket.SOCK_STREAM) as c:
+        c.settimeout(timeout)
+        c.connect((addr, port))
+        c.sendall(data)
+        return c.recv(1024)
+
+
+def udp_talk(
+    lab: Lab, ns: str, addr: str, port: int, data: bytes, timeout: float = 3
+) -> tuple[bytes, tuple[str, int]]:
+    """Send one datagram from `ns`; return the answer and the address it came from."""
+    with lab.ns_socket(ns, socket.AF_INET, socket.SOCK_DGRAM) as c:
+        c.settimeout(timeout)
+        c.sendto(data, (addr, port))
+        answer, peer = c.recvfrom(2048)
+        return answer, peer

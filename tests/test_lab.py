@@ -19,7 +19,7 @@ from cozyebpf import lab as labmod
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK_MAC, Lab, capture, drain
 from tests.conftest import unique_prefix
 from tests.k8s import Svc
-from tests.labtools import AgentLab, serve, tcp_echo, udp_echo, wait_for
+from tests.labtools import AgentLab, serve, tcp_echo, tcp_talk, udp_echo, udp_talk, wait_for
 from tests.packets import LB_FILT, LB_WHOLE, assert_frame, checksums_ok, partial_checksum_ok
 
 pytestmark = pytest.mark.datapath
@@ -138,22 +138,12 @@ def test_whole_ip_replies_come_from_the_lb_ip(services: AgentLab) -> None:
     assert f"from {LB_WHOLE}" in out and " 0% packet loss" in out
     # UDP to a port that is not in spec.ports
     with serve(lab, lab.pod_ns(POD1), socket.SOCK_DGRAM, 9999, udp_echo):
-        c = lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_DGRAM)
-        c.settimeout(3)
-        c.sendto(b"hi", (LB_WHOLE, 9999))
-        data, peer = c.recvfrom(1024)
-        c.close()
+        data, peer = udp_talk(lab, lab.client, LB_WHOLE, 9999, b"hi")
     assert peer == (LB_WHOLE, 9999)
     assert data == f"{CLIENT_IP} hi".encode()  # the pod saw the client's real address
     # TCP to a port that is not in spec.ports
     with serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 4444, tcp_echo):
-        c = lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(3)
-        c.connect((LB_WHOLE, 4444))
-        assert c.getpeername() == (LB_WHOLE, 4444)
-        c.sendall(b"tcp")
-        assert c.recv(1024) == f"{CLIENT_IP} tcp".encode()
-        c.close()
+        assert tcp_talk(lab, lab.client, LB_WHOLE, 4444, b"tcp") == f"{CLIENT_IP} tcp".encode()
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["sw-checksum", "tx-offload"])
@@ -195,18 +185,12 @@ def test_pod_egress_is_seen_as_the_lb_ip(services: AgentLab, pod: labmod.Pod, lb
     in port-filter mode (the flow table lets them in)."""
     lab = services.lab
     with serve(lab, lab.client, socket.SOCK_STREAM, 8443, tcp_echo):
-        c = lab.ns_socket(lab.pod_ns(pod), socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(3)
-        c.connect((CLIENT_IP, 8443))
-        c.sendall(b"out")
-        assert c.recv(1024) == f"{lb} out".encode()
-        c.close()
+        assert tcp_talk(lab, lab.pod_ns(pod), CLIENT_IP, 8443, b"out") == f"{lb} out".encode()
     with serve(lab, lab.client, socket.SOCK_DGRAM, 5353, udp_echo):
-        c = lab.ns_socket(lab.pod_ns(pod), socket.AF_INET, socket.SOCK_DGRAM)
-        c.settimeout(3)
-        c.sendto(b"dns?", (CLIENT_IP, 5353))
-        assert c.recvfrom(1024) == (f"{lb} dns?".encode(), (CLIENT_IP, 5353))
-        c.close()
+        assert udp_talk(lab, lab.pod_ns(pod), CLIENT_IP, 5353, b"dns?") == (
+            f"{lb} dns?".encode(),
+            (CLIENT_IP, 5353),
+        )
     out = lab.exec(lab.pod_ns(pod), "ping", "-c", "1", "-W", "2", CLIENT_IP).stdout
     assert " 0% packet loss" in out
 
@@ -219,17 +203,9 @@ def test_port_filter(services: AgentLab) -> None:
         serve(lab, pod2, socket.SOCK_STREAM, 80, tcp_echo),
         serve(lab, pod2, socket.SOCK_STREAM, 81, tcp_echo),
     ):
-        c = lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(3)
-        c.connect((LB_FILT, 80))
-        c.sendall(b"ok")
-        assert c.recv(1024) == f"{CLIENT_IP} ok".encode()
-        c.close()
-        c = lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(1)
-        with pytest.raises(TimeoutError):
-            c.connect((LB_FILT, 81))  # the pod listens, but 81 is not in spec.ports
-        c.close()
+        assert tcp_talk(lab, lab.client, LB_FILT, 80, b"ok") == f"{CLIENT_IP} ok".encode()
+        with pytest.raises(TimeoutError):  # the pod listens, but 81 is not in spec.ports
+            tcp_talk(lab, lab.client, LB_FILT, 81, b"no", timeout=1)
     ping = lab.exec(lab.client, "ping", "-c", "1", "-W", "1", LB_FILT, check=False)
     assert ping.returncode != 0
     after = services.counters()
@@ -262,10 +238,7 @@ def test_toggling_allow_icmp_and_whole_ip_needs_no_restart(services: AgentLab) -
     # whole-IP opens every port
     with serve(lab, lab.pod_ns(POD2), socket.SOCK_STREAM, 81, tcp_echo):
         services.set_services(WHOLE, Svc(**{**FILT.__dict__, "whole_ip": "true"}))
-        c = lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(3)
-        c.connect((LB_FILT, 81))
-        c.close()
+        assert tcp_talk(lab, lab.client, LB_FILT, 81, b"all") == f"{CLIENT_IP} all".encode()
     services.set_services(WHOLE, FILT)
     assert services.proc is not None and services.proc.pid == pid  # same agent all along
 
@@ -287,12 +260,7 @@ def test_removing_a_service_removes_its_nat_only(services: AgentLab) -> None:
     assert " 0% packet loss" in lab.exec(lab.client, "ping", "-c", "1", "-W", "2", LB_WHOLE).stdout
     # and the pod's egress is no longer rewritten
     with serve(lab, lab.client, socket.SOCK_STREAM, 8444, tcp_echo):
-        c = lab.ns_socket(lab.pod_ns(POD2), socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(3)
-        c.connect((CLIENT_IP, 8444))
-        c.sendall(b"x")
-        assert c.recv(1024) == f"{POD2.ip} x".encode()
-        c.close()
+        assert tcp_talk(lab, lab.pod_ns(POD2), CLIENT_IP, 8444, b"x") == f"{POD2.ip} x".encode()
 
 
 def test_curl_through_the_lb_ip(services: AgentLab, tmp_path: Path) -> None:
@@ -328,19 +296,14 @@ def test_curl_through_the_lb_ip(services: AgentLab, tmp_path: Path) -> None:
 def test_pod_to_pod_and_pods_without_service_are_untouched(services: AgentLab) -> None:
     lab = services.lab
     with serve(lab, lab.pod_ns(POD2), socket.SOCK_STREAM, 9000, tcp_echo):
-        c = lab.ns_socket(lab.pod_ns(POD1), socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(3)
-        c.connect((POD2.ip, 9000))  # not a listed port: in-cluster traffic is not filtered
-        c.sendall(b"east-west")
-        assert c.recv(1024) == f"{POD1.ip} east-west".encode()
-        c.close()
+        # not a listed port: in-cluster traffic is neither filtered nor translated
+        answer = tcp_talk(lab, lab.pod_ns(POD1), POD2.ip, 9000, b"east-west")
+        assert answer == f"{POD1.ip} east-west".encode()
     with serve(lab, lab.client, socket.SOCK_STREAM, 8445, tcp_echo):
-        c = lab.ns_socket(lab.pod_ns(POD3), socket.AF_INET, socket.SOCK_STREAM)
-        c.settimeout(3)
-        c.connect((CLIENT_IP, 8445))
-        c.sendall(b"plain")
-        assert c.recv(1024) == f"{POD3.ip} plain".encode()
-        c.close()
+        assert (
+            tcp_talk(lab, lab.pod_ns(POD3), CLIENT_IP, 8445, b"plain")
+            == f"{POD3.ip} plain".encode()
+        )
 
 
 def test_maps_dump_reads_the_pins_from_another_process(

@@ -51,6 +51,22 @@ def env(tmp_path: os.PathLike[str], cozyebpf_cmd: list[str]) -> Iterator[AgentLa
         lab.down()
 
 
+def run_once(env: AgentLab, device: str) -> subprocess.CompletedProcess[str]:
+    """`cozyebpf run` in the foreground, for cases where it must fail at start."""
+    return env.lab.exec(
+        env.lab.node,
+        *env.cmd,
+        "run",
+        "--manifests",
+        str(env.manifest_path),
+        "--devices",
+        device,
+        "--pin-dir",
+        env.pin_dir,
+        check=False,
+    )
+
+
 def ping_lb(env: AgentLab, lb: str = LB_WHOLE) -> bool:
     p = env.lab.exec(env.lab.client, "ping", "-c", "1", "-W", "1", lb, check=False)
     return p.returncode == 0
@@ -134,18 +150,7 @@ def test_foreign_xdp_program_is_never_replaced(env: AgentLab) -> None:
 
     env.lab.in_ns(env.lab.node, attach_foreign)
     try:
-        p = env.lab.exec(
-            env.lab.node,
-            *env.cmd,
-            "run",
-            "--manifests",
-            str(env.manifest_path),
-            "--devices",
-            UPLINK,
-            "--pin-dir",
-            env.pin_dir,
-            check=False,
-        )
+        p = run_once(env, UPLINK)
         assert p.returncode == 1
         assert (
             "device uplink already has an XDP program that is not cozyebpf's: foreign_xdp"
@@ -158,18 +163,7 @@ def test_foreign_xdp_program_is_never_replaced(env: AgentLab) -> None:
 
 
 def test_unknown_device_is_a_clear_error(env: AgentLab) -> None:
-    p = env.lab.exec(
-        env.lab.node,
-        *env.cmd,
-        "run",
-        "--manifests",
-        str(env.manifest_path),
-        "--devices",
-        "nosuchdev0",
-        "--pin-dir",
-        env.pin_dir,
-        check=False,
-    )
+    p = run_once(env, "nosuchdev0")
     assert p.returncode == 1
     assert "device 'nosuchdev0' does not exist in this network namespace" in p.stderr
 

@@ -11,7 +11,6 @@
 #include <linux/in.h>
 #include <linux/icmp.h>
 
-#define CZ_IP_MF 0x2000
 #define CZ_IP_OFFSET 0x1fff
 
 struct hdr_cursor {
