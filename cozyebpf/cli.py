@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 import click
@@ -69,8 +71,8 @@ def main() -> None:
 @click.option(
     "--devices",
     required=True,
-    help="Comma-separated uplink devices: XDP ingress and tc egress are attached to each. "
-    "Nothing else is touched.",
+    help="Comma-separated uplink devices, or `auto` for the device(s) of the default IPv4 "
+    "route: XDP ingress and tc egress are attached to each. Nothing else is touched.",
 )
 @pin_dir_option
 @click.option(
@@ -115,6 +117,22 @@ def main() -> None:
     default="info",
     show_default=True,
 )
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    help="Kubeconfig for the API server; without it (and without --manifests) the in-cluster "
+    "service account is used.",
+)
+@click.option(
+    "--node-name",
+    default="",
+    help="This node's name, reported in Events (the DaemonSet sets it from spec.nodeName).",
+)
+@click.option(
+    "--health-address",
+    default="",
+    help="HOST:PORT for /healthz and /readyz (e.g. 127.0.0.1:9810); off when empty.",
+)
 def run(
     manifests: str | None,
     devices: str,
@@ -125,26 +143,27 @@ def run(
     poll_interval: float,
     resync_interval: float,
     log_level: str,
+    kubeconfig: str | None,
+    node_name: str,
+    health_address: str,
 ) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
-    Runs in the foreground in the current network namespace. On SIGTERM/SIGINT it exits and
-    leaves the datapath in place (traffic keeps flowing); `cozyebpf detach` removes it.
+    The Services come from --manifests (a file, re-read when it changes) or else from the
+    Kubernetes API (--kubeconfig, or the in-cluster service account). Runs in the foreground in
+    the current network namespace. On SIGTERM/SIGINT it exits and leaves the datapath in place
+    (traffic keeps flowing); `cozyebpf detach` removes it.
 
     \b
-    Example:
+    Examples:
       cozyebpf run --manifests examples/services.yaml --devices eth0,eth1
+      cozyebpf run --kubeconfig ~/.kube/config --devices auto --health-address 127.0.0.1:9810
     """
     _setup_logging(log_level)
-    from cozyebpf.agent import Agent
+    from cozyebpf.agent import Agent, Source
+    from cozyebpf.datapath.attach import resolve_devices
     from cozyebpf.datapath.bpf import BpfDatapath
-    from cozyebpf.sources.manifest import ManifestSource
 
-    if not manifests:
-        _fail(CozyError("--manifests is required (the Kubernetes API source is not built yet)"))
-        return
-    devs = [d.strip() for d in devices.split(",") if d.strip()]
-    dp = BpfDatapath(devs, pin_dir=pin_dir, xdp_mode=xdp_mode, tc_mode=tc_mode)
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -153,14 +172,45 @@ def run(
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    dp: BpfDatapath | None = None
+    stoppers: list[Callable[[], None]] = []
     try:
+        devs = resolve_devices(devices)
+        source: Source
+        on_problems = None
+        if manifests:
+            from cozyebpf.sources.manifest import ManifestSource
+
+            source = ManifestSource(manifests)
+        else:
+            from cozyebpf.events import EventRecorder
+            from cozyebpf.sources.kube import KubeSource, api_client
+
+            client = api_client(kubeconfig)
+            kube = KubeSource(client, proxy_name)
+            recorder = EventRecorder(client, node_name or socket.gethostname())
+            kube.start()
+            recorder.start()
+            stoppers += [kube.stop, recorder.stop]
+            source, on_problems = kube, recorder.record
+        dp = BpfDatapath(devs, pin_dir=pin_dir, xdp_mode=xdp_mode, tc_mode=tc_mode)
         dp.start()
         log.info("datapath ready on %s (maps in %s)", ", ".join(devs), pin_dir)
-        Agent(ManifestSource(manifests), dp, proxy_name, poll_interval, resync_interval).run(stop)
+        agent = Agent(source, dp, proxy_name, poll_interval, resync_interval, on_problems)
+        if health_address:
+            from cozyebpf.health import HealthServer
+
+            health = HealthServer(health_address, agent.liveness, agent.readiness)
+            health.start()
+            stoppers.append(health.stop)
+        agent.run(stop)
     except CozyError as e:
         _fail(e)
     finally:
-        dp.close()
+        for fn in stoppers:
+            fn()
+        if dp is not None:
+            dp.close()
     log.info("stopped; the datapath stays attached (remove it with `cozyebpf detach`)")
 
 

@@ -67,6 +67,36 @@ def ifindex_of(device: str) -> int:
         ) from None
 
 
+def resolve_devices(spec: str) -> list[str]:
+    """The --devices value as a list: names as given, or for `auto` the device(s) of the
+    default IPv4 route (every next hop of a multipath route)."""
+    names = [d.strip() for d in spec.split(",") if d.strip()]
+    if names != ["auto"]:
+        if not names:
+            raise DatapathError("--devices is empty: name the uplink devices, or use auto")
+        return names
+    from pyroute2 import IPRoute
+
+    found: list[str] = []
+    with IPRoute() as ipr:
+        for route in ipr.get_default_routes(family=socket.AF_INET):
+            oifs = [route.get_attr("RTA_OIF")]
+            for hop in route.get_attr("RTA_MULTIPATH") or []:
+                oifs.append(hop["oif"])
+            for oif in oifs:
+                if oif:
+                    name = socket.if_indextoname(oif)
+                    if name not in found:
+                        found.append(name)
+    if not found:
+        raise DatapathError(
+            "--devices auto: this network namespace has no default IPv4 route; name the "
+            "uplink devices with --devices"
+        )
+    log.info("--devices auto: the default route uses %s", ", ".join(found))
+    return found
+
+
 def _prog_name(prog_id: int) -> str:
     try:
         return bpfsys.prog_info_by_id(prog_id).name or "(unnamed)"

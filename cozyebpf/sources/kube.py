@@ -1,0 +1,333 @@
+"""The Kubernetes source: Services and EndpointSlices from the API server, with informer
+semantics built on the official client.
+
+Each resource is listed (in pages), then watched from the list's resourceVersion. A watch that
+ends is resumed from the last resourceVersion seen (bookmarks included); a 410 Gone means the
+history is compacted and the resource is listed again; any other failure is retried with capped
+exponential backoff and jitter. The cache is replaced only by a *complete* list, so while the
+API server is unreachable the last known state stays (fail-static), and the source reports
+nothing until every resource has been listed once, so an agent that starts during an outage
+does not program an empty state over the pinned one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from cozyebpf.errors import SourceError
+from cozyebpf.model import LABEL_PROXY_NAME
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+class Gone(Exception):
+    """410 Gone: the resourceVersion is too old; list again."""
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with full jitter in [delay/2, delay]."""
+
+    base: float = 0.5
+    cap: float = 30.0
+    attempt: int = 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.base * (2**self.attempt))
+        self.attempt = min(self.attempt + 1, 30)
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def _status_code(e: BaseException) -> int | None:
+    status = getattr(e, "status", None)
+    return int(status) if isinstance(status, int) else None
+
+
+@dataclass
+class Resource:
+    """How to list and watch one kind of object."""
+
+    kind: str
+    api_version: str
+    list_fn: Callable[..., Any]  # e.g. CoreV1Api.list_service_for_all_namespaces
+    label_selector: str | None = None
+
+
+@dataclass
+class Informer:
+    """List + watch one resource into a cache keyed by namespace/name."""
+
+    resource: Resource
+    on_change: Callable[[], None]
+    page_size: int = 500
+    watch_timeout: int = 300
+    request_timeout: float = 30.0
+    backoff: Backoff = field(default_factory=Backoff)
+    cache: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    resource_version: str | None = None
+    synced: bool = False
+    lists: int = 0  # complete lists so far (for tests and logs)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    def _call(self, timeout: Any, **kw: Any) -> Any:
+        r = self.resource
+        if r.label_selector:
+            kw["label_selector"] = r.label_selector
+        return r.list_fn(_preload_content=False, _request_timeout=timeout, **kw)
+
+    def _list(self) -> tuple[dict[tuple[str, str], Obj], str]:
+        """A complete, consistent list (all pages at the first page's resourceVersion)."""
+        items: dict[tuple[str, str], Obj] = {}
+        token: str | None = None
+        rv = ""
+        while True:
+            kw: dict[str, Any] = {"limit": self.page_size}
+            if token:
+                kw["_continue"] = token
+            resp = self._call(self.request_timeout, **kw)
+            body = json.loads(resp.data)
+            meta = body.get("metadata") or {}
+            if not token:
+                rv = str(meta.get("resourceVersion") or "")
+            for obj in body.get("items") or []:
+                obj.setdefault("kind", self.resource.kind)  # list items carry no kind
+                obj.setdefault("apiVersion", self.resource.api_version)
+                m = obj.get("metadata") or {}
+                items[(m.get("namespace") or "", m.get("name") or "")] = obj
+            token = meta.get("continue") or None
+            if not token:
+                return items, rv
+
+    def _events(self) -> Iterator[Obj]:
+        """Watch events from self.resource_version until the server ends the watch."""
+        resp = self._call(
+            (self.request_timeout, self.watch_timeout + self.request_timeout),
+            watch=True,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout,
+        )
+        try:
+            buf = b""
+            for chunk in resp.stream(4096, decode_content=False):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+            if buf.strip():
+                yield json.loads(buf)
+        finally:
+            resp.release_conn()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _apply(self, ev: Obj) -> bool:
+        """Apply one watch event; True when the cache changed."""
+        kind, obj = ev.get("type"), ev.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code")
+            if code == 410:
+                raise Gone(obj.get("message", "resource version too old"))
+            raise SourceError(f"watch of {self.resource.kind}s failed: {obj.get('message', obj)}")
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion")
+        if kind == "BOOKMARK":
+            if rv:
+                self.resource_version = str(rv)
+            return False
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        with self.lock:
+            if kind in ("ADDED", "MODIFIED"):
+                obj.setdefault("kind", self.resource.kind)
+                obj.setdefault("apiVersion", self.resource.api_version)
+                self.cache[key] = obj
+            elif kind == "DELETED":
+                self.cache.pop(key, None)
+            else:
+                log.warning("unknown watch event type %r for %ss", kind, self.resource.kind)
+                return False
+            if rv:
+                self.resource_version = str(rv)
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        what = f"{self.resource.kind}s"
+        need_list = True
+        while not stop.is_set():
+            try:
+                if need_list:
+                    items, rv = self._list()
+                    with self.lock:
+                        self.cache = items
+                        self.resource_version = rv
+                        self.synced = True
+                        self.lists += 1
+                    log.info("listed %d %s at resourceVersion %s", len(items), what, rv)
+                    need_list = False
+                    self.on_change()
+                for ev in self._events():
+                    if stop.is_set():
+                        return
+                    if self._apply(ev):
+                        self.on_change()
+                self.backoff.reset()  # a watch that ended normally: resume at once
+            except Gone as e:
+                log.info("%s: %s; listing again", what, e)
+                need_list = True
+            except Exception as e:  # API or network failure: keep the cache, retry
+                if stop.is_set():
+                    return
+                code = _status_code(e)
+                if code == 410:
+                    log.info("%s: 410 Gone; listing again", what)
+                    need_list = True
+                    continue
+                delay = self.backoff.next()
+                log.warning(
+                    "%s %s failed (%s); retrying in %.1fs, keeping the last known state",
+                    "listing" if need_list else "watching",
+                    what,
+                    _describe(e),
+                    delay,
+                )
+                stop.wait(delay)
+
+    def snapshot(self) -> list[Obj]:
+        with self.lock:
+            return list(self.cache.values())
+
+
+def _describe(e: BaseException) -> str:
+    code = _status_code(e)
+    if code is not None:
+        reason = getattr(e, "reason", "") or ""
+        return f"HTTP {code} {reason}".strip()
+    return f"{type(e).__name__}: {e}"
+
+
+class KubeSource:
+    """Services selected by the proxy-name label and all EndpointSlices, from the API server.
+
+    Implements the agent's Source protocol: `changed()` is true when either cache changed
+    since the last `load()`, and only once both resources have been listed completely.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        proxy_name: str,
+        watch_timeout: int = 300,
+        request_timeout: float = 30.0,
+    ) -> None:
+        from kubernetes import client
+
+        core = client.CoreV1Api(api_client)
+        discovery = client.DiscoveryV1Api(api_client)
+        self._version = 0
+        self._loaded = -1
+        self._cv = threading.Condition()
+        resources = [
+            Resource(
+                "Service",
+                "v1",
+                core.list_service_for_all_namespaces,
+                f"{LABEL_PROXY_NAME}={proxy_name}",
+            ),
+            Resource(
+                "EndpointSlice",
+                "discovery.k8s.io/v1",
+                discovery.list_endpoint_slice_for_all_namespaces,
+            ),
+        ]
+        self.informers = [
+            Informer(r, self._bump, watch_timeout=watch_timeout, request_timeout=request_timeout)
+            for r in resources
+        ]
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    def _bump(self) -> None:
+        with self._cv:
+            self._version += 1
+            self._cv.notify_all()
+
+    def start(self) -> None:
+        for inf in self.informers:
+            t = threading.Thread(
+                target=inf.run, args=(self._stop,), name=f"watch-{inf.resource.kind}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def synced(self) -> bool:
+        return all(i.synced for i in self.informers)
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)
+
+    def wait(self, timeout: float) -> None:
+        """Block until something changes or `timeout` passes (lets the agent react at once)."""
+        with self._cv:
+            if self._version == self._loaded:
+                self._cv.wait(timeout)
+
+    def changed(self) -> bool:
+        return self.synced and self._version != self._loaded
+
+    def load(self) -> list[dict[str, Any]]:
+        if not self.synced:
+            waiting = [f"{i.resource.kind}s" for i in self.informers if not i.synced]
+            raise SourceError(f"not listed yet: {', '.join(waiting)}; keeping the pinned state")
+        with self._cv:
+            self._loaded = self._version
+        return [o for inf in self.informers for o in inf.snapshot()]
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """An ApiClient from a kubeconfig file, or the in-cluster service account."""
+    from kubernetes import client, config
+
+    try:
+        if kubeconfig:
+            cfg = client.Configuration()
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=cfg
+            )
+        else:
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except Exception as e:  # ConfigException, file errors
+        where = kubeconfig or "the in-cluster service account"
+        raise SourceError(
+            f"cannot load Kubernetes credentials from {where}: {e}. Pass --kubeconfig, or "
+            f"--manifests to run from a file"
+        ) from e
+    return client.ApiClient(cfg)
+
+
+def wait_synced(source: KubeSource, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if source.synced:
+            return True
+        time.sleep(0.05)
+    return source.synced
