@@ -50,21 +50,25 @@ class AgentLab:
     log_path: Path
     cmd: list[str]
     proc: subprocess.Popen[str] | None = None
+    #: where the agent takes Services from; default: --manifests <manifest_path>
+    source_args: list[str] | None = None
     _sockets: list[socket.socket] = field(default_factory=list)
 
     # -- agent ---------------------------------------------------------------------------
 
     def start_agent(self, *extra: str) -> None:
+        self.start_agent_on(UPLINK, *extra)
+
+    def start_agent_on(self, devices: str, *extra: str) -> None:
         offset = len(self.log())
         log = self.log_path.open("a")
         self.proc = self.lab.popen(
             self.lab.node,
             *self.cmd,
             "run",
-            "--manifests",
-            str(self.manifest_path),
+            *(self.source_args or ["--manifests", str(self.manifest_path)]),
             "--devices",
-            UPLINK,
+            devices,
             "--pin-dir",
             self.pin_dir,
             "--poll-interval",

@@ -199,3 +199,14 @@ def test_drift_in_the_maps_is_repaired(env: AgentLab) -> None:
     assert not env.maps_state().services
     wait_for(lambda: env.maps_state().services, 5, "the resync to restore the entry")
     assert ping_lb(env)
+
+
+def test_devices_auto_takes_the_default_route_device(env: AgentLab) -> None:
+    p = run_once(env, "auto")
+    assert p.returncode == 1
+    assert "--devices auto: this network namespace has no default IPv4 route" in p.stderr
+    env.lab.ip(env.lab.node, "route", "add", "default", "via", "198.51.100.2")
+    env.start_agent_on("auto")
+    assert "--devices auto: the default route uses uplink" in env.log()
+    env.set_services(WHOLE)
+    assert ping_lb(env)

@@ -1,0 +1,102 @@
+"""The health endpoints and the agent's liveness/readiness, against a fake datapath."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cozyebpf.agent import Agent
+from cozyebpf.datapath.fake import FakeDatapath
+from cozyebpf.errors import PermanentError, SourceError
+from cozyebpf.health import HealthServer, parse_address
+from tests.k8s import Svc, objects
+
+
+class ListSource:
+    """A source whose objects the test sets; raises until `ready`."""
+
+    def __init__(self) -> None:
+        self.objects: list[dict[str, Any]] = []
+        self.ready = False
+        self.version = 0
+        self.loaded = -1
+
+    def set(self, objs: list[dict[str, Any]]) -> None:
+        self.objects, self.ready = objs, True
+        self.version += 1
+
+    def changed(self) -> bool:
+        return self.version != self.loaded
+
+    def load(self) -> list[dict[str, Any]]:
+        if not self.ready:
+            raise SourceError("not listed yet")
+        self.loaded = self.version
+        return list(self.objects)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Agent, ListSource, FakeDatapath, str]]:
+    src, dp = ListSource(), FakeDatapath()
+    agent = Agent(src, dp, resync_interval=3600)
+    h = HealthServer("127.0.0.1:0", agent.liveness, agent.readiness)
+    h.start()
+    yield agent, src, dp, f"http://{h.address}"
+    h.stop()
+
+
+def test_ready_only_after_the_first_complete_sync(
+    served: tuple[Agent, ListSource, FakeDatapath, str],
+) -> None:
+    agent, src, dp, url = served
+    assert get(url + "/healthz") == (200, "ok\n")
+    agent.tick()  # source not listed yet: nothing programmed, not ready
+    assert get(url + "/readyz") == (503, "not synced yet\n")
+    assert dp.dump()["services"] == []
+    src.set(objects(Svc("vm", "203.0.113.10", "10.244.1.10", [("TCP", 22)])))
+    agent.tick()
+    assert get(url + "/readyz") == (200, "ok\n")
+    assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10"]
+    assert get(url + "/nope")[0] == 404
+
+
+def test_liveness_fails_when_the_loop_stalls(
+    served: tuple[Agent, ListSource, FakeDatapath, str],
+) -> None:
+    agent, _, _, url = served
+    agent.last_tick -= 3600
+    code, body = get(url + "/healthz")
+    assert code == 503 and body.startswith("agent loop stalled for")
+
+
+def test_a_failed_sync_is_retried_and_not_ready(
+    served: tuple[Agent, ListSource, FakeDatapath, str],
+) -> None:
+    from cozyebpf.errors import DatapathError
+
+    agent, src, dp, url = served
+    src.set(objects(Svc("vm", "203.0.113.10", "10.244.1.10", [("TCP", 22)])))
+    dp.fail_next_apply = DatapathError("map full")
+    agent.tick()
+    assert get(url + "/readyz")[0] == 503
+    agent.tick()  # nothing changed in the source, but the failed sync is retried
+    assert get(url + "/readyz")[0] == 200
+    assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10"]
+
+
+@pytest.mark.parametrize("bad", ["9810", "host:", "host:0x1", ":70000"])
+def test_bad_health_address_is_a_clear_error(bad: str) -> None:
+    with pytest.raises(PermanentError, match="is not HOST:PORT"):
+        parse_address(bad)
