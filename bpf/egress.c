@@ -2,22 +2,18 @@
 /*
  * Egress, tcx (or clsact) egress on each uplink device: a packet from a managed pod IP gets
  * source := LB IP; in port-filter mode its flow is recorded first so that replies pass ingress.
- * Returns TCX_NEXT (== TC_ACT_UNSPEC) always, so programs after us (Cilium's) still run.
+ * Passes with TCX_NEXT (== TC_ACT_UNSPEC), so programs after us (Cilium's) still run.
  */
 #include <uapi/linux/bpf.h>
-#include <linux/pkt_cls.h>
 #include "lib/maps.h"
 #include "lib/parse.h"
 #include "lib/nat.h"
 #include "lib/flow.h"
-
-#define CZ_TC_NEXT -1 /* TCX_NEXT; TC_ACT_UNSPEC for a legacy cls_bpf filter */
-#define CZ_PULL_LEN (ETH_HLEN + 60 + 20)
+#include "lib/tc.h"
 
 int cz_egress(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
+	void *data, *data_end;
 	struct hdr_cursor nh;
 	struct l4_info info = {};
 	struct ethhdr *eth;
@@ -27,12 +23,9 @@ int cz_egress(struct __sk_buff *skb)
 	__u32 ip_off, l4_off;
 	int proto;
 
-	if (data + CZ_PULL_LEN > data_end && skb->len > data_end - data) {
-		/* headers in paged data: make the first bytes linear */
-		bpf_skb_pull_data(skb, skb->len < CZ_PULL_LEN ? skb->len : CZ_PULL_LEN);
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
-	}
+	cz_tc_pull(skb);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
 	nh.pos = data;
 	if (parse_ethhdr(&nh, data_end, &eth) != bpf_htons(ETH_P_IP))
 		return CZ_TC_NEXT;
@@ -55,7 +48,7 @@ int cz_egress(struct __sk_buff *skb)
 	l4_off = nh.pos - data;
 	if (nat4_skb(skb, ip_off, l4_off, proto, info.has_l4, 0, saddr, lb_ip) < 0) {
 		cz_count(CZ_DROP_MALFORMED, skb->len);
-		return TC_ACT_SHOT;
+		return CZ_TC_DROP;
 	}
 	cz_count(CZ_NAT_EGRESS, skb->len);
 	return CZ_TC_NEXT;

@@ -40,6 +40,7 @@ class Agent:
         poll_interval: float = 1.0,
         resync_interval: float = 60.0,
         on_problems: Callable[[list[Problem]], None] | None = None,
+        check_interval: float = 10.0,
     ) -> None:
         self.source = source
         self.controller = Controller(datapath)
@@ -47,6 +48,8 @@ class Agent:
         self.poll_interval = poll_interval
         self.resync_interval = resync_interval
         self.on_problems = on_problems
+        self.check_interval = check_interval
+        self._last_check = time.monotonic()
         self.desired: MapState | None = None
         self.synced_once = False  # readiness: a complete source was programmed once
         self.last_tick = time.monotonic()
@@ -72,9 +75,17 @@ class Agent:
 
     def tick(self) -> None:
         """One round: re-read the source if it changed (or a resync is due), and sync when
-        there is something new, a resync is due, or the last sync failed."""
+        there is something new, a resync is due, or the last sync failed. Every
+        `check_interval` the datapath checks its attachments (re-attaching what is gone)."""
         now = time.monotonic()
         self.last_tick = now
+        check = getattr(self.controller.datapath, "check", None)
+        if check is not None and now - self._last_check >= self.check_interval:
+            self._last_check = now
+            try:
+                check()
+            except Exception as e:  # a failed check must not stop the loop
+                log.error("checking the attachments failed: %s", e)
         resync_due = now - self._last_sync >= self.resync_interval
         fresh = False
         if self.source.changed() or (resync_due and self.desired is not None):

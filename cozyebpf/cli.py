@@ -118,6 +118,36 @@ def main() -> None:
     show_default=True,
 )
 @click.option(
+    "--ingress-hook",
+    type=click.Choice(["auto", "xdp", "tcx"]),
+    default="auto",
+    show_default=True,
+    help="Where ingress translation runs: native XDP, or tcx placed before every other tc "
+    "program. auto takes native XDP where the driver has it, else tcx (never generic XDP).",
+)
+@click.option(
+    "--on-foreign-xdp",
+    type=click.Choice(["fail", "tcx"]),
+    default="fail",
+    show_default=True,
+    help="When a device already has an XDP program that is not ours (it is never replaced): "
+    "fail, or attach ingress behind it with tcx.",
+)
+@click.option(
+    "--check-interval",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds between checks that our programs are attached (and first in tcx); what is "
+    "missing is re-attached and logged.",
+)
+@click.option(
+    "--remove-cozy-proxy-table",
+    is_flag=True,
+    help="Delete cozy-proxy's nftables table `ip cozy_proxy` at start (it would NAT the same "
+    "traffic twice); without it, its presence is only warned about.",
+)
+@click.option(
     "--kubeconfig",
     type=click.Path(dir_okay=False),
     help="Kubeconfig for the API server; without it (and without --manifests) the in-cluster "
@@ -143,6 +173,10 @@ def run(
     poll_interval: float,
     resync_interval: float,
     log_level: str,
+    ingress_hook: str,
+    on_foreign_xdp: str,
+    check_interval: float,
+    remove_cozy_proxy_table: bool,
     kubeconfig: str | None,
     node_name: str,
     health_address: str,
@@ -162,7 +196,7 @@ def run(
     _setup_logging(log_level)
     from cozyebpf.agent import Agent, Source
     from cozyebpf.datapath.attach import resolve_devices
-    from cozyebpf.datapath.bpf import BpfDatapath
+    from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
 
     stop = threading.Event()
 
@@ -193,10 +227,21 @@ def run(
             recorder.start()
             stoppers += [kube.stop, recorder.stop]
             source, on_problems = kube, recorder.record
-        dp = BpfDatapath(devs, pin_dir=pin_dir, xdp_mode=xdp_mode, tc_mode=tc_mode)
+        dp = BpfDatapath(
+            devs,
+            pin_dir=pin_dir,
+            xdp_mode=xdp_mode,
+            tc_mode=tc_mode,
+            ingress_hook=ingress_hook,
+            on_foreign_xdp=on_foreign_xdp,
+        )
+        handle_cozy_proxy(remove_cozy_proxy_table)
         dp.start()
-        log.info("datapath ready on %s (maps in %s)", ", ".join(devs), pin_dir)
-        agent = Agent(source, dp, proxy_name, poll_interval, resync_interval, on_problems)
+        hooks = ", ".join(f"{a.device} {a.hook}" for a in dp.attachments.values())
+        log.info("datapath ready: %s (maps in %s)", hooks, pin_dir)
+        agent = Agent(
+            source, dp, proxy_name, poll_interval, resync_interval, on_problems, check_interval
+        )
         if health_address:
             from cozyebpf.health import HealthServer
 

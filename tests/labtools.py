@@ -52,6 +52,8 @@ class AgentLab:
     proc: subprocess.Popen[str] | None = None
     #: where the agent takes Services from; default: --manifests <manifest_path>
     source_args: list[str] | None = None
+    #: extra environment for the agent (e.g. COZYEBPF_BPF_DIR for an upgrade)
+    env: dict[str, str] = field(default_factory=dict)
     _sockets: list[socket.socket] = field(default_factory=list)
 
     # -- agent ---------------------------------------------------------------------------
@@ -78,6 +80,7 @@ class AgentLab:
             *extra,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
         )
         wait_for(
             lambda: "datapath ready" in self.log()[offset:] or self.proc_exited(),

@@ -5,11 +5,9 @@ XDP program runs before it, so Cilium only ever sees the pod IP."""
 
 from __future__ import annotations
 
-import ctypes
 import socket
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from scapy.layers.inet import IP, TCP
@@ -18,6 +16,7 @@ from scapy.layers.l2 import Ether
 from cozyebpf.datapath import bpfsys
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, cozy_proxy_ruleset
 from cozyebpf.lab import DEFAULT_PODS as PODS
+from tests.ciliumlike import LISTED, CiliumLike
 from tests.conftest import unique_prefix
 from tests.k8s import Svc
 from tests.labtools import AgentLab
@@ -26,56 +25,7 @@ from tests.packets import LB_WHOLE
 pytestmark = pytest.mark.datapath
 
 POD1 = PODS[0]
-LISTED, UNLISTED = 22, 4444
-TC_INGRESS_PARENT = 0xFFFFFFF2
-
-
-class CiliumLike:
-    """The stand-in program, attached to the node's uplink via tcx (tail) and a legacy
-    clsact filter, both ingress; plus a tcx egress copy to check our place in that chain."""
-
-    def __init__(self, lab: Lab) -> None:
-        from bcc import BPF
-
-        src = Path(__file__).parent / "bpf" / "cilium_like.c"
-        lb_be32 = int.from_bytes(socket.inet_aton(LB_WHOLE), "little")
-        self.bpf = BPF(
-            src_file=str(src).encode(), cflags=[f"-DLB_IP={lb_be32}U", f"-DLISTED_PORT={LISTED}"]
-        )
-        self.fd = self.bpf.load_func(b"cilium_like", BPF.SCHED_CLS).fd
-        self.lab = lab
-        self.links: list[int] = []
-
-        def attach() -> None:
-            from pyroute2 import IPRoute
-
-            idx = socket.if_nametoindex(UPLINK)
-            self.links.append(bpfsys.link_create(self.fd, idx, bpfsys.BPF_TCX_INGRESS))
-            self.links.append(bpfsys.link_create(self.fd, idx, bpfsys.BPF_TCX_EGRESS))
-            with IPRoute() as ipr:
-                ipr.tc("add", "clsact", idx)
-                ipr.tc(
-                    "add-filter",
-                    "bpf",
-                    idx,
-                    ":1",
-                    fd=self.fd,
-                    name="cilium_like",
-                    parent=TC_INGRESS_PARENT,
-                    prio=1,
-                    direct_action=True,
-                )
-
-        lab.in_ns(lab.node, attach)
-
-    def counts(self) -> tuple[int, int, int]:
-        t = self.bpf[b"counts"]
-        return tuple(t[ctypes.c_int(i)].value for i in range(3))  # type: ignore[return-value]
-
-    def close(self) -> None:
-        for fd in self.links:
-            bpfsys.link_detach(fd)
-        self.bpf.cleanup()
+UNLISTED = 4444
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +65,7 @@ def arrived(env: AgentLab, port: int, marker: int) -> bool:
 
 def test_nftables_nat_loses_unlisted_ports_cozyebpf_does_not(env: AgentLab) -> None:
     lab = env.lab
-    cilium = CiliumLike(lab)
+    cilium = CiliumLike(lab, LB_WHOLE)
     try:
         # 1. cozy-proxy: nftables stateless NAT in prerouting
         lab.exec(lab.node, "nft", "-f", "-", input=cozy_proxy_ruleset([(LB_WHOLE, POD1.ip)]))

@@ -66,11 +66,18 @@ SEED = MapState(
 class Progs:
     maps: PinnedMaps
     ingress: int
+    ingress_tc: int
     egress: int
 
     def xdp(self, frame: bytes) -> tuple[int, bytes]:
         r = bpfsys.prog_test_run(self.ingress, frame)
         return r.retval, r.data
+
+    def tc_ingress(self, frame: bytes) -> tuple[int, bytes]:
+        """The tc ingress program, its verdict mapped to XDP's (TC_NEXT -> PASS, drop)."""
+        r = bpfsys.prog_test_run(self.ingress_tc, frame)
+        verdict = {TC_NEXT: XDP_PASS, TC_SHOT: XDP_DROP}.get(r.retval, 1000 + r.retval)
+        return verdict, r.data
 
     def tc(self, frame: bytes) -> tuple[int, bytes]:
         r = bpfsys.prog_test_run(self.egress, frame)
@@ -81,9 +88,10 @@ class Progs:
 def progs(pin_dir_module: str) -> Iterator[Progs]:
     maps = PinnedMaps.ensure(pin_dir_module)
     ing = loader.load("ingress.c", "cz_ingress", "xdp", pin_dir_module)
+    ing_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", pin_dir_module)
     eg = loader.load("egress.c", "cz_egress", "sched_cls", pin_dir_module)
     maps.apply(diff(maps.read_state(), SEED))
-    yield Progs(maps, ing.fd, eg.fd)
+    yield Progs(maps, ing.fd, ing_tc.fd, eg.fd)
     maps.close()
 
 
@@ -270,13 +278,17 @@ INGRESS_CASES: list[tuple[str, Packet, int, Packet | None]] = [
 ]
 
 
+@pytest.mark.parametrize("hook", ["xdp", "tc"])
 @pytest.mark.parametrize(
     ("frame", "verdict", "expected"),
     [c[1:] for c in INGRESS_CASES],
     ids=[c[0] for c in INGRESS_CASES],
 )
-def test_ingress(progs: Progs, frame: Packet, verdict: int, expected: Packet | None) -> None:
-    ret, out = progs.xdp(bytes(frame))
+def test_ingress(
+    progs: Progs, hook: str, frame: Packet, verdict: int, expected: Packet | None
+) -> None:
+    """The XDP program and the tc ingress program must give the same verdict and bytes."""
+    ret, out = (progs.xdp if hook == "xdp" else progs.tc_ingress)(bytes(frame))
     assert ret == verdict
     assert_frame(out, expected if expected is not None else frame, "XDP output")
     if verdict == XDP_PASS and expected is not None and IPv6 not in frame:

@@ -21,8 +21,9 @@ from cozyebpf.errors import DatapathError
 
 log = logging.getLogger(__name__)
 
-OUR_PROGRAMS = ("cz_ingress", "cz_egress")
+OUR_PROGRAMS = ("cz_ingress", "cz_ingress_tc", "cz_egress")
 XDP_MODES = {"native": bpfsys.XDP_FLAGS_DRV_MODE, "generic": bpfsys.XDP_FLAGS_SKB_MODE}
+TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
 LEGACY_PRIO = 1
 
@@ -154,9 +155,17 @@ def _pin_link(fd: int, path: str) -> None:
         os.close(fd)
 
 
+class ForeignXdpError(DatapathError):
+    """Another XDP program is attached to the device; cozyebpf never replaces it."""
+
+
+class NoNativeXdpError(DatapathError):
+    """The device's driver has no native XDP."""
+
+
 def attach_xdp(prog_fd: int, device: str, pin_dir: str, mode: str = "native") -> Attachment:
     """Attach (or atomically replace) our XDP program on `device`. A foreign XDP program is
-    never replaced: that is an error naming it."""
+    never replaced: that raises ForeignXdpError naming it."""
     ifindex = ifindex_of(device)
     os.makedirs(links_dir(pin_dir), mode=0o700, exist_ok=True)
     path = link_pin(pin_dir, "xdp", device)
@@ -174,9 +183,9 @@ def attach_xdp(prog_fd: int, device: str, pin_dir: str, mode: str = "native") ->
             cur = current_xdp(ifindex)
             _foreign_xdp(device, cur[0] if cur else 0)
         if e.errno in (errno.EOPNOTSUPP, errno.EINVAL) and mode == "native":
-            raise DatapathError(
-                f"device {device} does not support native XDP ({e.strerror}); run with "
-                f"--xdp-mode generic (slower) or choose the uplink device with --devices"
+            raise NoNativeXdpError(
+                f"device {device} does not support native XDP ({e.strerror}); use "
+                f"--ingress-hook tcx (or auto), or --xdp-mode generic (slower than tc)"
             ) from e
         raise DatapathError(f"attaching XDP to {device} failed: {e}") from e
     _pin_link(fd, path)
@@ -186,11 +195,11 @@ def attach_xdp(prog_fd: int, device: str, pin_dir: str, mode: str = "native") ->
 
 def _foreign_xdp(device: str, prog_id: int) -> None:
     name = _prog_name(prog_id) if prog_id else "(unknown)"
-    raise DatapathError(
+    raise ForeignXdpError(
         f"device {device} already has an XDP program that is not cozyebpf's: {name} "
         f"(id {prog_id}). cozyebpf never replaces a foreign XDP program; remove it (e.g. "
-        f"`ip link set dev {device} xdp off`) if it is not needed, or leave {device} out of "
-        f"--devices"
+        f"`ip link set dev {device} xdp off`) if it is not needed, run with "
+        f"--on-foreign-xdp tcx to attach behind it with tcx, or leave {device} out of --devices"
     )
 
 
@@ -207,33 +216,72 @@ def tcx_supported() -> bool:
     return True
 
 
-def attach_tc_egress(prog_fd: int, device: str, pin_dir: str, mode: str = "auto") -> Attachment:
-    """Attach (or atomically replace) our egress program on `device`: a tcx link placed before
-    every other tcx program (BPF_F_BEFORE) where the kernel has tcx, else a clsact filter at
-    priority 1 (mode "legacy" forces that)."""
+#: direction -> (tcx attach type, clsact parent)
+DIRECTIONS = {
+    "ingress": (bpfsys.BPF_TCX_INGRESS, TC_INGRESS_PARENT),
+    "egress": (bpfsys.BPF_TCX_EGRESS, TC_EGRESS_PARENT),
+}
+
+
+def attach_tc(
+    prog_fd: int, program: str, device: str, pin_dir: str, direction: str, mode: str = "auto"
+) -> Attachment:
+    """Attach (or atomically replace) a tc program on `device`: a tcx link placed before every
+    other tcx program (BPF_F_BEFORE) where the kernel has tcx, else a clsact filter at priority
+    1 (mode "legacy" forces that)."""
     ifindex = ifindex_of(device)
     prog_id = bpfsys.prog_info(prog_fd).id
+    attach_type, parent = DIRECTIONS[direction]
     if mode == "auto":
         mode = "tcx" if tcx_supported() else "legacy"
     if mode == "legacy":
-        _attach_legacy_egress(prog_fd, device, ifindex)
-        log.info("attached cz_egress (clsact egress, prio %d) to %s", LEGACY_PRIO, device)
-        return Attachment(device, "tc-egress", "cz_egress", prog_id)
+        _attach_legacy(prog_fd, program, device, ifindex, parent)
+        log.info("attached %s (clsact %s, prio %d) to %s", program, direction, LEGACY_PRIO, device)
+        return Attachment(device, f"tc-{direction}", program, prog_id)
+    hook = f"tcx-{direction}"
     os.makedirs(links_dir(pin_dir), mode=0o700, exist_ok=True)
-    path = link_pin(pin_dir, "tcx-egress", device)
+    path = link_pin(pin_dir, hook, device)
     if _replace_pinned(path, ifindex, prog_fd):
-        log.info("replaced tcx egress program on %s in place (link %s)", device, path)
-        return Attachment(device, "tcx-egress", "cz_egress", prog_id)
+        log.info("replaced %s program on %s in place (link %s)", hook, device, path)
+        return Attachment(device, hook, program, prog_id)
     try:
-        fd = bpfsys.link_create(prog_fd, ifindex, bpfsys.BPF_TCX_EGRESS, flags=bpfsys.BPF_F_BEFORE)
+        fd = bpfsys.link_create(prog_fd, ifindex, attach_type, flags=bpfsys.BPF_F_BEFORE)
     except bpfsys.BpfError as e:
-        raise DatapathError(f"attaching tcx egress to {device} failed: {e}") from e
+        raise DatapathError(f"attaching {hook} to {device} failed: {e}") from e
     _pin_link(fd, path)
-    log.info("attached cz_egress (tcx egress, first) to %s", device)
-    return Attachment(device, "tcx-egress", "cz_egress", prog_id)
+    log.info("attached %s (%s, first) to %s", program, hook, device)
+    return Attachment(device, hook, program, prog_id)
 
 
-def _attach_legacy_egress(prog_fd: int, device: str, ifindex: int) -> None:
+def move_tcx_first(new_prog_fd: int, device: str, pin_dir: str, direction: str) -> None:
+    """Put our tcx program back in front: a link for a second instance of our program with
+    BPF_F_BEFORE first, then the old link goes, so there is no moment without us. Both run for
+    that moment, which is harmless: a translated packet no longer matches a managed address of
+    the same direction."""
+    ifindex = ifindex_of(device)
+    attach_type, _ = DIRECTIONS[direction]
+    path = link_pin(pin_dir, f"tcx-{direction}", device)
+    fd = bpfsys.link_create(new_prog_fd, ifindex, attach_type, flags=bpfsys.BPF_F_BEFORE)
+    detach_link(path)
+    _pin_link(fd, path)
+
+
+def detach_link(path: str) -> bool:
+    """Detach and unpin one of our pinned links; False when there was none."""
+    try:
+        fd = bpfsys.obj_get(path)
+    except OSError:
+        return False
+    try:
+        with contextlib.suppress(OSError):
+            bpfsys.link_detach(fd)
+    finally:
+        os.close(fd)
+    os.unlink(path)
+    return True
+
+
+def _attach_legacy(prog_fd: int, program: str, device: str, ifindex: int, parent: int) -> None:
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
@@ -250,32 +298,45 @@ def _attach_legacy_egress(prog_fd: int, device: str, ifindex: int) -> None:
                 ifindex,
                 ":1",
                 fd=prog_fd,
-                name="cz_egress",
-                parent=TC_EGRESS_PARENT,
+                name=program,
+                parent=parent,
                 prio=LEGACY_PRIO,
                 direct_action=True,
             )
         except NetlinkError as e:
-            raise DatapathError(f"adding the clsact egress filter to {device} failed: {e}") from e
+            raise DatapathError(
+                f"adding the clsact filter {program} to {device} failed: {e}"
+            ) from e
 
 
-def legacy_egress_filters(ifindex: int) -> list[int]:
-    """Priorities of our (cz_egress) clsact egress filters on a device."""
+def legacy_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
+    """(priority, program name) of our (cz_*) clsact filters at `parent` on a device."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    out = []
+    out: set[tuple[int, str]] = set()
     with IPRoute() as ipr:
         try:
-            filters = ipr.get_filters(ifindex, parent=TC_EGRESS_PARENT)
+            filters = ipr.get_filters(ifindex, parent=parent)
         except NetlinkError:
             return []
         for f in filters:
             opts = f.get_attr("TCA_OPTIONS")
             name = opts.get_attr("TCA_BPF_NAME") if opts else None
-            if name and name.startswith("cz_egress"):
-                out.append(f["info"] >> 16)
-    return sorted(set(out))
+            if name and name.startswith(OUR_PROGRAMS):
+                out.add((f["info"] >> 16, name.split(":")[0]))
+    return sorted(out)
+
+
+def remove_legacy(ifindex: int, parent: int) -> list[str]:
+    from pyroute2 import IPRoute
+
+    removed = []
+    with IPRoute() as ipr:
+        for prio, name in legacy_filters(ifindex, parent):
+            ipr.tc("del-filter", "bpf", ifindex, parent=parent, prio=prio)
+            removed.append(f"clsact filter {name} prio {prio}")
+    return removed
 
 
 def list_attachments(pin_dir: str) -> list[Attachment]:
@@ -293,41 +354,31 @@ def list_attachments(pin_dir: str) -> list[Attachment]:
         finally:
             os.close(fd)
         out.append(Attachment(device, hook, _prog_name(info.prog_id), info.prog_id))
-    for _, dev in socket.if_nameindex():
-        for _prio in legacy_egress_filters(socket.if_nametoindex(dev)):
-            out.append(Attachment(dev, "tc-egress", "cz_egress", 0))
+    for idx, dev in socket.if_nameindex():
+        for direction, (_, parent) in DIRECTIONS.items():
+            for _prio, name in legacy_filters(idx, parent):
+                out.append(Attachment(dev, f"tc-{direction}", name, 0))
     return out
 
 
 def detach_all(pin_dir: str) -> list[str]:
     """Remove every link, legacy filter and pin of ours. Returns what was removed."""
-    from pyroute2 import IPRoute
-
     removed: list[str] = []
     ldir = links_dir(pin_dir)
     if os.path.isdir(ldir):
         for name in sorted(os.listdir(ldir)):
             path = os.path.join(ldir, name)
-            with contextlib.suppress(OSError):
-                fd = bpfsys.obj_get(path)
-                try:
-                    bpfsys.link_detach(fd)
-                finally:
-                    os.close(fd)
-            os.unlink(path)
-            removed.append(path)
+            if detach_link(path):
+                removed.append(path)
         os.rmdir(ldir)
-    with IPRoute() as ipr:
-        for idx, dev in socket.if_nameindex():
-            for prio in legacy_egress_filters(idx):
-                ipr.tc("del-filter", "bpf", idx, parent=TC_EGRESS_PARENT, prio=prio)
-                removed.append(f"{dev}: clsact egress filter cz_egress prio {prio}")
+    for idx, dev in socket.if_nameindex():
+        for _, parent in DIRECTIONS.values():
+            removed += [f"{dev}: {r}" for r in remove_legacy(idx, parent)]
     if os.path.isdir(pin_dir):
         for name in sorted(os.listdir(pin_dir)):
             path = os.path.join(pin_dir, name)
-            if os.path.isfile(path) or not os.path.isdir(path):
-                os.unlink(path)
-                removed.append(path)
+            os.unlink(path)
+            removed.append(path)
         os.rmdir(pin_dir)
         removed.append(pin_dir)
     return removed

@@ -1,12 +1,15 @@
-"""The real datapath: pinned maps + the XDP ingress and TC egress programs on the devices."""
+"""The real datapath: pinned maps + the ingress (XDP or tc) and egress (tc) programs on the
+devices."""
 
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from cozyebpf.datapath import attach, loader
+from cozyebpf.datapath import attach, bpfsys, loader
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR, PinnedMaps
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
@@ -14,12 +17,14 @@ from cozyebpf.state import MapDiff, MapState
 
 log = logging.getLogger(__name__)
 
+INGRESS_HOOKS = ("xdp", "tcx", "auto")
+
 
 class BpfDatapath:
     """Implements the Datapath protocol on the kernel. `start()` creates or adopts the pinned
-    maps, loads both programs and attaches them to every device; `close()` releases our file
-    descriptors only: links and maps stay pinned, so forwarding goes on (fail-static) until
-    `cozyebpf detach`."""
+    maps, loads the programs and attaches them to every device; `check()` re-attaches what
+    someone removed or pushed back; `close()` releases our file descriptors only: links and maps
+    stay pinned, so forwarding goes on (fail-static) until `cozyebpf detach`."""
 
     def __init__(
         self,
@@ -27,29 +32,135 @@ class BpfDatapath:
         pin_dir: str = DEFAULT_PIN_DIR,
         xdp_mode: str = "native",
         tc_mode: str = "auto",
+        ingress_hook: str = "auto",
+        on_foreign_xdp: str = "fail",
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
+        if ingress_hook not in INGRESS_HOOKS:
+            raise DatapathError(f"--ingress-hook must be one of {', '.join(INGRESS_HOOKS)}")
         self.devices = list(devices)
         self.pin_dir = pin_dir
         self.xdp_mode = xdp_mode
         self.tc_mode = tc_mode
+        self.ingress_hook = ingress_hook
+        self.on_foreign_xdp = on_foreign_xdp
         self.maps: PinnedMaps | None = None
-        self.programs: list[loader.Program] = []
-        self.attachments: list[attach.Attachment] = []
+        self.programs: dict[str, loader.Program] = {}
+        self.attachments: dict[tuple[str, str], attach.Attachment] = {}  # (device, role)
+
+    # -- programs ------------------------------------------------------------------------
+
+    def _program(self, name: str) -> loader.Program:
+        """Compile and load a program once (bcc takes a few seconds per program)."""
+        if name not in self.programs:
+            source, kind = {
+                "cz_ingress": ("ingress.c", "xdp"),
+                "cz_ingress_tc": ("ingress_tc.c", "sched_cls"),
+                "cz_egress": ("egress.c", "sched_cls"),
+            }[name]
+            self.programs[name] = loader.load(source, name, kind, self.pin_dir)
+        return self.programs[name]
 
     def start(self) -> None:
         for dev in self.devices:
             attach.ifindex_of(dev)  # fail on a typo before touching anything
         self.maps = PinnedMaps.ensure(self.pin_dir)
-        ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin_dir)
-        egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin_dir)
-        self.programs = [ingress, egress]
+        if self.ingress_hook in ("xdp", "auto"):
+            self._program("cz_ingress")
+        egress = self._program("cz_egress")
         for dev in self.devices:
-            self.attachments.append(attach.attach_xdp(ingress.fd, dev, self.pin_dir, self.xdp_mode))
-            self.attachments.append(
-                attach.attach_tc_egress(egress.fd, dev, self.pin_dir, self.tc_mode)
+            self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
+            self.attachments[(dev, "egress")] = attach.attach_tc(
+                egress.fd, "cz_egress", dev, self.pin_dir, "egress", self.tc_mode
             )
+
+    def _attach_ingress(self, dev: str) -> attach.Attachment:
+        """XDP where chosen and possible, else tc ingress; the other hook of ours goes."""
+        if self.ingress_hook in ("xdp", "auto"):
+            try:
+                a = attach.attach_xdp(
+                    self._program("cz_ingress").fd, dev, self.pin_dir, self.xdp_mode
+                )
+            except attach.NoNativeXdpError as e:
+                if self.ingress_hook == "xdp":
+                    raise
+                log.info("%s has no native XDP; using tcx ingress instead (%s)", dev, e)
+            except attach.ForeignXdpError as e:
+                if self.on_foreign_xdp != "tcx":
+                    raise
+                log.warning("%s; attaching behind it with tcx ingress (--on-foreign-xdp tcx)", e)
+            else:
+                self._drop_tc_ingress(dev)
+                return a
+        a = attach.attach_tc(
+            self._program("cz_ingress_tc").fd,
+            "cz_ingress_tc",
+            dev,
+            self.pin_dir,
+            "ingress",
+            self.tc_mode,
+        )
+        if attach.detach_link(attach.link_pin(self.pin_dir, "xdp", dev)):
+            log.info("removed our XDP program from %s (ingress now on %s)", dev, a.hook)
+        return a
+
+    def _drop_tc_ingress(self, dev: str) -> None:
+        if attach.detach_link(attach.link_pin(self.pin_dir, "tcx-ingress", dev)):
+            log.info("removed our tcx ingress program from %s (ingress now on XDP)", dev)
+        attach.remove_legacy(attach.ifindex_of(dev), attach.TC_INGRESS_PARENT)
+
+    def check(self) -> list[str]:
+        """Verify every attachment is in place and our tcx programs run first; repair and
+        report what was wrong (one line each)."""
+        repaired: list[str] = []
+        for (dev, role), a in list(self.attachments.items()):
+            try:
+                problem = self._check_one(a)
+                if problem is None:
+                    continue
+                log.warning("%s %s: %s; re-attaching", dev, a.hook, problem)
+                if problem == "not first":
+                    new = self.programs[a.program].load_again()
+                    attach.move_tcx_first(new.fd, dev, self.pin_dir, a.hook.removeprefix("tcx-"))
+                    self.programs[a.program] = new
+                    self.attachments[(dev, role)] = attach.Attachment(
+                        dev, a.hook, a.program, bpfsys.prog_info(new.fd).id
+                    )
+                elif role == "ingress":
+                    self.attachments[(dev, role)] = self._attach_ingress(dev)
+                else:
+                    self.attachments[(dev, role)] = attach.attach_tc(
+                        self.programs["cz_egress"].fd,
+                        "cz_egress",
+                        dev,
+                        self.pin_dir,
+                        "egress",
+                        self.tc_mode,
+                    )
+                repaired.append(f"{dev} {a.hook}: {problem}")
+            except (DatapathError, OSError) as e:
+                log.error("%s %s: cannot repair: %s", dev, a.hook, e)
+                repaired.append(f"{dev} {a.hook}: {e}")
+        return repaired
+
+    def _check_one(self, a: attach.Attachment) -> str | None:
+        ifindex = attach.ifindex_of(a.device)
+        if a.hook == "xdp":
+            cur = attach.current_xdp(ifindex)
+            if cur is None:
+                return "detached"
+            return None if cur[0] == a.prog_id else f"program {cur[0]} instead of ours"
+        if a.hook.startswith("tcx-"):
+            attach_type, _ = attach.DIRECTIONS[a.hook.removeprefix("tcx-")]
+            ids, _ = bpfsys.prog_query(ifindex, attach_type)
+            if a.prog_id not in ids:
+                return "detached"
+            return None if ids[0] == a.prog_id else "not first"
+        _, parent = attach.DIRECTIONS[a.hook.removeprefix("tc-")]
+        return None if attach.legacy_filters(ifindex, parent) else "filter gone"
+
+    # -- maps ----------------------------------------------------------------------------
 
     def _maps(self) -> PinnedMaps:
         if self.maps is None:
@@ -63,25 +174,19 @@ class BpfDatapath:
         self._maps().apply(diff)
 
     def dump(self) -> dict[str, Any]:
-        m = self._maps()
-        return build_dump(
-            m.read_state(),
-            m.flows_by_pod(),
-            m.counters(),
-            [a.as_dict() for a in attach.list_attachments(self.pin_dir)],
-            self.pin_dir,
-        )
+        return dump_pinned(self.pin_dir, self._maps())
 
     def close(self) -> None:
         if self.maps:
             self.maps.close()
             self.maps = None
-        self.programs = []  # drops bcc's modules; the pinned links keep the programs
+        self.programs = {}  # drops bcc's modules; the pinned links keep the programs
 
 
-def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR) -> dict[str, Any]:
-    """`maps dump` from another process: read the pins, no compilation."""
-    with PinnedMaps.open(pin_dir) as m:
+def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR, maps: PinnedMaps | None = None) -> dict[str, Any]:
+    """`maps dump`, also from another process: read the pins, no compilation."""
+    m = maps or PinnedMaps.open(pin_dir)
+    try:
         return build_dump(
             m.read_state(),
             m.flows_by_pod(),
@@ -89,3 +194,38 @@ def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR) -> dict[str, Any]:
             [a.as_dict() for a in attach.list_attachments(pin_dir)],
             pin_dir,
         )
+    finally:
+        if maps is None:
+            m.close()
+
+
+COZY_PROXY_TABLE = ("ip", "cozy_proxy")
+
+
+def cozy_proxy_table_present() -> bool:
+    """Is cozy-proxy's nftables table in this network namespace?"""
+    nft = shutil.which("nft")
+    if nft is None:
+        return False
+    p = subprocess.run([nft, "list", "table", *COZY_PROXY_TABLE], capture_output=True)
+    return p.returncode == 0
+
+
+def handle_cozy_proxy(remove: bool) -> None:
+    """Warn about (or, with `remove`, delete) cozy-proxy's table: with both, the same traffic
+    would be translated twice."""
+    if not cozy_proxy_table_present():
+        return
+    if not remove:
+        log.warning(
+            "nftables table `ip cozy_proxy` (cozy-proxy) is present: it would NAT the same "
+            "traffic a second time. Stop cozy-proxy, then delete the table with `nft delete "
+            "table ip cozy_proxy`, or start cozyebpf with --remove-cozy-proxy-table"
+        )
+        return
+    p = subprocess.run(
+        ["nft", "delete", "table", *COZY_PROXY_TABLE], capture_output=True, text=True
+    )
+    if p.returncode != 0:
+        raise DatapathError(f"deleting nftables table ip cozy_proxy failed: {p.stderr.strip()}")
+    log.warning("deleted cozy-proxy's nftables table `ip cozy_proxy` (--remove-cozy-proxy-table)")

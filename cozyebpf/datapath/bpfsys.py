@@ -261,6 +261,7 @@ class ProgInfo:
     name: str
     xlated_insns: int  # xlated_prog_len / 8
     verified_insns: int
+    tag: str  # hex digest of the instructions: differs when the program changed
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,9 @@ def prog_info(fd: int) -> ProgInfo:
     i = _ProgInfo()
     _info(fd, i, f"program fd {fd}")
     verified = int.from_bytes(bytes(i._rest)[216 - 80 : 216 - 80 + 4], "little")
-    return ProgInfo(i.type, i.id, i.name.decode(), i.xlated_prog_len // 8, verified)
+    return ProgInfo(
+        i.type, i.id, i.name.decode(), i.xlated_prog_len // 8, verified, bytes(i.tag).hex()
+    )
 
 
 def link_info(fd: int) -> LinkInfo:

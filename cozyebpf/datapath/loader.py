@@ -63,6 +63,14 @@ class Program:
     name: str
     fd: int
     bpf: Any
+    kind: int = 0  # bcc's program type
+
+    def load_again(self) -> Program:
+        """A second instance of the same program (a new fd and id, no compilation): tcx
+        refuses to attach one program twice to the same hook."""
+        self.bpf.funcs.pop(self.name.encode(), None)
+        fn = self.bpf.load_func(self.name.encode(), self.kind)
+        return Program(self.name, fn.fd, self.bpf, self.kind)
 
 
 def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
@@ -87,4 +95,4 @@ def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
         raise DatapathError(
             f"the kernel rejected {func} from {path}: {e}; the verifier log is above"
         ) from e
-    return Program(func, fn.fd, b)
+    return Program(func, fn.fd, b, kind)

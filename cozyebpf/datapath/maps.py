@@ -60,6 +60,13 @@ def _flags(port_filter: bool, allow_icmp: bool) -> int:
     return (F_PORT_FILTER if port_filter else 0) | (F_ALLOW_ICMP if allow_icmp else 0)
 
 
+def _read_version(fd: int) -> int | None:
+    val = MetaVal()
+    if not bpfsys.map_lookup(fd, ctypes.c_uint32(0), val):
+        return None
+    return int(val.layout_version)
+
+
 def _layout_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
     want = (spec.map_type, spec.key_size, spec.value_size, spec.max_entries)
     have = (info.type, info.key_size, info.value_size, info.max_entries)
@@ -109,36 +116,47 @@ class PinnedMaps:
     @classmethod
     def ensure(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
         """Open the pins, creating (and pinning, mode 0600 in a 0700 dir) any that are missing.
-        A pin with another layout is never reused: that is an error naming the map."""
+
+        A pin with another layout is never reused as it is: a map whose type, key and value
+        sizes are unchanged (only its size differs) is migrated, its entries copied; any other
+        map, and every map when the layout version in `meta` differs, is rebuilt empty (the
+        controller refills services, pods and ports; flows and counters start over). Each
+        migration is logged."""
         os.makedirs(pin_dir, mode=0o700, exist_ok=True)
         os.chmod(pin_dir, 0o700)
         fds: dict[str, int] = {}
         created: list[str] = []
+        version_ok = True
         try:
             for spec in ALL_MAPS:
                 path = os.path.join(pin_dir, spec.name)
                 try:
                     fd = bpfsys.obj_get(path)
-                    cls._check(spec, fd, path)
                 except bpfsys.BpfError as e:
                     if e.errno != errno.ENOENT:
                         raise DatapathError(f"cannot open {path}: {e}") from e
-                    fd = bpfsys.map_create(
-                        spec.map_type,
-                        spec.key_size,
-                        spec.value_size,
-                        spec.max_entries,
-                        f"cz_{spec.name}",
-                    )
-                    bpfsys.obj_pin(fd, path)
-                    os.chmod(path, 0o600)
+                    fd = cls._create(spec, path)
                     created.append(spec.name)
+                else:
+                    info = bpfsys.map_info(fd)
+                    problem = _layout_problem(spec, info)
+                    if spec is META and not problem:
+                        version_ok = _read_version(fd) == LAYOUT_VERSION
+                    elif spec is META:
+                        version_ok = False
+                    if problem or (spec is not META and not version_ok):
+                        why = problem or "layout version changed"
+                        copy = version_ok and (info.type, info.key_size, info.value_size) == (
+                            spec.map_type,
+                            spec.key_size,
+                            spec.value_size,
+                        )
+                        fd = cls._migrate(spec, fd, info, path, why, copy)
                 fds[spec.name] = fd
+            bpfsys.map_update(
+                fds[META.name], ctypes.c_uint32(0), MetaVal(layout_version=LAYOUT_VERSION)
+            )
             maps = cls(pin_dir, fds)
-            if META.name in created:
-                key = ctypes.c_uint32(0)
-                bpfsys.map_update(fds[META.name], key, MetaVal(layout_version=LAYOUT_VERSION))
-            maps._check_version()
         except BaseException:
             for fd in fds.values():
                 os.close(fd)
@@ -151,25 +169,74 @@ class PinnedMaps:
         return maps
 
     @staticmethod
+    def _create(spec: MapSpec, path: str) -> int:
+        fd = bpfsys.map_create(
+            spec.map_type, spec.key_size, spec.value_size, spec.max_entries, f"cz_{spec.name}"
+        )
+        bpfsys.obj_pin(fd, path)
+        os.chmod(path, 0o600)
+        return fd
+
+    @classmethod
+    def _migrate(
+        cls, spec: MapSpec, old_fd: int, info: bpfsys.MapInfo, path: str, why: str, copy: bool
+    ) -> int:
+        """Replace the pin at `path` by a map with our layout, copying entries if `copy`."""
+        keys = bpfsys.map_keys(old_fd, info.key_size)
+        new_fd = bpfsys.map_create(
+            spec.map_type, spec.key_size, spec.value_size, spec.max_entries, f"cz_{spec.name}"
+        )
+        copied = 0
+        if copy:
+            per_cpu = spec.map_type == bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY
+            size = (spec.value_size + 7) // 8 * 8 * possible_cpus() if per_cpu else spec.value_size
+            for raw in keys:
+                key = ctypes.create_string_buffer(raw, len(raw))
+                val = ctypes.create_string_buffer(size)
+                if not bpfsys.map_lookup(old_fd, key, val):
+                    continue
+                try:
+                    bpfsys.map_update(new_fd, key, val)
+                    copied += 1
+                except bpfsys.BpfError as e:
+                    if e.errno not in (errno.E2BIG, errno.ENOSPC):
+                        raise
+        os.close(old_fd)
+        os.unlink(path)
+        bpfsys.obj_pin(new_fd, path)
+        os.chmod(path, 0o600)
+        if copy:
+            log.warning(
+                "migrated map %s (%s): %d of %d entries copied", path, why, copied, len(keys)
+            )
+        else:
+            log.warning(
+                "rebuilt map %s (%s): %d old entries dropped; until the first sync packets to "
+                "its addresses pass untranslated",
+                path,
+                why,
+                len(keys),
+            )
+        return new_fd
+
+    @staticmethod
     def _check(spec: MapSpec, fd: int, path: str) -> None:
         problem = _layout_problem(spec, bpfsys.map_info(fd))
         if problem:
-            os.close(fd)
             raise DatapathError(
-                f"pinned map {path} has another layout ({problem}); it was made by another "
-                f"cozyebpf version. Run `cozyebpf detach --pin-dir {os.path.dirname(path)}` to "
-                f"remove the old datapath, then start again"
+                f"pinned map {path} has another layout ({problem}): it was made by another "
+                f"cozyebpf version; this one cannot read it. `cozyebpf run` of this version "
+                f"migrates it"
             )
 
     def _check_version(self) -> None:
-        val = MetaVal()
-        if not bpfsys.map_lookup(self.fds[META.name], ctypes.c_uint32(0), val):
+        version = _read_version(self.fds[META.name])
+        if version is None:
             raise DatapathError(f"{self.pin_dir}/meta holds no layout version")
-        if val.layout_version != LAYOUT_VERSION:
+        if version != LAYOUT_VERSION:
             raise DatapathError(
-                f"maps in {self.pin_dir} have layout version {val.layout_version}, this "
-                f"cozyebpf uses {LAYOUT_VERSION}; run `cozyebpf detach --pin-dir "
-                f"{self.pin_dir}` to remove the old datapath, then start again"
+                f"maps in {self.pin_dir} have layout version {version}, this "
+                f"cozyebpf uses {LAYOUT_VERSION}; `cozyebpf run` of this version migrates them"
             )
 
     def close(self) -> None:

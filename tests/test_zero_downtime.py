@@ -1,0 +1,371 @@
+"""Zero-downtime lifecycle: traffic keeps flowing, without a single lost packet, across agent
+restarts, a kill -9 and a program upgrade; hooks are checked and repaired; tcx mode runs
+before Cilium-like programs; a foreign XDP program is worked around when asked to."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.attach import current_xdp, link_pin
+from cozyebpf.datapath.loader import bpf_dir
+from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
+from tests.ciliumlike import CiliumLike
+from tests.conftest import unique_prefix
+from tests.k8s import Svc, manifest
+from tests.labtools import AgentLab, serve, tcp_talk, wait_for
+from tests.packets import LB_FILT, LB_WHOLE
+
+pytestmark = pytest.mark.datapath
+
+POD1, POD2 = DEFAULT_PODS[:2]
+WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
+FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])
+
+
+@pytest.fixture
+def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    lab = Lab(unique_prefix("z"), pods=DEFAULT_PODS[:2]).up()
+    env = AgentLab(
+        lab,
+        f"/sys/fs/bpf/{lab.prefix}",
+        tmp_path / "services.yaml",
+        tmp_path / "agent.log",
+        cozyebpf_cmd,
+    )
+    env.manifest_path.write_text(manifest(WHOLE, FILT))
+    try:
+        yield env
+    finally:
+        if env.proc:
+            env.stop_agent(signal.SIGKILL)
+        env.close()
+        subprocess.run(
+            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
+            capture_output=True,
+        )
+        lab.down()
+
+
+@dataclass
+class UdpStream:
+    """Sequence-numbered datagrams from one namespace to another, ~1000 per second."""
+
+    lab: Lab
+    src_ns: str
+    dst_ns: str
+    dst: tuple[str, int]
+    listen_port: int
+    sent: int = 0
+    received: set[int] = field(default_factory=set)
+    peers: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        rx = self.lab.ns_socket(self.dst_ns, socket.AF_INET, socket.SOCK_DGRAM)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        rx.bind(("0.0.0.0", self.listen_port))
+        rx.settimeout(0.2)
+        tx = self.lab.ns_socket(self.src_ns, socket.AF_INET, socket.SOCK_DGRAM)
+
+        def receive() -> None:
+            while not (self._stop.is_set() and self._drained()):
+                with contextlib.suppress(TimeoutError):
+                    data, peer = rx.recvfrom(64)
+                    self.received.add(int.from_bytes(data[:8], "big"))
+                    self.peers.add(peer[0])
+            rx.close()
+
+        def send() -> None:
+            while not self._stop.is_set():
+                tx.sendto(self.sent.to_bytes(8, "big"), self.dst)
+                self.sent += 1
+                time.sleep(0.001)
+            tx.close()
+
+        self._threads = [
+            threading.Thread(target=receive, daemon=True),
+            threading.Thread(target=send, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _drained(self) -> bool:
+        return len(self.received) >= self.sent or time.monotonic() > self._deadline
+
+    def stop(self) -> None:
+        self._deadline = time.monotonic() + 2
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+
+    def lost(self) -> list[int]:
+        return sorted(set(range(self.sent)) - self.received)
+
+
+@dataclass
+class TcpChat:
+    """One long-lived TCP connection: a line every 20 ms, each echoed back."""
+
+    lab: Lab
+    ns: str
+    dst: tuple[str, int]
+    rounds: int = 0
+    error: BaseException | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        sock = self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(self.dst)
+
+        def chat() -> None:
+            try:
+                while not self._stop.is_set():
+                    msg = f"{self.rounds}\n".encode()
+                    sock.sendall(msg)
+                    got = b""
+                    while not got.endswith(b"\n"):
+                        chunk = sock.recv(64)
+                        if not chunk:
+                            raise ConnectionError("closed by the peer")
+                        got += chunk
+                    assert got == msg, (got, msg)
+                    self.rounds += 1
+                    time.sleep(0.02)
+            except BaseException as e:
+                self.error = e
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=chat, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+
+
+def line_echo(s: socket.socket) -> None:
+    """Accept one connection and echo it line by line until it closes."""
+    conn, _ = s.accept()
+    with conn:
+        conn.settimeout(30)
+        while data := conn.recv(4096):
+            conn.sendall(data)
+
+
+def upgraded_bpf_dir(tmp: Path) -> Path:
+    """A copy of bpf/ whose entry programs differ by one harmless helper call: a new
+    version of the programs, as an upgrade would bring."""
+    new = tmp / "bpf-v2"
+    shutil.copytree(bpf_dir(), new)
+    for name in ("ingress.c", "egress.c"):
+        path = new / name
+        text = path.read_text()
+        text = text.replace("\n{\n", "\n{\n\tbpf_ktime_get_ns(); /* v2 */\n", 1)
+        path.write_text(text)
+    return new
+
+
+def tags(env: AgentLab) -> dict[str, str]:
+    def q() -> dict[str, str]:
+        idx = socket.if_nametoindex(UPLINK)
+        out = {}
+        for hook, kind in (("ingress", bpfsys.BPF_TCX_INGRESS), ("egress", bpfsys.BPF_TCX_EGRESS)):
+            ids, _ = bpfsys.prog_query(idx, kind)
+            for i in ids:
+                info = bpfsys.prog_info_by_id(i)
+                out[f"{hook}:{info.name}"] = info.tag
+        xdp = current_xdp(idx)
+        if xdp:
+            out["xdp"] = bpfsys.prog_info_by_id(xdp[0]).tag
+        return out
+
+    return env.lab.in_ns(env.lab.node, q)
+
+
+def test_no_packet_lost_across_restarts_kill_and_upgrade(env: AgentLab, tmp_path: Path) -> None:
+    lab = env.lab
+    env.start_agent()
+    env.set_services(WHOLE, FILT)
+    inbound = UdpStream(lab, lab.client, lab.pod_ns(POD1), (LB_WHOLE, 9100), 9100)
+    outbound = UdpStream(lab, lab.pod_ns(POD1), lab.client, (CLIENT_IP, 9101), 9101)
+    with (
+        serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 9102, line_echo),
+        serve(lab, lab.client, socket.SOCK_STREAM, 9103, line_echo),
+    ):
+        chat_in = TcpChat(lab, lab.client, (LB_WHOLE, 9102))  # to the whole-IP VM
+        chat_out = TcpChat(lab, lab.pod_ns(POD2), (CLIENT_IP, 9103))  # a filtered pod's own
+        for s in (inbound, outbound, chat_in, chat_out):
+            s.start()
+        time.sleep(0.5)
+        for _ in range(3):
+            assert env.stop_agent(signal.SIGTERM) == 0
+            env.start_agent()
+            time.sleep(0.3)
+        env.stop_agent(signal.SIGKILL)
+        time.sleep(0.5)  # nobody runs the datapath's control plane now
+        env.start_agent()
+        before = tags(env)
+        assert env.stop_agent(signal.SIGTERM) == 0
+        env.env["COZYEBPF_BPF_DIR"] = str(upgraded_bpf_dir(tmp_path))
+        env.start_agent()  # the upgrade
+        after = tags(env)
+        time.sleep(0.5)
+        for s in (inbound, outbound, chat_in, chat_out):
+            s.stop()
+    assert (
+        before["xdp"] != after["xdp"] and before["egress:cz_egress"] != after["egress:cz_egress"]
+    ), "the upgrade must load changed programs"
+    assert env.log().count("replaced XDP program on uplink in place") == 5
+    assert inbound.sent > 3000 and outbound.sent > 3000
+    assert inbound.lost() == [] and outbound.lost() == []
+    assert outbound.peers == {LB_WHOLE}  # translated all along
+    for chat in (chat_in, chat_out):
+        assert chat.error is None and chat.rounds > 100
+
+
+def test_tcx_mode_runs_before_cilium_like_programs(env: AgentLab) -> None:
+    lab = env.lab
+    cilium = CiliumLike(lab, LB_WHOLE)
+    try:
+        env.start_agent("--ingress-hook", "tcx")
+        env.set_services(WHOLE, FILT)
+        assert "uplink tcx-ingress" in env.log()
+        before = cilium.counts()
+        with serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 4444, line_echo):
+            assert tcp_talk(lab, lab.client, LB_WHOLE, 4444, b"hi\n") == b"hi\n"
+        assert lab.exec(lab.client, "ping", "-c", "2", "-W", "1", LB_WHOLE).returncode == 0
+        assert cilium.counts() == before, "Cilium-like programs never see the LB IP"
+
+        def order() -> list[str]:
+            idx = socket.if_nametoindex(UPLINK)
+            ids, _ = bpfsys.prog_query(idx, bpfsys.BPF_TCX_INGRESS)
+            return [bpfsys.prog_info_by_id(i).name for i in ids]
+
+        assert lab.in_ns(lab.node, order) == ["cz_ingress_tc", "cilium_like"]
+    finally:
+        cilium.close()
+
+
+def test_attachments_are_checked_and_repaired(env: AgentLab) -> None:
+    lab = env.lab
+    env.start_agent("--check-interval", "0.3")
+    env.set_services(WHOLE)
+    # someone puts a program in front of ours in the tcx egress chain
+    from bcc import BPF
+
+    b = BPF(text=b"int pusher(struct __sk_buff *skb) { return -1; }")
+    fd = b.load_func(b"pusher", BPF.SCHED_CLS).fd
+
+    def push() -> int:
+        idx = socket.if_nametoindex(UPLINK)
+        return bpfsys.link_create(fd, idx, bpfsys.BPF_TCX_EGRESS, flags=bpfsys.BPF_F_BEFORE)
+
+    link = lab.in_ns(lab.node, push)
+    try:
+        wait_for(
+            lambda: "uplink tcx-egress: not first; re-attaching" in env.log(),
+            10,
+            "the check to notice",
+        )
+
+        def order() -> list[str]:
+            ids, _ = bpfsys.prog_query(socket.if_nametoindex(UPLINK), bpfsys.BPF_TCX_EGRESS)
+            return [bpfsys.prog_info_by_id(i).name for i in ids]
+
+        wait_for(
+            lambda: lab.in_ns(lab.node, order) == ["cz_egress", "pusher"],
+            5,
+            lambda: f"ours first: {lab.in_ns(lab.node, order)}; log:\n{env.log()[-2000:]}",
+        )
+    finally:
+        bpfsys.link_detach(link)
+        os.close(link)
+    # someone detaches our XDP link: it comes back
+    xdp_pin = link_pin(env.pin_dir, "xdp", UPLINK)
+    pinned = bpfsys.obj_get(xdp_pin)
+    bpfsys.link_detach(pinned)
+    os.close(pinned)
+    wait_for(lambda: "uplink xdp: detached; re-attaching" in env.log(), 10, "the XDP repair")
+    wait_for(
+        lambda: (
+            lab.exec(lab.client, "ping", "-c", "1", "-W", "1", LB_WHOLE, check=False).returncode
+            == 0
+        ),
+        10,
+        "traffic again",
+    )
+
+
+def test_switching_the_ingress_hook_keeps_one_program(env: AgentLab) -> None:
+    env.start_agent()
+    env.set_services(WHOLE)
+    assert set(tags(env)) == {"xdp", "egress:cz_egress"}
+    env.stop_agent()
+    env.start_agent("--ingress-hook", "tcx")
+    assert set(tags(env)) == {"ingress:cz_ingress_tc", "egress:cz_egress"}
+    assert "removed our XDP program from uplink (ingress now on tcx-ingress)" in env.log()
+    assert env.lab.exec(env.lab.client, "ping", "-c", "1", "-W", "2", LB_WHOLE).returncode == 0
+    env.stop_agent()
+    env.start_agent("--ingress-hook", "xdp")
+    assert set(tags(env)) == {"xdp", "egress:cz_egress"}
+    out = env.lab.exec(env.lab.node, *env.cmd, "detach", "--pin-dir", env.pin_dir).stdout
+    assert "detached" in out and tags(env) == {}
+
+
+def test_a_foreign_xdp_program_is_kept_and_worked_around(env: AgentLab) -> None:
+    from bcc import BPF
+
+    b = BPF(text=b"int foreign_xdp(struct xdp_md *ctx) { return XDP_PASS; }")
+    fn = b.load_func(b"foreign_xdp", BPF.XDP)
+    env.lab.in_ns(env.lab.node, lambda: b.attach_xdp(UPLINK.encode(), fn, 0))
+    try:
+        env.start_agent("--on-foreign-xdp", "tcx")
+        env.set_services(WHOLE)
+        assert "attaching behind it with tcx ingress" in env.log()
+        t = tags(env)
+        assert "ingress:cz_ingress_tc" in t and "xdp" in t
+
+        def xdp_name() -> str:
+            cur = current_xdp(socket.if_nametoindex(UPLINK))
+            return bpfsys.prog_info_by_id(cur[0]).name if cur else ""
+
+        assert env.lab.in_ns(env.lab.node, xdp_name) == "foreign_xdp"
+        assert env.lab.exec(env.lab.client, "ping", "-c", "1", "-W", "2", LB_WHOLE).returncode == 0
+    finally:
+        env.lab.in_ns(env.lab.node, lambda: BPF.remove_xdp(UPLINK.encode(), 0))
+
+
+def test_cozy_proxy_table_is_reported_or_removed(env: AgentLab) -> None:
+    from cozyebpf.lab import cozy_proxy_ruleset
+
+    lab = env.lab
+    lab.exec(lab.node, "nft", "-f", "-", input=cozy_proxy_ruleset([(LB_WHOLE, POD1.ip)]))
+    env.start_agent()
+    assert "nftables table `ip cozy_proxy` (cozy-proxy) is present" in env.log()
+    assert (
+        lab.exec(lab.node, "nft", "list", "table", "ip", "cozy_proxy", check=False).returncode == 0
+    )
+    env.stop_agent()
+    env.start_agent("--remove-cozy-proxy-table")
+    assert "deleted cozy-proxy's nftables table" in env.log()
+    assert (
+        lab.exec(lab.node, "nft", "list", "table", "ip", "cozy_proxy", check=False).returncode != 0
+    )
