@@ -19,6 +19,14 @@ MIRRORS = {
     "flow4_key": layout.Flow4Key,
     "flow4_val": layout.Flow4Val,
     "stat_val": layout.StatVal,
+    "ip6": layout.Ip6,
+    "svc6_val": layout.Svc6Val,
+    "pod6_val": layout.Pod6Val,
+    "allow6_key": layout.Allow6Key,
+    "flow6_key": layout.Flow6Key,
+    "frag4_key": layout.Frag4Key,
+    "frag6_key": layout.Frag6Key,
+    "frag_val": layout.FragVal,
 }
 
 

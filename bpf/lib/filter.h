@@ -45,7 +45,17 @@ static __always_inline __u32 filter4(__be32 pod_ip, __be32 remote_ip, __u8 proto
 
 static __always_inline int cz_is_drop(__u32 reason)
 {
-	return reason >= CZ_DROP_PORT && reason <= CZ_DROP_MALFORMED;
+	switch (reason) {
+	case CZ_DROP_PORT:
+	case CZ_DROP_ICMP:
+	case CZ_DROP_PROTO:
+	case CZ_DROP_MALFORMED:
+	case CZ_DROP_FRAGMENT:
+	case CZ_DROP_FRAG_ORPHAN:
+	case CZ_DROP_ICMP_INNER:
+		return 1;
+	}
+	return 0;
 }
 
 #endif

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
@@ -66,6 +66,74 @@ class StatVal(ctypes.Structure):
     _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
 
 
+class Ip6(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_uint32 * 4)]
+
+
+class Svc6Val(ctypes.Structure):
+    _fields_ = [
+        ("pod_ip", Ip6),
+        ("flags", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 3),
+    ]
+
+
+class Pod6Val(ctypes.Structure):
+    _fields_ = [
+        ("lb_ip", Ip6),
+        ("flags", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 3),
+    ]
+
+
+class Allow6Key(ctypes.Structure):
+    _fields_ = [
+        ("pod_ip", Ip6),
+        ("proto", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8),
+        ("port", ctypes.c_uint16),
+    ]
+
+
+class Flow6Key(ctypes.Structure):
+    _fields_ = [
+        ("pod_ip", Ip6),
+        ("remote_ip", Ip6),
+        ("pod_port", ctypes.c_uint16),
+        ("remote_port", ctypes.c_uint16),
+        ("proto", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 3),
+    ]
+
+
+class Frag4Key(ctypes.Structure):
+    _fields_ = [
+        ("remote_ip", ctypes.c_uint32),
+        ("pod_ip", ctypes.c_uint32),
+        ("id", ctypes.c_uint16),
+        ("proto", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8),
+    ]
+
+
+class Frag6Key(ctypes.Structure):
+    _fields_ = [
+        ("remote_ip", Ip6),
+        ("pod_ip", Ip6),
+        ("id", ctypes.c_uint32),
+        ("proto", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 3),
+    ]
+
+
+class FragVal(ctypes.Structure):
+    _fields_ = [
+        ("seen_ns", ctypes.c_uint64),
+        ("passed", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 7),
+    ]
+
+
 class MetaVal(ctypes.Structure):
     _fields_ = [("layout_version", ctypes.c_uint32), ("reserved", ctypes.c_uint32 * 3)]
 
@@ -77,6 +145,15 @@ def be32(ip: IPv4Address) -> int:
 
 def ip_of(be: int) -> IPv4Address:
     return IPv4Address(be.to_bytes(4, sys.byteorder))
+
+
+def ip6(ip: IPv6Address) -> Ip6:
+    """An Ip6 whose memory holds `ip` in network byte order."""
+    return Ip6.from_buffer_copy(ip.packed)
+
+
+def ip6_of(v: Ip6) -> IPv6Address:
+    return IPv6Address(bytes(v))
 
 
 def be16(port: int) -> int:
@@ -121,4 +198,26 @@ STATS = MapSpec(
     "stats", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, StatVal, STATS_MAX, "CZ_STATS_MAX"
 )
 
-ALL_MAPS: tuple[MapSpec, ...] = (META, SVC4, POD4, ALLOW4, FLOW4, STATS)
+SVC6 = MapSpec("svc6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Svc6Val, 65536, "CZ_SVC6_MAX")
+POD6 = MapSpec("pod6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Pod6Val, 65536, "CZ_POD6_MAX")
+ALLOW6 = MapSpec(
+    "allow6", bpfsys.BPF_MAP_TYPE_HASH, Allow6Key, ctypes.c_uint8, 262144, "CZ_ALLOW6_MAX"
+)
+FLOW6 = MapSpec("flow6", bpfsys.BPF_MAP_TYPE_LRU_HASH, Flow6Key, Flow4Val, 262144, "CZ_FLOW6_MAX")
+FRAG4 = MapSpec("frag4", bpfsys.BPF_MAP_TYPE_LRU_HASH, Frag4Key, FragVal, 16384, "CZ_FRAG4_MAX")
+FRAG6 = MapSpec("frag6", bpfsys.BPF_MAP_TYPE_LRU_HASH, Frag6Key, FragVal, 16384, "CZ_FRAG6_MAX")
+
+ALL_MAPS: tuple[MapSpec, ...] = (
+    META,
+    SVC4,
+    POD4,
+    ALLOW4,
+    FLOW4,
+    STATS,
+    SVC6,
+    POD6,
+    ALLOW6,
+    FLOW6,
+    FRAG4,
+    FRAG6,
+)

@@ -16,6 +16,10 @@ REASONS: tuple[str, ...] = (
     "drop_malformed",
     "flow_new",
     "flow_error",
+    "pass_related",
+    "drop_fragment",
+    "drop_frag_orphan",
+    "drop_icmp_inner",
 )
 
 DESCRIPTIONS: dict[str, str] = {
@@ -24,11 +28,15 @@ DESCRIPTIONS: dict[str, str] = {
     "pass_port": "port filter: allowed (pod, protocol, port)",
     "pass_icmp": "port filter: ICMP with allowICMP",
     "pass_reply": "port filter: reply to a flow the pod opened",
-    "pass_fragment": "port filter: non-first IPv4 fragment, passed",
+    "pass_fragment": "port filter: non-first fragment whose first fragment passed",
     "drop_port": "port filter: TCP/UDP/SCTP port not in spec.ports",
     "drop_icmp": "port filter: ICMP without allowICMP",
     "drop_proto": "port filter: protocol without ports (GRE, ESP, ...)",
-    "drop_malformed": "L4 header truncated on a managed address",
+    "drop_malformed": "managed address, invalid or truncated header: not translated",
     "flow_new": "flow-table entry created (egress)",
     "flow_error": "flow-table entry could not be written",
+    "pass_related": "port filter: ICMP error about an allowed flow",
+    "drop_fragment": "port filter: non-first fragment after a dropped first one",
+    "drop_frag_orphan": "port filter: non-first fragment whose first one was not seen",
+    "drop_icmp_inner": "ICMP error with a truncated, invalid or nested inner packet",
 }
