@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Ingress, XDP on each uplink device: a packet to a managed LB IP gets destination := pod IP.
- * In port-filter mode the packet must first pass filter4() (also when sent to the pod IP
- * directly). Everything else passes untouched.
+ * Ingress, XDP on each uplink device: a packet to a managed LB IP (IPv4 or IPv6) gets
+ * destination := pod IP; an ICMP error about the pod's own traffic gets its embedded packet
+ * translated too. In port-filter mode the packet must first pass the filter (also when sent to
+ * the pod IP directly). Everything else passes untouched. docs/datapath-semantics.md.
  */
 #include <uapi/linux/bpf.h>
 #include "lib/ingress.h"
@@ -12,25 +13,36 @@ int cz_ingress(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct hdr_cursor nh = {.pos = data};
-	struct l4_info info = {};
-	struct ethhdr *eth;
-	struct iphdr *ip;
-	__be32 pod_ip = 0;
-	int rewrite;
+	struct hdr_cursor nh = {.pos = data, .start = data};
+	struct pkt p = {};
+	struct inner in = {};
+	struct ip6 pod = {};
+	int rewrite, proto;
 	__u32 reason;
 
-	if (parse_ethhdr(&nh, data_end, &eth) != bpf_htons(ETH_P_IP))
+	p.frame_len = data_end - data;
+	proto = parse_eth(&nh, data_end);
+	if (proto < 0 || launder_pos(&nh, data, data_end) < 0)
 		return XDP_PASS;
-	if (parse_iphdr(&nh, data_end, &ip) < 0)
+	if (proto == bpf_htons(ETH_P_IP)) {
+		if (peek_ip4(&nh, data_end, &p) < 0)
+			return XDP_PASS;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		if (peek_ip6(&nh, data_end, &p) < 0)
+			return XDP_PASS;
+	} else {
 		return XDP_PASS;
-	reason = ingress4(&nh, data_end, ip, &info, &pod_ip, &rewrite);
+	}
+	reason = ingress(&p, data, data_end, &in, &pod, &rewrite);
 	if (reason == CZ_NOT_OURS)
 		return XDP_PASS;
 	cz_count(reason, data_end - data);
 	if (cz_is_drop(reason))
 		return XDP_DROP;
-	if (rewrite)
-		nat4_xdp(ip, &info, data_end, 1, pod_ip);
+	if (rewrite) {
+		if (p.icmp_error && in.rewrite)
+			nat_inner(&p, &in, data_end, 1, &pod);
+		nat_xdp(&p, data_end, 1, &pod);
+	}
 	return XDP_PASS;
 }

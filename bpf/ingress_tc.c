@@ -13,33 +13,40 @@ int cz_ingress_tc(struct __sk_buff *skb)
 {
 	void *data, *data_end;
 	struct hdr_cursor nh;
-	struct l4_info info = {};
-	struct ethhdr *eth;
-	struct iphdr *ip;
-	__be32 pod_ip = 0, daddr;
-	__u32 reason, ip_off, l4_off;
-	int rewrite;
+	struct pkt p = {};
+	struct inner in = {};
+	struct ip6 pod = {};
+	int rewrite, proto;
+	__u32 reason;
 
 	cz_tc_pull(skb);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	nh.pos = data;
-	if (parse_ethhdr(&nh, data_end, &eth) != bpf_htons(ETH_P_IP))
+	nh.start = data;
+	p.frame_len = data_end - data;
+	proto = parse_eth(&nh, data_end);
+	if (proto < 0 || launder_pos(&nh, data, data_end) < 0)
 		return CZ_TC_NEXT;
-	if (parse_iphdr(&nh, data_end, &ip) < 0)
+	if (proto == bpf_htons(ETH_P_IP)) {
+		if (peek_ip4(&nh, data_end, &p) < 0)
+			return CZ_TC_NEXT;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		if (peek_ip6(&nh, data_end, &p) < 0)
+			return CZ_TC_NEXT;
+	} else {
 		return CZ_TC_NEXT;
-	daddr = ip->daddr;
-	reason = ingress4(&nh, data_end, ip, &info, &pod_ip, &rewrite);
+	}
+	reason = ingress(&p, data, data_end, &in, &pod, &rewrite);
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
 	cz_count(reason, skb->len);
 	if (cz_is_drop(reason))
 		return CZ_TC_DROP;
 	if (rewrite) {
-		ip_off = (void *)ip - data;
-		l4_off = nh.pos - data;
-		if (nat4_skb(skb, ip_off, l4_off, ip->protocol, info.has_l4, 1, daddr, pod_ip) <
-		    0) {
+		if (p.icmp_error && in.rewrite)
+			nat_inner(&p, &in, data_end, 1, &pod); /* direct writes first */
+		if (nat_skb(skb, &p, data, 1, &pod) < 0) {
 			cz_count(CZ_DROP_MALFORMED, skb->len);
 			return CZ_TC_DROP;
 		}

@@ -12,9 +12,9 @@ from ipaddress import IPv4Address as A
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
-from scapy.layers.l2 import GRE, Ether
+from scapy.layers.l2 import GRE, Dot1Q, Ether
 from scapy.layers.sctp import SCTP, SCTPChunkData
-from scapy.packet import Packet, Raw
+from scapy.packet import Packet, Padding, Raw
 
 from cozyebpf.datapath import bpfsys, loader
 from cozyebpf.datapath.maps import PinnedMaps
@@ -60,6 +60,17 @@ SEED = MapState(
         AllowedPort(A(POD_ICMP), Proto.TCP, 22),
     },
 )
+
+
+def map_name(map_id: int) -> str:
+    import os
+
+    attr = bpfsys._GetFdById(id=map_id)
+    fd = bpfsys._sys_bpf(14, attr, "open map by id")  # BPF_MAP_GET_FD_BY_ID
+    try:
+        return bpfsys.map_info(fd).name
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -119,6 +130,13 @@ def udp_zero_after_nat() -> tuple[Packet, Packet]:
     assert IP(bytes(out))[UDP].chksum == 0xFFFF  # scapy writes a computed 0 as 0xffff
     inp = IP(src=CLIENT, dst=LB_WHOLE, id=7) / UDP(sport=1000, dport=2000) / (word + b"zero")
     return eth() / inp, eth() / out
+
+
+def eth_vlan(tags: int = 1) -> Packet:
+    p: Packet = Ether(src=MAC_A, dst=MAC_B, type=0x8100 if tags else 0x0800)
+    for i in range(tags):
+        p = p / Dot1Q(vlan=100 + i)
+    return p
 
 
 def frag(dst: str, offset: int) -> Packet:
@@ -246,10 +264,64 @@ INGRESS_CASES: list[tuple[str, Packet, int, Packet | None]] = [
         None,
     ),
     (
-        "port filter: non-first fragment passes (documented)",
+        "port filter: a fragment whose first fragment was not seen is dropped",
         frag(LB_FILT, 3),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "VLAN: translated inside the tag",
+        eth_vlan() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=5353, dport=9999) / b"tagged",
         XDP_PASS,
-        frag(POD_FILT, 3),
+        eth_vlan() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(sport=5353, dport=9999) / b"tagged",
+    ),
+    (
+        "QinQ: translated inside both tags",
+        eth_vlan(2) / IP(src=CLIENT, dst=LB_WHOLE) / TCP(dport=7) / b"q",
+        XDP_PASS,
+        eth_vlan(2) / IP(src=CLIENT, dst=POD_WHOLE) / TCP(dport=7) / b"q",
+    ),
+    (
+        "three VLAN tags: passed untouched",
+        eth_vlan(3) / IP(src=CLIENT, dst=LB_WHOLE) / TCP(dport=7),
+        XDP_PASS,
+        None,
+    ),
+    (
+        "IHL < 5 to an LB IP is dropped",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE, ihl=4) / TCP(dport=7),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "total length beyond the frame is dropped",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE, len=200) / UDP(dport=7) / b"short",
+        XDP_DROP,
+        None,
+    ),
+    (
+        "Ethernet padding after the IP packet is kept",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(dport=7) / b"p" / Padding(b"\0" * 10),
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(dport=7) / b"p" / Padding(b"\0" * 10),
+    ),
+    (
+        "TCP data offset < 5 is dropped",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / TCP(dport=7, dataofs=4),
+        XDP_DROP,
+        None,
+    ),
+    (
+        "UDP length < 8 is dropped",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(dport=7, len=6) / b"xx",
+        XDP_DROP,
+        None,
+    ),
+    (
+        "TTL 1 is translated (the kernel decides its fate)",
+        eth() / IP(src=CLIENT, dst=LB_WHOLE, ttl=1) / UDP(dport=7) / b"t",
+        XDP_PASS,
+        eth() / IP(src=CLIENT, dst=POD_WHOLE, ttl=1) / UDP(dport=7) / b"t",
     ),
     (
         "truncated TCP header to an LB IP is dropped",
@@ -406,7 +478,8 @@ def test_counters_count_each_verdict(progs: Progs) -> None:
 
 
 def test_programs_use_the_pinned_maps(progs: Progs) -> None:
-    """bcc opened our pins rather than making maps of its own."""
+    """bcc opened our pins rather than making maps of its own (but the per-CPU scratch slot,
+    which every program has for itself)."""
     import ctypes
 
     ids = (ctypes.c_uint32 * 16)()
@@ -417,4 +490,85 @@ def test_programs_use_the_pinned_maps(progs: Progs) -> None:
         i.map_ids = ctypes.addressof(ids)
         bpfsys._info(fd, i, "prog")
         used = set(ids[: i.nr_map_ids])
-        assert used and used <= pinned, (used, pinned)
+        own = {m for m in used - pinned if map_name(m) == "cz_scratch"}
+        assert len(own) == 1 and used - own <= pinned, (used, pinned)
+
+
+def test_fragments_follow_their_first_fragment(progs: Progs) -> None:
+    """Port filter: the first fragment's verdict decides for the fragments after it."""
+
+    def frag_udp(dport: int, ident: int, offset: int, mf: bool, dst: str = LB_FILT) -> Packet:
+        ip = IP(src=CLIENT, dst=dst, id=ident, flags="MF" if mf else 0, frag=offset, proto=17)
+        if offset == 0:
+            return eth() / ip / UDP(sport=4000, dport=dport, len=8 + 40, chksum=0) / (b"a" * 16)
+        return eth() / ip / Raw(b"b" * 24)
+
+    def counted(frame: Packet) -> tuple[int, list[str]]:
+        before = {k: v["packets"] for k, v in progs.maps.counters().items()}
+        ret, _ = progs.xdp(bytes(frame))
+        after = {k: v["packets"] for k, v in progs.maps.counters().items()}
+        return ret, sorted(k for k in after if after[k] != before.get(k, 0))
+
+    # an allowed port: the first passes, the rest follow, translated
+    assert counted(frag_udp(53, 7001, 0, True)) == (XDP_PASS, ["pass_port"])
+    ret, out = progs.xdp(bytes(frag_udp(53, 7001, 2, True)))
+    assert ret == XDP_PASS
+    assert_frame(out, frag_udp(53, 7001, 2, True, dst=POD_FILT), "middle fragment")
+    assert counted(frag_udp(53, 7001, 5, False)) == (XDP_PASS, ["pass_fragment"])
+    # an unlisted port: the first is dropped and so is the rest
+    assert counted(frag_udp(99, 7002, 0, True)) == (XDP_DROP, ["drop_port"])
+    assert counted(frag_udp(99, 7002, 2, False)) == (XDP_DROP, ["drop_fragment"])
+    # out of order: a fragment before its first one is dropped
+    assert counted(frag_udp(53, 7003, 2, False)) == (XDP_DROP, ["drop_frag_orphan"])
+
+
+def icmp_error_about(inner: Packet, outer_dst: str, **icmp: int) -> Packet:
+    """An ICMP error from OTHER_CLIENT about `inner` (first 28+ bytes of it)."""
+    quoted = bytes(inner)[:48]
+    return eth() / IP(src=OTHER_CLIENT, dst=outer_dst) / ICMP(**icmp) / Raw(quoted)
+
+
+@pytest.mark.parametrize("hook", ["xdp", "tc"])
+def test_icmp_errors_translate_the_inner_packet(progs: Progs, hook: str) -> None:
+    """Fragmentation needed about the pod's own packet (it left as the LB IP): the outer and the
+    inner header are translated, with every checksum right (PMTU discovery works)."""
+    run = progs.xdp if hook == "xdp" else progs.tc_ingress
+    sent = IP(src=LB_WHOLE, dst=CLIENT, id=55) / UDP(sport=40000, dport=53) / (b"q" * 20)
+    frame = icmp_error_about(sent, LB_WHOLE, type=3, code=4, nexthopmtu=1280)
+    ret, out = run(bytes(frame))
+    assert ret == XDP_PASS
+    as_sent = IP(src=POD_WHOLE, dst=CLIENT, id=55) / UDP(sport=40000, dport=53) / (b"q" * 20)
+    want = icmp_error_about(as_sent, POD_WHOLE, type=3, code=4, nexthopmtu=1280)
+    assert_frame(out, want, "ICMP error")
+    assert checksums_ok(out) == []
+    inner = IP(bytes(Ether(out)[ICMP].payload))
+    assert inner.src == POD_WHOLE and inner[UDP].chksum == IP(bytes(as_sent))[UDP].chksum
+
+
+def test_icmp_errors_about_allowed_flows_pass_the_filter(progs: Progs) -> None:
+    """Port filter without allowICMP: an error about a flow the pod opened passes (related);
+    one about nothing the pod did is dropped; an error about an error is malformed."""
+    progs.tc(bytes(eth() / IP(src=POD_FILT, dst=CLIENT) / TCP(sport=36000, dport=443)))
+    related = IP(src=LB_FILT, dst=CLIENT) / TCP(sport=36000, dport=443)
+    ret, out = progs.xdp(bytes(icmp_error_about(related, LB_FILT, type=3, code=4)))
+    assert ret == XDP_PASS and checksums_ok(out) == []
+    unrelated = IP(src=LB_FILT, dst=CLIENT) / TCP(sport=36001, dport=443)
+    ret, _ = progs.xdp(bytes(icmp_error_about(unrelated, LB_FILT, type=3, code=4)))
+    assert ret == XDP_DROP
+    nested = IP(src=LB_FILT, dst=CLIENT) / ICMP(type=3, code=1) / (b"z" * 28)
+    before = progs.maps.counters()["drop_icmp_inner"]["packets"]
+    ret, _ = progs.xdp(bytes(icmp_error_about(nested, LB_FILT, type=11)))
+    assert ret == XDP_DROP
+    assert progs.maps.counters()["drop_icmp_inner"]["packets"] == before + 1
+
+
+def test_pod_icmp_errors_translate_the_inner_destination(progs: Progs) -> None:
+    """Egress: the pod says port unreachable about a packet it received as its pod IP; the
+    outside must see the LB IP in both headers."""
+    got = IP(src=CLIENT, dst=POD_WHOLE, id=9) / UDP(sport=5000, dport=6000) / b"x"
+    err = eth() / IP(src=POD_WHOLE, dst=CLIENT) / ICMP(type=3, code=3) / Raw(bytes(got))
+    ret, out = progs.tc(bytes(err))
+    assert ret == TC_NEXT
+    as_seen = IP(src=CLIENT, dst=LB_WHOLE, id=9) / UDP(sport=5000, dport=6000) / b"x"
+    want = eth() / IP(src=LB_WHOLE, dst=CLIENT) / ICMP(type=3, code=3) / Raw(bytes(as_seen))
+    assert_frame(out, want, "egress ICMP error")

@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Incremental Internet checksum update (RFC 1624, eqn. 3) for direct packet access in XDP.
- * Names are cz_-prefixed: csum_fold/csum_replace4 exist in kernel headers. The TC program uses
- * bpf_l3/l4_csum_replace() instead, which also handle CHECKSUM_PARTIAL skbs.
+ * Incremental Internet checksum update (RFC 1624, eqn. 3) for direct packet writes. Names are
+ * cz_-prefixed: csum_fold/csum_replace4 exist in kernel headers. Values are taken as they lie
+ * in memory; one's complement sums do not care about byte order as long as every word is
+ * treated alike.
  */
 #ifndef COZYEBPF_CSUM_H
 #define COZYEBPF_CSUM_H
+
+#include "types.h"
 
 static __always_inline __u16 cz_csum_fold32(__u32 c)
 {
@@ -24,6 +27,29 @@ static __always_inline __u16 cz_csum_replace32(__u16 sum, __u32 from, __u32 to)
 	c += to & 0xffff;
 	c += to >> 16;
 	return (__u16)~cz_csum_fold32(c);
+}
+
+/* ... after a 16-bit word changed. */
+static __always_inline __u16 cz_csum_replace16(__u16 sum, __u16 from, __u16 to)
+{
+	__u32 c = (__u16)~sum;
+
+	c += (__u16)~from;
+	c += to;
+	return (__u16)~cz_csum_fold32(c);
+}
+
+/* ... after an address changed (IPv4: only a[0] differs, the rest are zero in both). */
+static __always_inline __u16 cz_csum_replace_addr(__u16 sum, const struct ip6 *from,
+						  const struct ip6 *to, int v6)
+{
+	sum = cz_csum_replace32(sum, from->a[0], to->a[0]);
+	if (v6) {
+		sum = cz_csum_replace32(sum, from->a[1], to->a[1]);
+		sum = cz_csum_replace32(sum, from->a[2], to->a[2]);
+		sum = cz_csum_replace32(sum, from->a[3], to->a[3]);
+	}
+	return sum;
 }
 
 #endif

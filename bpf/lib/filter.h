@@ -1,47 +1,15 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The port filter of the default mode. It keys on the pod IP (as cozy-proxy does), so traffic
- * sent to the pod IP directly is filtered like traffic sent to the LB IP. The verdict is taken
- * before any rewrite, so a dropped packet costs no checksum work.
+ * The port filter of the default mode (docs/datapath-semantics.md, "Ingress"). It keys on the
+ * pod IP, as cozy-proxy does, so traffic sent to the pod IP directly is filtered like traffic
+ * sent to the LB IP. The verdict is taken before any rewrite, so a dropped packet costs no
+ * checksum work.
  */
 #ifndef COZYEBPF_FILTER_H
 #define COZYEBPF_FILTER_H
 
-#include "flow.h"
-#include "maps.h"
-#include "parse.h"
+#include "lookup.h"
 #include "stats.h"
-
-/* Returns the cz_reason of the verdict: CZ_PASS_* or CZ_DROP_*. */
-static __always_inline __u32 filter4(__be32 pod_ip, __be32 remote_ip, __u8 proto, __u8 flags,
-				     struct l4_info *info)
-{
-	struct allow4_key ak = {};
-
-	if (!info->first_frag)
-		return CZ_PASS_FRAGMENT;
-	switch (proto) {
-	case IPPROTO_TCP:
-	case IPPROTO_UDP:
-	case IPPROTO_SCTP:
-		ak.pod_ip = pod_ip;
-		ak.proto = proto;
-		ak.port = info->dport;
-		if (cz_allow4.lookup(&ak))
-			return CZ_PASS_PORT;
-		if (flow4_is_reply(pod_ip, remote_ip, proto, info))
-			return CZ_PASS_REPLY;
-		return CZ_DROP_PORT;
-	case IPPROTO_ICMP:
-		if (flags & CZ_F_ALLOW_ICMP)
-			return CZ_PASS_ICMP;
-		if (flow4_is_reply(pod_ip, remote_ip, proto, info))
-			return CZ_PASS_REPLY;
-		return CZ_DROP_ICMP;
-	default:
-		return CZ_DROP_PROTO;
-	}
-}
 
 static __always_inline int cz_is_drop(__u32 reason)
 {
@@ -56,6 +24,63 @@ static __always_inline int cz_is_drop(__u32 reason)
 		return 1;
 	}
 	return 0;
+}
+
+/* Is this ICMP error about a flow of the pod that the filter allows? */
+static __always_inline int is_related(struct pkt *p, struct inner *in, const struct ip6 *pod)
+{
+	if (!in->rewrite && !cz_ip6_eq(&in->src, pod))
+		return 0; /* not about a packet the pod sent */
+	if (in->proto == IPPROTO_ICMP || in->proto == IPPROTO_ICMPV6) {
+		__u8 echo = p->v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO;
+
+		return in->icmp_type == echo &&
+		       flow_find(p->v6, pod, &in->dst, in->sport, 0, in->proto) != NULL;
+	}
+	if (in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP && in->proto != IPPROTO_SCTP)
+		return 0;
+	if (flow_find(p->v6, pod, &in->dst, in->sport, in->dport, in->proto))
+		return 1;
+	return is_allowed(p->v6, pod, in->proto, in->sport);
+}
+
+/* The cz_reason of the verdict (a pass or a drop) for a packet to `pod` in port-filter mode. */
+static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struct ip6 *pod,
+				    __u8 flags)
+{
+	__u8 echo_reply = p->v6 ? ICMPV6_ECHO_REPLY : ICMP_ECHOREPLY;
+
+	if (!p->first_frag) {
+		struct frag_val *f = frag_find(p, pod);
+
+		if (!f || bpf_ktime_get_ns() - f->seen_ns > CZ_FRAG_TIMEOUT_NS)
+			return CZ_DROP_FRAG_ORPHAN;
+		return f->passed ? CZ_PASS_FRAGMENT : CZ_DROP_FRAGMENT;
+	}
+	switch (p->proto) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
+		if (is_allowed(p->v6, pod, p->proto, p->dport))
+			return CZ_PASS_PORT;
+		if (flow_find(p->v6, pod, &p->src, p->dport, p->sport, p->proto))
+			return CZ_PASS_REPLY;
+		return CZ_DROP_PORT;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		if (!p->has_l4)
+			return CZ_DROP_PROTO; /* ICMP in IPv6 / ICMPv6 in IPv4 */
+		if (p->icmp_error && is_related(p, in, pod))
+			return CZ_PASS_RELATED;
+		if (flags & CZ_F_ALLOW_ICMP)
+			return CZ_PASS_ICMP;
+		if (p->icmp_type == echo_reply &&
+		    flow_find(p->v6, pod, &p->src, p->sport, 0, p->proto))
+			return CZ_PASS_REPLY;
+		return CZ_DROP_ICMP;
+	default:
+		return CZ_DROP_PROTO;
+	}
 }
 
 #endif

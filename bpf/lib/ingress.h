@@ -1,47 +1,62 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The ingress decision shared by the XDP program and the tc ingress program: is the packet
- * for a managed address, does it pass the port filter, and which pod IP does it go to.
+ * The ingress decision shared by the XDP program and the tc ingress program: is the packet for
+ * a managed address, is it well formed, does it pass the port filter, where does it go.
  */
 #ifndef COZYEBPF_INGRESS_H
 #define COZYEBPF_INGRESS_H
 
 #include "filter.h"
-#include "maps.h"
+#include "lookup.h"
 #include "parse.h"
 #include "stats.h"
 
 #define CZ_NOT_OURS 0xffffffff
 
-/*
- * Returns CZ_NOT_OURS, or the cz_reason of the verdict. On a pass to an LB IP, *pod_ip is the
- * new destination and *rewrite is 1; a pass to a pod IP sent directly has *rewrite 0.
- */
-static __always_inline __u32 ingress4(struct hdr_cursor *nh, void *data_end, struct iphdr *ip,
-				      struct l4_info *info, __be32 *pod_ip, int *rewrite)
+/* Neighbour discovery to a pod IP passes untouched, whatever the filter. */
+static __always_inline int cz_is_ndp(struct pkt *p)
 {
-	__be32 daddr = ip->daddr;
-	struct svc4_val *svc = cz_svc4.lookup(&daddr);
-	__u8 flags;
+	return p->v6 && p->proto == IPPROTO_ICMPV6 && p->has_l4 && p->icmp_type >= 133 &&
+	       p->icmp_type <= 137;
+}
+
+/*
+ * Returns CZ_NOT_OURS, or the cz_reason of the verdict. On a pass to an LB IP, *pod is the new
+ * destination and *rewrite is 1; a pass to a pod IP sent directly has *rewrite 0. For ICMP
+ * errors, `in` describes the embedded packet; in->rewrite says its source must change too. In
+ * port-filter mode a first fragment's verdict is recorded for the fragments after it.
+ */
+static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, struct inner *in,
+				     struct ip6 *pod, int *rewrite)
+{
+	struct cz_entry e = {};
+	__u32 reason;
 
 	*rewrite = 0;
-	if (svc) {
-		*pod_ip = svc->pod_ip;
-		flags = svc->flags;
+	if (lookup_svc(p->v6, &p->dst, &e)) {
 		*rewrite = 1;
+		*pod = e.ip;
+	} else if (lookup_pod(p->v6, &p->dst, &e)) {
+		*pod = p->dst;
 	} else {
-		struct pod4_val *pod = cz_pod4.lookup(&daddr);
-
-		if (!pod)
-			return CZ_NOT_OURS;
-		*pod_ip = daddr;
-		flags = pod->flags;
+		return CZ_NOT_OURS;
 	}
-	if (parse_l4(nh, data_end, ip, info) < 0)
+	if (check_ip(p, data, data_end) != CZ_OK)
 		return CZ_DROP_MALFORMED;
-	if (flags & CZ_F_PORT_FILTER)
-		return filter4(*pod_ip, ip->saddr, ip->protocol, flags, info);
-	return CZ_NAT_INGRESS;
+	if (cz_is_ndp(p))
+		return CZ_NOT_OURS;
+	if (p->icmp_error) {
+		if (parse_inner(p, data_end, in) < 0)
+			return CZ_DROP_ICMP_INNER;
+		/* the pod's own packet left as the LB IP: it becomes the pod IP again */
+		in->rewrite = *rewrite && cz_ip6_eq(&in->src, &p->dst);
+	}
+	if (!(e.flags & CZ_F_PORT_FILTER))
+		return CZ_NAT_INGRESS;
+	reason = filter(p, in, pod, e.flags);
+	if (p->first_frag && p->more_frags)
+		frag_add(p, pod, !cz_is_drop(reason));
+	return reason;
 }
 
 #endif

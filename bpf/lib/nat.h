@@ -1,79 +1,171 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Address translation. XDP rewrites in place with incremental checksums; TC uses the kernel's
- * helpers so that CHECKSUM_PARTIAL packets from local veths stay correct. Both fix the IPv4
- * header checksum and the pseudo-header part of TCP and UDP checksums (a UDP checksum of 0 means
- * "none" and stays 0; a result of 0 is written as 0xffff). ICMP and SCTP checksums do not cover
- * IP addresses; other protocols keep their payload untouched. Non-first fragments carry no L4
- * header, so only the IP header changes.
+ * Address translation of both families. XDP rewrites in place with incremental checksums; tc
+ * uses the kernel's helpers for the outer header, so that CHECKSUM_PARTIAL packets (offloaded
+ * TCP/UDP checksums from local veths) stay correct. Fixed: the IPv4 header checksum, the
+ * pseudo-header part of TCP, UDP and ICMPv6 checksums (a UDP checksum of 0 means "none" and stays
+ * 0; a result of 0 is written 0xffff); ICMPv4 and SCTP checksums do not cover the IP header. The
+ * embedded packet of an ICMP error is rewritten with direct writes in both program types: ICMP
+ * checksums are never offloaded.
  */
 #ifndef COZYEBPF_NAT_H
 #define COZYEBPF_NAT_H
 
-#include <linux/tcp.h>
-#include <linux/udp.h>
 #include "csum.h"
 #include "parse.h"
 
-/* XDP: iph->daddr (is_dst) or iph->saddr := to. */
-static __always_inline void nat4_xdp(struct iphdr *ip, struct l4_info *info, void *data_end,
-				     int is_dst, __be32 to)
+/* Offset of the checksum an address change affects, or -1. */
+static __always_inline int cz_l4_csum_off(__u8 proto, int v6)
 {
-	__be32 from = is_dst ? ip->daddr : ip->saddr;
+	if (proto == IPPROTO_TCP)
+		return 16;
+	if (proto == IPPROTO_UDP)
+		return 6;
+	if (proto == IPPROTO_ICMPV6 && v6)
+		return 2;
+	return -1;
+}
 
-	if (is_dst)
-		ip->daddr = to;
-	else
-		ip->saddr = to;
-	ip->check = cz_csum_replace32(ip->check, from, to);
-	if (!info->has_l4)
+/* Update the L4 checksum at `c` for an address change; UDP's 0 stays 0. The new value. */
+static __always_inline __u16 cz_l4_fix(__u16 old, __u8 proto, const struct ip6 *from,
+				       const struct ip6 *to, int v6)
+{
+	__u16 n;
+
+	if (proto == IPPROTO_UDP && old == 0)
+		return 0;
+	n = cz_csum_replace_addr(old, from, to, v6);
+	if (proto == IPPROTO_UDP && n == 0)
+		n = 0xffff;
+	return n;
+}
+
+/*
+ * ICMP error: the inner source (is_src) or destination := *to, with the inner IPv4 header
+ * checksum, the inner L4 checksum (when its field is present) and the outer ICMP checksum.
+ */
+static __always_inline void nat_inner(struct pkt *p, struct inner *in, void *data_end, int is_src,
+				      const struct ip6 *to)
+{
+	struct icmphdr *icmp = p->l4;
+	struct ip6 from = is_src ? in->src : in->dst;
+	__u16 icsum;
+	int off;
+
+	if ((void *)(icmp + 1) > data_end)
 		return;
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *th = info->l4;
+	icsum = icmp->checksum;
+	if (p->v6) {
+		struct ipv6hdr *i6 = in->l3;
 
-		if ((void *)(th + 1) > data_end)
+		if ((void *)(i6 + 1) > data_end)
 			return;
-		th->check = cz_csum_replace32(th->check, from, to);
-	} else if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *uh = info->l4;
-		__u16 c;
+		if (is_src)
+			__builtin_memcpy(&i6->saddr, to, sizeof(*to));
+		else
+			__builtin_memcpy(&i6->daddr, to, sizeof(*to));
+		icsum = cz_csum_replace_addr(icsum, &from, to, 1);
+	} else {
+		struct iphdr *i4 = in->l3;
+		__u16 old;
 
-		if ((void *)(uh + 1) > data_end)
+		if ((void *)(i4 + 1) > data_end)
 			return;
-		if (uh->check == 0)
+		old = i4->check;
+		if (is_src)
+			i4->saddr = to->a[0];
+		else
+			i4->daddr = to->a[0];
+		i4->check = cz_csum_replace32(old, from.a[0], to->a[0]);
+		icsum = cz_csum_replace32(icsum, from.a[0], to->a[0]);
+		icsum = cz_csum_replace16(icsum, old, i4->check);
+	}
+	off = cz_l4_csum_off(in->proto, p->v6);
+	if (off >= 0 && in->l4_avail >= (__u32)off + 2) {
+		__u16 *c = in->l4 + off;
+
+		if ((void *)(c + 1) <= data_end) {
+			__u16 old = *c;
+			__u16 n = cz_l4_fix(old, in->proto, &from, to, p->v6);
+
+			*c = n;
+			icsum = cz_csum_replace16(icsum, old, n);
+		}
+	}
+	icmp->checksum = icsum;
+}
+
+/* XDP: the outer destination (is_dst) or source := *to, with its checksums. */
+static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, const struct ip6 *to)
+{
+	struct ip6 from = is_dst ? p->dst : p->src;
+	int off;
+
+	if (p->v6) {
+		struct ipv6hdr *ip6 = p->l3;
+
+		if ((void *)(ip6 + 1) > data_end)
 			return;
-		c = cz_csum_replace32(uh->check, from, to);
-		uh->check = c ? c : 0xffff;
+		if (is_dst)
+			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+		else
+			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
+	} else {
+		struct iphdr *ip = p->l3;
+
+		if ((void *)(ip + 1) > data_end)
+			return;
+		if (is_dst)
+			ip->daddr = to->a[0];
+		else
+			ip->saddr = to->a[0];
+		ip->check = cz_csum_replace32(ip->check, from.a[0], to->a[0]);
+	}
+	if (!p->has_l4)
+		return;
+	off = cz_l4_csum_off(p->proto, p->v6);
+	if (off >= 0) {
+		__u16 *c = p->l4 + off;
+
+		if ((void *)(c + 1) <= data_end)
+			*c = cz_l4_fix(*c, p->proto, &from, to, p->v6);
 	}
 }
 
 /*
- * TC: same rewrite through helpers. ip_off is the IP header's offset in the skb, l4_off the
- * L4 header's. Returns 0 or a negative error from a helper.
+ * tc: the same rewrite of the outer header through helpers. Returns 0 or a helper's negative
+ * error. Packet pointers are invalid afterwards.
  */
-static __always_inline int nat4_skb(struct __sk_buff *skb, __u32 ip_off, __u32 l4_off, __u8 proto,
-				    int has_l4, int is_dst, __be32 from, __be32 to)
+static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *data, int is_dst,
+				   const struct ip6 *to)
 {
-	__u32 addr_off =
-		ip_off + (is_dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
-	int ret;
+	struct ip6 from = is_dst ? p->dst : p->src;
+	__u32 l3_off = p->l3 - data;
+	__u32 l4_off = p->l4 - data;
+	int off = p->has_l4 ? cz_l4_csum_off(p->proto, p->v6) : -1;
+	__u64 flags = BPF_F_PSEUDO_HDR | 4;
+	int ret, i;
 
-	if (has_l4 && proto == IPPROTO_TCP) {
-		ret = bpf_l4_csum_replace(skb, l4_off + offsetof(struct tcphdr, check), from, to,
-					  BPF_F_PSEUDO_HDR | sizeof(to));
-		if (ret < 0)
-			return ret;
-	} else if (has_l4 && proto == IPPROTO_UDP) {
-		ret = bpf_l4_csum_replace(skb, l4_off + offsetof(struct udphdr, check), from, to,
-					  BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | sizeof(to));
-		if (ret < 0)
-			return ret;
+	if (p->proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	if (off >= 0) {
+#pragma unroll
+		for (i = 0; i < 4; i++) {
+			if (i > 0 && !p->v6)
+				break;
+			ret = bpf_l4_csum_replace(skb, l4_off + off, from.a[i], to->a[i], flags);
+			if (ret < 0)
+				return ret;
+		}
 	}
-	ret = bpf_l3_csum_replace(skb, ip_off + offsetof(struct iphdr, check), from, to,
-				  sizeof(to));
+	if (p->v6)
+		return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 24 : 8), (void *)to, sizeof(*to),
+					   0);
+	ret = bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from.a[0], to->a[0],
+				  4);
 	if (ret < 0)
 		return ret;
-	return bpf_skb_store_bytes(skb, addr_off, &to, sizeof(to), 0);
+	return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 16 : 12), (void *)&to->a[0], 4, 0);
 }
 
 #endif

@@ -1,104 +1,452 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Cursor-style parsing shared by the XDP and TC programs: each parse_*() checks bounds against
- * data_end, moves the cursor past its header and returns the next protocol, or -1.
+ * Cursor-style parsing shared by every program. Both families are described by one struct pkt,
+ * addresses as struct ip6 (an IPv4 address in a[0], the rest zero), so that the decisions above
+ * this layer are written once. The checks follow docs/datapath-semantics.md, "Parsing".
  */
 #ifndef COZYEBPF_PARSE_H
 #define COZYEBPF_PARSE_H
 
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/in.h>
+#include <linux/in6.h>
 #include <linux/icmp.h>
+#include <linux/icmpv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include "types.h"
 
+#define CZ_MAX_VLAN 2
+#define CZ_MAX_EXT 6
+#define CZ_IP_MF 0x2000
 #define CZ_IP_OFFSET 0x1fff
+#define CZ_ETH_P_8021AD 0x88A8
+
+#define CZ_OK 0
+#define CZ_BAD -1 /* malformed: drop_malformed */
 
 struct hdr_cursor {
 	void *pos;
+	void *start; /* the start of the frame */
 };
 
-/* Returns the EtherType in network byte order. */
-static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end, struct ethhdr **eth)
-{
-	struct ethhdr *e = nh->pos;
+struct cz_vlan {
+	__be16 tci;
+	__be16 proto;
+};
 
-	if ((void *)(e + 1) > data_end)
-		return -1;
-	nh->pos = e + 1;
-	*eth = e;
-	return e->h_proto;
-}
+struct cz_ext {
+	__u8 nexthdr;
+	__u8 hdrlen;
+};
 
-/* Returns the IP protocol. Options are skipped; IHL < 5 or a header past data_end is -1. */
-static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end, struct iphdr **iph)
-{
-	struct iphdr *ip = nh->pos;
-	int hdrsize;
+struct cz_frag6 {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off; /* offset << 3 | M */
+	__be32 id;
+};
 
-	if ((void *)(ip + 1) > data_end)
-		return -1;
-	hdrsize = ip->ihl * 4;
-	if (hdrsize < (int)sizeof(*ip))
-		return -1;
-	if (nh->pos + hdrsize > data_end)
-		return -1;
-	nh->pos += hdrsize;
-	*iph = ip;
-	return ip->protocol;
-}
-
-/* What the filter and the flow table need of the transport header. */
-struct l4_info {
-	__u8 first_frag; /* 1: offset 0, so the L4 header is in this packet */
-	__u8 has_l4;	 /* 1: ports (or ICMP type/id) below are valid */
+/* A parsed packet (outer headers); ICMP errors add struct inner. */
+struct pkt {
+	void *l3;	 /* the IP header */
+	void *l4;	 /* the L4 header (when has_l4), else the IP payload */
+	__u32 l3_off;	 /* offsets from the start of the frame; lengths are computed on these */
+	__u32 l4_off;	 /* scalars, never on pointers: a pointer whose range may exceed 64 KiB */
+	__u32 end_off;	 /* (the IP end) gets no bounds from the verifier */
+	struct ip6 src;	 /* source address */
+	struct ip6 dst;	 /* destination address */
+	__u32 frame_len; /* bytes in the frame, for the counters */
+	__be32 frag_id;	 /* identification (IPv4: 16 bits) */
+	__be16 sport;	 /* TCP/UDP/SCTP ports; ICMP echo: the identifier */
+	__be16 dport;
+	__u8 v6;	 /* 1: IPv6 */
+	__u8 proto;	 /* L4 protocol (after IPv6 extension headers) */
+	__u8 has_l4;	 /* the L4 header is in this packet and valid */
+	__u8 first_frag; /* fragment offset 0 (also: not a fragment) */
+	__u8 more_frags; /* IPv4 MF / IPv6 M */
 	__u8 icmp_type;
+	__u8 icmp_error; /* an ICMP/ICMPv6 error message */
 	__u8 pad;
-	__be16 sport; /* ICMP echo: identifier */
-	__be16 dport; /* ICMP echo: identifier */
-	void *l4;     /* start of the L4 header (valid when has_l4) */
+};
+
+/* The embedded packet of an ICMP error. */
+struct inner {
+	void *l3;
+	void *l4;
+	__u32 l4_off;
+	__u32 l4_avail; /* bytes of the inner L4 header present */
+	struct ip6 src;
+	struct ip6 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 icmp_type;
+	__u8 rewrite; /* ingress: the inner source is the LB IP and becomes the pod IP */
+	__u8 pad;
 };
 
 /*
- * Fills *info for TCP, UDP, SCTP (ports are the first 4 bytes of each) and ICMP. Returns -1
- * when this is a first fragment whose L4 header is truncated, 0 otherwise.
+ * Verifier state "laundering": values that differ between parse paths (how many VLAN tags,
+ * which extension headers) are stored in this per-CPU scratch slot and read back. The verifier
+ * does not track map memory, so every path continues with the same unknown-but-bounded values
+ * and the paths merge: without this, each combination of tags and extension headers is
+ * verified separately through all the code that follows, beyond the verifier's limit.
  */
-static __always_inline int parse_l4(struct hdr_cursor *nh, void *data_end, struct iphdr *ip,
-				    struct l4_info *info)
-{
-	info->first_frag = (ip->frag_off & bpf_htons(CZ_IP_OFFSET)) == 0;
-	info->has_l4 = 0;
-	if (!info->first_frag)
-		return 0;
-	switch (ip->protocol) {
-	case IPPROTO_TCP:
-	case IPPROTO_UDP:
-	case IPPROTO_SCTP: {
-		__be16 *ports = nh->pos;
-		unsigned int need = ip->protocol == IPPROTO_TCP	  ? 20
-				    : ip->protocol == IPPROTO_UDP ? 8
-								  : 12;
+struct cz_scratch {
+	__u32 off;	 /* a header offset from the start of the frame */
+	__u32 end;	 /* the end of the IP packet, from the start of the frame */
+	__be32 frag_id;	 /* IPv6 fragment identification */
+	__u8 proto;	 /* the L4 protocol */
+	__u8 first_frag; /* fragment offset 0 */
+	__u8 more_frags; /* M flag */
+	__u8 pad;
+};
 
-		if (nh->pos + need > data_end)
+BPF_PERCPU_ARRAY(cz_scratch, struct cz_scratch, 1);
+
+static __always_inline struct cz_scratch *cz_scratch_slot(void)
+{
+	__u32 zero = 0;
+
+	return cz_scratch.lookup(&zero);
+}
+
+#define CZ_MAX_OFF 1024 /* headers we look at lie in the first 1 KiB of a frame */
+
+/* Keep the compiler from recomputing a pointer: each `data + off` is a new pointer identity
+ * for the verifier, and a bounds check on one does not cover another. */
+#define cz_barrier_var(v) asm volatile("" : "+r"(v))
+
+static __always_inline int cz_ip6_eq(const struct ip6 *a, const struct ip6 *b)
+{
+	return a->a[0] == b->a[0] && a->a[1] == b->a[1] && a->a[2] == b->a[2] && a->a[3] == b->a[3];
+}
+
+static __always_inline void cz_ip4_set(struct ip6 *a, __be32 v4)
+{
+	a->a[0] = v4;
+	a->a[1] = 0;
+	a->a[2] = 0;
+	a->a[3] = 0;
+}
+
+/* Ethernet and up to two VLAN tags; the EtherType of the payload, or -1 (pass unchanged). */
+static __always_inline int parse_eth(struct hdr_cursor *nh, void *data_end)
+{
+	struct ethhdr *eth = nh->pos;
+	__be16 proto;
+	int i;
+
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	nh->pos = eth + 1;
+	proto = eth->h_proto;
+#pragma unroll
+	for (i = 0; i < CZ_MAX_VLAN; i++) {
+		struct cz_vlan *vh = nh->pos;
+
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(CZ_ETH_P_8021AD))
+			break;
+		if ((void *)(vh + 1) > data_end)
 			return -1;
-		info->sport = ports[0];
-		info->dport = ports[1];
+		proto = vh->proto;
+		nh->pos = vh + 1;
+	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(CZ_ETH_P_8021AD))
+		return -1; /* a third tag */
+	return proto;
+}
+
+/* nh->pos as an offset that the verifier sees as one bounded unknown (see cz_scratch). */
+static __always_inline int launder_pos(struct hdr_cursor *nh, void *data, void *data_end)
+{
+	struct cz_scratch *s = cz_scratch_slot();
+	__u32 off;
+
+	if (!s)
+		return -1;
+	void *pos;
+
+	s->off = nh->pos - data;
+	off = s->off;
+	if (off > CZ_MAX_OFF)
+		return -1;
+	pos = data + off;
+	cz_barrier_var(pos);
+	nh->pos = pos;
+	return 0;
+}
+
+/* The addresses of an IPv4 header; -1 when the frame cannot hold 20 bytes of it. */
+static __always_inline int peek_ip4(struct hdr_cursor *nh, void *data_end, struct pkt *p)
+{
+	struct iphdr *ip = nh->pos;
+
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	p->l3 = ip;
+	p->l3_off = nh->pos - nh->start;
+	p->v6 = 0;
+	cz_ip4_set(&p->src, ip->saddr);
+	cz_ip4_set(&p->dst, ip->daddr);
+	return 0;
+}
+
+static __always_inline int peek_ip6(struct hdr_cursor *nh, void *data_end, struct pkt *p)
+{
+	struct ipv6hdr *ip6 = nh->pos;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	p->l3 = ip6;
+	p->l3_off = nh->pos - nh->start;
+	p->v6 = 1;
+	__builtin_memcpy(&p->src, &ip6->saddr, sizeof(p->src));
+	__builtin_memcpy(&p->dst, &ip6->daddr, sizeof(p->dst));
+	return 0;
+}
+
+static __always_inline int cz_icmp_is_error(__u8 v6, __u8 type)
+{
+	if (v6)
+		return type >= 1 && type <= 4;
+	return type == ICMP_DEST_UNREACH || type == ICMP_TIME_EXCEEDED ||
+	       type == ICMP_PARAMETERPROB;
+}
+
+/* The L4 header of a packet that carries one (first fragment). CZ_OK or CZ_BAD. */
+static __always_inline int parse_l4(struct pkt *p, void *data_end)
+{
+	void *l4 = p->l4;
+	__u32 len = p->end_off - p->l4_off;
+
+	p->has_l4 = 0;
+	p->icmp_error = 0;
+	if (!p->first_frag)
+		return CZ_OK;
+	switch (p->proto) {
+	case IPPROTO_TCP: {
+		struct tcphdr *th = l4;
+
+		if ((void *)(th + 1) > data_end)
+			return CZ_BAD;
+		cz_barrier_var(th);
+		if (len < sizeof(*th))
+			return CZ_BAD;
+		if (th->doff < 5 || th->doff * 4 > len)
+			return CZ_BAD;
+		p->sport = th->source;
+		p->dport = th->dest;
 		break;
 	}
-	case IPPROTO_ICMP: {
-		struct icmphdr *icmp = nh->pos;
+	case IPPROTO_UDP: {
+		struct udphdr *uh = l4;
+		__u32 ulen;
 
-		if ((void *)(icmp + 1) > data_end)
-			return -1;
-		info->icmp_type = icmp->type;
-		info->sport = icmp->un.echo.id;
-		info->dport = icmp->un.echo.id;
+		if ((void *)(uh + 1) > data_end || len < sizeof(*uh))
+			return CZ_BAD;
+		ulen = bpf_ntohs(uh->len);
+		if (ulen < sizeof(*uh) || (!p->more_frags && ulen > len))
+			return CZ_BAD;
+		p->sport = uh->source;
+		p->dport = uh->dest;
+		break;
+	}
+	case IPPROTO_SCTP: {
+		__be16 *ports = l4;
+
+		if (l4 + 12 > data_end || len < 12)
+			return CZ_BAD;
+		p->sport = ports[0];
+		p->dport = ports[1];
+		break;
+	}
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6: {
+		struct icmphdr *ih = l4;
+
+		if ((void *)(ih + 1) > data_end || len < sizeof(*ih))
+			return CZ_BAD;
+		if ((p->proto == IPPROTO_ICMPV6) != p->v6)
+			return CZ_OK; /* ICMP in IPv6 or ICMPv6 in IPv4: a protocol without ports */
+		p->icmp_type = ih->type;
+		p->icmp_error = cz_icmp_is_error(p->v6, ih->type);
+		p->sport = ih->un.echo.id;
+		p->dport = ih->un.echo.id;
 		break;
 	}
 	default:
-		return 0;
+		return CZ_OK;
 	}
-	info->has_l4 = 1;
-	info->l4 = nh->pos;
+	p->has_l4 = 1;
+	return CZ_OK;
+}
+
+/* The rest of an IPv4 header whose address matched. CZ_OK or CZ_BAD. */
+static __always_inline int check_ip4(struct pkt *p, void *data_end)
+{
+	struct iphdr *ip = p->l3;
+	__u32 hl, tot;
+	__u16 off;
+
+	if ((void *)(ip + 1) > data_end)
+		return CZ_BAD;
+	if (ip->version != 4 || ip->ihl < 5)
+		return CZ_BAD;
+	hl = ip->ihl * 4;
+	tot = bpf_ntohs(ip->tot_len);
+	if (tot < hl || p->l3_off + tot > p->frame_len)
+		return CZ_BAD;
+	p->l4 = (void *)ip + hl;
+	p->l4_off = p->l3_off + hl;
+	p->end_off = p->l3_off + tot;
+	p->proto = ip->protocol;
+	off = bpf_ntohs(ip->frag_off);
+	p->first_frag = (off & CZ_IP_OFFSET) == 0;
+	p->more_frags = (off & CZ_IP_MF) != 0;
+	p->frag_id = ip->id;
+	return parse_l4(p, data_end);
+}
+
+static __always_inline int cz_ext_hdr(__u8 nexthdr)
+{
+	return nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING ||
+	       nexthdr == IPPROTO_DSTOPTS || nexthdr == IPPROTO_FRAGMENT || nexthdr == IPPROTO_AH;
+}
+
+/*
+ * The rest of an IPv6 packet whose address matched: extension headers, then L4. The walk keeps
+ * its state in registers and hands the result over through cz_scratch.
+ */
+static __always_inline int check_ip6(struct pkt *p, void *data, void *data_end)
+{
+	struct ipv6hdr *ip6 = p->l3;
+	struct cz_scratch *s = cz_scratch_slot();
+	__u32 off, end, plen;
+	__be32 frag_id = 0;
+	__u8 nexthdr, first = 1, more = 0;
+	int i;
+
+	if (!s || (void *)(ip6 + 1) > data_end)
+		return CZ_BAD;
+	if (ip6->version != 6)
+		return CZ_BAD;
+	plen = bpf_ntohs(ip6->payload_len);
+	off = p->l3_off + sizeof(*ip6);
+	end = off + plen;
+	if (plen == 0 || end > p->frame_len)
+		return CZ_BAD;
+	nexthdr = ip6->nexthdr;
+#pragma unroll
+	for (i = 0; i < CZ_MAX_EXT; i++) {
+		struct cz_ext *eh;
+
+		if (!cz_ext_hdr(nexthdr))
+			break;
+		if (off > CZ_MAX_OFF)
+			return CZ_BAD;
+		eh = data + off;
+		if ((void *)eh + 8 > data_end || off + 8 > end)
+			return CZ_BAD;
+		if (nexthdr == IPPROTO_FRAGMENT) {
+			struct cz_frag6 *fh = (void *)eh;
+			__u16 fo = bpf_ntohs(fh->frag_off);
+
+			first = (fo & 0xfff8) == 0;
+			more = fo & 1;
+			frag_id = fh->id;
+			off += 8;
+		} else if (nexthdr == IPPROTO_AH) {
+			off += (eh->hdrlen + 2) * 4;
+		} else {
+			off += (eh->hdrlen + 1) * 8;
+		}
+		nexthdr = eh->nexthdr;
+		if (off > end)
+			return CZ_BAD;
+	}
+	if (cz_ext_hdr(nexthdr))
+		return CZ_BAD; /* more extension headers than we walk */
+	s->off = off;
+	s->end = end;
+	s->proto = nexthdr;
+	s->first_frag = first;
+	s->more_frags = more;
+	s->frag_id = frag_id;
+	/* read back: from here on, every walk is the same state */
+	off = s->off;
+	if (off > CZ_MAX_OFF)
+		return CZ_BAD;
+	p->l4 = data + off;
+	p->l4_off = off;
+	p->end_off = s->end;
+	p->proto = s->proto;
+	p->first_frag = s->first_frag;
+	p->more_frags = s->more_frags;
+	p->frag_id = s->frag_id;
+	return parse_l4(p, data_end);
+}
+
+static __always_inline int check_ip(struct pkt *p, void *data, void *data_end)
+{
+	return p->v6 ? check_ip6(p, data, data_end) : check_ip4(p, data_end);
+}
+
+/*
+ * The embedded packet of an ICMP error: an IP header of the same family that fits, then at
+ * least 8 bytes of its L4 header; an inner ICMP error is refused. 0, or -1 (drop_icmp_inner).
+ */
+static __always_inline int parse_inner(struct pkt *p, void *data_end, struct inner *in)
+{
+	void *ip = p->l4 + 8;
+	__u32 ip_off = p->l4_off + 8, l4_off;
+	void *l4;
+
+	if (p->v6) {
+		struct ipv6hdr *i6 = ip;
+
+		if ((void *)(i6 + 1) > data_end || ip_off + sizeof(*i6) > p->end_off ||
+		    i6->version != 6)
+			return -1;
+		__builtin_memcpy(&in->src, &i6->saddr, sizeof(in->src));
+		__builtin_memcpy(&in->dst, &i6->daddr, sizeof(in->dst));
+		in->proto = i6->nexthdr;
+		l4 = i6 + 1;
+		l4_off = ip_off + sizeof(*i6);
+	} else {
+		struct iphdr *i4 = ip;
+
+		if ((void *)(i4 + 1) > data_end || ip_off + sizeof(*i4) > p->end_off ||
+		    i4->version != 4 || i4->ihl < 5)
+			return -1;
+		cz_ip4_set(&in->src, i4->saddr);
+		cz_ip4_set(&in->dst, i4->daddr);
+		in->proto = i4->protocol;
+		l4 = ip + i4->ihl * 4;
+		l4_off = ip_off + i4->ihl * 4;
+	}
+	if (l4 + 8 > data_end || l4_off + 8 > p->end_off)
+		return -1;
+	in->l3 = ip;
+	in->l4 = l4;
+	in->l4_off = l4_off;
+	in->l4_avail = p->end_off - l4_off;
+	in->sport = ((__be16 *)l4)[0];
+	in->dport = ((__be16 *)l4)[1];
+	in->icmp_type = 0;
+	in->rewrite = 0;
+	if (in->proto == IPPROTO_ICMP || in->proto == IPPROTO_ICMPV6) {
+		struct icmphdr *ih = l4;
+
+		in->icmp_type = ih->type;
+		if (cz_icmp_is_error(p->v6, ih->type))
+			return -1; /* an error about an error */
+		in->sport = ih->un.echo.id;
+		in->dport = ih->un.echo.id;
+	}
 	return 0;
 }
 
