@@ -24,7 +24,7 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	data_end = (void *)(long)skb->data_end;
 	nh.pos = data;
 	nh.start = data;
-	p.frame_len = data_end - data;
+	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
 	proto = parse_eth(&nh, data_end);
 	if (proto < 0 || launder_pos(&nh, data, data_end) < 0)
 		return CZ_TC_NEXT;

@@ -6,9 +6,9 @@
 #include <linux/if_ether.h>
 #include <linux/pkt_cls.h>
 
-#define CZ_TC_NEXT -1 /* TCX_NEXT; TC_ACT_UNSPEC for a legacy cls_bpf filter: the next runs */
-#define CZ_TC_DROP 2  /* TCX_DROP == TC_ACT_SHOT */
-#define CZ_PULL_LEN (ETH_HLEN + 60 + 20)
+#define CZ_TC_NEXT -1	/* TCX_NEXT; TC_ACT_UNSPEC for a legacy cls_bpf filter: the next runs */
+#define CZ_TC_DROP 2	/* TCX_DROP == TC_ACT_SHOT */
+#define CZ_PULL_LEN 256 /* tags, IP (+ extension headers), L4, an ICMP error's inner headers */
 
 /* Headers in paged data (GRO, some drivers): make the first bytes linear. */
 static __always_inline void cz_tc_pull(struct __sk_buff *skb)

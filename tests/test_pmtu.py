@@ -1,0 +1,132 @@
+"""Path MTU discovery through the NAT: the pod sends large DF segments, a hop on the client's
+side answers "fragmentation needed, MTU 1280" to the LB IP; the pod must receive an error whose
+inner header names its own address, lower its route's MTU, and send segments that fit. With
+cozy-proxy's outer-only NAT the inner header would still name the LB IP and the pod would ignore
+the error (a PMTU black hole)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scapy.layers.inet import ICMP, IP, TCP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab, capture, drain
+from tests.conftest import unique_prefix
+from tests.k8s import Svc, manifest
+from tests.labtools import AgentLab, wait_for
+from tests.packets import LB_FILT, LB_WHOLE
+
+pytestmark = pytest.mark.datapath
+
+POD1, POD2 = DEFAULT_PODS[:2]
+WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
+FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])  # no allowICMP: the error must be "related"
+
+
+@pytest.fixture
+def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    lab = Lab(unique_prefix("u"), pods=DEFAULT_PODS[:2]).up()
+    env = AgentLab(
+        lab,
+        f"/sys/fs/bpf/{lab.prefix}",
+        tmp_path / "services.yaml",
+        tmp_path / "agent.log",
+        cozyebpf_cmd,
+    )
+    env.manifest_path.write_text(manifest(WHOLE, FILT))
+    try:
+        for pod in (POD1, POD2):  # real segments, not GSO super-packets, on the wire
+            lab.exec(lab.pod_ns(pod), "ethtool", "-K", "eth0", "tso", "off", "gso", "off")
+        env.start_agent()
+        env.set_services(WHOLE, FILT)
+        yield env
+    finally:
+        if env.proc:
+            env.stop_agent()
+        env.close()
+        subprocess.run(
+            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
+            capture_output=True,
+        )
+        lab.down()
+
+
+def sink(lab: Lab, port: int) -> socket.socket:
+    s = lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((CLIENT_IP, port))
+    s.listen(1)
+
+    def drain_all() -> None:
+        conn, _ = s.accept()
+        with conn:
+            while conn.recv(65536):
+                pass
+
+    threading.Thread(target=drain_all, daemon=True).start()
+    return s
+
+
+@pytest.mark.parametrize(
+    ("pod", "lb"), [(POD1, LB_WHOLE), (POD2, LB_FILT)], ids=["whole-ip", "port-filter"]
+)
+def test_fragmentation_needed_reaches_the_pod(env: AgentLab, pod: object, lb: str) -> None:
+    from cozyebpf.lab import Pod
+
+    assert isinstance(pod, Pod)
+    lab = env.lab
+    pod_ns = lab.pod_ns(pod)
+    rx = env.packet_socket(lab.node, "uplink")  # what leaves the node, after our egress
+    tx = env.packet_socket(lab.client, "eth0")
+    server = sink(lab, 9300)
+    c = lab.ns_socket(pod_ns, socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        c.connect((CLIENT_IP, 9300))  # MSS 1460 agreed
+        # from now on the client's link takes 1280 bytes: larger frames are lost on the way, as
+        # behind a router with a smaller MTU, so they stay unacknowledged
+        lab.ip(lab.client, "link", "set", "eth0", "mtu", "1280")
+        drain(rx)
+        c.sendall(b"x" * 4000)
+        frames = list(capture(rx, 0.5, incoming_only=False))
+        big = [
+            f
+            for f in frames
+            if TCP in Ether(f) and len(Ether(f)[IP]) > 1280 and Ether(f)[IP].src == lb
+        ]
+        assert big, f"full-size segments from the LB IP: {[Ether(f).summary() for f in frames]}"
+        seg = Ether(big[0])[IP]
+        assert seg.flags.DF
+        # the hop after the client answers: fragmentation needed, next-hop MTU 1280
+        err = (
+            Ether(src=CLIENT_MAC, dst=UPLINK_MAC)
+            / IP(src=CLIENT_IP, dst=lb)
+            / ICMP(type=3, code=4, nexthopmtu=1280)
+            / Raw(bytes(seg)[: 28 + 20])
+        )
+        tx.send(bytes(err))
+
+        def route_mtu() -> str:
+            out = lab.exec(pod_ns, "ip", "route", "get", CLIENT_IP).stdout
+            return out if "mtu 1280" in out else ""
+
+        assert "mtu 1280" in wait_for(route_mtu, 5, "the pod's route cache to learn 1280")
+        drain(rx)
+        c.sendall(b"y" * 8000)
+        time.sleep(0.3)
+        sizes = [
+            len(Ether(f)[IP])
+            for f in capture(rx, 0.5, incoming_only=False)
+            if TCP in Ether(f) and Ether(f)[IP].src == lb and len(Ether(f)[TCP].payload)
+        ]
+        assert sizes and max(sizes) <= 1280, sizes
+    finally:
+        c.close()
+        server.close()
