@@ -1,13 +1,15 @@
 """The shape of `cozyebpf maps dump`: JSON-ready data built from a MapState plus the datapath's
-own tables (flows, counters, attachments), and the human table printed from it."""
+own tables (flows, counters, attachments), and the human table printed from it.
+
+Both address families in one list, addresses in their usual text form (IPv6 compressed, lower
+case), IPv4 entries first; the table's columns are as wide as their longest cell."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from ipaddress import IPv4Address
 from typing import Any
 
-from cozyebpf.state import MapState
+from cozyebpf.state import IPAddress, MapState, address_key
 
 
 def mode_name(port_filter: bool) -> str:
@@ -16,15 +18,16 @@ def mode_name(port_filter: bool) -> str:
 
 def build_dump(
     state: MapState,
-    flows_by_pod: Mapping[IPv4Address, int] | None = None,
+    flows_by_pod: Mapping[IPAddress, int] | None = None,
     counters: Mapping[str, Mapping[str, int]] | None = None,
     attachments: Sequence[Mapping[str, Any]] = (),
     pin_dir: str = "",
 ) -> dict[str, Any]:
-    """JSON-ready dump. Services are sorted by LB IP; ports as "tcp/22"."""
+    """JSON-ready dump. Services are sorted by LB IP and pods by pod IP, IPv4 before IPv6;
+    ports as "tcp/22", sorted by protocol number and port."""
     flows_by_pod = flows_by_pod or {}
-    ports_by_pod: dict[IPv4Address, list[str]] = {}
-    for a in sorted(state.allowed, key=lambda a: (a.pod_ip, a.proto, a.port)):
+    ports_by_pod: dict[IPAddress, list[str]] = {}
+    for a in sorted(state.allowed):
         ports_by_pod.setdefault(a.pod_ip, []).append(f"{a.proto.name.lower()}/{a.port}")
     services = [
         {
@@ -35,7 +38,7 @@ def build_dump(
             "allowed_ports": ports_by_pod.get(svc.pod_ip, []) if svc.port_filter else [],
             "flows": flows_by_pod.get(svc.pod_ip, 0),
         }
-        for lb, svc in sorted(state.services.items())
+        for lb, svc in sorted(state.services.items(), key=lambda kv: address_key(kv[0]))
     ]
     pods = [
         {
@@ -44,7 +47,7 @@ def build_dump(
             "mode": mode_name(entry.port_filter),
             "allow_icmp": entry.allow_icmp,
         }
-        for pod, entry in sorted(state.pods.items())
+        for pod, entry in sorted(state.pods.items(), key=lambda kv: address_key(kv[0]))
     ]
     return {
         "pin_dir": pin_dir,
@@ -54,6 +57,10 @@ def build_dump(
         "flows": sum(flows_by_pod.values()),
         "counters": {k: dict(v) for k, v in (counters or {}).items()},
     }
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -83,7 +90,7 @@ def render_dump(d: Mapping[str, Any]) -> str:
                 s["lb_ip"],
                 s["pod_ip"],
                 s["mode"],
-                "yes" if s["allow_icmp"] else "no",
+                _yes(s["allow_icmp"]),
                 ",".join(s["allowed_ports"]) or "-",
                 s["flows"],
             )
@@ -96,7 +103,13 @@ def render_dump(d: Mapping[str, Any]) -> str:
     lonely = [p for p in d["pods"] if p["lb_ip"] not in {s["lb_ip"] for s in d["services"]}]
     if lonely:
         out.append("pods whose LB IP has no service entry:")
-        out += [f"  {p['pod_ip']} -> {p['lb_ip']}" for p in lonely]
+        out += [
+            "  " + line
+            for line in _table(
+                ["POD IP", "LB IP", "MODE", "ICMP"],
+                [(p["pod_ip"], p["lb_ip"], p["mode"], _yes(p["allow_icmp"])) for p in lonely],
+            )
+        ]
     out.append(f"flows: {d['flows']}")
     nonzero = {k: v for k, v in d["counters"].items() if v.get("packets")}
     out.append("counters:" + ("" if nonzero else " (all zero)"))

@@ -6,9 +6,19 @@ The rules follow cozy-proxy:
 - a Service is ours iff `metadata.labels[LABEL_PROXY_NAME] == proxy_name`;
 - `annotations[ANN_WHOLE_IP] == "true"` (exactly) selects whole-IP mode, anything else the port
   filter; `annotations[ANN_ALLOW_ICMP] == "true"` (exactly) lets ICMP through the port filter;
-- each IPv4 `status.loadBalancer.ingress[].ip` is NATed 1:1 to the one ready pod found in the
+- each `status.loadBalancer.ingress[].ip` is NATed 1:1 to the one ready pod found in the
   Service's EndpointSlices; the destination port is not rewritten, so the port filter matches
   `spec.ports[].port`.
+
+IPv6 and dual-stack: each LB IP is translated to the pod IP *of its own family*, taken from the
+EndpointSlices of that family (`addressType` IPv4 or IPv6; a dual-stack Service has one of
+each), chosen per family by the same rules (ready, not terminating, the lowest address when
+there are several). An LB IP whose family has no ready endpoint is reported and not programmed;
+it is never translated to an address of the other family. The pod's egress leaves from the
+first LB IP of the same family of the oldest Service behind it, and its allowed ports are set for
+its pod IP of each programmed family. `spec.ipFamilies` and `spec.ipFamilyPolicy` are not
+interpreted: the LB status and the EndpointSlices say which addresses exist, and they are what
+the model reads.
 
 Bad input never raises: each bad object or field becomes a `Problem` about that object only.
 """
@@ -23,7 +33,16 @@ from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, Literal, NamedTuple
 
-from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry
+from cozyebpf.state import (
+    FAMILIES,
+    AllowedPort,
+    IPAddress,
+    MapState,
+    PodEntry,
+    Proto,
+    ServiceEntry,
+    family_name,
+)
 
 LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 DEFAULT_PROXY_NAME = "cozy-proxy"
@@ -37,6 +56,8 @@ Severity = Literal["warning", "error"]
 _PROTOS = {"TCP": Proto.TCP, "UDP": Proto.UDP, "SCTP": Proto.SCTP}
 _DOTTED_QUAD = re.compile(r"\d+\.\d+\.\d+\.\d+")
 _BROADCAST = IPv4Address("255.255.255.255")
+#: EndpointSlice addressType -> address family
+_ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6}
 
 
 @dataclass(frozen=True, order=True)
@@ -79,32 +100,66 @@ class PortSpec(NamedTuple):
 class ServiceView:
     """One selected Service as the model understood it, for logs.
 
-    `lb_ips` are the valid IPv4 addresses the Service holds (those claimed by an older Service
-    are left out); `pod_ip` is None when there is no ready endpoint; `ports` is empty in
+    `lb_ips` are the valid addresses of both families the Service holds, in status order (those
+    claimed by an older Service are left out; those whose family has no ready endpoint are
+    kept: the claim does not depend on readiness). `pod_ips` are the chosen backends, at most
+    one per family, IPv4 first; empty when there is no ready endpoint. `ports` is empty in
     whole-IP mode.
     """
 
     ref: ObjectRef
-    lb_ips: tuple[IPv4Address, ...]
-    pod_ip: IPv4Address | None
+    lb_ips: tuple[IPAddress, ...]
+    pod_ips: tuple[IPAddress, ...]
     port_filter: bool
     allow_icmp: bool
     ports: tuple[PortSpec, ...]
 
+    def pod_for(self, lb: IPAddress) -> IPAddress | None:
+        """The backend `lb` is translated to: the pod IP of its family, or None."""
+        return next((p for p in self.pod_ips if p.version == lb.version), None)
+
+    @property
+    def pod_ip(self) -> IPAddress | None:
+        """The first backend (the IPv4 one of a dual-stack Service), or None; for callers that
+        know one family only."""
+        return self.pod_ips[0] if self.pod_ips else None
+
+    @property
+    def programmed_lb_ips(self) -> tuple[IPAddress, ...]:
+        """The LB IPs that have entries in the desired state (a pod IP of their family)."""
+        return tuple(lb for lb in self.lb_ips if self.pod_for(lb) is not None)
+
     @property
     def programmed(self) -> bool:
         """Whether the Service has entries in the desired state."""
-        return self.pod_ip is not None and bool(self.lb_ips)
+        return bool(self.programmed_lb_ips)
+
+    def _target(self) -> str:
+        """`LB IPs -> pod IP`, one group per family of the LB IPs."""
+        if not self.lb_ips:
+            return "(no LB IP) -> " + (",".join(map(str, self.pod_ips)) or "(no ready pod)")
+        groups = []
+        for version in FAMILIES:
+            lbs = [lb for lb in self.lb_ips if lb.version == version]
+            if not lbs:
+                continue
+            pod = next((p for p in self.pod_ips if p.version == version), None)
+            if pod is not None:
+                shown = str(pod)
+            elif self.pod_ips:
+                shown = f"(no ready {family_name(version)} pod)"
+            else:
+                shown = "(no ready pod)"
+            groups.append(f"{','.join(map(str, lbs))} -> {shown}")
+        return ", ".join(groups)
 
     def __str__(self) -> str:
-        lbs = ",".join(map(str, self.lb_ips)) or "(no LB IP)"
-        pod = str(self.pod_ip) if self.pod_ip is not None else "(no ready pod)"
         if self.port_filter:
             mode = "port-filter " + (",".join(map(str, self.ports)) or "(no ports)")
             mode += " icmp" if self.allow_icmp else ""
         else:
             mode = "whole-ip"
-        return f"{self.ref}: {lbs} -> {pod} {mode}"
+        return f"{self.ref}: {self._target()} {mode}"
 
 
 @dataclass
@@ -134,7 +189,7 @@ class _Service:
     created: datetime | None
     port_filter: bool
     allow_icmp: bool
-    lb_ips: list[IPv4Address]
+    lb_ips: list[IPAddress]
     ports: tuple[PortSpec, ...]
     problems: list[Problem]
 
@@ -187,31 +242,55 @@ def _list(value: object, where: str) -> list[Any] | tuple[Any, ...]:
     return value
 
 
-def _parse_ipv4(value: object, where: str, fix: str) -> IPv4Address:
-    """A usable unicast IPv4 address, or _Invalid (a warning for IPv6, an error otherwise)."""
+def _unusable_ipv6(ip: IPv6Address) -> str | None:
+    """Why NAT cannot use `ip` as an LB or pod IP, or None."""
+    if ip.scope_id is not None:
+        return f"an IPv6 address with a zone index (%{ip.scope_id})"
+    if ip.ipv4_mapped is not None:
+        return f"an IPv4-mapped IPv6 address (::ffff:0:0/96, standing for {ip.ipv4_mapped})"
+    if ip.is_unspecified:
+        return "the unspecified IPv6 address"
+    if ip.is_loopback:
+        return "the IPv6 loopback address"
+    if ip.is_multicast:
+        return "an IPv6 multicast address"
+    if ip.is_link_local:
+        return "an IPv6 link-local address (fe80::/10)"
+    return None
+
+
+def _parse_ip(value: object, where: str, fix: str, version: int | None = None) -> IPAddress:
+    """A unicast address NAT can use, IPv4 or IPv6 (normalised: `IPv6Address` accepts the
+    compressed and the full forms, upper case too), or _Invalid (an error). `version` only
+    names the expected family in the message about an address that does not parse; the caller
+    checks the family of one that does."""
     if not isinstance(value, str):
         raise _Invalid(f"{where} must be a string but is {_describe(value)}; {fix}")
+    ip: IPAddress
     try:
         ip = IPv4Address(value)
     except ValueError:
         try:
-            IPv6Address(value)
+            ip = IPv6Address(value)
         except ValueError:
-            pass
-        else:
+            why = ""
+            if (
+                version != 6
+                and _DOTTED_QUAD.fullmatch(value)
+                and any(len(o) > 1 and o.startswith("0") for o in value.split("."))
+            ):
+                why = " (leading zeros are ambiguous)"
+            want = family_name(version) if version is not None else "IP"
             raise _Invalid(
-                f"{where} {_q(value)} is an IPv6 address and IPv6 is not supported yet; "
-                "it is ignored",
-                "warning",
+                f"{where} {_q(value)} is not a valid {want} address{why}; {fix}"
             ) from None
-        why = ""
-        if _DOTTED_QUAD.fullmatch(value) and any(
-            len(o) > 1 and o.startswith("0") for o in value.split(".")
-        ):
-            why = " (leading zeros are ambiguous)"
-        raise _Invalid(f"{where} {_q(value)} is not a valid IPv4 address{why}; {fix}") from None
-    if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip == _BROADCAST:
-        raise _Invalid(f"{where} {_q(value)} is not a unicast address NAT can use; {fix}")
+    if isinstance(ip, IPv4Address):
+        if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip == _BROADCAST:
+            raise _Invalid(f"{where} {_q(value)} is not a unicast address NAT can use; {fix}")
+        return ip
+    unusable = _unusable_ipv6(ip)
+    if unusable is not None:
+        raise _Invalid(f"{where} {_q(value)} is {unusable}, which NAT cannot use; {fix}")
     return ip
 
 
@@ -306,7 +385,7 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
     status = _mapping(obj.get("status"), "status")
     lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
     ingress = _list(lb.get("ingress"), "status.loadBalancer.ingress")
-    lb_ips: list[IPv4Address] = []
+    lb_ips: list[IPAddress] = []
     for i, entry in enumerate(ingress):
         where = f"status.loadBalancer.ingress[{i}]"
         try:
@@ -319,7 +398,7 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
                     "addresses can be NATed; it is ignored",
                     "warning",
                 )
-            ip = _parse_ipv4(entry["ip"], f"{where}.ip", "fix the Service status")
+            ip = _parse_ip(entry["ip"], f"{where}.ip", "fix the Service status")
         except _Invalid as e:
             problems.append(Problem(ref, e.message, e.severity))
             continue
@@ -361,26 +440,23 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
     return _Service(ref, created, port_filter, allow_icmp, lb_ips, tuple(sorted(ports)), problems)
 
 
-def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPv4Address]:
-    """The first address of each ready, non-terminating endpoint of an IPv4 EndpointSlice."""
+def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPAddress]:
+    """The first address of each ready, non-terminating endpoint of an IPv4 or IPv6
+    EndpointSlice; all of the slice's addressType (an address of the other family is an error
+    and skipped)."""
     obj = sl.obj
     address_type = obj.get("addressType")
-    if address_type == "IPv6":
-        problems.append(
-            Problem(sl.ref, "addressType IPv6 is not supported yet; its endpoints are ignored")
-        )
-        return set()
     if address_type == "FQDN":
         problems.append(
             Problem(
                 sl.ref,
                 "addressType FQDN is not supported (NAT needs a pod IP, not a name), so its "
-                "endpoints are ignored; use an IPv4 EndpointSlice",
+                "endpoints are ignored; use an IPv4 or IPv6 EndpointSlice",
                 "error",
             )
         )
         return set()
-    if address_type != "IPv4":
+    if not isinstance(address_type, str) or address_type not in _ADDRESS_TYPES:
         problems.append(
             Problem(
                 sl.ref,
@@ -390,12 +466,13 @@ def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPv4Address]:
             )
         )
         return set()
+    version = _ADDRESS_TYPES[address_type]
     try:
         endpoints = _list(obj.get("endpoints"), "endpoints")
     except _Invalid as e:
         problems.append(Problem(sl.ref, e.message, e.severity))
         return set()
-    out: set[IPv4Address] = set()
+    out: set[IPAddress] = set()
     for i, ep in enumerate(endpoints):
         where = f"endpoints[{i}]"
         try:
@@ -413,7 +490,15 @@ def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPv4Address]:
             addresses = _list(ep.get("addresses"), f"{where}.addresses")
             if not addresses:
                 raise _Invalid(f"{where}.addresses is empty; fix the EndpointSlice")
-            out.add(_parse_ipv4(addresses[0], f"{where}.addresses[0]", "fix the EndpointSlice"))
+            fix = "fix the EndpointSlice"
+            ip = _parse_ip(addresses[0], f"{where}.addresses[0]", fix, version)
+            if ip.version != version:
+                raise _Invalid(
+                    f"{where}.addresses[0] {_q(addresses[0])} is an {family_name(ip.version)} "
+                    f"address but the EndpointSlice's addressType is {address_type}, so the "
+                    f"endpoint is ignored; {fix}"
+                )
+            out.add(ip)
         except _Invalid as e:
             problems.append(Problem(sl.ref, e.message, e.severity))
     return out
@@ -507,38 +592,43 @@ def build_state(
             services.append(parsed)
             problems += parsed.problems
 
-    pods: dict[ObjectRef, IPv4Address | None] = {}
+    pods: dict[ObjectRef, dict[int, IPAddress]] = {}
     for s in services:
-        ready: set[IPv4Address] = set()
+        ready: dict[int, set[IPAddress]] = {version: set() for version in FAMILIES}
         for sl in slices.get((s.ref.namespace, s.ref.name), []):
-            ready |= _ready_addresses(sl, problems)
-        pod = min(ready) if ready else None
-        if pod is None:
+            for ip in _ready_addresses(sl, problems):
+                ready[ip.version].add(ip)
+        chosen: dict[int, IPAddress] = {}
+        for version, addresses in ready.items():
+            if not addresses:
+                continue
+            pod = chosen[version] = min(addresses)
+            if len(addresses) > 1:
+                problems.append(
+                    Problem(
+                        s.ref,
+                        f"has {len(addresses)} ready {family_name(version)} endpoints "
+                        f"({', '.join(map(str, sorted(addresses)))}) but NAT needs exactly one "
+                        f"pod, so the lowest, {pod}, is used; scale the backend to one pod",
+                    )
+                )
+        if not chosen:
             problems.append(
                 Problem(
                     s.ref,
-                    f"has no ready endpoint (no IPv4 EndpointSlice labelled "
+                    f"has no ready endpoint (no EndpointSlice labelled "
                     f"{LABEL_SERVICE_NAME}={s.ref.name} lists a ready address), so it is not "
                     "programmed; check that its pod is running and ready",
                 )
             )
-        elif len(ready) > 1:
-            problems.append(
-                Problem(
-                    s.ref,
-                    f"has {len(ready)} ready endpoints ({', '.join(map(str, sorted(ready)))}) "
-                    f"but NAT needs exactly one pod, so the lowest, {pod}, is used; "
-                    "scale the backend to one pod",
-                )
-            )
-        pods[s.ref] = pod
+        pods[s.ref] = chosen
 
     state = MapState()
-    lb_owner: dict[IPv4Address, ObjectRef] = {}
-    pod_owner: dict[IPv4Address, ObjectRef] = {}
+    lb_owner: dict[IPAddress, ObjectRef] = {}
+    pod_owner: dict[IPAddress, ObjectRef] = {}
     views: list[ServiceView] = []
     for s in sorted(services, key=_age):
-        kept: list[IPv4Address] = []
+        kept: list[IPAddress] = []
         for lb in s.lb_ips:
             if lb in lb_owner:
                 problems.append(
@@ -551,35 +641,53 @@ def build_state(
             else:
                 lb_owner[lb] = s.ref
                 kept.append(lb)
-        pod = pods[s.ref]
+        chosen = pods[s.ref]
         views.append(
             ServiceView(
                 s.ref,
                 tuple(kept),
-                pod,
+                tuple(chosen[v] for v in FAMILIES if v in chosen),
                 s.port_filter,
                 s.allow_icmp,
                 s.ports,
             )
         )
-        if pod is None or not kept:
-            continue
-        for lb in kept:
-            state.services[lb] = ServiceEntry(pod, s.port_filter, s.allow_icmp)
-        if pod in pod_owner:
-            problems.append(
-                Problem(
-                    s.ref,
-                    f"its pod {pod} is also behind the older {pod_owner[pod]}, so the pod's own "
-                    f"connections leave from {state.pods[pod].lb_ip}, not from this Service's "
-                    "IP; give each Service its own pod",
+        for version in FAMILIES:
+            lbs = [lb for lb in kept if lb.version == version]
+            if not lbs:
+                continue
+            fam = family_name(version)
+            backend = chosen.get(version)
+            if backend is None:
+                # no ready endpoint at all is reported once above; here only a missing family
+                if chosen:
+                    problems += [
+                        Problem(
+                            s.ref,
+                            f"LB IP {lb} is {fam} but the Service has no ready {fam} endpoint; "
+                            "it is not programmed (an LB IP is only translated to a pod IP of "
+                            f"its own family); check that the pod has an {fam} address and is "
+                            f"ready, or remove the {fam} LB IP",
+                        )
+                        for lb in lbs
+                    ]
+                continue
+            for lb in lbs:
+                state.services[lb] = ServiceEntry(backend, s.port_filter, s.allow_icmp)
+            if backend in pod_owner:
+                problems.append(
+                    Problem(
+                        s.ref,
+                        f"its pod {backend} is also behind the older {pod_owner[backend]}, so the "
+                        f"pod's own connections leave from {state.pods[backend].lb_ip}, not from "
+                        "this Service's IP; give each Service its own pod",
+                    )
                 )
-            )
-        else:
-            pod_owner[pod] = s.ref
-            state.pods[pod] = PodEntry(kept[0], s.port_filter, s.allow_icmp)
-        if s.port_filter:
-            state.allowed |= {AllowedPort(pod, p.proto, p.port) for p in s.ports}
+            else:
+                pod_owner[backend] = s.ref
+                state.pods[backend] = PodEntry(lbs[0], s.port_filter, s.allow_icmp)
+            if s.port_filter:
+                state.allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
 
     views.sort(key=lambda v: v.ref)
     return ModelResult(state, views, sorted(set(problems)))

@@ -5,22 +5,56 @@ This module is the contract between the layers:
     sources (manifest file, Kubernetes)  ->  model (pure)  ->  MapState
     controller: diff(live MapState, desired MapState) -> MapDiff -> Datapath.apply()
 
-It imports nothing from bcc or the kubernetes client. Addresses are `ipaddress.IPv4Address`.
+It imports nothing from bcc or the kubernetes client. Addresses are `ipaddress.IPv4Address` or
+`ipaddress.IPv6Address` (`IPAddress`); each family has its own maps in the datapath (svc4/svc6,
+pod4/pod6, allow4/allow6), and the key and the value of one entry are always of the same family:
+an IPv4 LB IP is translated to an IPv4 pod IP and an IPv6 LB IP to an IPv6 pod IP, never across.
+`MapState` and `MapDiff` check that when they are built (`check()` checks again after in-place
+changes), and both datapaths refuse to apply a diff that mixes families.
+
+Entries of both families sort together: IPv4 before IPv6, then by address (`address_key`).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
+from typing import TypeAlias
+
+#: An address of either family.
+IPAddress: TypeAlias = IPv4Address | IPv6Address
+
+#: The address families, as `IPv4Address.version` / `IPv6Address.version` name them.
+FAMILIES = (4, 6)
+
+
+def family_name(version: int) -> str:
+    """The family's name: "IPv4" or "IPv6"."""
+    return f"IPv{version}"
+
+
+def address_key(ip: IPAddress) -> tuple[int, int]:
+    """Sort key of an address of either family: IPv4 before IPv6, then numerically (the order
+    `ipaddress` gives within one family; across families it raises TypeError)."""
+    return (ip.version, int(ip))
+
+
+def _check_address(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, IPv4Address | IPv6Address):
+        raise TypeError(
+            f"{owner}.{name} must be an IPv4Address or IPv6Address, not {type(value).__name__}"
+        )
 
 
 class Proto(enum.IntEnum):
-    """IP protocol numbers that the port filter knows."""
+    """IP protocol numbers that the port filter and the flow table know."""
 
     ICMP = 1
     TCP = 6
     UDP = 17
+    ICMPV6 = 58
     SCTP = 132
 
 
@@ -28,41 +62,139 @@ class Proto(enum.IntEnum):
 PORT_PROTOS = (Proto.TCP, Proto.UDP, Proto.SCTP)
 
 
-@dataclass(frozen=True, order=True)
+@functools.total_ordering
+@dataclass(frozen=True)
 class ServiceEntry:
-    """Value of the LB-IP map: where packets to the LB IP go, and how they are filtered."""
+    """Value of the LB-IP map: where packets to the LB IP go, and how they are filtered.
+    `pod_ip` is of the LB IP's family."""
 
-    pod_ip: IPv4Address
+    pod_ip: IPAddress
     port_filter: bool  # False: whole-IP (every port and protocol passes)
     allow_icmp: bool  # only meaningful with port_filter
 
+    def __post_init__(self) -> None:
+        _check_address("ServiceEntry", "pod_ip", self.pod_ip)
 
-@dataclass(frozen=True, order=True)
+    @property
+    def version(self) -> int:
+        """The address family (4 or 6)."""
+        return self.pod_ip.version
+
+    def _key(self) -> tuple[tuple[int, int], bool, bool]:
+        return (address_key(self.pod_ip), self.port_filter, self.allow_icmp)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, ServiceEntry):
+            return NotImplemented
+        return self._key() < other._key()
+
+
+@functools.total_ordering
+@dataclass(frozen=True)
 class PodEntry:
-    """Value of the pod-IP map: the LB IP the pod's egress is rewritten to, and its filter."""
+    """Value of the pod-IP map: the LB IP the pod's egress is rewritten to, and its filter.
+    `lb_ip` is of the pod IP's family."""
 
-    lb_ip: IPv4Address
+    lb_ip: IPAddress
     port_filter: bool
     allow_icmp: bool
 
+    def __post_init__(self) -> None:
+        _check_address("PodEntry", "lb_ip", self.lb_ip)
 
-@dataclass(frozen=True, order=True)
+    @property
+    def version(self) -> int:
+        """The address family (4 or 6)."""
+        return self.lb_ip.version
+
+    def _key(self) -> tuple[tuple[int, int], bool, bool]:
+        return (address_key(self.lb_ip), self.port_filter, self.allow_icmp)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, PodEntry):
+            return NotImplemented
+        return self._key() < other._key()
+
+
+@functools.total_ordering
+@dataclass(frozen=True)
 class AllowedPort:
-    """One entry of the allowed-ports set: (pod IP, L4 protocol, destination port)."""
+    """One entry of the allowed-ports set: (pod IP, L4 protocol, destination port); it goes to
+    allow4 or allow6 by the pod IP's family."""
 
-    pod_ip: IPv4Address
+    pod_ip: IPAddress
     proto: Proto
     port: int
+
+    def __post_init__(self) -> None:
+        _check_address("AllowedPort", "pod_ip", self.pod_ip)
+
+    @property
+    def version(self) -> int:
+        """The address family (4 or 6)."""
+        return self.pod_ip.version
+
+    def _key(self) -> tuple[tuple[int, int], int, int]:
+        return (address_key(self.pod_ip), int(self.proto), self.port)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, AllowedPort):
+            return NotImplemented
+        return self._key() < other._key()
+
+
+def _mixed(services: dict[IPAddress, ServiceEntry], pods: dict[IPAddress, PodEntry]) -> list[str]:
+    """One line per entry whose key and value are of different families."""
+    out = [
+        f"service {lb} -> pod {s.pod_ip}"
+        for lb, s in sorted(services.items(), key=lambda kv: address_key(kv[0]))
+        if lb.version != s.version
+    ]
+    out += [
+        f"pod {p} -> LB IP {e.lb_ip}"
+        for p, e in sorted(pods.items(), key=lambda kv: address_key(kv[0]))
+        if p.version != e.version
+    ]
+    return out
+
+
+def _raise_mixed(what: str, errors: list[str]) -> None:
+    if errors:
+        raise ValueError(
+            f"{what} mixes address families (an IPv4 address is only ever translated to an "
+            f"IPv4 address, an IPv6 one to an IPv6 one): {'; '.join(errors)}"
+        )
 
 
 @dataclass
 class MapState:
     """Everything the control plane programs into the datapath (the flow table and the
-    counters belong to the datapath and are not part of it)."""
+    counters belong to the datapath and are not part of it). Both families in one state; the
+    key and value of each entry are of one family (checked on construction and by `check()`).
+    """
 
-    services: dict[IPv4Address, ServiceEntry] = field(default_factory=dict)
-    pods: dict[IPv4Address, PodEntry] = field(default_factory=dict)
+    services: dict[IPAddress, ServiceEntry] = field(default_factory=dict)
+    pods: dict[IPAddress, PodEntry] = field(default_factory=dict)
     allowed: set[AllowedPort] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def family_errors(self) -> list[str]:
+        """Entries whose key and value are of different families, one line each."""
+        return _mixed(self.services, self.pods)
+
+    def check(self) -> None:
+        """Raise ValueError naming every entry whose key and value are of different families."""
+        _raise_mixed("the map state", self.family_errors())
+
+    def of_family(self, version: int) -> MapState:
+        """The entries of one family (4 or 6), as a new state."""
+        return MapState(
+            {k: v for k, v in self.services.items() if k.version == version},
+            {k: v for k, v in self.pods.items() if k.version == version},
+            {a for a in self.allowed if a.version == version},
+        )
 
     def copy(self) -> MapState:
         return MapState(dict(self.services), dict(self.pods), set(self.allowed))
@@ -73,15 +205,28 @@ class MapDiff:
     """What to change to turn one MapState into another.
 
     `Datapath.apply()` applies it in an order that never opens a hole: allowed ports are added
-    before the services that need them and removed after the services that used them.
+    before the services that need them and removed after the services that used them. Each
+    entry goes to the maps of its family; an entry that mixes families is refused (on
+    construction and by `check()`).
     """
 
-    services_set: dict[IPv4Address, ServiceEntry] = field(default_factory=dict)  # add or modify
-    services_del: set[IPv4Address] = field(default_factory=set)
-    pods_set: dict[IPv4Address, PodEntry] = field(default_factory=dict)
-    pods_del: set[IPv4Address] = field(default_factory=set)
+    services_set: dict[IPAddress, ServiceEntry] = field(default_factory=dict)  # add or modify
+    services_del: set[IPAddress] = field(default_factory=set)
+    pods_set: dict[IPAddress, PodEntry] = field(default_factory=dict)
+    pods_del: set[IPAddress] = field(default_factory=set)
     allowed_add: set[AllowedPort] = field(default_factory=set)
     allowed_del: set[AllowedPort] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def family_errors(self) -> list[str]:
+        """Entries to set whose key and value are of different families, one line each."""
+        return _mixed(self.services_set, self.pods_set)
+
+    def check(self) -> None:
+        """Raise ValueError naming every entry whose key and value are of different families."""
+        _raise_mixed("the map diff", self.family_errors())
 
     def empty(self) -> bool:
         return not (
@@ -111,7 +256,9 @@ def diff(live: MapState, desired: MapState) -> MapDiff:
 
 
 def apply_to(state: MapState, d: MapDiff) -> MapState:
-    """`state` with `d` applied (a new object); what a correct datapath must end up holding."""
+    """`state` with `d` applied (a new object); what a correct datapath must end up holding.
+    Raises ValueError (and changes nothing) if `d` mixes families."""
+    d.check()
     out = state.copy()
     out.allowed |= d.allowed_add
     out.services.update(d.services_set)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 import pytest
@@ -397,3 +397,279 @@ def test_default_logger(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="cozyebpf.controller")
     Controller(FakeDatapath()).sync(desired())
     assert [r.name for r in caplog.records] == ["cozyebpf.controller"]
+
+
+# -- IPv6 and dual-stack ------------------------------------------------------------------------
+
+LB6_1, LB6_2 = IPv6Address("2001:db8::10"), IPv6Address("2001:db8:ffff:ffff:ffff:ffff:ffff:fe11")
+POD6_1, POD6_2 = IPv6Address("fd00:10:244::5"), IPv6Address("fd00:10:244:0:1234:5678:9abc:def0")
+
+
+def desired_dual() -> MapState:
+    """desired() plus vm1's IPv6 half (port filter tcp/22 + udp/53, ICMP) and an IPv6-only
+    whole-IP vm3."""
+    st = desired()
+    st.services |= {
+        LB6_1: ServiceEntry(POD6_1, True, True),
+        LB6_2: ServiceEntry(POD6_2, False, False),
+    }
+    st.pods |= {POD6_1: PodEntry(LB6_1, True, True), POD6_2: PodEntry(LB6_2, False, False)}
+    st.allowed |= {AllowedPort(POD6_1, Proto.TCP, 22), AllowedPort(POD6_1, Proto.UDP, 53)}
+    return st
+
+
+DUAL_DUMP = dump(
+    [
+        svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"]),
+        svc("192.0.2.11", "10.244.0.7", "whole-ip", False, []),
+        svc("2001:db8::10", "fd00:10:244::5", "port-filter", True, ["tcp/22", "udp/53"]),
+        svc(
+            "2001:db8:ffff:ffff:ffff:ffff:ffff:fe11",
+            "fd00:10:244:0:1234:5678:9abc:def0",
+            "whole-ip",
+            False,
+            [],
+        ),
+    ],
+    [
+        pod("10.244.0.5", "192.0.2.10", "port-filter", True),
+        pod("10.244.0.7", "192.0.2.11", "whole-ip", False),
+        pod("fd00:10:244::5", "2001:db8::10", "port-filter", True),
+        pod(
+            "fd00:10:244:0:1234:5678:9abc:def0",
+            "2001:db8:ffff:ffff:ffff:ffff:ffff:fe11",
+            "whole-ip",
+            False,
+        ),
+    ],
+)
+
+
+def test_first_sync_programs_both_families(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    ctl, fake = controller
+    d = ctl.sync(desired_dual())
+    assert fake.dump() == DUAL_DUMP
+    assert d == MapDiff(
+        services_set=dict(desired_dual().services),
+        pods_set=dict(desired_dual().pods),
+        allowed_add=set(desired_dual().allowed),
+    )
+    assert _records(caplog) == [
+        (
+            "INFO",
+            "programmed: services +4 ~0 -0, pods +4 ~0 -0, allowed ports +4 -0; "
+            "now 4 services, 4 pods, 4 allowed ports",
+        )
+    ]
+    caplog.clear()
+    assert ctl.sync(desired_dual()).empty()
+    assert _records(caplog) == [("DEBUG", "in sync: 4 services, 4 pods, 4 allowed ports")]
+
+
+def test_ipv4_to_dual_stack_and_back(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Adding the IPv6 half touches no IPv4 entry; removing it leaves exactly the IPv4 dump."""
+    ctl, fake = controller
+    ctl.sync(desired())
+    caplog.clear()
+    d = ctl.sync(desired_dual())
+    assert d == MapDiff(
+        services_set={
+            LB6_1: ServiceEntry(POD6_1, True, True),
+            LB6_2: ServiceEntry(POD6_2, False, False),
+        },
+        pods_set={POD6_1: PodEntry(LB6_1, True, True), POD6_2: PodEntry(LB6_2, False, False)},
+        allowed_add={AllowedPort(POD6_1, Proto.TCP, 22), AllowedPort(POD6_1, Proto.UDP, 53)},
+    )
+    assert fake.dump() == DUAL_DUMP
+    ctl.sync(desired())
+    assert fake.dump() == DESIRED_DUMP
+    assert _records(caplog) == [
+        (
+            "INFO",
+            "programmed: services +2 ~0 -0, pods +2 ~0 -0, allowed ports +2 -0; "
+            "now 4 services, 4 pods, 4 allowed ports",
+        ),
+        (
+            "INFO",
+            "programmed: services +0 ~0 -2, pods +0 ~0 -2, allowed ports +0 -2; "
+            "now 2 services, 2 pods, 2 allowed ports",
+        ),
+    ]
+
+
+def _drift6_deleted(s: MapState) -> None:
+    del s.services[LB6_1]
+    del s.pods[POD6_2]
+    s.allowed.discard(AllowedPort(POD6_1, Proto.UDP, 53))
+
+
+def _drift6_added(s: MapState) -> None:
+    rogue_lb, rogue_pod = IPv6Address("2001:db8::bad"), IPv6Address("fd00::bad")
+    s.services[rogue_lb] = ServiceEntry(rogue_pod, False, False)
+    s.pods[rogue_pod] = PodEntry(rogue_lb, False, False)
+    s.allowed.add(AllowedPort(POD6_1, Proto.TCP, 80))
+
+
+def _drift6_modified(s: MapState) -> None:
+    s.services[LB6_1] = ServiceEntry(POD6_2, True, True)  # points at another pod
+    s.pods[POD6_1] = PodEntry(LB6_2, True, True)
+
+
+def _drift6_same_address_other_family(s: MapState) -> None:
+    """An IPv4 entry whose address equals an IPv6 one's low bits is another entry."""
+    s.services[IPv4Address("0.0.0.16")] = ServiceEntry(IPv4Address("10.244.0.5"), True, True)
+    del s.services[LB1]
+
+
+DRIFT6_CASES: list[tuple[str, Callable[[MapState], None], str]] = [
+    (
+        "deleted-ipv6-entries-come-back",
+        _drift6_deleted,
+        "programmed: services +1 ~0 -0, pods +1 ~0 -0, allowed ports +1 -0; "
+        "now 4 services, 4 pods, 4 allowed ports",
+    ),
+    (
+        "unwanted-ipv6-entries-go-away",
+        _drift6_added,
+        "programmed: services +0 ~0 -1, pods +0 ~0 -1, allowed ports +0 -1; "
+        "now 4 services, 4 pods, 4 allowed ports",
+    ),
+    (
+        "modified-ipv6-entries-are-restored",
+        _drift6_modified,
+        "programmed: services +0 ~1 -0, pods +0 ~1 -0, allowed ports +0 -0; "
+        "now 4 services, 4 pods, 4 allowed ports",
+    ),
+    (
+        "families-are-not-confused",
+        _drift6_same_address_other_family,
+        "programmed: services +1 ~0 -1, pods +0 ~0 -0, allowed ports +0 -0; "
+        "now 4 services, 4 pods, 4 allowed ports",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "line"), [c[1:] for c in DRIFT6_CASES], ids=[c[0] for c in DRIFT6_CASES]
+)
+def test_ipv6_drift_is_repaired(
+    controller: tuple[Controller, FakeDatapath],
+    caplog: pytest.LogCaptureFixture,
+    corrupt: Callable[[MapState], None],
+    line: str,
+) -> None:
+    ctl, fake = controller
+    ctl.sync(desired_dual())
+    corrupt(fake.state)
+    assert fake.dump() != DUAL_DUMP
+    caplog.clear()
+    ctl.sync(desired_dual())
+    assert fake.dump() == DUAL_DUMP
+    assert _records(caplog) == [("INFO", line)]
+
+
+def test_fake_refuses_a_diff_that_mixes_families() -> None:
+    fake = FakeDatapath(desired())
+    d = MapDiff()
+    d.services_set[LB6_1] = ServiceEntry(POD1, True, False)
+    d.pods_set[POD2] = PodEntry(LB6_2, True, False)
+    d.allowed_add.add(AllowedPort(POD6_1, Proto.TCP, 22))
+    with pytest.raises(DatapathError) as info:
+        fake.apply(d)
+    assert str(info.value) == (
+        "refusing to program maps in (fake): an entry mixes address families "
+        "(service 2001:db8::10 -> pod 10.244.0.5; "
+        "pod 10.244.0.7 -> LB IP 2001:db8:ffff:ffff:ffff:ffff:ffff:fe11)"
+    )
+    assert fake.dump() == DESIRED_DUMP, "nothing is applied"
+
+
+def test_flows_of_both_families_in_the_dump() -> None:
+    fake = FakeDatapath(desired_dual())
+    fake.flows = {POD1: 2, POD6_1: 3, POD6_2: 1}
+    expected = DUAL_DUMP | {"flows": 6}
+    expected["services"] = [dict(s) for s in DUAL_DUMP["services"]]
+    for s, n in zip(expected["services"], (2, 0, 3, 1), strict=True):
+        s["flows"] = n
+    assert fake.dump() == expected
+
+
+def test_dual_stack_manifest_objects_to_dump(
+    controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Model and controller together: a dual-stack Service (IPv6 LB IP written in full, upper
+    case) with its two EndpointSlices, and an IPv6 LB IP without an IPv6 pod (reported, not
+    programmed)."""
+    ctl, fake = controller
+    meta = {"labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"}}
+    objects: list[dict[str, Any]] = [
+        {
+            "kind": "Service",
+            "metadata": {"name": "vm1", "namespace": "tenant-a", **meta},
+            "spec": {"ipFamilies": ["IPv6", "IPv4"], "ports": [{"port": 22}]},
+            "status": {
+                "loadBalancer": {"ingress": [{"ip": "2001:DB8:0:0:0:0:0:10"}, {"ip": "192.0.2.10"}]}
+            },
+        },
+        {
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "vm1-v4",
+                "namespace": "tenant-a",
+                "labels": {"kubernetes.io/service-name": "vm1"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.5"]}],
+        },
+        {
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "vm1-v6",
+                "namespace": "tenant-a",
+                "labels": {"kubernetes.io/service-name": "vm1"},
+            },
+            "addressType": "IPv6",
+            "endpoints": [{"addresses": ["fd00:10:244:0:0:0:0:5"]}],
+        },
+        {
+            "kind": "Service",
+            "metadata": {
+                "name": "vm2",
+                "namespace": "tenant-a",
+                "annotations": {"networking.cozystack.io/wholeIP": "true"},
+                **meta,
+            },
+            "status": {"loadBalancer": {"ingress": [{"ip": "2001:db8::11"}]}},
+        },
+        {
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "vm2-v4",
+                "namespace": "tenant-a",
+                "labels": {"kubernetes.io/service-name": "vm2"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.7"]}],
+        },
+    ]
+    result = build_state(objects)
+    assert [str(p) for p in ctl.log_problems(result.problems)] == [
+        "Service tenant-a/vm2: LB IP 2001:db8::11 is IPv6 but the Service has no ready IPv6 "
+        "endpoint; it is not programmed (an LB IP is only translated to a pod IP of its own "
+        "family); check that the pod has an IPv6 address and is ready, or remove the IPv6 LB IP"
+    ]
+    ctl.sync(result.state)
+    assert fake.dump() == dump(
+        [
+            svc("192.0.2.10", "10.244.0.5", "port-filter", False, ["tcp/22"]),
+            svc("2001:db8::10", "fd00:10:244::5", "port-filter", False, ["tcp/22"]),
+        ],
+        [
+            pod("10.244.0.5", "192.0.2.10", "port-filter", False),
+            pod("fd00:10:244::5", "2001:db8::10", "port-filter", False),
+        ],
+    )

@@ -7,7 +7,8 @@ import datetime as dt
 import itertools
 import random
 from collections.abc import Callable, Iterator
-from ipaddress import IPv4Address
+from dataclasses import dataclass
+from ipaddress import IPv4Address, ip_address
 from typing import Any
 
 import pytest
@@ -23,10 +24,22 @@ from cozyebpf.model import (
     ServiceView,
     build_state,
 )
-from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry
+from cozyebpf.state import (
+    AllowedPort,
+    MapDiff,
+    MapState,
+    PodEntry,
+    Proto,
+    ServiceEntry,
+    address_key,
+    apply_to,
+    diff,
+)
 
 LB1, LB2, LB3 = "192.0.2.10", "192.0.2.11", "192.0.2.12"
 POD1, POD2, POD3 = "10.244.0.5", "10.244.0.7", "10.244.1.3"
+LB6_1, LB6_2, LB6_3 = "2001:db8::10", "2001:db8::11", "2001:db8::12"
+POD6_1, POD6_2, POD6_3 = "fd00:10:244::5", "fd00:10:244::7", "fd00:10:244:1::3"
 T_OLD, T_NEW = "2024-01-01T00:00:00Z", "2024-06-01T12:00:00Z"
 
 Obj = dict[str, Any]
@@ -110,16 +123,29 @@ def state(
     pods: dict[str, tuple[str, bool, bool]] | None = None,
     allowed: set[str] | None = None,
 ) -> MapState:
-    """A MapState from strings: allowed ports as "10.244.0.5 tcp/22"."""
+    """A MapState from strings of either family: allowed ports as "10.244.0.5 tcp/22"."""
     out = MapState()
     for lb, (pod, pf, icmp) in (services or {}).items():
-        out.services[IPv4Address(lb)] = ServiceEntry(IPv4Address(pod), pf, icmp)
+        out.services[ip_address(lb)] = ServiceEntry(ip_address(pod), pf, icmp)
     for pod, (lb, pf, icmp) in (pods or {}).items():
-        out.pods[IPv4Address(pod)] = PodEntry(IPv4Address(lb), pf, icmp)
+        out.pods[ip_address(pod)] = PodEntry(ip_address(lb), pf, icmp)
     for a in allowed or set():
         ip, pp = a.split()
         proto, port = pp.split("/")
-        out.allowed.add(AllowedPort(IPv4Address(ip), Proto[proto.upper()], int(port)))
+        out.allowed.add(AllowedPort(ip_address(ip), Proto[proto.upper()], int(port)))
+    out.check()
+    return out
+
+
+def merged(*states: MapState) -> MapState:
+    """The union of states with disjoint keys (e.g. the IPv4 and the IPv6 half of a Service)."""
+    out = MapState()
+    for st in states:
+        assert not set(st.services) & set(out.services)
+        assert not set(st.pods) & set(out.pods)
+        out.services.update(st.services)
+        out.pods.update(st.pods)
+        out.allowed |= st.allowed
     return out
 
 
@@ -140,12 +166,22 @@ def lines(problems: list[Problem]) -> list[tuple[str, str]]:
     return [(p.severity, str(p)) for p in problems]
 
 
+def no_family(lb: str, version: int) -> str:
+    """The Problem message of an LB IP whose family has no ready endpoint."""
+    fam = f"IPv{version}"
+    return (
+        f"LB IP {lb} is {fam} but the Service has no ready {fam} endpoint; it is not programmed "
+        "(an LB IP is only translated to a pod IP of its own family); check that the pod has an "
+        f"{fam} address and is ready, or remove the {fam} LB IP"
+    )
+
+
 VM1 = "Service default/vm1"
 VM2 = "Service default/vm2"
 SLICE1 = "EndpointSlice default/vm1-abcde"
 NO_ENDPOINT = (
-    "has no ready endpoint (no IPv4 EndpointSlice labelled kubernetes.io/service-name=vm1 lists "
-    "a ready address), so it is not programmed; check that its pod is running and ready"
+    "has no ready endpoint (no EndpointSlice labelled kubernetes.io/service-name=vm1 lists a "
+    "ready address), so it is not programmed; check that its pod is running and ready"
 )
 NO_IP = (
     "has no LoadBalancer IP yet (status.loadBalancer.ingress is empty), so it is not programmed; "
@@ -232,7 +268,7 @@ CASES: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
         [
             (
                 "error",
-                f'{VM1}: status.loadBalancer.ingress[0].ip "010.1.2.3" is not a valid IPv4 address '
+                f'{VM1}: status.loadBalancer.ingress[0].ip "010.1.2.3" is not a valid IP address '
                 "(leading zeros are ambiguous); fix the Service status",
             )
         ],
@@ -262,17 +298,17 @@ CASES: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
         [
             (
                 "error",
-                f'{VM1}: status.loadBalancer.ingress[0].ip "192.0.2.300" is not a valid IPv4 '
+                f'{VM1}: status.loadBalancer.ingress[0].ip "192.0.2.300" is not a valid IP '
                 "address; fix the Service status",
             ),
             (
                 "error",
-                f'{VM1}: status.loadBalancer.ingress[10].ip " 192.0.2.10" is not a valid IPv4 '
+                f'{VM1}: status.loadBalancer.ingress[10].ip " 192.0.2.10" is not a valid IP '
                 "address; fix the Service status",
             ),
             (
                 "error",
-                f'{VM1}: status.loadBalancer.ingress[1].ip "not-an-ip" is not a valid IPv4 '
+                f'{VM1}: status.loadBalancer.ingress[1].ip "not-an-ip" is not a valid IP '
                 "address; fix the Service status",
             ),
             (
@@ -280,11 +316,7 @@ CASES: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
                 f"{VM1}: status.loadBalancer.ingress[2].ip must be a string but is a number "
                 "(12345); fix the Service status",
             ),
-            (
-                "warning",
-                f'{VM1}: status.loadBalancer.ingress[3].ip "2001:db8::1" is an IPv6 address and '
-                "IPv6 is not supported yet; it is ignored",
-            ),
+            ("warning", f"{VM1}: {no_family('2001:db8::1', 6)}"),
             (
                 "warning",
                 f'{VM1}: status.loadBalancer.ingress[4] has hostname "lb.example.com" but no ip, '
@@ -469,8 +501,9 @@ CASES: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
         [
             (
                 "warning",
-                f"{VM1}: has 3 ready endpoints (10.244.0.5, 10.244.0.7, 10.244.1.3) but NAT needs "
-                "exactly one pod, so the lowest, 10.244.0.5, is used; scale the backend to one pod",
+                f"{VM1}: has 3 ready IPv4 endpoints (10.244.0.5, 10.244.0.7, 10.244.1.3) but NAT "
+                "needs exactly one pod, so the lowest, 10.244.0.5, is used; scale the backend to "
+                "one pod",
             )
         ],
     ),
@@ -497,25 +530,19 @@ CASES: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
                 "error",
                 "EndpointSlice default/vm1-fqdn: addressType FQDN is not supported (NAT needs a "
                 "pod IP, "
-                "not a name), so its endpoints are ignored; use an IPv4 EndpointSlice",
+                "not a name), so its endpoints are ignored; use an IPv4 or IPv6 EndpointSlice",
             )
         ],
     ),
     (
-        "ipv6-slice-ignored",
+        "ipv6-slice-unused-without-an-ipv6-lb-ip",
         [
             service(),
             endpoints("vm1", "default", "fd00::5", name="vm1-v6", address_type="IPv6"),
             endpoints("vm1", "default", POD1),
         ],
         one(),
-        [
-            (
-                "warning",
-                "EndpointSlice default/vm1-v6: addressType IPv6 is not supported yet; its "
-                "endpoints are ignored",
-            )
-        ],
+        [],
     ),
     (
         "address-type-missing",
@@ -562,9 +589,10 @@ CASES: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
                 "(leading zeros are ambiguous); fix the EndpointSlice",
             ),
             (
-                "warning",
-                f'{SLICE1}: endpoints[3].addresses[0] "fd00::9" is an IPv6 address and IPv6 is '
-                "not supported yet; it is ignored",
+                "error",
+                f'{SLICE1}: endpoints[3].addresses[0] "fd00::9" is an IPv6 address but the '
+                "EndpointSlice's addressType is IPv4, so the endpoint is ignored; fix the "
+                "EndpointSlice",
             ),
             (
                 "error",
@@ -597,8 +625,282 @@ CASES: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
 ]
 
 
+SLICE6 = "EndpointSlice default/vm1-v6"
+
+
+def v6_slice(*eps: Any, name: str = "vm1-v6") -> Obj:
+    return endpoints("vm1", "default", *eps, name=name, address_type="IPv6")
+
+
+def bad_lb(index: int, value: str, why: str) -> tuple[str, str]:
+    return (
+        "error",
+        f'{VM1}: status.loadBalancer.ingress[{index}].ip "{value}" is {why}; fix the Service '
+        "status",
+    )
+
+
+def bad_pod(index: int, value: str, why: str) -> tuple[str, str]:
+    return (
+        "error",
+        f'{SLICE6}: endpoints[{index}].addresses[0] "{value}" is {why}; fix the EndpointSlice',
+    )
+
+
+# IPv6 and dual-stack: (id, objects, expected state, expected problems), as CASES
+CASES_V6: list[tuple[str, list[Any], MapState, list[tuple[str, str]]]] = [
+    ("ipv6-only", [service(ips=(LB6_1,)), v6_slice(POD6_1)], one(LB6_1, POD6_1), []),
+    (
+        "ipv6-only-whole-ip-with-icmp",
+        [service(ips=(LB6_1,), whole_ip="true", allow_icmp="true"), v6_slice(POD6_1)],
+        one(LB6_1, POD6_1, pf=False, icmp=True),
+        [],
+    ),
+    (
+        "dual-stack",
+        [
+            service(ips=(LB1, LB6_1), ports=(("TCP", 22), ("UDP", 53)), allow_icmp="true"),
+            endpoints("vm1", "default", POD1),
+            v6_slice(POD6_1),
+        ],
+        merged(
+            one(LB1, POD1, icmp=True, ports=("tcp/22", "udp/53")),
+            one(LB6_1, POD6_1, icmp=True, ports=("tcp/22", "udp/53")),
+        ),
+        [],
+    ),
+    (
+        "dual-stack-ipv6-first-in-status",
+        [service(ips=(LB6_1, LB1)), endpoints("vm1", "default", POD1), v6_slice(POD6_1)],
+        merged(one(LB1, POD1), one(LB6_1, POD6_1)),
+        [],
+    ),
+    (
+        "dual-stack-whole-ip",
+        [
+            service(ips=(LB1, LB6_1), whole_ip="true"),
+            endpoints("vm1", "default", POD1),
+            v6_slice(POD6_1),
+        ],
+        merged(one(LB1, POD1, pf=False), one(LB6_1, POD6_1, pf=False)),
+        [],
+    ),
+    (
+        "ipv6-lb-ip-without-ipv6-endpoint",
+        [service(ips=(LB1, LB6_1, LB6_2)), endpoints("vm1", "default", POD1)],
+        one(LB1, POD1),
+        [
+            ("warning", f"{VM1}: {no_family(LB6_1, 6)}"),
+            ("warning", f"{VM1}: {no_family(LB6_2, 6)}"),
+        ],
+    ),
+    (
+        "ipv4-lb-ip-without-ipv4-endpoint",
+        [service(ips=(LB1, LB6_1)), v6_slice(POD6_1)],
+        one(LB6_1, POD6_1),
+        [("warning", f"{VM1}: {no_family(LB1, 4)}")],
+    ),
+    (
+        "ipv6-only-lb-with-ipv4-only-pod-is-not-guessed",
+        [service(ips=(LB6_1,)), endpoints("vm1", "default", POD1)],
+        MapState(),
+        [("warning", f"{VM1}: {no_family(LB6_1, 6)}")],
+    ),
+    (
+        "ipv6-endpoint-not-ready-is-a-missing-family",
+        [
+            service(ips=(LB1, LB6_1)),
+            endpoints("vm1", "default", POD1),
+            v6_slice(endpoint(POD6_1, ready=False), endpoint(POD6_2, terminating=True)),
+        ],
+        one(LB1, POD1),
+        [("warning", f"{VM1}: {no_family(LB6_1, 6)}")],
+    ),
+    (
+        "dual-stack-lb-no-endpoint-at-all-is-one-problem",
+        [service(ips=(LB1, LB6_1))],
+        MapState(),
+        [("warning", f"{VM1}: {NO_ENDPOINT}")],
+    ),
+    (
+        "ipv6-not-ready-and-terminating-skipped",
+        [
+            service(ips=(LB6_1,)),
+            v6_slice(
+                endpoint(POD6_2, ready=False),
+                endpoint(POD6_3, ready=True, terminating=True),
+                endpoint(POD6_1, ready=None, terminating=False),
+            ),
+        ],
+        one(LB6_1, POD6_1),
+        [],
+    ),
+    (
+        "several-ready-per-family-lowest-wins",
+        [
+            service(ips=(LB1, LB6_1)),
+            endpoints("vm1", "default", POD3, POD1),
+            v6_slice(POD6_3, POD6_1),
+            v6_slice(POD6_2, name="vm1-v6b"),
+        ],
+        merged(one(LB1, POD1), one(LB6_1, POD6_1)),
+        [
+            (
+                "warning",
+                f"{VM1}: has 2 ready IPv4 endpoints (10.244.0.5, 10.244.1.3) but NAT needs "
+                "exactly one pod, so the lowest, 10.244.0.5, is used; scale the backend to one pod",
+            ),
+            (
+                "warning",
+                f"{VM1}: has 3 ready IPv6 endpoints (fd00:10:244::5, fd00:10:244::7, "
+                "fd00:10:244:1::3) but NAT needs exactly one pod, so the lowest, fd00:10:244::5, "
+                "is used; scale the backend to one pod",
+            ),
+        ],
+    ),
+    (
+        "ipv6-forms-are-normalised",
+        [
+            service(ips=("2001:0DB8:0:0:0:0:0:10", LB6_1, "2001:db8:0::10")),
+            v6_slice("FD00:10:244:0:0:0:0:5", "fd00:0010:0244::0005"),
+        ],
+        one(LB6_1, POD6_1),
+        [],
+    ),
+    (
+        "bad-ipv6-lb-ips-skipped-good-one-kept",
+        [
+            service(
+                ips=(
+                    "2001:db8::1::2",
+                    "fe80::10",
+                    "febf:ffff::1",
+                    "2001:db8::10%eth0",
+                    "ff02::1",
+                    "::",
+                    "::1",
+                    "::ffff:192.0.2.10",
+                    "2001:db8::10/128",
+                    "[2001:db8::10]",
+                    " 2001:db8::10",
+                    "2001:db8::g",
+                    "2001:db8:0:0:0:0:0:0:10",
+                    LB6_1,
+                )
+            ),
+            v6_slice(POD6_1),
+        ],
+        one(LB6_1, POD6_1),
+        [
+            bad_lb(0, "2001:db8::1::2", "not a valid IP address"),
+            bad_lb(1, "fe80::10", "an IPv6 link-local address (fe80::/10), which NAT cannot use"),
+            bad_lb(
+                2, "febf:ffff::1", "an IPv6 link-local address (fe80::/10), which NAT cannot use"
+            ),
+            bad_lb(
+                3,
+                "2001:db8::10%eth0",
+                "an IPv6 address with a zone index (%eth0), which NAT cannot use",
+            ),
+            bad_lb(4, "ff02::1", "an IPv6 multicast address, which NAT cannot use"),
+            bad_lb(5, "::", "the unspecified IPv6 address, which NAT cannot use"),
+            bad_lb(6, "::1", "the IPv6 loopback address, which NAT cannot use"),
+            bad_lb(
+                7,
+                "::ffff:192.0.2.10",
+                "an IPv4-mapped IPv6 address (::ffff:0:0/96, standing for 192.0.2.10), which "
+                "NAT cannot use",
+            ),
+            bad_lb(8, "2001:db8::10/128", "not a valid IP address"),
+            bad_lb(9, "[2001:db8::10]", "not a valid IP address"),
+            bad_lb(10, " 2001:db8::10", "not a valid IP address"),
+            bad_lb(11, "2001:db8::g", "not a valid IP address"),
+            bad_lb(12, "2001:db8:0:0:0:0:0:0:10", "not a valid IP address"),
+        ],
+    ),
+    (
+        "bad-ipv6-pod-ips-skipped-good-one-kept",
+        [
+            service(ips=(LB6_1,)),
+            v6_slice(
+                "fe80::5",
+                "::ffff:10.244.0.5",
+                "::1",
+                "ff02::1",
+                "::",
+                "fe80::5%eth0",
+                "fd00::zz",
+                "010.244.0.5",
+                POD1,
+                POD6_1,
+            ),
+        ],
+        one(LB6_1, POD6_1),
+        [
+            bad_pod(0, "fe80::5", "an IPv6 link-local address (fe80::/10), which NAT cannot use"),
+            bad_pod(
+                1,
+                "::ffff:10.244.0.5",
+                "an IPv4-mapped IPv6 address (::ffff:0:0/96, standing for 10.244.0.5), which "
+                "NAT cannot use",
+            ),
+            bad_pod(2, "::1", "the IPv6 loopback address, which NAT cannot use"),
+            bad_pod(3, "ff02::1", "an IPv6 multicast address, which NAT cannot use"),
+            bad_pod(4, "::", "the unspecified IPv6 address, which NAT cannot use"),
+            bad_pod(
+                5, "fe80::5%eth0", "an IPv6 address with a zone index (%eth0), which NAT cannot use"
+            ),
+            bad_pod(6, "fd00::zz", "not a valid IPv6 address"),
+            bad_pod(7, "010.244.0.5", "not a valid IPv6 address"),
+            (
+                "error",
+                f'{SLICE6}: endpoints[8].addresses[0] "{POD1}" is an IPv4 address but the '
+                "EndpointSlice's addressType is IPv6, so the endpoint is ignored; fix the "
+                "EndpointSlice",
+            ),
+        ],
+    ),
+    (
+        "address-type-is-case-sensitive",
+        [service(ips=(LB6_1,)), endpoints("vm1", "default", POD6_1, address_type="ipv6")],
+        MapState(),
+        [
+            (
+                "error",
+                f'{SLICE1}: addressType "ipv6" is not IPv4, IPv6 or FQDN, so its endpoints are '
+                "ignored; fix the EndpointSlice",
+            ),
+            ("warning", f"{VM1}: {NO_ENDPOINT}"),
+        ],
+    ),
+    (
+        "same-ipv6-lb-ip-in-two-services-older-keeps-it",
+        [
+            service("vm1", ips=(LB6_1,), created=T_NEW),
+            service("vm2", ips=(LB6_1, LB6_2), created=T_OLD, ports=(("UDP", 53),)),
+            v6_slice(POD6_1),
+            endpoints("vm2", "default", POD6_2, address_type="IPv6"),
+        ],
+        state(
+            {LB6_1: (POD6_2, True, False), LB6_2: (POD6_2, True, False)},
+            {POD6_2: (LB6_1, True, False)},
+            {f"{POD6_2} udp/53"},
+        ),
+        [
+            (
+                "warning",
+                f"{VM1}: LoadBalancer IP {LB6_1} is also claimed by the older {VM2}, which keeps "
+                "it; give each Service its own LoadBalancer IP",
+            )
+        ],
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("objects", "expected", "problems"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+    ("objects", "expected", "problems"),
+    [c[1:] for c in CASES + CASES_V6],
+    ids=[c[0] for c in CASES + CASES_V6],
 )
 def test_build_state(
     objects: list[Any], expected: MapState, problems: list[tuple[str, str]]
@@ -669,13 +971,14 @@ def test_service_view() -> None:
         ServiceView(
             ref1,
             (IPv4Address(LB1), IPv4Address(LB2)),
-            IPv4Address(POD1),
+            (IPv4Address(POD1),),
             True,
             True,
             (PortSpec(Proto.TCP, 22), PortSpec(Proto.UDP, 53)),
         ),
-        ServiceView(ref2, (), None, False, False, ()),
+        ServiceView(ref2, (), (), False, False, ()),
     ]
+    assert [v.pod_ip for v in result.services] == [IPv4Address(POD1), None]
     assert [v.programmed for v in result.services] == [True, False]
     assert (
         str(result.services[0])
@@ -695,6 +998,21 @@ def test_several_lb_ips_share_one_pod() -> None:
     )
 
 
+@dataclass(frozen=True)
+class Fam:
+    """The addresses of one family, for tests that must hold in both."""
+
+    lb: tuple[str, str, str]
+    pod: tuple[str, str, str]
+    address_type: str
+
+
+V4 = Fam((LB1, LB2, LB3), (POD1, POD2, POD3), "IPv4")
+V6 = Fam((LB6_1, LB6_2, LB6_3), (POD6_1, POD6_2, POD6_3), "IPv6")
+BOTH_FAMILIES = pytest.mark.parametrize("fam", [V4, V6], ids=["ipv4", "ipv6"])
+
+
+@BOTH_FAMILIES
 @pytest.mark.parametrize(
     ("created1", "created2", "winner"),
     [
@@ -720,32 +1038,33 @@ def test_several_lb_ips_share_one_pod() -> None:
         "naive-is-utc",
     ],
 )
-def test_duplicate_lb_ip(created1: Any, created2: Any, winner: str) -> None:
+def test_duplicate_lb_ip(fam: Fam, created1: Any, created2: Any, winner: str) -> None:
     """The older Service keeps a shared LB IP; the other gets a warning and only its other IPs."""
+    (lb1, lb2, _), (pod1, pod2, _) = fam.lb, fam.pod
     objects = [
-        service("vm1", ips=(LB1,), created=created1, ports=(("TCP", 22),)),
-        service("vm2", ips=(LB1, LB2), created=created2, ports=(("TCP", 80),)),
-        endpoints("vm1", "default", POD1),
-        endpoints("vm2", "default", POD2),
+        service("vm1", ips=(lb1,), created=created1, ports=(("TCP", 22),)),
+        service("vm2", ips=(lb1, lb2), created=created2, ports=(("TCP", 80),)),
+        endpoints("vm1", "default", pod1, address_type=fam.address_type),
+        endpoints("vm2", "default", pod2, address_type=fam.address_type),
     ]
     result = build_state(objects)
     loser = {"vm1": "vm2", "vm2": "vm1"}[winner]
     if winner == "vm1":
         assert result.state == state(
-            {LB1: (POD1, True, False), LB2: (POD2, True, False)},
-            {POD1: (LB1, True, False), POD2: (LB2, True, False)},
-            {f"{POD1} tcp/22", f"{POD2} tcp/80"},
+            {lb1: (pod1, True, False), lb2: (pod2, True, False)},
+            {pod1: (lb1, True, False), pod2: (lb2, True, False)},
+            {f"{pod1} tcp/22", f"{pod2} tcp/80"},
         )
     else:
         assert result.state == state(
-            {LB1: (POD2, True, False), LB2: (POD2, True, False)},
-            {POD2: (LB1, True, False)},
-            {f"{POD2} tcp/80"},
+            {lb1: (pod2, True, False), lb2: (pod2, True, False)},
+            {pod2: (lb1, True, False)},
+            {f"{pod2} tcp/80"},
         )
     expected = [
         (
             "warning",
-            f"Service default/{loser}: LoadBalancer IP {LB1} is also claimed by the older "
+            f"Service default/{loser}: LoadBalancer IP {lb1} is also claimed by the older "
             f"Service default/{winner}, which keeps it; give each Service its own LoadBalancer IP",
         )
     ]
@@ -759,16 +1078,17 @@ def test_duplicate_lb_ip(created1: Any, created2: Any, winner: str) -> None:
         )
     assert sorted(lines(result.problems)) == sorted(expected)
     views = {v.ref.name: v for v in result.services}
-    assert views[winner].lb_ips[0] == IPv4Address(LB1)
-    assert IPv4Address(LB1) not in views[loser].lb_ips
+    assert views[winner].lb_ips[0] == ip_address(lb1)
+    assert ip_address(lb1) not in views[loser].lb_ips
 
 
-def test_lb_ip_claim_does_not_depend_on_readiness() -> None:
+@BOTH_FAMILIES
+def test_lb_ip_claim_does_not_depend_on_readiness(fam: Fam) -> None:
     """An older Service without a ready pod still holds its IP, so it does not flap."""
     objects = [
-        service("vm1", created=T_OLD),
-        service("vm2", created=T_NEW),
-        endpoints("vm2", "default", POD2),
+        service("vm1", ips=(fam.lb[0],), created=T_OLD),
+        service("vm2", ips=(fam.lb[0],), created=T_NEW),
+        endpoints("vm2", "default", fam.pod[1], address_type=fam.address_type),
     ]
     result = build_state(objects)
     assert result.state == MapState()
@@ -776,62 +1096,210 @@ def test_lb_ip_claim_does_not_depend_on_readiness() -> None:
         ("warning", f"{VM1}: {NO_ENDPOINT}"),
         (
             "warning",
-            f"{VM2}: LoadBalancer IP {LB1} is also claimed by the older {VM1}, which keeps it; "
-            "give each Service its own LoadBalancer IP",
+            f"{VM2}: LoadBalancer IP {fam.lb[0]} is also claimed by the older {VM1}, which keeps "
+            "it; give each Service its own LoadBalancer IP",
         ),
     ]
 
 
+@BOTH_FAMILIES
 @pytest.mark.parametrize(
     ("created1", "created2"), [(T_OLD, T_NEW), (T_NEW, T_OLD)], ids=["vm1-older", "vm2-older"]
 )
-def test_pod_behind_two_services(created1: str, created2: str) -> None:
+def test_pod_behind_two_services(fam: Fam, created1: str, created2: str) -> None:
     """Ingress from both LB IPs; the pods entry belongs to the older Service; ports are the
     union."""
+    (lb1, lb2, lb3), pod1 = fam.lb, fam.pod[0]
     objects = [
-        service("vm1", ips=(LB1,), created=created1, ports=(("TCP", 22),), allow_icmp="true"),
-        service("vm2", ips=(LB2, LB3), created=created2, whole_ip="true"),
-        service("vm3", ips=(LB3,), created=created2, ports=(("UDP", 53),)),
-        endpoints("vm1", "default", POD1),
-        endpoints("vm2", "default", POD1),
-        endpoints("vm3", "default", POD1, name="vm3-x"),
+        service("vm1", ips=(lb1,), created=created1, ports=(("TCP", 22),), allow_icmp="true"),
+        service("vm2", ips=(lb2, lb3), created=created2, whole_ip="true"),
+        service("vm3", ips=(lb3,), created=created2, ports=(("UDP", 53),)),
+        endpoints("vm1", "default", pod1, address_type=fam.address_type),
+        endpoints("vm2", "default", pod1, address_type=fam.address_type),
+        endpoints("vm3", "default", pod1, name="vm3-x", address_type=fam.address_type),
     ]
     result = build_state(objects)
-    older_pod_entry = (LB1, True, True) if created1 == T_OLD else (LB2, False, False)
+    older_pod_entry = (lb1, True, True) if created1 == T_OLD else (lb2, False, False)
     assert result.state == state(
-        {LB1: (POD1, True, True), LB2: (POD1, False, False), LB3: (POD1, False, False)},
-        {POD1: older_pod_entry},
-        {f"{POD1} tcp/22"},
+        {lb1: (pod1, True, True), lb2: (pod1, False, False), lb3: (pod1, False, False)},
+        {pod1: older_pod_entry},
+        {f"{pod1} tcp/22"},
     )
     older, newer = (VM1, VM2) if created1 == T_OLD else (VM2, VM1)
     expected = [
         (
             "warning",
-            f"{newer}: its pod {POD1} is also behind the older {older}, so the pod's own "
+            f"{newer}: its pod {pod1} is also behind the older {older}, so the pod's own "
             f"connections leave from {older_pod_entry[0]}, not from this Service's IP; give each "
             "Service its own pod",
         ),
         (
             "warning",
-            f"Service default/vm3: LoadBalancer IP {LB3} is also claimed by the older {VM2}, "
+            f"Service default/vm3: LoadBalancer IP {lb3} is also claimed by the older {VM2}, "
             "which keeps it; give each Service its own LoadBalancer IP",
         ),
     ]
     assert sorted(lines(result.problems)) == sorted(expected)
 
 
-def test_pod_behind_two_port_filter_services_union_of_ports() -> None:
+@BOTH_FAMILIES
+def test_pod_behind_two_port_filter_services_union_of_ports(fam: Fam) -> None:
+    (lb1, lb2, _), pod1 = fam.lb, fam.pod[0]
     objects = [
-        service("vm1", ips=(LB1,), created=T_OLD, ports=(("TCP", 22),)),
-        service("vm2", ips=(LB2,), created=T_NEW, ports=(("TCP", 80), ("TCP", 22))),
-        endpoints("vm1", "default", POD1),
-        endpoints("vm2", "default", POD1),
+        service("vm1", ips=(lb1,), created=T_OLD, ports=(("TCP", 22),)),
+        service("vm2", ips=(lb2,), created=T_NEW, ports=(("TCP", 80), ("TCP", 22))),
+        endpoints("vm1", "default", pod1, address_type=fam.address_type),
+        endpoints("vm2", "default", pod1, address_type=fam.address_type),
     ]
     assert build_state(objects).state == state(
-        {LB1: (POD1, True, False), LB2: (POD1, True, False)},
-        {POD1: (LB1, True, False)},
-        {f"{POD1} tcp/22", f"{POD1} tcp/80"},
+        {lb1: (pod1, True, False), lb2: (pod1, True, False)},
+        {pod1: (lb1, True, False)},
+        {f"{pod1} tcp/22", f"{pod1} tcp/80"},
     )
+
+
+def dual_stack(name: str, pod4: str, pod6: str) -> list[Obj]:
+    """The two EndpointSlices of a dual-stack Service with one pod."""
+    return [
+        endpoints(name, "default", pod4, name=f"{name}-v4"),
+        endpoints(name, "default", pod6, name=f"{name}-v6", address_type="IPv6"),
+    ]
+
+
+def test_dual_stack_conflict_is_per_address() -> None:
+    """The newer Service loses only the shared IPv6 LB IP: its IPv4 half stays programmed, its
+    IPv6 pod gets no entry (and no missing-family Problem: the LB IP went to the older one)."""
+    objects = [
+        service("vm1", ips=(LB1, LB6_1), created=T_OLD),
+        service("vm2", ips=(LB2, LB6_1), created=T_NEW, ports=(("UDP", 53),)),
+        *dual_stack("vm1", POD1, POD6_1),
+        *dual_stack("vm2", POD2, POD6_2),
+    ]
+    result = build_state(objects)
+    assert result.state == merged(
+        one(LB1, POD1),
+        one(LB6_1, POD6_1),
+        one(LB2, POD2, ports=("udp/53",)),
+    )
+    assert lines(result.problems) == [
+        (
+            "warning",
+            f"{VM2}: LoadBalancer IP {LB6_1} is also claimed by the older {VM1}, which keeps it; "
+            "give each Service its own LoadBalancer IP",
+        )
+    ]
+    assert [(v.lb_ips, v.programmed_lb_ips) for v in result.services] == [
+        ((ip_address(LB1), ip_address(LB6_1)),) * 2,
+        ((ip_address(LB2),),) * 2,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("created1", "created2"), [(T_OLD, T_NEW), (T_NEW, T_OLD)], ids=["vm1-older", "vm2-older"]
+)
+def test_dual_stack_pod_egress_per_family(created1: str, created2: str) -> None:
+    """A dual-stack pod behind an IPv4-only Service and a dual-stack one: its IPv4 egress leaves
+    from the older Service's IPv4 LB IP, its IPv6 egress from the only Service with an IPv6 LB
+    IP, whichever is older."""
+    objects = [
+        service("vm1", ips=(LB1,), created=created1),
+        service("vm2", ips=(LB6_1, LB2), created=created2, whole_ip="true"),
+        *dual_stack("vm1", POD1, POD6_1),
+        *dual_stack("vm2", POD1, POD6_1),
+    ]
+    result = build_state(objects)
+    egress4 = (LB1, True, False) if created1 == T_OLD else (LB2, False, False)
+    assert result.state == state(
+        {LB1: (POD1, True, False), LB2: (POD1, False, False), LB6_1: (POD6_1, False, False)},
+        {POD1: egress4, POD6_1: (LB6_1, False, False)},
+        {f"{POD1} tcp/22"},
+    )
+    older, newer = (VM1, VM2) if created1 == T_OLD else (VM2, VM1)
+    assert lines(result.problems) == [
+        (
+            "warning",
+            f"{newer}: its pod {POD1} is also behind the older {older}, so the pod's own "
+            f"connections leave from {egress4[0]}, not from this Service's IP; give each "
+            "Service its own pod",
+        )
+    ]
+
+
+def test_dual_stack_service_view() -> None:
+    result = build_state(
+        [
+            service("vm1", ips=(LB6_1, LB1, LB2)),
+            *dual_stack("vm1", POD1, POD6_1),
+            service("vm2", ips=(LB3, LB6_2), whole_ip="true"),
+            endpoints("vm2", "default", POD3),
+            service("vm3", ips=(LB6_3,)),
+            service("vm4", ips=()),
+            endpoints("vm4", "default", POD6_3, address_type="IPv6"),
+        ]
+    )
+    shown = [str(v) for v in result.services]
+    assert shown == [
+        "Service default/vm1: 192.0.2.10,192.0.2.11 -> 10.244.0.5, 2001:db8::10 -> "
+        "fd00:10:244::5 port-filter tcp/22",
+        "Service default/vm2: 192.0.2.12 -> 10.244.1.3, 2001:db8::11 -> (no ready IPv6 pod) "
+        "whole-ip",
+        "Service default/vm3: 2001:db8::12 -> (no ready pod) port-filter tcp/22",
+        "Service default/vm4: (no LB IP) -> fd00:10:244:1::3 port-filter tcp/22",
+    ]
+    views = {v.ref.name: v for v in result.services}
+    assert views["vm1"].lb_ips == (ip_address(LB6_1), ip_address(LB1), ip_address(LB2))
+    assert views["vm1"].pod_ips == (ip_address(POD1), ip_address(POD6_1))
+    assert views["vm1"].pod_for(ip_address(LB6_1)) == ip_address(POD6_1)
+    assert views["vm1"].pod_ip == ip_address(POD1)
+    assert views["vm2"].programmed_lb_ips == (ip_address(LB3),)
+    assert [v.programmed for v in result.services] == [True, True, False, False]
+    assert views["vm4"].pod_ip == ip_address(POD6_3)
+
+
+def test_dual_stack_egress_leaves_from_the_first_lb_ip_of_each_family() -> None:
+    result = build_state([service(ips=(LB6_2, LB1, LB6_1, LB2)), *dual_stack("vm1", POD1, POD6_1)])
+    assert result.state.pods == {
+        ip_address(POD1): PodEntry(ip_address(LB1), True, False),
+        ip_address(POD6_1): PodEntry(ip_address(LB6_2), True, False),
+    }
+    assert result.problems == []
+
+
+# one Service of each shape (dual-stack, a family missing either way, a lost IPv6 LB IP)
+FAMILY_INVARIANT: list[Any] = [
+    service("vm1", ips=(LB1, LB6_1, LB6_2, LB2), allow_icmp="true"),
+    *dual_stack("vm1", POD1, POD6_1),
+    service("vm2", ips=(LB6_3,), created=T_OLD),
+    endpoints("vm2", "default", POD2),
+    service("vm3", ips=(LB3, "2001:db8::13"), whole_ip="true"),
+    endpoints("vm3", "default", POD6_2, address_type="IPv6"),
+    service("vm4", ips=(LB6_1,), created=T_OLD),
+    endpoints("vm4", "default", POD6_3, address_type="IPv6"),
+]
+
+
+def test_model_never_mixes_families() -> None:
+    result = build_state(FAMILY_INVARIANT)
+    st = result.state
+    assert st.family_errors() == []
+    assert {(k.version, v.pod_ip.version) for k, v in st.services.items()} == {(4, 4), (6, 6)}
+    assert {(k.version, v.lb_ip.version) for k, v in st.pods.items()} == {(4, 4), (6, 6)}
+    assert st == merged(
+        one(LB1, POD1, icmp=True),
+        state({LB2: (POD1, True, True), LB6_2: (POD6_1, True, True)}),
+        state({"2001:db8::13": (POD6_2, False, False)}, {POD6_2: ("2001:db8::13", False, False)}),
+        one(LB6_1, POD6_3),
+        state(pods={POD6_1: (LB6_2, True, True)}, allowed={f"{POD6_1} tcp/22"}),
+    )
+    assert sorted(lines(result.problems)) == [
+        (
+            "warning",
+            "Service default/vm1: LoadBalancer IP 2001:db8::10 is also claimed by the older "
+            "Service default/vm4, which keeps it; give each Service its own LoadBalancer IP",
+        ),
+        ("warning", f"Service default/vm2: {no_family(LB6_3, 6)}"),
+        ("warning", f"Service default/vm3: {no_family(LB3, 4)}"),
+    ]
 
 
 GOOD = [service("good", ips=(LB3,)), endpoints("good", "default", POD3)]
@@ -1098,6 +1566,10 @@ MIXED: list[Any] = [
     endpoints("vm2", "default", POD1),
     endpoints("vm3", "default", POD3, name="vm3-a"),
     endpoints("vm3", "default", "x", name="vm3-b", address_type="FQDN"),
+    service("vm4", ips=(LB6_1, "192.0.2.20"), created=T_OLD),
+    endpoints("vm4", "default", POD6_2, POD6_1, address_type="IPv6"),
+    service("vm5", ips=(LB6_1,), created=T_NEW),
+    endpoints("vm5", "default", POD6_3, address_type="IPv6"),
     "garbage",
     None,
 ]
@@ -1106,11 +1578,18 @@ MIXED: list[Any] = [
 def test_output_does_not_depend_on_input_order() -> None:
     reference = build_state(MIXED)
     assert reference.state == state(
-        {LB1: (POD1, True, False), LB2: (POD1, True, False), LB3: (POD3, True, False)},
-        {POD1: (LB1, True, False), POD3: (LB3, True, False)},
-        {f"{POD1} tcp/22", f"{POD3} tcp/22"},
+        {
+            LB1: (POD1, True, False),
+            LB2: (POD1, True, False),
+            LB3: (POD3, True, False),
+            LB6_1: (POD6_1, True, False),
+        },
+        {POD1: (LB1, True, False), POD3: (LB3, True, False), POD6_1: (LB6_1, True, False)},
+        {f"{POD1} tcp/22", f"{POD3} tcp/22", f"{POD6_1} tcp/22"},
     )
-    assert len(reference.problems) == 6
+    # vm1: 2 ready, conflict; vm3: annotation, FQDN slice; garbage; vm4: 2 ready IPv6, no IPv4
+    # endpoint for 192.0.2.20; vm5: conflict
+    assert len(reference.problems) == 9
     rng = random.Random(1)
     for _ in range(50):
         objects = list(MIXED)
@@ -1164,34 +1643,60 @@ def _replaced(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
     return out
 
 
+GOOD_DUAL = [
+    service("good", ips=(LB3, LB6_3)),
+    endpoints("good", "default", POD3),
+    endpoints("good", "default", POD6_3, name="good-v6", address_type="IPv6"),
+]
+GOOD_DUAL_STATE = merged(one(LB3, POD3), one(LB6_3, POD6_3))
+
+
 @pytest.mark.parametrize(
-    "make",
+    ("base", "victim"),
     [
-        lambda: service(ports=(("TCP", 22), ("UDP", 53)), allow_icmp="true", created=T_OLD),
-        lambda: endpoints("vm1", "default", POD1, endpoint(POD2, ready=False, terminating=True)),
+        (
+            [
+                service(ports=(("TCP", 22), ("UDP", 53)), allow_icmp="true", created=T_OLD),
+                endpoints("vm1", "default", POD1),
+            ],
+            0,
+        ),
+        (
+            [
+                service(),
+                endpoints("vm1", "default", POD1, endpoint(POD2, ready=False, terminating=True)),
+            ],
+            1,
+        ),
+        ([service(ips=(LB1, LB6_1), created=T_OLD), *dual_stack("vm1", POD1, POD6_1)], 0),
+        (
+            [
+                service(ips=(LB6_1, LB1)),
+                endpoints("vm1", "default", POD1),
+                v6_slice(POD6_1, endpoint(POD6_2, ready=False, terminating=True)),
+            ],
+            2,
+        ),
     ],
-    ids=["service", "endpointslice"],
+    ids=["service", "endpointslice", "dual-stack-service", "ipv6-endpointslice"],
 )
-def test_fuzz_any_field_replaced_by_garbage(make: Callable[[], Obj]) -> None:
-    """Replacing any field of a valid object by any garbage never raises and never touches
-    another Service."""
-    base = [service(), endpoints("vm1", "default", POD1)]
-    victim = 0 if make()["kind"] == "Service" else 1
-    base[victim] = make()
+def test_fuzz_any_field_replaced_by_garbage(base: list[Obj], victim: int) -> None:
+    """Replacing any field of a valid object by any garbage never raises, never touches
+    another Service and never pairs two families in one entry."""
     for path, value in itertools.product(list(_paths(base[victim])), GARBAGE_VALUES):
         objects = list(base)
         objects[victim] = _replaced(base[victim], path, value)
-        result = build_state([*objects, *GOOD])
-        assert result.state.services[IPv4Address(LB3)] == ServiceEntry(
-            IPv4Address(POD3), True, False
+        result = build_state([*objects, *GOOD_DUAL])
+        good = {ip_address(a) for a in (LB3, LB6_3, POD3, POD6_3)}
+        assert (
+            MapState(
+                {k: v for k, v in result.state.services.items() if k in good},
+                {k: v for k, v in result.state.pods.items() if k in good},
+                {a for a in result.state.allowed if a.pod_ip in good},
+            )
+            == GOOD_DUAL_STATE
         ), (path, value)
-        assert result.state.pods[IPv4Address(POD3)] == PodEntry(IPv4Address(LB3), True, False), (
-            path,
-            value,
-        )
-        assert {a for a in result.state.allowed if a.pod_ip == IPv4Address(POD3)} == {
-            AllowedPort(IPv4Address(POD3), Proto.TCP, 22)
-        }
+        assert result.state.family_errors() == [], (path, value)
         assert not [p for p in result.problems if p.ref.name == "good"], (path, value)
 
 
@@ -1199,3 +1704,120 @@ def test_problem_str() -> None:
     p = Problem(ObjectRef("Service", "default", "vm1"), "something is wrong; fix it")
     assert str(p) == "Service default/vm1: something is wrong; fix it"
     assert p.severity == "warning"
+
+
+# -- the state contract: both families, never mixed in one entry -----------------------------
+
+A4, B4, A6, B6 = (ip_address(x) for x in (LB1, POD1, LB6_1, POD6_1))
+
+# (id, how to build the object, the ValueError message)
+MIXED_ENTRIES: list[tuple[str, Callable[[], object], str]] = [
+    (
+        "state-service-ipv4-to-ipv6",
+        lambda: MapState(services={A4: ServiceEntry(B6, True, False)}),
+        "the map state mixes address families (an IPv4 address is only ever translated to an "
+        "IPv4 address, an IPv6 one to an IPv6 one): service 192.0.2.10 -> pod fd00:10:244::5",
+    ),
+    (
+        "state-pod-ipv6-to-ipv4",
+        lambda: MapState(pods={B6: PodEntry(A4, True, False)}),
+        "the map state mixes address families (an IPv4 address is only ever translated to an "
+        "IPv4 address, an IPv6 one to an IPv6 one): pod fd00:10:244::5 -> LB IP 192.0.2.10",
+    ),
+    (
+        "diff-both",
+        lambda: MapDiff(
+            services_set={A6: ServiceEntry(B4, False, False), A4: ServiceEntry(B4, False, False)},
+            pods_set={B4: PodEntry(A6, False, False)},
+        ),
+        "the map diff mixes address families (an IPv4 address is only ever translated to an "
+        "IPv4 address, an IPv6 one to an IPv6 one): service 2001:db8::10 -> pod 10.244.0.5; "
+        "pod 10.244.0.5 -> LB IP 2001:db8::10",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"), [c[1:] for c in MIXED_ENTRIES], ids=[c[0] for c in MIXED_ENTRIES]
+)
+def test_state_refuses_mixed_families(build: Callable[[], object], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        build()
+    assert str(info.value) == message
+
+
+def test_mixed_family_after_construction_is_caught_by_check() -> None:
+    st = one(LB6_1, POD6_1)
+    st.services[A6] = ServiceEntry(B4, True, False)
+    assert st.family_errors() == ["service 2001:db8::10 -> pod 10.244.0.5"]
+    with pytest.raises(ValueError, match=r"service 2001:db8::10 -> pod 10\.244\.0\.5$"):
+        st.check()
+    d = MapDiff()
+    d.pods_set[B4] = PodEntry(A6, True, False)
+    with pytest.raises(ValueError, match=r"pod 10\.244\.0\.5 -> LB IP 2001:db8::10$"):
+        apply_to(MapState(), d)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ServiceEntry(POD1, True, False),  # type: ignore[arg-type]
+        lambda: PodEntry(None, True, False),  # type: ignore[arg-type]
+        lambda: AllowedPort(b"\x0a\xf4\x00\x05", Proto.TCP, 22),  # type: ignore[arg-type]
+    ],
+    ids=["service-str", "pod-none", "allowed-bytes"],
+)
+def test_entries_hold_addresses(build: Callable[[], object]) -> None:
+    with pytest.raises(TypeError, match="must be an IPv4Address or IPv6Address"):
+        build()
+
+
+def test_entries_of_both_families_sort_ipv4_first() -> None:
+    ports = [
+        AllowedPort(B6, Proto.TCP, 22),
+        AllowedPort(B4, Proto.UDP, 53),
+        AllowedPort(ip_address("::a00:1"), Proto.TCP, 1),  # int value below 10.244.0.5's
+        AllowedPort(B4, Proto.TCP, 80),
+        AllowedPort(B4, Proto.TCP, 22),
+    ]
+    assert sorted(ports) == [ports[4], ports[3], ports[1], ports[2], ports[0]]
+    entries = [ServiceEntry(B6, False, False), ServiceEntry(B4, True, False)]
+    assert sorted(entries) == entries[::-1]
+    assert max(PodEntry(A6, False, False), PodEntry(A4, True, True)) == PodEntry(A6, False, False)
+    assert sorted([A6, B4, ip_address("::1"), A4], key=address_key) == [
+        B4,
+        A4,
+        ip_address("::1"),
+        A6,
+    ]
+    assert [e.version for e in (entries[0], PodEntry(A4, True, True), ports[1])] == [6, 4, 4]
+
+
+def test_diff_and_apply_across_families() -> None:
+    live = merged(one(LB1, POD1), one(LB6_1, POD6_1), one(LB6_2, POD6_2, pf=False))
+    desired = merged(
+        one(LB1, POD1, ports=("tcp/22", "udp/53")),
+        one(LB6_1, POD6_1, pf=False),
+        one(LB2, POD2),
+    )
+    d = diff(live, desired)
+    assert d == MapDiff(
+        services_set={
+            A6: ServiceEntry(B6, False, False),
+            ip_address(LB2): ServiceEntry(ip_address(POD2), True, False),
+        },
+        services_del={ip_address(LB6_2)},
+        pods_set={
+            B6: PodEntry(A6, False, False),
+            ip_address(POD2): PodEntry(ip_address(LB2), True, False),
+        },
+        pods_del={ip_address(POD6_2)},
+        allowed_add={AllowedPort(B4, Proto.UDP, 53), AllowedPort(ip_address(POD2), Proto.TCP, 22)},
+        allowed_del={AllowedPort(B6, Proto.TCP, 22)},
+    )
+    assert apply_to(live, d) == desired
+    assert desired.of_family(6) == one(LB6_1, POD6_1, pf=False)
+    assert desired.of_family(4) == merged(
+        one(LB1, POD1, ports=("tcp/22", "udp/53")), one(LB2, POD2)
+    )
+    assert Proto(58) is Proto.ICMPV6

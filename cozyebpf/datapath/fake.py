@@ -5,18 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from cozyebpf.dump import build_dump
-from cozyebpf.state import MapDiff, MapState, apply_to
+from cozyebpf.errors import DatapathError
+from cozyebpf.state import IPAddress, MapDiff, MapState, apply_to
 
 
 class FakeDatapath:
-    """Implements the Datapath protocol in memory.
+    """Implements the Datapath protocol in memory, both address families in one MapState.
 
-    Tests may replace or mutate `state` to simulate drift (someone editing the maps), and set
+    Tests may replace or mutate `state` to simulate drift (someone editing the maps), set
+    `flows` (pod IP -> number of flow entries) to see them in the dump, and set
     `fail_next_apply` to make the next apply() raise that exception without changing anything.
+    Like the real datapath, apply() refuses a diff whose entries mix address families.
     """
 
     def __init__(self, state: MapState | None = None) -> None:
         self.state = state.copy() if state is not None else MapState()
+        self.flows: dict[IPAddress, int] = {}
         self.fail_next_apply: Exception | None = None
 
     def read_state(self) -> MapState:
@@ -24,12 +28,19 @@ class FakeDatapath:
         return self.state.copy()
 
     def apply(self, diff: MapDiff) -> None:
-        """Apply `diff` (in the order of `state.apply_to`), or raise `fail_next_apply` once."""
+        """Apply `diff` (in the order of `state.apply_to`), or raise `fail_next_apply` once;
+        DatapathError, changing nothing, if an entry of `diff` mixes address families."""
         if self.fail_next_apply is not None:
             exc, self.fail_next_apply = self.fail_next_apply, None
             raise exc
+        errors = diff.family_errors()
+        if errors:
+            raise DatapathError(
+                f"refusing to program maps in (fake): an entry mixes address families "
+                f"({'; '.join(errors)})"
+            )
         self.state = apply_to(self.state, diff)
 
     def dump(self) -> dict[str, Any]:
-        """The held state in the shape of `cozyebpf maps dump --json` (no flows or counters)."""
-        return build_dump(self.state, pin_dir="(fake)")
+        """The held state in the shape of `cozyebpf maps dump --json` (no counters)."""
+        return build_dump(self.state, self.flows, pin_dir="(fake)")

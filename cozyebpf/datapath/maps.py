@@ -1,6 +1,8 @@
 """The pinned maps: create them with a checked layout, open them from another process, and
 read or program them through plain bpf(2) calls (no compilation needed, so `maps dump` is
-instant)."""
+instant). Each address family has its own maps (svc4/pod4/allow4/flow4 and svc6/pod6/allow6/
+flow6); a MapState holds both, and each entry is read from and written to the maps of its
+family."""
 
 from __future__ import annotations
 
@@ -12,34 +14,55 @@ import os
 from collections.abc import Iterator
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import TypeAlias
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
     ALL_MAPS,
     ALLOW4,
+    ALLOW6,
     F_ALLOW_ICMP,
     F_PORT_FILTER,
     FLOW4,
+    FLOW6,
     LAYOUT_VERSION,
     META,
     POD4,
+    POD6,
     STATS,
     SVC4,
+    SVC6,
     Allow4Key,
+    Allow6Key,
     Flow4Key,
+    Flow6Key,
+    Ip6,
     MapSpec,
     MetaVal,
     Pod4Val,
+    Pod6Val,
     StatVal,
     Svc4Val,
+    Svc6Val,
     be16,
     be32,
+    ip6,
+    ip6_of,
     ip_of,
     port_of,
 )
 from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.errors import DatapathError
-from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
+from cozyebpf.state import (
+    AllowedPort,
+    IPAddress,
+    MapDiff,
+    MapState,
+    PodEntry,
+    Proto,
+    ServiceEntry,
+    address_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +81,39 @@ def possible_cpus() -> int:
 
 def _flags(port_filter: bool, allow_icmp: bool) -> int:
     return (F_PORT_FILTER if port_filter else 0) | (F_ALLOW_ICMP if allow_icmp else 0)
+
+
+def _entry_flags(flags: int) -> tuple[bool, bool]:
+    """(port_filter, allow_icmp) of a map value's flags."""
+    return bool(flags & F_PORT_FILTER), bool(flags & F_ALLOW_ICMP)
+
+
+_AddrKey: TypeAlias = ctypes.c_uint32 | Ip6
+
+
+def _addr_key(ip: IPAddress) -> _AddrKey:
+    """The svc/pod map key of `ip`, in its family's layout (network byte order)."""
+    return ctypes.c_uint32(be32(ip)) if isinstance(ip, IPv4Address) else ip6(ip)
+
+
+def _svc_val(s: ServiceEntry) -> Svc4Val | Svc6Val:
+    flags = _flags(s.port_filter, s.allow_icmp)
+    if isinstance(s.pod_ip, IPv4Address):
+        return Svc4Val(pod_ip=be32(s.pod_ip), flags=flags)
+    return Svc6Val(pod_ip=ip6(s.pod_ip), flags=flags)
+
+
+def _pod_val(e: PodEntry) -> Pod4Val | Pod6Val:
+    flags = _flags(e.port_filter, e.allow_icmp)
+    if isinstance(e.lb_ip, IPv4Address):
+        return Pod4Val(lb_ip=be32(e.lb_ip), flags=flags)
+    return Pod6Val(lb_ip=ip6(e.lb_ip), flags=flags)
+
+
+def _allow_key(a: AllowedPort) -> Allow4Key | Allow6Key:
+    if isinstance(a.pod_ip, IPv4Address):
+        return Allow4Key(pod_ip=be32(a.pod_ip), proto=int(a.proto), port=be16(a.port))
+    return Allow6Key(pod_ip=ip6(a.pod_ip), proto=int(a.proto), port=be16(a.port))
 
 
 def _read_version(fd: int) -> int | None:
@@ -262,34 +318,52 @@ class PinnedMaps:
                 yield raw, bytes(val)
 
     def read_state(self) -> MapState:
+        """Everything in svc4/svc6, pod4/pod6 and allow4/allow6, as one MapState."""
         st = MapState()
         for kraw, vraw in self._items(SVC4):
             sv = Svc4Val.from_buffer_copy(vraw)
-            st.services[IPv4Address(kraw)] = ServiceEntry(
-                ip_of(sv.pod_ip), bool(sv.flags & F_PORT_FILTER), bool(sv.flags & F_ALLOW_ICMP)
+            st.services[IPv4Address(kraw)] = ServiceEntry(ip_of(sv.pod_ip), *_entry_flags(sv.flags))
+        for kraw, vraw in self._items(SVC6):
+            sv6 = Svc6Val.from_buffer_copy(vraw)
+            st.services[ip6_of(Ip6.from_buffer_copy(kraw))] = ServiceEntry(
+                ip6_of(sv6.pod_ip), *_entry_flags(sv6.flags)
             )
         for kraw, vraw in self._items(POD4):
             pv = Pod4Val.from_buffer_copy(vraw)
-            st.pods[IPv4Address(kraw)] = PodEntry(
-                ip_of(pv.lb_ip), bool(pv.flags & F_PORT_FILTER), bool(pv.flags & F_ALLOW_ICMP)
+            st.pods[IPv4Address(kraw)] = PodEntry(ip_of(pv.lb_ip), *_entry_flags(pv.flags))
+        for kraw, vraw in self._items(POD6):
+            pv6 = Pod6Val.from_buffer_copy(vraw)
+            st.pods[ip6_of(Ip6.from_buffer_copy(kraw))] = PodEntry(
+                ip6_of(pv6.lb_ip), *_entry_flags(pv6.flags)
             )
-        for kraw, _ in self._items(ALLOW4):
-            ak = Allow4Key.from_buffer_copy(kraw)
-            try:
-                proto = Proto(ak.proto)
-            except ValueError:
-                proto = None
-            if proto is None:
-                # not something we write: remove it on the next apply
-                log.warning("allow4 holds an entry with unknown protocol %d", ak.proto)
-                continue
-            st.allowed.add(AllowedPort(ip_of(ak.pod_ip), proto, port_of(ak.port)))
+        for spec in (ALLOW4, ALLOW6):
+            for kraw, _ in self._items(spec):
+                ak: Allow4Key | Allow6Key
+                pod: IPAddress
+                if spec is ALLOW4:
+                    ak = Allow4Key.from_buffer_copy(kraw)
+                    pod = ip_of(ak.pod_ip)
+                else:
+                    ak = Allow6Key.from_buffer_copy(kraw)
+                    pod = ip6_of(ak.pod_ip)
+                try:
+                    proto = Proto(ak.proto)
+                except ValueError:
+                    # not something we write, and not representable in a MapState: it stays
+                    # (harmless: the filter only looks up TCP, UDP and SCTP)
+                    log.warning("%s holds an entry with unknown protocol %d", spec.name, ak.proto)
+                    continue
+                st.allowed.add(AllowedPort(pod, proto, port_of(ak.port)))
         return st
 
-    def flows_by_pod(self) -> dict[IPv4Address, int]:
-        out: dict[IPv4Address, int] = {}
+    def flows_by_pod(self) -> dict[IPAddress, int]:
+        """Number of flow4 and flow6 entries per pod IP."""
+        out: dict[IPAddress, int] = {}
         for raw in bpfsys.map_keys(self.fds[FLOW4.name], FLOW4.key_size):
-            pod = ip_of(Flow4Key.from_buffer_copy(raw).pod_ip)
+            pod: IPAddress = ip_of(Flow4Key.from_buffer_copy(raw).pod_ip)
+            out[pod] = out.get(pod, 0) + 1
+        for raw in bpfsys.map_keys(self.fds[FLOW6.name], FLOW6.key_size):
+            pod = ip6_of(Flow6Key.from_buffer_copy(raw).pod_ip)
             out[pod] = out.get(pod, 0) + 1
         return out
 
@@ -313,28 +387,33 @@ class PinnedMaps:
     # -- programming ---------------------------------------------------------------------
 
     def apply(self, d: MapDiff) -> None:
-        """Apply `d` in the order that never opens a hole (see MapDiff)."""
-        svc, pod, allow = self.fds[SVC4.name], self.fds[POD4.name], self.fds[ALLOW4.name]
+        """Apply `d` in the order that never opens a hole (see MapDiff), each entry to the maps
+        of its family: allowed ports added (both families), services and pods set, services
+        and pods deleted, allowed ports deleted. A diff that mixes families in an entry is
+        refused before anything is written."""
+        errors = d.family_errors()
+        if errors:
+            raise DatapathError(
+                f"refusing to program maps in {self.pin_dir}: an entry mixes address families "
+                f"({'; '.join(errors)})"
+            )
+        svc = {4: self.fds[SVC4.name], 6: self.fds[SVC6.name]}
+        pod = {4: self.fds[POD4.name], 6: self.fds[POD6.name]}
+        allow = {4: self.fds[ALLOW4.name], 6: self.fds[ALLOW6.name]}
         one = ctypes.c_uint8(1)
         try:
             for a in sorted(d.allowed_add):
-                bpfsys.map_update(allow, _allow_key(a), one)
-            for lb, s in sorted(d.services_set.items()):
-                v = Svc4Val(pod_ip=be32(s.pod_ip), flags=_flags(s.port_filter, s.allow_icmp))
-                bpfsys.map_update(svc, ctypes.c_uint32(be32(lb)), v)
-            for p, e in sorted(d.pods_set.items()):
-                v2 = Pod4Val(lb_ip=be32(e.lb_ip), flags=_flags(e.port_filter, e.allow_icmp))
-                bpfsys.map_update(pod, ctypes.c_uint32(be32(p)), v2)
-            for lb in sorted(d.services_del):
-                bpfsys.map_delete(svc, ctypes.c_uint32(be32(lb)))
-            for p in sorted(d.pods_del):
-                bpfsys.map_delete(pod, ctypes.c_uint32(be32(p)))
+                bpfsys.map_update(allow[a.version], _allow_key(a), one)
+            for lb, s in sorted(d.services_set.items(), key=lambda kv: address_key(kv[0])):
+                bpfsys.map_update(svc[lb.version], _addr_key(lb), _svc_val(s))
+            for p, e in sorted(d.pods_set.items(), key=lambda kv: address_key(kv[0])):
+                bpfsys.map_update(pod[p.version], _addr_key(p), _pod_val(e))
+            for lb in sorted(d.services_del, key=address_key):
+                bpfsys.map_delete(svc[lb.version], _addr_key(lb))
+            for p in sorted(d.pods_del, key=address_key):
+                bpfsys.map_delete(pod[p.version], _addr_key(p))
             for a in sorted(d.allowed_del):
-                bpfsys.map_delete(allow, _allow_key(a))
+                bpfsys.map_delete(allow[a.version], _allow_key(a))
         except bpfsys.BpfError as e:
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
-
-
-def _allow_key(a: AllowedPort) -> Allow4Key:
-    return Allow4Key(pod_ip=be32(a.pod_ip), proto=int(a.proto), port=be16(a.port))

@@ -1,0 +1,214 @@
+"""`cozyebpf maps dump`: the JSON-ready data and the table, for IPv4, IPv6 and dual-stack
+states (whole expected outputs)."""
+
+from __future__ import annotations
+
+import json
+from ipaddress import ip_address
+from typing import Any
+
+import pytest
+
+from cozyebpf.dump import build_dump, render_dump
+from cozyebpf.state import AllowedPort, IPAddress, MapState, PodEntry, Proto, ServiceEntry
+
+
+def ip(text: str) -> IPAddress:
+    return ip_address(text)
+
+
+LONG_LB, LONG_POD = "2001:db8:ffff:ffff:ffff:ffff:ffff:fe11", "fd00:10:244:0:1234:5678:9abc:def0"
+
+IPV4 = MapState(
+    services={
+        ip("192.0.2.10"): ServiceEntry(ip("10.244.0.5"), True, True),
+        ip("192.0.2.9"): ServiceEntry(ip("10.244.0.7"), False, False),
+    },
+    pods={
+        ip("10.244.0.5"): PodEntry(ip("192.0.2.10"), True, True),
+        ip("10.244.0.7"): PodEntry(ip("192.0.2.9"), False, False),
+    },
+    allowed={
+        AllowedPort(ip("10.244.0.5"), Proto.UDP, 53),
+        AllowedPort(ip("10.244.0.5"), Proto.TCP, 22),
+    },
+)
+
+# dual-stack vm1 (port filter), IPv4 whole-IP vm2, two IPv6-only Services (one with long
+# addresses), and a pods entry whose LB IP has no service entry
+DUAL = MapState(
+    services={
+        ip(LONG_LB): ServiceEntry(ip(LONG_POD), False, False),
+        ip("2001:db8::10"): ServiceEntry(ip("fd00:10:244::5"), True, True),
+        ip("192.0.2.10"): ServiceEntry(ip("10.244.0.5"), True, True),
+        ip("2001:db8::9"): ServiceEntry(ip("fd00:10:244::9"), True, False),
+        ip("192.0.2.9"): ServiceEntry(ip("10.244.0.7"), False, False),
+    },
+    pods={
+        ip("fd00:10:244::9"): PodEntry(ip("2001:db8::9"), True, False),
+        ip(LONG_POD): PodEntry(ip(LONG_LB), False, False),
+        ip("fd00:10:244::5"): PodEntry(ip("2001:db8::10"), True, True),
+        ip("10.244.0.5"): PodEntry(ip("192.0.2.10"), True, True),
+        ip("10.244.0.7"): PodEntry(ip("192.0.2.9"), False, False),
+        ip("fd00::99"): PodEntry(ip("2001:db8::99"), True, False),
+    },
+    allowed={
+        AllowedPort(ip("fd00:10:244::5"), Proto.SCTP, 9),
+        AllowedPort(ip("10.244.0.5"), Proto.UDP, 53),
+        AllowedPort(ip("fd00:10:244::5"), Proto.TCP, 22),
+        AllowedPort(ip("10.244.0.5"), Proto.TCP, 22),
+        AllowedPort(ip("fd00:10:244::5"), Proto.UDP, 53),
+    },
+)
+DUAL_FLOWS = {ip("10.244.0.5"): 2, ip("fd00:10:244::5"): 5, ip("fd00::dead"): 1}
+COUNTERS = {
+    "nat_ingress": {"packets": 3, "bytes": 180},
+    "pass_port": {"packets": 7, "bytes": 1234},
+    "drop_port": {"packets": 0, "bytes": 0},
+}
+ATTACHMENTS = [
+    {"device": "eth0", "hook": "xdp", "program": "cz_ingress", "prog_id": 42},
+    {"device": "eth0", "hook": "tcx-egress", "program": "cz_egress", "prog_id": 43},
+]
+
+
+def svc(lb: str, pod: str, mode: str, icmp: bool, ports: list[str], flows: int) -> dict[str, Any]:
+    return {
+        "lb_ip": lb,
+        "pod_ip": pod,
+        "mode": mode,
+        "allow_icmp": icmp,
+        "allowed_ports": ports,
+        "flows": flows,
+    }
+
+
+def pod(pod_ip: str, lb: str, mode: str, icmp: bool) -> dict[str, Any]:
+    return {"pod_ip": pod_ip, "lb_ip": lb, "mode": mode, "allow_icmp": icmp}
+
+
+DUAL_JSON: dict[str, Any] = {
+    "pin_dir": "/sys/fs/bpf/cozyebpf",
+    "attachments": ATTACHMENTS,
+    "services": [
+        svc("192.0.2.9", "10.244.0.7", "whole-ip", False, [], 0),
+        svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], 2),
+        svc("2001:db8::9", "fd00:10:244::9", "port-filter", False, [], 0),
+        svc(
+            "2001:db8::10", "fd00:10:244::5", "port-filter", True, ["tcp/22", "udp/53", "sctp/9"], 5
+        ),
+        svc(LONG_LB, LONG_POD, "whole-ip", False, [], 0),
+    ],
+    "pods": [
+        pod("10.244.0.5", "192.0.2.10", "port-filter", True),
+        pod("10.244.0.7", "192.0.2.9", "whole-ip", False),
+        pod("fd00::99", "2001:db8::99", "port-filter", False),
+        pod("fd00:10:244::5", "2001:db8::10", "port-filter", True),
+        pod("fd00:10:244::9", "2001:db8::9", "port-filter", False),
+        pod(LONG_POD, LONG_LB, "whole-ip", False),
+    ],
+    "flows": 8,
+    "counters": COUNTERS,
+}
+
+
+def test_dual_stack_json() -> None:
+    d = build_dump(DUAL, DUAL_FLOWS, COUNTERS, ATTACHMENTS, "/sys/fs/bpf/cozyebpf")
+    assert d == DUAL_JSON
+    assert json.loads(json.dumps(d)) == d
+
+
+DUAL_TABLE = """\
+pinned maps: /sys/fs/bpf/cozyebpf
+attached:
+  DEVICE  HOOK        PROGRAM     PROG ID
+  eth0    xdp         cz_ingress  42
+  eth0    tcx-egress  cz_egress   43
+services (5):
+  LB IP                                   POD IP                             MODE         ICMP  PORTS                 FLOWS
+  192.0.2.9                               10.244.0.7                         whole-ip     no    -                     0
+  192.0.2.10                              10.244.0.5                         port-filter  yes   tcp/22,udp/53         2
+  2001:db8::9                             fd00:10:244::9                     port-filter  no    -                     0
+  2001:db8::10                            fd00:10:244::5                     port-filter  yes   tcp/22,udp/53,sctp/9  5
+  2001:db8:ffff:ffff:ffff:ffff:ffff:fe11  fd00:10:244:0:1234:5678:9abc:def0  whole-ip     no    -                     0
+pods whose LB IP has no service entry:
+  POD IP    LB IP         MODE         ICMP
+  fd00::99  2001:db8::99  port-filter  no
+flows: 8
+counters:
+  REASON       PACKETS  BYTES
+  nat_ingress  3        180
+  pass_port    7        1234"""  # noqa: E501 (the table is as wide as its longest addresses)
+
+IPV4_TABLE = """\
+services (2):
+  LB IP       POD IP      MODE         ICMP  PORTS          FLOWS
+  192.0.2.9   10.244.0.7  whole-ip     no    -              0
+  192.0.2.10  10.244.0.5  port-filter  yes   tcp/22,udp/53  1
+flows: 1
+counters: (all zero)"""
+
+IPV6_ONLY_TABLE = """\
+services (1):
+  LB IP         POD IP          MODE         ICMP  PORTS          FLOWS
+  2001:db8::10  fd00:10:244::5  port-filter  yes   tcp/22,udp/53  5
+flows: 5
+counters: (all zero)"""
+
+# (id, build_dump arguments, the whole table)
+TABLES: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "dual-stack",
+        {
+            "state": DUAL,
+            "flows_by_pod": DUAL_FLOWS,
+            "counters": COUNTERS,
+            "attachments": ATTACHMENTS,
+            "pin_dir": "/sys/fs/bpf/cozyebpf",
+        },
+        DUAL_TABLE,
+    ),
+    (
+        "ipv4-columns-stay-narrow",
+        {"state": IPV4, "flows_by_pod": {ip("10.244.0.5"): 1}},
+        IPV4_TABLE,
+    ),
+    (
+        "ipv6-only",
+        {
+            "state": MapState(
+                {ip("2001:db8::10"): ServiceEntry(ip("fd00:10:244::5"), True, True)},
+                {ip("fd00:10:244::5"): PodEntry(ip("2001:db8::10"), True, True)},
+                {
+                    AllowedPort(ip("fd00:10:244::5"), Proto.UDP, 53),
+                    AllowedPort(ip("fd00:10:244::5"), Proto.TCP, 22),
+                },
+            ),
+            "flows_by_pod": {ip("fd00:10:244::5"): 5},
+        },
+        IPV6_ONLY_TABLE,
+    ),
+    ("empty", {"state": MapState()}, "services (0):\nflows: 0\ncounters: (all zero)"),
+]
+
+
+@pytest.mark.parametrize(("args", "text"), [t[1:] for t in TABLES], ids=[t[0] for t in TABLES])
+def test_table(args: dict[str, Any], text: str) -> None:
+    assert render_dump(build_dump(**args)) == text
+
+
+def test_ipv4_json_is_unchanged_by_ipv6_support() -> None:
+    assert build_dump(IPV4) == {
+        "pin_dir": "",
+        "attachments": [],
+        "services": [
+            svc("192.0.2.9", "10.244.0.7", "whole-ip", False, [], 0),
+            svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], 0),
+        ],
+        "pods": [
+            pod("10.244.0.5", "192.0.2.10", "port-filter", True),
+            pod("10.244.0.7", "192.0.2.9", "whole-ip", False),
+        ],
+        "flows": 0,
+        "counters": {},
+    }

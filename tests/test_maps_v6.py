@@ -1,0 +1,328 @@
+"""The pinned maps with both address families: a dual-stack diff lands in svc4/svc6, pod4/pod6
+and allow4/allow6 in network byte order, read_state() gives back exactly what was applied, and
+flows_by_pod() counts flow6 entries. Real maps under a private pin dir; no program is loaded."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Callable, Iterator
+from ipaddress import IPv4Address, IPv6Address, ip_address
+from typing import Any
+
+import pytest
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.layout import (
+    Allow6Key,
+    Flow4Key,
+    Flow4Val,
+    Flow6Key,
+    Ip6,
+    Pod6Val,
+    Svc4Val,
+    Svc6Val,
+    be16,
+    be32,
+    ip6,
+)
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.errors import DatapathError
+from cozyebpf.state import (
+    AllowedPort,
+    IPAddress,
+    MapDiff,
+    MapState,
+    PodEntry,
+    Proto,
+    ServiceEntry,
+    apply_to,
+    diff,
+)
+from tests.conftest import unique_prefix
+
+pytestmark = pytest.mark.datapath
+
+LB4, POD4 = IPv4Address("192.0.2.10"), IPv4Address("10.244.0.5")
+LB4_WHOLE, POD4_WHOLE = IPv4Address("192.0.2.11"), IPv4Address("10.244.0.7")
+LB6, POD6 = IPv6Address("2001:db8::10"), IPv6Address("fd00:10:244::5")
+LB6_WHOLE = IPv6Address("2001:db8:ffff:ffff:ffff:ffff:ffff:fe11")
+POD6_WHOLE = IPv6Address("fd00:10:244:0:1234:5678:9abc:def0")
+REMOTE6 = IPv6Address("2001:db8:1::99")
+
+#: vm1 dual-stack port filter (tcp/22, udp/53, ICMP), vm2 IPv4 whole-IP, vm3 IPv6 whole-IP
+DUAL = MapState(
+    services={
+        LB4: ServiceEntry(POD4, True, True),
+        LB6: ServiceEntry(POD6, True, True),
+        LB4_WHOLE: ServiceEntry(POD4_WHOLE, False, False),
+        LB6_WHOLE: ServiceEntry(POD6_WHOLE, False, False),
+    },
+    pods={
+        POD4: PodEntry(LB4, True, True),
+        POD6: PodEntry(LB6, True, True),
+        POD4_WHOLE: PodEntry(LB4_WHOLE, False, False),
+        POD6_WHOLE: PodEntry(LB6_WHOLE, False, False),
+    },
+    allowed={
+        AllowedPort(POD4, Proto.TCP, 22),
+        AllowedPort(POD4, Proto.UDP, 53),
+        AllowedPort(POD6, Proto.TCP, 22),
+        AllowedPort(POD6, Proto.UDP, 53),
+        AllowedPort(POD6, Proto.SCTP, 3868),
+    },
+)
+
+
+@pytest.fixture
+def pin_dir() -> Iterator[str]:
+    from cozyebpf.datapath.attach import detach_all
+
+    path = f"/sys/fs/bpf/{unique_prefix('v6')}"
+    try:
+        yield path
+    finally:
+        detach_all(path)
+
+
+@pytest.fixture
+def maps(pin_dir: str) -> Iterator[PinnedMaps]:
+    m = PinnedMaps.ensure(pin_dir)
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+def key_count(m: PinnedMaps, name: str) -> int:
+    from cozyebpf.datapath.layout import ALL_MAPS
+
+    spec = next(s for s in ALL_MAPS if s.name == name)
+    return len(bpfsys.map_keys(m.fds[name], spec.key_size))
+
+
+def counts(m: PinnedMaps) -> dict[str, int]:
+    names = ("svc4", "svc6", "pod4", "pod6", "allow4", "allow6")
+    return {n: key_count(m, n) for n in names}
+
+
+def test_dual_stack_state_round_trips(maps: PinnedMaps, pin_dir: str) -> None:
+    maps.apply(diff(maps.read_state(), DUAL))
+    assert maps.read_state() == DUAL
+    assert counts(maps) == {"svc4": 2, "svc6": 2, "pod4": 2, "pod6": 2, "allow4": 2, "allow6": 3}
+    with PinnedMaps.open(pin_dir) as reader:  # another process's view, as `maps dump`
+        assert reader.read_state() == DUAL
+
+
+def test_ipv6_entries_are_in_network_byte_order(maps: PinnedMaps) -> None:
+    """The raw bytes the C programs see: 16-byte addresses as on the wire, flags, zeroes."""
+    maps.apply(diff(maps.read_state(), DUAL))
+    key = ip6(LB6)
+    assert bytes(key) == bytes.fromhex("20010db8000000000000000000000010")
+    sv = Svc6Val()
+    assert bpfsys.map_lookup(maps.fds["svc6"], key, sv)
+    assert bytes(sv) == POD6.packed + bytes([0x03, 0, 0, 0])
+    pv = Pod6Val()
+    assert bpfsys.map_lookup(maps.fds["pod6"], ip6(POD6_WHOLE), pv)
+    assert bytes(pv) == LB6_WHOLE.packed + bytes(4)
+    one = ctypes.c_uint8()
+    ak = Allow6Key(pod_ip=ip6(POD6), proto=132, port=be16(3868))
+    assert bytes(ak) == POD6.packed + bytes([132, 0]) + (3868).to_bytes(2, "big")
+    assert bpfsys.map_lookup(maps.fds["allow6"], ak, one)
+    assert one.value == 1
+    sv4 = Svc4Val()
+    assert bpfsys.map_lookup(maps.fds["svc4"], ctypes.c_uint32(be32(LB4)), sv4)
+    assert bytes(sv4) == POD4.packed + bytes([0x03, 0, 0, 0])
+    # an IPv6 key is not in the IPv4 map and the other way round
+    assert not bpfsys.map_lookup(maps.fds["svc6"], ip6(IPv6Address(f"::{LB4}")), Svc6Val())
+
+
+def _v6_second(st: MapState) -> MapState:
+    """vm1's IPv6 half opens to whole-IP, vm3 goes, vm2 gets an IPv6 half."""
+    out = st.copy()
+    out.services[LB6] = ServiceEntry(POD6, False, True)
+    out.pods[POD6] = PodEntry(LB6, False, True)
+    out.allowed -= {a for a in out.allowed if a.pod_ip == POD6}
+    del out.services[LB6_WHOLE], out.pods[POD6_WHOLE]
+    out.services[IPv6Address("2001:db8::11")] = ServiceEntry(IPv6Address("fd00::7"), False, False)
+    out.pods[IPv6Address("fd00::7")] = PodEntry(IPv6Address("2001:db8::11"), False, False)
+    return out
+
+
+def _v4_gone(st: MapState) -> MapState:
+    return st.of_family(6)
+
+
+def _v6_gone(st: MapState) -> MapState:
+    return st.of_family(4)
+
+
+def _all_gone(st: MapState) -> MapState:
+    return MapState()
+
+
+# (id, the next desired state from DUAL, the key counts after it)
+CHANGES: list[tuple[str, Callable[[MapState], MapState], dict[str, int]]] = [
+    (
+        "ipv6-changes",
+        _v6_second,
+        {"svc4": 2, "svc6": 2, "pod4": 2, "pod6": 2, "allow4": 2, "allow6": 0},
+    ),
+    (
+        "ipv4-removed",
+        _v4_gone,
+        {"svc4": 0, "svc6": 2, "pod4": 0, "pod6": 2, "allow4": 0, "allow6": 3},
+    ),
+    (
+        "ipv6-removed",
+        _v6_gone,
+        {"svc4": 2, "svc6": 0, "pod4": 2, "pod6": 0, "allow4": 2, "allow6": 0},
+    ),
+    (
+        "all-removed",
+        _all_gone,
+        {"svc4": 0, "svc6": 0, "pod4": 0, "pod6": 0, "allow4": 0, "allow6": 0},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected_counts"), [c[1:] for c in CHANGES], ids=[c[0] for c in CHANGES]
+)
+def test_second_diff_round_trips(
+    maps: PinnedMaps, change: Callable[[MapState], MapState], expected_counts: dict[str, int]
+) -> None:
+    maps.apply(diff(maps.read_state(), DUAL))
+    desired = change(DUAL)
+    d = diff(maps.read_state(), desired)
+    assert apply_to(DUAL, d) == desired
+    maps.apply(d)
+    assert maps.read_state() == desired
+    assert counts(maps) == expected_counts
+    maps.apply(diff(maps.read_state(), desired))  # idempotent
+    assert maps.read_state() == desired
+
+
+def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Allowed ports of both families are added first and deleted last; each write goes to the
+    map of its family."""
+    maps.apply(diff(maps.read_state(), DUAL))
+    names = {fd: name for name, fd in maps.fds.items()}
+    calls: list[tuple[str, str]] = []
+
+    def recorder(op: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(fd: int, *args: Any) -> Any:
+            calls.append((op, names[fd]))
+            return real(fd, *args)
+
+        return call
+
+    monkeypatch.setattr(bpfsys, "map_update", recorder("update", bpfsys.map_update))
+    monkeypatch.setattr(bpfsys, "map_delete", recorder("delete", bpfsys.map_delete))
+    desired = MapState(
+        services={
+            LB4: ServiceEntry(POD4_WHOLE, True, False),
+            LB6: ServiceEntry(POD6_WHOLE, True, False),
+        },
+        pods={POD4_WHOLE: PodEntry(LB4, True, False), POD6_WHOLE: PodEntry(LB6, True, False)},
+        allowed={AllowedPort(POD4_WHOLE, Proto.TCP, 80), AllowedPort(POD6_WHOLE, Proto.TCP, 80)},
+    )
+    maps.apply(diff(maps.read_state(), desired))
+    assert calls == [
+        ("update", "allow4"),
+        ("update", "allow6"),
+        ("update", "svc4"),
+        ("update", "svc6"),
+        ("update", "pod4"),
+        ("update", "pod6"),
+        ("delete", "svc4"),
+        ("delete", "svc6"),
+        ("delete", "pod4"),
+        ("delete", "pod6"),
+        ("delete", "allow4"),
+        ("delete", "allow4"),
+        ("delete", "allow6"),
+        ("delete", "allow6"),
+        ("delete", "allow6"),
+    ]
+    monkeypatch.undo()
+    assert maps.read_state() == desired
+
+
+def test_a_diff_that_mixes_families_is_refused_before_any_write(maps: PinnedMaps) -> None:
+    maps.apply(diff(maps.read_state(), DUAL))
+    d = MapDiff(allowed_add={AllowedPort(POD6, Proto.TCP, 8080)}, services_del={LB4})
+    d.services_set[LB6] = ServiceEntry(POD4, True, False)
+    with pytest.raises(DatapathError) as info:
+        maps.apply(d)
+    assert str(info.value) == (
+        f"refusing to program maps in {maps.pin_dir}: an entry mixes address families "
+        "(service 2001:db8::10 -> pod 10.244.0.5)"
+    )
+    assert maps.read_state() == DUAL
+
+
+def _flow6(pod: IPv6Address, remote: IPv6Address, pod_port: int, proto: int) -> Flow6Key:
+    return Flow6Key(
+        pod_ip=ip6(pod),
+        remote_ip=ip6(remote),
+        pod_port=be16(pod_port),
+        remote_port=be16(443 if proto != 58 else 0),
+        proto=proto,
+    )
+
+
+def test_flows_by_pod_counts_both_families(maps: PinnedMaps, pin_dir: str) -> None:
+    from cozyebpf.datapath.bpf import dump_pinned
+
+    maps.apply(diff(maps.read_state(), DUAL))
+    seen = Flow4Val(last_seen_ns=1)
+    for key in (
+        _flow6(POD6, REMOTE6, 40000, 6),
+        _flow6(POD6, REMOTE6, 7, 58),  # an ICMPv6 echo: identifier 7
+        _flow6(POD6_WHOLE, REMOTE6, 40001, 17),
+    ):
+        bpfsys.map_update(maps.fds["flow6"], key, seen)
+    flow4 = Flow4Key(
+        pod_ip=be32(POD4),
+        remote_ip=be32(IPv4Address("198.51.100.1")),
+        pod_port=be16(40000),
+        remote_port=be16(443),
+        proto=6,
+    )
+    bpfsys.map_update(maps.fds["flow4"], flow4, seen)
+    expected: dict[IPAddress, int] = {POD4: 1, POD6: 2, POD6_WHOLE: 1}
+    assert maps.flows_by_pod() == expected
+    dumped = dump_pinned(pin_dir)
+    assert [(s["lb_ip"], s["pod_ip"], s["flows"]) for s in dumped["services"]] == [
+        ("192.0.2.10", "10.244.0.5", 1),
+        ("192.0.2.11", "10.244.0.7", 0),
+        ("2001:db8::10", "fd00:10:244::5", 2),
+        (str(LB6_WHOLE), str(POD6_WHOLE), 1),
+    ]
+    assert dumped["flows"] == 4
+
+
+def test_unknown_protocol_in_allow6_is_skipped_and_warned(
+    maps: PinnedMaps, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="cozyebpf.datapath.maps")
+    maps.apply(diff(maps.read_state(), DUAL))
+    gre = Allow6Key(pod_ip=ip6(POD6), proto=47, port=0)
+    bpfsys.map_update(maps.fds["allow6"], gre, ctypes.c_uint8(1))
+    assert maps.read_state() == DUAL
+    assert [r.getMessage() for r in caplog.records] == [
+        "allow6 holds an entry with unknown protocol 47"
+    ]
+
+
+def test_raw_ipv6_keys_are_read_back_normalised(maps: PinnedMaps) -> None:
+    """An entry written by someone else (drift) is read as the address it holds."""
+    raw = Ip6.from_buffer_copy(bytes.fromhex("20010db8000000000000000000000abc"))
+    val = Svc6Val(pod_ip=ip6(POD6), flags=0x01)
+    bpfsys.map_update(maps.fds["svc6"], raw, val)
+    assert maps.read_state() == MapState(
+        services={ip_address("2001:db8::abc"): ServiceEntry(POD6, True, False)}
+    )
+    assert os.path.exists(os.path.join(maps.pin_dir, "svc6"))
