@@ -5,7 +5,8 @@
                              lxc-podN (10.244.0.1/32) =========== eth0 10.244.1.N0/32
                              routes 10.244.1.N0/32 dev lxc-podN      default via 10.244.0.1
 
-The node routes a /32 to each pod veth, as Cilium does. The client's default route points at
+The node routes a /32 (and an IPv6 /128 from 2001:db8:244::/64) to each pod veth, as Cilium does;
+the client is 2001:db8:100::2 behind the node's 2001:db8:100::1. The client's default route points at
 the node, so LB IPs (203.0.113.0/24) reach the node's uplink, where cozyebpf runs. Neighbour
 entries are static and MACs fixed, so packets are predictable byte for byte. Only documentation
 ranges and 10.244.0.0/16 are used, and only inside these namespaces.
@@ -30,6 +31,10 @@ CLONE_NEWNET = 0x40000000
 CLIENT_IP = "198.51.100.2"
 NODE_UPLINK_IP = "198.51.100.1"
 NODE_POD_GW = "10.244.0.1"
+# IPv6, all in the documentation prefix 2001:db8::/32
+CLIENT_IP6 = "2001:db8:100::2"
+NODE_UPLINK_IP6 = "2001:db8:100::1"
+NODE_POD_GW6 = "2001:db8:244::1"
 CLIENT_MAC = "02:00:00:00:00:01"
 UPLINK_MAC = "02:00:00:00:00:02"
 UPLINK = "uplink"
@@ -52,6 +57,10 @@ class Pod:
     @property
     def host_dev(self) -> str:
         return f"lxc-{self.name}"
+
+    @property
+    def ip6(self) -> str:
+        return f"2001:db8:244::{self.index:x}0"
 
 
 DEFAULT_PODS = (
@@ -101,16 +110,24 @@ class Lab:
             self.ip(ns, "link", "set", "lo", "up")
             for key in ("all", "default"):
                 self.sysctl(ns, f"net.ipv4.conf.{key}.rp_filter", "0")
+                self.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")
+                self.sysctl(ns, f"net.ipv6.conf.{key}.accept_ra", "0")
         self.sysctl(self.node, "net.ipv4.ip_forward", "1")
+        self.sysctl(self.node, "net.ipv6.conf.all.forwarding", "1")
         c, n = self.client, self.node
         self.veth(n, UPLINK, UPLINK_MAC, c, "eth0", CLIENT_MAC)
         self.ip(c, "addr", "add", f"{CLIENT_IP}/24", "dev", "eth0")
         self.ip(c, "link", "set", "eth0", "up")
         self.ip(c, "route", "add", "default", "via", NODE_UPLINK_IP)
         self.neigh(c, NODE_UPLINK_IP, UPLINK_MAC, "eth0")
+        self.ip(c, "-6", "addr", "add", f"{CLIENT_IP6}/64", "dev", "eth0", "nodad")
+        self.ip(c, "-6", "route", "add", "default", "via", NODE_UPLINK_IP6)
+        self.neigh(c, NODE_UPLINK_IP6, UPLINK_MAC, "eth0")
         self.ip(n, "addr", "add", f"{NODE_UPLINK_IP}/24", "dev", UPLINK)
         self.ip(n, "link", "set", UPLINK, "up")
         self.neigh(n, CLIENT_IP, CLIENT_MAC, UPLINK)
+        self.ip(n, "-6", "addr", "add", f"{NODE_UPLINK_IP6}/64", "dev", UPLINK, "nodad")
+        self.neigh(n, CLIENT_IP6, CLIENT_MAC, UPLINK)
         for p in self.pods:
             pns = self.pod_ns(p)
             self.veth(n, p.host_dev, p.host_mac, pns, "eth0", p.mac)
@@ -123,6 +140,13 @@ class Lab:
             self.ip(pns, "route", "add", NODE_POD_GW, "dev", "eth0")
             self.ip(pns, "route", "add", "default", "via", NODE_POD_GW)
             self.neigh(pns, NODE_POD_GW, p.host_mac, "eth0")
+            self.ip(n, "-6", "addr", "add", f"{NODE_POD_GW6}/128", "dev", p.host_dev, "nodad")
+            self.ip(n, "-6", "route", "add", f"{p.ip6}/128", "dev", p.host_dev)
+            self.neigh(n, p.ip6, p.mac, p.host_dev)
+            self.ip(pns, "-6", "addr", "add", f"{p.ip6}/128", "dev", "eth0", "nodad")
+            self.ip(pns, "-6", "route", "add", NODE_POD_GW6, "dev", "eth0")
+            self.ip(pns, "-6", "route", "add", "default", "via", NODE_POD_GW6)
+            self.neigh(pns, NODE_POD_GW6, p.host_mac, "eth0")
         return self
 
     def down(self) -> None:

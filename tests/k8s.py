@@ -18,6 +18,8 @@ class Svc:
     proxy_name: str = "cozy-proxy"
     namespace: str = "default"
     created: str = "2026-01-01T00:00:00Z"
+    lb_ip6: str | None = None  # dual-stack: an IPv6 LB IP too
+    pod_ip6: str | None = None  # and an IPv6 EndpointSlice
 
 
 def objects(svc: Svc) -> list[dict[str, object]]:
@@ -45,24 +47,29 @@ def objects(svc: Svc) -> list[dict[str, object]]:
             # a LoadBalancer Service needs a port; port 1 stands in where a test names none
             or [{"name": "placeholder", "protocol": "TCP", "port": 1}],
         },
-        "status": {"loadBalancer": {"ingress": [{"ip": svc.lb_ip}]}},
+        "status": {
+            "loadBalancer": {
+                "ingress": [{"ip": ip} for ip in (svc.lb_ip, svc.lb_ip6) if ip is not None]
+            }
+        },
     }
     out: list[dict[str, object]] = [service]
-    if svc.pod_ip:
-        out.append(
-            {
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": f"{svc.name}-abcde",
-                    "namespace": svc.namespace,
-                    "labels": {"kubernetes.io/service-name": svc.name},
-                },
-                "addressType": "IPv4",
-                "endpoints": [{"addresses": [svc.pod_ip], "conditions": {"ready": True}}],
-                "ports": [{"port": n, "protocol": p} for p, n in svc.ports],
-            }
-        )
+    for family, pod_ip in (("IPv4", svc.pod_ip), ("IPv6", svc.pod_ip6)):
+        if pod_ip:
+            out.append(
+                {
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSlice",
+                    "metadata": {
+                        "name": f"{svc.name}-{family.lower()}",
+                        "namespace": svc.namespace,
+                        "labels": {"kubernetes.io/service-name": svc.name},
+                    },
+                    "addressType": family,
+                    "endpoints": [{"addresses": [pod_ip], "conditions": {"ready": True}}],
+                    "ports": [{"port": n, "protocol": p} for p, n in svc.ports],
+                }
+            )
     return out
 
 

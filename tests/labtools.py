@@ -119,9 +119,10 @@ class AgentLab:
         os.replace(tmp, self.manifest_path)
 
         want = {
-            s.lb_ip: (s.pod_ip, s.whole_ip != "true", s.allow_icmp == "true")
+            lb: (pod, s.whole_ip != "true", s.allow_icmp == "true")
             for s in expected
-            if s.pod_ip
+            for lb, pod in ((s.lb_ip, s.pod_ip), (s.lb_ip6, s.pod_ip6))
+            if lb and pod
         }
 
         def programmed() -> bool:
@@ -160,12 +161,17 @@ class AgentLab:
 
 @contextlib.contextmanager
 def serve(
-    lab: Lab, ns: str, kind: int, port: int, handler: Callable[[socket.socket], None]
+    lab: Lab,
+    ns: str,
+    kind: int,
+    port: int,
+    handler: Callable[[socket.socket], None],
+    family: int = socket.AF_INET,
 ) -> Iterator[socket.socket]:
-    """A TCP or UDP server socket in `ns` on 0.0.0.0:port, handled in a thread."""
-    s = lab.ns_socket(ns, socket.AF_INET, kind)
+    """A TCP or UDP server socket in `ns` on the any-address:port, handled in a thread."""
+    s = lab.ns_socket(ns, family, kind)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", port))
+    s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
     if kind == socket.SOCK_STREAM:
         s.listen(8)
     stop = threading.Event()
