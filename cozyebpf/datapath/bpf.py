@@ -47,19 +47,19 @@ class BpfDatapath:
         self.on_foreign_xdp = on_foreign_xdp
         self.maps: PinnedMaps | None = None
         self.programs: dict[str, loader.Program] = {}
+        self._module: Any = None
         self.attachments: dict[tuple[str, str], attach.Attachment] = {}  # (device, role)
 
     # -- programs ------------------------------------------------------------------------
 
     def _program(self, name: str) -> loader.Program:
-        """Compile and load a program once (bcc takes a few seconds per program)."""
+        """Load a program once; all come from one compilation of bpf/cozyebpf.c (bcc takes
+        seconds per compilation)."""
         if name not in self.programs:
-            source, kind = {
-                "cz_ingress": ("ingress.c", "xdp"),
-                "cz_ingress_tc": ("ingress_tc.c", "sched_cls"),
-                "cz_egress": ("egress.c", "sched_cls"),
-            }[name]
-            self.programs[name] = loader.load(source, name, kind, self.pin_dir)
+            if self._module is None:
+                self._module = loader.compile_source("cozyebpf.c", self.pin_dir)
+            kind = "xdp" if name == "cz_ingress" else "sched_cls"
+            self.programs[name] = loader.load_from(self._module, name, kind)
         return self.programs[name]
 
     def start(self) -> None:
@@ -180,7 +180,8 @@ class BpfDatapath:
         if self.maps:
             self.maps.close()
             self.maps = None
-        self.programs = {}  # drops bcc's modules; the pinned links keep the programs
+        self.programs = {}  # drops bcc's module; the pinned links keep the programs
+        self._module = None
 
 
 def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR, maps: PinnedMaps | None = None) -> dict[str, Any]:

@@ -73,26 +73,35 @@ class Program:
         return Program(self.name, fn.fd, self.bpf, self.kind)
 
 
-def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
-    """Compile bpf/<source> and load `func` as prog_type ("xdp" or "sched_cls"). The pinned
-    maps must exist already (PinnedMaps.ensure), so bcc only opens them."""
+def compile_source(source: str, pin_dir: str) -> Any:
+    """Compile bpf/<source> with bcc; the bcc module. The pinned maps must exist already
+    (PinnedMaps.ensure), so bcc only opens them."""
     from bcc import BPF  # imported here: the model and the CLI's help work without bcc
 
     path = bpf_dir() / source
     if not path.is_file():
         raise DatapathError(f"BPF source {path} not found; set COZYEBPF_BPF_DIR")
     try:
-        b = BPF(text=flatten(path).encode(), cflags=cflags(pin_dir))
+        return BPF(text=flatten(path).encode(), cflags=cflags(pin_dir))
     except Exception as e:  # bcc raises bare Exception; the compiler printed the details
         raise DatapathError(
             f"compiling {path} failed ({e}); see the compiler output above. Are kernel "
             f"headers installed at /lib/modules/{os.uname().release}/build?"
         ) from e
+
+
+def load_from(module: Any, func: str, prog_type: str) -> Program:
+    """Load `func` of a compiled module as prog_type ("xdp" or "sched_cls")."""
+    from bcc import BPF
+
     kind = {"xdp": BPF.XDP, "sched_cls": BPF.SCHED_CLS}[prog_type]
     try:
-        fn = b.load_func(func.encode(), kind)
+        fn = module.load_func(func.encode(), kind)
     except Exception as e:
-        raise DatapathError(
-            f"the kernel rejected {func} from {path}: {e}; the verifier log is above"
-        ) from e
-    return Program(func, fn.fd, b, kind)
+        raise DatapathError(f"the kernel rejected {func}: {e}; the verifier log is above") from e
+    return Program(func, fn.fd, module, kind)
+
+
+def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
+    """Compile bpf/<source> and load `func` from it."""
+    return load_from(compile_source(source, pin_dir), func, prog_type)
