@@ -6,10 +6,11 @@
                              routes 10.244.1.N0/32 dev lxc-podN      default via 10.244.0.1
 
 The node routes a /32 (and an IPv6 /128 from 2001:db8:244::/64) to each pod veth, as Cilium
-does; the client is also 2001:db8:100::2 behind the node's 2001:db8:100::1. The client's default
-route points at the node, so LB IPs (203.0.113.0/24) reach the node's uplink, where cozyebpf runs. Neighbour
-entries are static and MACs fixed, so packets are predictable byte for byte. Only documentation
-ranges and 10.244.0.0/16 are used, and only inside these namespaces.
+does; the client is also 2001:db8:100::2 behind the node's 2001:db8:100::1. The client's
+default route points at the node, so LB IPs (203.0.113.0/24, 2001:db8:113::/64) reach the
+node's uplink, where cozyebpf runs. Neighbour entries are static and MACs fixed, so packets are
+predictable byte for byte. Only documentation ranges and 10.244.0.0/16 are used, and only
+inside these namespaces.
 """
 
 from __future__ import annotations
