@@ -3,11 +3,11 @@
 #
 #   docker build -t cozyebpf .
 #
-# The pod needs: privileged (or CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN,
-# CAP_PERFMON), hostNetwork, and a hostPath /sys/fs/bpf. Mount the host's
-# /lib/modules only on hosts that have kernel headers; elsewhere the
-# entrypoint links the fallback headers installed below (see
-# docker/entrypoint.sh).
+# The pod needs CAP_SYS_ADMIN and CAP_NET_ADMIN (tests/test_capabilities.py
+# proves that set), hostNetwork, and a hostPath /sys/fs/bpf. The host's kernel
+# headers go read-only to /host/lib/modules and /host/usr/src; without them
+# the entrypoint links the fallback headers installed below
+# (docker/entrypoint.sh, deploy/daemonset.yaml).
 FROM debian:bookworm-slim
 
 # Debian's name for the architecture (amd64, arm64) picks the fallback
@@ -29,6 +29,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 ENV COZYEBPF_BPF_DIR=/opt/cozyebpf/bpf \
+    PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 

@@ -1,13 +1,17 @@
 #!/bin/bash
 # Entrypoint of the cozyebpf DaemonSet image.
 #
-# 1. Kernel headers for bcc. If the host's headers are mounted at
-#    /lib/modules/$(uname -r) (hostPath /lib/modules) and usable, they are
-#    used as they are. Otherwise /lib/modules/$(uname -r)/{build,source} are
-#    linked to the image's fallback Debian headers (linux-headers-<arch>).
-#    Do not mount the host's /lib/modules into the container on hosts without
-#    headers: the links would then be written into the host's filesystem (or
-#    fail on a read-only mount) - without the mount they stay in the container.
+# 1. Kernel headers for bcc, in this order:
+#    a. /lib/modules/$(uname -r) already has usable headers (an image run by
+#       hand with the host's /lib/modules mounted there): used as they are.
+#    b. The host's headers, mounted read-only at /host/lib/modules and
+#       /host/usr/src (deploy/daemonset.yaml): /lib/modules/$(uname -r)/{build,
+#       source} are linked to them. The host's own links point to /usr/src/...;
+#       they are followed inside /host.
+#    c. The image's fallback Debian headers (linux-headers-<arch>).
+#    The links are written into the container's /lib/modules (an emptyDir in
+#    the DaemonSet, so the root filesystem can stay read-only), never into a
+#    host directory.
 # 2. bpffs on /sys/fs/bpf (usually a hostPath mount, so pins outlive the pod).
 # 3. exec cozyebpf with the container's arguments (default: run --help).
 #
@@ -19,6 +23,7 @@ log() { printf 'entrypoint: %s\n' "$*" >&2; }
 
 krel="$(uname -r)"
 moddir="/lib/modules/${krel}"
+host_root="${COZYEBPF_HOST_ROOT:-/host}"
 arch="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
 
 # Same test as bcc: with both build/ and source/ it compiles in source/,
@@ -31,8 +36,49 @@ headers_ok() {
 	fi
 }
 
+# link_headers BUILD [SOURCE]: point ${moddir}/build (and source) at them.
+link_headers() {
+	local name target link
+	mkdir -p "${moddir}" || return 1
+	for name in build source; do
+		link="${moddir}/${name}"
+		target=$1
+		[[ ${name} == source ]] && target=${2:-}
+		if [[ -d ${link} && ! -L ${link} ]] && ! rmdir "${link}" 2>/dev/null; then
+			log "WARNING: ${link} is a non-empty directory without usable headers; not replacing it"
+			return 1
+		fi
+		if [[ -n ${target} ]]; then
+			ln -sfn "${target}" "${link}" || return 1
+		else
+			rm -f "${link}" || return 1
+		fi
+	done
+	headers_ok
+}
+
+# The host's ${host_root}/lib/modules/<krel>/<name> as a path inside the
+# container: a link to /usr/src/... (Debian, Ubuntu, Fedora) is followed inside
+# ${host_root}; a relative link or a real directory stays where it is.
+host_headers_dir() {
+	local path="${host_root}/lib/modules/${krel}/$1" target
+	if [[ -L ${path} ]]; then
+		target="$(readlink "${path}")" || return 1
+		[[ ${target} == /* ]] && path="${host_root}${target}"
+	fi
+	[[ -d ${path} ]] && printf '%s\n' "${path}"
+}
+
+link_host_headers() {
+	local build source
+	build="$(host_headers_dir build)" || return 1
+	source="$(host_headers_dir source)" || source=""
+	log "linking ${moddir}/{build,source} to the host's headers ${build}${source:+, ${source}}"
+	link_headers "${build}" "${source}"
+}
+
 link_fallback_headers() {
-	local candidate common arch_hdrs="" common_hdrs="" name target link
+	local candidate common arch_hdrs="" common_hdrs=""
 	while IFS= read -r candidate; do
 		[[ -n ${candidate} ]] || continue
 		common="${candidate%-"${arch}"}-common"
@@ -46,22 +92,13 @@ link_fallback_headers() {
 		return 1
 	fi
 	log "no usable host kernel headers for ${krel}: linking ${moddir}/{build,source} to fallback ${arch_hdrs}, ${common_hdrs}"
-	mkdir -p "${moddir}" || return 1
-	for name in build source; do
-		link="${moddir}/${name}"
-		target=${arch_hdrs}
-		[[ ${name} == source ]] && target=${common_hdrs}
-		if [[ -d ${link} && ! -L ${link} ]] && ! rmdir "${link}" 2>/dev/null; then
-			log "WARNING: ${link} is a non-empty directory without usable headers; not replacing it"
-			return 1
-		fi
-		ln -sfn "${target}" "${link}" || return 1
-	done
-	headers_ok
+	link_headers "${arch_hdrs}" "${common_hdrs}"
 }
 
 if headers_ok; then
 	log "using kernel headers in ${moddir}"
+elif link_host_headers; then
+	log "using the host's kernel headers"
 elif ! link_fallback_headers; then
 	log "WARNING: could not set up kernel headers in ${moddir}; bcc will fail to compile the datapath"
 fi
@@ -74,4 +111,4 @@ if ! mountpoint -q /sys/fs/bpf; then
 	fi
 fi
 
-exec /opt/venv/bin/cozyebpf "$@"
+exec "${COZYEBPF_EXEC:-/opt/venv/bin/cozyebpf}" "$@"

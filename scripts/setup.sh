@@ -46,7 +46,7 @@ S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP=""
 APT_PACKAGES=(
 	python3-bpfcc libbpfcc "linux-headers-$ARCH"
 	iproute2 iputils-ping nftables clang-format
-	curl netcat-openbsd procps python3-venv ethtool
+	curl netcat-openbsd procps python3-venv ethtool libcap2-bin
 )
 
 missing_apt_packages() {

@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Iterator
 from ipaddress import IPv4Address as A
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,17 @@ def test_a_reader_refuses_a_wrong_layout(pin_dir: str) -> None:
     os.close(pin_map(f"{pin_dir}/pod4", SVC4.map_type, 4, 4, 16))
     with pytest.raises(DatapathError, match=r"pod4 has another layout \(value size 4 \(want 8\)"):
         PinnedMaps.open(pin_dir)
+
+
+def test_detach_never_deletes_what_is_not_ours(tmp_path: Path, pin_dir: str) -> None:
+    from cozyebpf.datapath.attach import detach_all
+
+    (tmp_path / "precious").write_text("keep me")
+    with pytest.raises(DatapathError, match="is not on a bpf filesystem"):
+        detach_all(str(tmp_path))
+    assert (tmp_path / "precious").read_text() == "keep me"
+    PinnedMaps.ensure(pin_dir).close()
+    os.mkdir(f"{pin_dir}/someone-elses")
+    removed = detach_all(pin_dir)
+    assert f"{pin_dir}/svc4" in removed and os.path.isdir(f"{pin_dir}/someone-elses")
+    os.rmdir(f"{pin_dir}/someone-elses")

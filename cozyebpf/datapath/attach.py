@@ -205,14 +205,19 @@ def _foreign_xdp(device: str, prog_id: int) -> None:
 
 def tcx_supported() -> bool:
     """tcx exists from Linux 6.6: a program query for a tcx hook on lo fails with EINVAL
-    on older kernels."""
+    on older kernels. Any other failure (EPERM) is an error, not a reason to fall back."""
     attr = bpfsys._ProgQuery(
         target_ifindex=socket.if_nametoindex("lo"), attach_type=bpfsys.BPF_TCX_EGRESS
     )
     try:
         bpfsys._sys_bpf(bpfsys.BPF_PROG_QUERY, attr, "probe tcx")
-    except bpfsys.BpfError:
-        return False
+    except bpfsys.BpfError as e:
+        if e.errno == errno.EINVAL:
+            return False
+        raise DatapathError(
+            f"cannot query tc programs ({e.strerror}); cozyebpf needs CAP_SYS_ADMIN and "
+            f"CAP_NET_ADMIN"
+        ) from e
     return True
 
 
@@ -361,24 +366,61 @@ def list_attachments(pin_dir: str) -> list[Attachment]:
     return out
 
 
+BPF_FS_MAGIC = 0xCAFE4A11
+
+
+def on_bpffs(path: str) -> bool:
+    """Is `path` on a bpf filesystem? (statfs f_type)"""
+    import ctypes
+    import ctypes.util
+
+    class _Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 120)]
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    buf = _Statfs()
+    if libc.statfs(path.encode(), ctypes.byref(buf)) != 0:
+        return False
+    return bool(buf.f_type & 0xFFFFFFFF == BPF_FS_MAGIC)
+
+
 def detach_all(pin_dir: str) -> list[str]:
-    """Remove every link, legacy filter and pin of ours. Returns what was removed."""
+    """Remove every link, legacy filter and pin of ours. Returns what was removed.
+
+    Only our own names are unlinked, and only on a bpf filesystem: a wrong --pin-dir never
+    deletes anything else. Names of ours that are not there are skipped."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from cozyebpf.datapath.layout import ALL_MAPS
+
     removed: list[str] = []
+    if os.path.isdir(pin_dir) and not on_bpffs(pin_dir):
+        raise DatapathError(f"{pin_dir} is not on a bpf filesystem: not a cozyebpf pin dir")
     ldir = links_dir(pin_dir)
     if os.path.isdir(ldir):
         for name in sorted(os.listdir(ldir)):
             path = os.path.join(ldir, name)
             if detach_link(path):
                 removed.append(path)
-        os.rmdir(ldir)
+        with contextlib.suppress(OSError):  # not empty: something that is not ours
+            os.rmdir(ldir)
     for idx, dev in socket.if_nameindex():
         for _, parent in DIRECTIONS.values():
-            removed += [f"{dev}: {r}" for r in remove_legacy(idx, parent)]
+            try:
+                removed += [f"{dev}: {r}" for r in remove_legacy(idx, parent)]
+            except NetlinkError as e:
+                raise DatapathError(
+                    f"removing our clsact filters from {dev} failed ({e}); this needs CAP_NET_ADMIN"
+                ) from e
     if os.path.isdir(pin_dir):
-        for name in sorted(os.listdir(pin_dir)):
-            path = os.path.join(pin_dir, name)
-            os.unlink(path)
-            removed.append(path)
-        os.rmdir(pin_dir)
-        removed.append(pin_dir)
+        for spec in ALL_MAPS:
+            path = os.path.join(pin_dir, spec.name)
+            if os.path.exists(path):
+                os.unlink(path)
+                removed.append(path)
+        try:
+            os.rmdir(pin_dir)
+            removed.append(pin_dir)
+        except OSError as e:
+            log.warning("kept %s: %s (it holds files that are not cozyebpf's)", pin_dir, e)
     return removed

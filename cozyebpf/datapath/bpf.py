@@ -204,12 +204,21 @@ COZY_PROXY_TABLE = ("ip", "cozy_proxy")
 
 
 def cozy_proxy_table_present() -> bool:
-    """Is cozy-proxy's nftables table in this network namespace?"""
+    """Is cozy-proxy's nftables table in this network namespace? An nft error other than
+    "no such table" (no permission, say) is an error, not an absence."""
     nft = shutil.which("nft")
     if nft is None:
+        log.debug("nft not installed: not looking for cozy-proxy's table")
         return False
-    p = subprocess.run([nft, "list", "table", *COZY_PROXY_TABLE], capture_output=True)
-    return p.returncode == 0
+    p = subprocess.run([nft, "list", "table", *COZY_PROXY_TABLE], capture_output=True, text=True)
+    if p.returncode == 0:
+        return True
+    if "No such file or directory" in p.stderr:
+        return False
+    raise DatapathError(
+        f"cannot look for cozy-proxy's nftables table `ip cozy_proxy`: {p.stderr.strip()} "
+        f"(this needs CAP_NET_ADMIN)"
+    )
 
 
 def handle_cozy_proxy(remove: bool) -> None:

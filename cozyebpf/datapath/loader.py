@@ -73,11 +73,28 @@ class Program:
         return Program(self.name, fn.fd, self.bpf, self.kind)
 
 
+CAP_SYS_ADMIN = 21
+
+
+def has_capability(cap: int) -> bool:
+    """Is `cap` in this process's effective set?"""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
+
+
 def compile_source(source: str, pin_dir: str) -> Any:
     """Compile bpf/<source> with bcc; the bcc module. The pinned maps must exist already
     (PinnedMaps.ensure), so bcc only opens them."""
     from bcc import BPF  # imported here: the model and the CLI's help work without bcc
 
+    if not has_capability(CAP_SYS_ADMIN):
+        # bcc opens pinned maps by id (BPF_MAP_GET_FD_BY_ID), which needs CAP_SYS_ADMIN
+        raise DatapathError(
+            "loading the programs needs CAP_SYS_ADMIN (bcc opens the pinned maps by id); "
+            "run as root or add SYS_ADMIN and NET_ADMIN to the container's capabilities"
+        )
     path = bpf_dir() / source
     if not path.is_file():
         raise DatapathError(f"BPF source {path} not found; set COZYEBPF_BPF_DIR")

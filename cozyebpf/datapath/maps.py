@@ -213,6 +213,11 @@ class PinnedMaps:
                 fds[META.name], ctypes.c_uint32(0), MetaVal(layout_version=LAYOUT_VERSION)
             )
             maps = cls(pin_dir, fds)
+        except bpfsys.BpfError as e:
+            for fd in fds.values():
+                os.close(fd)
+            hint = " (cozyebpf needs CAP_SYS_ADMIN)" if e.errno == errno.EPERM else ""
+            raise DatapathError(f"preparing the maps in {pin_dir} failed: {e}{hint}") from e
         except BaseException:
             for fd in fds.values():
                 os.close(fd)
