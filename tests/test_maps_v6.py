@@ -218,8 +218,8 @@ def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.Mo
 
         return call
 
-    monkeypatch.setattr(bpfsys, "map_update", recorder("update", bpfsys.map_update))
-    monkeypatch.setattr(bpfsys, "map_delete", recorder("delete", bpfsys.map_delete))
+    monkeypatch.setattr(bpfsys, "map_update_batch", recorder("update", bpfsys.map_update_batch))
+    monkeypatch.setattr(bpfsys, "map_delete_batch", recorder("delete", bpfsys.map_delete_batch))
     desired = MapState(
         services={
             LB4: ServiceEntry(POD4_WHOLE, True, False),
@@ -241,13 +241,19 @@ def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.Mo
         ("delete", "pod4"),
         ("delete", "pod6"),
         ("delete", "allow4"),
-        ("delete", "allow4"),
         ("delete", "allow6"),
-        ("delete", "allow6"),
-        ("delete", "allow6"),
-    ]
+    ]  # one batch per map and step
     monkeypatch.undo()
     assert maps.read_state() == desired
+
+
+def test_without_batch_operations_each_entry_is_written(maps: PinnedMaps) -> None:
+    """A kernel that refuses batch operations gets one call per entry, with the same result."""
+    maps._no_batch = True
+    maps.apply(diff(maps.read_state(), DUAL))
+    assert maps.read_state() == DUAL
+    maps.apply(diff(maps.read_state(), MapState()))
+    assert maps.read_state() == MapState()
 
 
 def test_a_diff_that_mixes_families_is_refused_before_any_write(maps: PinnedMaps) -> None:

@@ -11,6 +11,7 @@ import ctypes
 import errno
 import logging
 import os
+import struct
 from collections.abc import Iterator
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -61,7 +62,6 @@ from cozyebpf.state import (
     PodEntry,
     Proto,
     ServiceEntry,
-    address_key,
 )
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,18 @@ def _allow_key(a: AllowedPort) -> Allow4Key | Allow6Key:
     return Allow6Key(pod_ip=ip6(a.pod_ip), proto=int(a.proto), port=be16(a.port))
 
 
+_ALLOW_TAIL = struct.Struct("!BBH")  # allow4/6 keys after the pod IP: proto, reserved, port
+_FLAG_BYTES = [bytes([f, 0, 0, 0]) for f in range(256)]  # svc/pod values: flags, reserved[3]
+
+
+def _allow_bytes(a: AllowedPort) -> bytes:
+    return a.pod_ip.packed + _ALLOW_TAIL.pack(int(a.proto), 0, a.port)
+
+
+def _entry_bytes(ip: IPAddress, port_filter: bool, allow_icmp: bool) -> bytes:
+    return ip.packed + _FLAG_BYTES[_flags(port_filter, allow_icmp)]
+
+
 def _read_version(fd: int) -> int | None:
     val = MetaVal()
     if not bpfsys.map_lookup(fd, ctypes.c_uint32(0), val):
@@ -140,6 +152,7 @@ class PinnedMaps:
     def __init__(self, pin_dir: str, fds: dict[str, int]) -> None:
         self.pin_dir = pin_dir
         self.fds = fds
+        self._no_batch = False  # set when the kernel refuses batch operations
 
     # -- opening -------------------------------------------------------------------------
 
@@ -315,7 +328,17 @@ class PinnedMaps:
     # -- reading -------------------------------------------------------------------------
 
     def _items(self, spec: MapSpec) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs of a hash map: BPF_MAP_LOOKUP_BATCH (about 17x faster than a key
+        walk, bench/), or the walk on kernels without batch operations."""
         fd = self.fds[spec.name]
+        if not self._no_batch:
+            try:
+                yield from bpfsys.map_items_batch(fd, spec.key_size, spec.value_size)
+                return
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                self._no_batch = True
         for raw in bpfsys.map_keys(fd, spec.key_size):
             key = spec.key.from_buffer_copy(raw)
             val = spec.value()
@@ -392,33 +415,80 @@ class PinnedMaps:
     # -- programming ---------------------------------------------------------------------
 
     def apply(self, d: MapDiff) -> None:
-        """Apply `d` in the order that never opens a hole (see MapDiff), each entry to the maps
-        of its family: allowed ports added (both families), services and pods set, services
-        and pods deleted, allowed ports deleted. A diff that mixes families in an entry is
-        refused before anything is written."""
+        """Apply `d` in the order that never opens a hole (allowed ports added, services set,
+        pods set, services deleted, pods deleted, allowed ports deleted), one
+        BPF_MAP_UPDATE_BATCH / DELETE_BATCH per map and step (the order inside a step does not
+        matter); a kernel without batch operations gets one call per entry. A diff that mixes
+        families in an entry is refused before anything is written."""
         errors = d.family_errors()
         if errors:
             raise DatapathError(
                 f"refusing to program maps in {self.pin_dir}: an entry mixes address families "
                 f"({'; '.join(errors)})"
             )
-        svc = {4: self.fds[SVC4.name], 6: self.fds[SVC6.name]}
-        pod = {4: self.fds[POD4.name], 6: self.fds[POD6.name]}
-        allow = {4: self.fds[ALLOW4.name], 6: self.fds[ALLOW6.name]}
-        one = ctypes.c_uint8(1)
+        specs = {"svc": (SVC4, SVC6), "pod": (POD4, POD6), "allow": (ALLOW4, ALLOW6)}
+
+        def write(kind: str, items: list[tuple[int, bytes, bytes]]) -> None:
+            for spec, version in zip(specs[kind], (4, 6), strict=True):
+                mine = [(k, v) for ver, k, v in items if ver == version]
+                self._update_batch(spec, [k for k, _ in mine], [v for _, v in mine])
+
+        def delete(kind: str, keys: list[tuple[int, bytes]]) -> None:
+            for spec, version in zip(specs[kind], (4, 6), strict=True):
+                self._delete_batch(spec, [k for ver, k in keys if ver == version])
+
         try:
-            for a in sorted(d.allowed_add):
-                bpfsys.map_update(allow[a.version], _allow_key(a), one)
-            for lb, s in sorted(d.services_set.items(), key=lambda kv: address_key(kv[0])):
-                bpfsys.map_update(svc[lb.version], _addr_key(lb), _svc_val(s))
-            for p, e in sorted(d.pods_set.items(), key=lambda kv: address_key(kv[0])):
-                bpfsys.map_update(pod[p.version], _addr_key(p), _pod_val(e))
-            for lb in sorted(d.services_del, key=address_key):
-                bpfsys.map_delete(svc[lb.version], _addr_key(lb))
-            for p in sorted(d.pods_del, key=address_key):
-                bpfsys.map_delete(pod[p.version], _addr_key(p))
-            for a in sorted(d.allowed_del):
-                bpfsys.map_delete(allow[a.version], _allow_key(a))
+            write("allow", [(a.version, _allow_bytes(a), b"\x01") for a in d.allowed_add])
+            write(
+                "svc",
+                [
+                    (lb.version, lb.packed, _entry_bytes(s.pod_ip, s.port_filter, s.allow_icmp))
+                    for lb, s in d.services_set.items()
+                ],
+            )
+            write(
+                "pod",
+                [
+                    (p.version, p.packed, _entry_bytes(e.lb_ip, e.port_filter, e.allow_icmp))
+                    for p, e in d.pods_set.items()
+                ],
+            )
+            delete("svc", [(lb.version, lb.packed) for lb in d.services_del])
+            delete("pod", [(p.version, p.packed) for p in d.pods_del])
+            delete("allow", [(a.version, _allow_bytes(a)) for a in d.allowed_del])
         except bpfsys.BpfError as e:
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
+
+    def _update_batch(self, spec: MapSpec, keys: list[bytes], values: list[bytes]) -> None:
+        fd = self.fds[spec.name]
+        if not keys:
+            return
+        if not self._no_batch:
+            try:
+                bpfsys.map_update_batch(fd, b"".join(keys), b"".join(values), len(keys))
+                return
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                self._no_batch = True
+                log.info("this kernel has no batch map operations: one call per entry")
+        for k, v in zip(keys, values, strict=True):
+            bpfsys.map_update(
+                fd, ctypes.create_string_buffer(k, len(k)), ctypes.create_string_buffer(v, len(v))
+            )
+
+    def _delete_batch(self, spec: MapSpec, keys: list[bytes]) -> None:
+        fd = self.fds[spec.name]
+        if not keys:
+            return
+        if not self._no_batch:
+            try:
+                bpfsys.map_delete_batch(fd, b"".join(keys), spec.key_size)
+                return
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                self._no_batch = True
+        for k in keys:
+            bpfsys.map_delete(fd, ctypes.create_string_buffer(k, len(k)))

@@ -92,9 +92,20 @@ class ManifestSource:
         return self._parse(text)
 
     def _parse(self, text: str) -> list[dict[str, Any]]:
+        """Parse with libyaml (CSafeLoader, 4-8x faster: bench/); a file it refuses is parsed
+        again with the pure-Python loader, whose messages the errors below are written for."""
+        fast = getattr(yaml, "CSafeLoader", None)
+        if fast is not None:
+            try:
+                return self._parse_with(text, fast)
+            except SourceError:
+                pass  # let the precise parser say it
+        return self._parse_with(text, yaml.SafeLoader)
+
+    def _parse_with(self, text: str, loader_class: Any) -> list[dict[str, Any]]:
         objects: list[dict[str, Any]] = []
         try:
-            loader = yaml.SafeLoader(text)
+            loader = loader_class(text)
         except yaml.reader.ReaderError as e:  # the reader checks every character up front
             raise SourceError(self._reader_message(text, e)) from None
         try:
