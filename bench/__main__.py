@@ -1,0 +1,129 @@
+"""`python -m bench [--quick] [--only PART,...]`: run the benchmarks, print the table and the
+targets, write bench/results/<timestamp>.json, bench/results/chart.png and bench/chart.png.
+A missed target is reported loudly but does not fail the run; an error in a part does (exit 1,
+after the other parts ran and everything created was removed)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from bench import common, report
+
+PARTS = ("progrun", "mapwrites", "datapath", "control")
+
+
+def _check() -> list[str]:
+    import shutil
+
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root")
+    for tool in ("ip", "nsenter", "nft", "ethtool"):
+        if not shutil.which(tool):
+            missing.append(f"the {tool} command")
+    if not os.path.ismount("/sys/fs/bpf"):
+        missing.append("bpffs at /sys/fs/bpf")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        missing.append("bcc (python3-bpfcc; use the repo's .venv)")
+    return missing
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (< 3 min)")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated: {','.join(PARTS)}")
+    ap.add_argument(
+        "--report",
+        metavar="JSON",
+        help="print the table and redraw the chart of an earlier results file (no measurements)",
+    )
+    args = ap.parse_args()
+    if args.report:
+        import json
+        from pathlib import Path
+
+        res = json.loads(Path(args.report).read_text())
+        res["targets"] = report.targets(res)
+        print(report.table(res))
+        png = common.RESULTS / "chart.png"
+        report.chart(res, png)
+        print(f"\nchart: {png} (copy it to bench/chart.png for the README)")
+        return 0
+    missing = _check()
+    if missing:
+        print("bench: missing " + ", ".join(missing), file=sys.stderr)
+        return 2
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    for p in parts:
+        if p not in PARTS:
+            ap.error(f"unknown part {p!r}")
+
+    def _term(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _term)
+    params = common.Params.make(args.quick)
+    res: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "quick": args.quick,
+        "product": str(common.REPO),
+        "machine": common.machine(),
+        "params": params.__dict__,
+        "errors": {},
+        "loadavg": {},
+    }
+    common.log(
+        f"bench {'quick' if args.quick else 'full'}: {', '.join(parts)}; loadavg "
+        f"{res['machine']['loadavg_start']}"
+    )
+    t0 = time.time()
+    try:
+        for part in parts:
+            common.log(f"=== {part}")
+            try:
+                if part == "progrun":
+                    from bench.progrun import main_progrun as fn
+                elif part == "mapwrites":
+                    from bench.mapwrites import main_mapwrites as fn
+                elif part == "datapath":
+                    from bench.datapath import main_datapath as fn
+                else:
+                    from bench.control import main_control as fn
+                res[part] = fn(params)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:
+                traceback.print_exc()
+                res["errors"][part] = f"{type(e).__name__}: {e}"
+            finally:
+                res["loadavg"][part] = common.loadavg()
+                left = common.cleanup_leftovers()
+                if left:
+                    common.log(f"removed leftovers of {part}: {left}")
+    finally:
+        left = common.cleanup_leftovers()
+        if left:
+            common.log(f"removed leftovers: {left}")
+    res["loadavg_end"] = common.loadavg()
+    res["seconds"] = round(time.time() - t0, 1)
+    res["targets"] = report.targets(res)
+    js, png, copy = report.write(res, common.RESULTS, common.BENCH)
+    print(report.table(res))
+    print(
+        f"\nwritten: {js}"
+        + (f", {png}" if png else " (no chart: pip install matplotlib)")
+        + (f", {copy}" if copy else "")
+    )
+    return 1 if res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

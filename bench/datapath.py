@@ -1,0 +1,424 @@
+"""Datapath throughput in a namespace lab: generator -> node -> pod (and pod -> node -> client).
+
+Load is generated in the kernel: BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES runs bench_gen
+(bench/bpf/gen.c) "on" the generator's veth; its XDP_TX sends each frame to the peer, the node's
+device, whose NAPI processes it in the same softirq. bench_gen rewrites all 60 bytes of every
+frame (live frames are recycled with the forwarder's rewrites in them). The node device needs
+GRO on to accept XDP_TX frames when no XDP program is attached to it. Delivered frames are
+counted by bench_count, native XDP on the receiving veth (pod or client side). Variants are
+interleaved (A B C, B C A, ...) and each (path, variant) is measured `reps` times; the report
+uses medians.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench import bpfx, progs
+from bench.common import Params, log, median, pin_dir
+from bench.frames import udp_frame
+from bench.nftrules import full_ruleset
+from cozyebpf.datapath import attach, loader
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC, Lab
+from cozyebpf.model import build_state
+from cozyebpf.state import diff
+from tests.k8s import Svc, objects
+
+POD_W, POD_F = DEFAULT_PODS[0], DEFAULT_PODS[1]  # whole-IP pod, port-filter pod
+LB_W, LB_F = "203.0.113.10", "203.0.113.20"
+ALLOWED_PORT = 80  # UDP, listed in the port-filter Service
+UNLISTED_PORT = 9999
+POD_EPHEMERAL, REMOTE_PORT = 40000, 53  # the flow the pod opens (reply path)
+
+SERVICES = (
+    Svc("vm-whole", LB_W, POD_W.ip, [("UDP", 5000)], whole_ip="true"),
+    Svc("vm-filter", LB_F, POD_F.ip, [("UDP", ALLOWED_PORT), ("TCP", 22)]),
+)
+
+# path -> variants measured on it (in this order, rotated per repetition)
+PATHS: dict[str, tuple[str, ...]] = {
+    "whole-ip": ("plain", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
+    "port-allowed": ("plain", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
+    "port-drop": ("gen-only", "xdp-drop", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
+    "reply": ("plain", "nft", "cz-xdp", "cz-tcx"),
+    "egress-snat": ("plain", "nft", "nft-noct", "cz-xdp", "cz-tcx"),
+}
+VARIANT_LABELS = {
+    "plain": "plain routing (no NAT)",
+    "nft": "cozy-proxy nftables (as shipped)",
+    "nft-noct": "cozy-proxy nftables without conntrack",
+    "cz-xdp": "cozyebpf, XDP ingress",
+    "cz-tcx": "cozyebpf, tcx ingress",
+    "gen-only": "generator floor (gen alone, XDP_DROP)",
+    "xdp-drop": "bare XDP_DROP on the node device",
+    "min-xdp": "minimal XDP NAT, no extras (reference)",
+}
+DROP_PATHS = ("port-drop",)
+
+
+@dataclass
+class Measurement:
+    path: str
+    variant: str
+    rep: int
+    sent: int
+    seconds: float
+    delivered: int
+    counter: int  # cozyebpf counter of the expected reason (cz variants), else 0
+    cpu_seconds: float  # the generator thread's CPU time + ksoftirqd's, during the run
+
+    @property
+    def packets(self) -> int:
+        return self.sent if self.path in DROP_PATHS else self.delivered
+
+    @property
+    def pps(self) -> float:
+        """Packets per second of one busy core: everything (generator, the node's NAPI and
+        forwarding, the counter) runs in the generator thread's context, so its CPU time is
+        the work; time the thread was preempted by other processes does not count."""
+        return self.packets / self.cpu_seconds
+
+    @property
+    def wall_pps(self) -> float:
+        return self.packets / self.seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "variant": self.variant,
+            "rep": self.rep,
+            "sent": self.sent,
+            "seconds": round(self.seconds, 6),
+            "delivered": self.delivered,
+            "cz_counter": self.counter,
+            "cpu_seconds": round(self.cpu_seconds, 6),
+            "pps": round(self.pps),
+            "wall_pps": round(self.wall_pps),
+        }
+
+
+def _frames(path: str, variant: str) -> tuple[str, bytes]:
+    """(side the generator runs on: "client" or "pod", frame)."""
+    nat = variant != "plain"
+    if path == "egress-snat":
+        return "pod", udp_frame(
+            POD_F.mac, POD_F.host_mac, POD_F.ip, CLIENT_IP, POD_EPHEMERAL, REMOTE_PORT
+        )
+    if path == "whole-ip":
+        dst, sport, dport = (LB_W if nat else POD_W.ip), 1000, 5000
+    elif path == "port-allowed":
+        dst, sport, dport = (LB_F if nat else POD_F.ip), 1000, ALLOWED_PORT
+    elif path == "port-drop":
+        dst, sport, dport = LB_F, 1000, UNLISTED_PORT
+    elif path == "reply":
+        dst, sport, dport = (LB_F if nat else POD_F.ip), REMOTE_PORT, POD_EPHEMERAL
+    else:
+        raise ValueError(path)
+    return "client", udp_frame(CLIENT_MAC, UPLINK_MAC, CLIENT_IP, dst, sport, dport)
+
+
+EXPECTED_REASON = {
+    "whole-ip": "nat_ingress",
+    "port-allowed": "pass_port",
+    "port-drop": "drop_port",
+    "reply": "pass_reply",
+    "egress-snat": "nat_egress",
+}
+
+
+@dataclass
+class DatapathBench:
+    params: Params
+    lab: Lab = field(init=False)
+    pin: str = field(init=False)
+    _links: list[int] = field(default_factory=list)
+    _variant_fd: int | None = None
+
+    def __post_init__(self) -> None:
+        from bench.common import TAG
+
+        self.lab = Lab(f"{TAG}-dp", pods=(POD_W, POD_F))
+        self.pin = pin_dir("dp")
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _ifindex(self, ns: str, dev: str) -> int:
+        return self.lab.in_ns(ns, lambda: socket.if_nametoindex(dev))
+
+    def setup(self) -> None:
+        lab = self.lab
+        lab.up()
+        # a veth without an XDP program takes XDP_TX frames only with GRO on (NAPI mode)
+        for dev in (UPLINK, POD_W.host_dev, POD_F.host_dev):
+            lab.exec(lab.node, "ethtool", "-K", dev, "gro", "on")
+        self.gen = progs.Generator.load()
+        self.gen_floor = progs.Generator.load(progs.XDP_DROP)
+        self.sinks = progs.Sinks.load()
+        self.ifindex = {
+            "client": self._ifindex(lab.client, "eth0"),
+            "pod": self._ifindex(lab.pod_ns(POD_F), "eth0"),
+            "uplink": self._ifindex(lab.node, UPLINK),
+        }
+        for ns in (lab.client, lab.pod_ns(POD_W), lab.pod_ns(POD_F)):
+            idx = self._ifindex(ns, "eth0")
+            self._links.append(
+                lab.in_ns(ns, lambda i=idx: progs.attach_xdp_native(self.sinks.count_fd, i))
+            )
+        # the product's maps, programmed from Services through the model, and its programs
+        self.maps = PinnedMaps.ensure(self.pin)
+        state = build_state([o for s in SERVICES for o in objects(s)], "cozy-proxy").state
+        self.maps.apply(diff(self.maps.read_state(), state))
+        self.state = state
+        log("compiling cozyebpf's programs (bcc)")
+        self.cz_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin)
+        self.cz_ingress_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin)
+        self.cz_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin)
+        self.minimal = progs.MinimalNat.load()
+        self.minimal.seed(
+            {str(lb): (str(e.pod_ip), e.port_filter) for lb, e in state.services.items()},
+            [(str(a.pod_ip), int(a.proto), a.port) for a in state.allowed],
+        )
+        self.nft_mappings = [(str(lb), str(e.pod_ip)) for lb, e in state.services.items()]
+        self.nft_allowed = [
+            (str(a.pod_ip), a.proto.name.lower(), a.port) for a in sorted(state.allowed)
+        ]
+        self.nft_filtered = [str(e.pod_ip) for e in state.services.values() if e.port_filter]
+
+    def teardown(self) -> None:
+        with contextlib.suppress(Exception):
+            self._variant_down("nft")
+        for fd in self._links:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._links.clear()
+        if getattr(self, "maps", None):
+            self.maps.close()
+        with contextlib.suppress(Exception):
+            attach.detach_all(self.pin)
+        self.lab.down()
+
+    # -- variants ----------------------------------------------------------------------------
+
+    def _variant_up(self, v: str) -> None:
+        lab, pin = self.lab, self.pin
+        if v in ("nft", "nft-noct"):
+            rules = full_ruleset(
+                self.nft_mappings, self.nft_allowed, self.nft_filtered, conntrack=v == "nft"
+            )
+            lab.exec(lab.node, "nft", "-f", "-", input=rules)
+        elif v == "cz-xdp":
+            lab.in_ns(lab.node, lambda: attach.attach_xdp(self.cz_ingress.fd, UPLINK, pin))
+            lab.in_ns(
+                lab.node,
+                lambda: attach.attach_tc(
+                    self.cz_egress.fd, "cz_egress", UPLINK, pin, "egress", "tcx"
+                ),
+            )
+        elif v == "cz-tcx":
+            lab.in_ns(
+                lab.node,
+                lambda: attach.attach_tc(
+                    self.cz_ingress_tc.fd, "cz_ingress_tc", UPLINK, pin, "ingress", "tcx"
+                ),
+            )
+            lab.in_ns(
+                lab.node,
+                lambda: attach.attach_tc(
+                    self.cz_egress.fd, "cz_egress", UPLINK, pin, "egress", "tcx"
+                ),
+            )
+        elif v in ("xdp-drop", "min-xdp"):
+            idx = self.ifindex["uplink"]
+            fd = self.sinks.drop_fd if v == "xdp-drop" else self.minimal.fd
+            self._variant_fd = lab.in_ns(lab.node, lambda: progs.attach_xdp_native(fd, idx))
+
+    def _variant_down(self, v: str) -> None:
+        lab = self.lab
+        if v in ("nft", "nft-noct"):
+            lab.exec(lab.node, "nft", "delete", "table", "ip", "cozy_proxy", check=False)
+        elif v in ("cz-xdp", "cz-tcx"):
+            for hook in ("xdp", "tcx-ingress", "tcx-egress"):
+                attach.detach_link(attach.link_pin(self.pin, hook, UPLINK))
+        elif v in ("xdp-drop", "min-xdp") and self._variant_fd is not None:
+            os.close(self._variant_fd)
+            self._variant_fd = None
+
+    @contextlib.contextmanager
+    def variant(self, v: str) -> Iterator[None]:
+        self._variant_up(v)
+        try:
+            yield
+        finally:
+            self._variant_down(v)
+
+    def _seed_reply_flow(self) -> None:
+        """The pod opens the flow (one datagram out): conntrack or flow4 learns it."""
+        lab = self.lab
+        s = lab.ns_socket(lab.pod_ns(POD_F), socket.AF_INET, socket.SOCK_DGRAM)
+        with s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((POD_F.ip, POD_EPHEMERAL))
+            s.sendto(b"open", (CLIENT_IP, REMOTE_PORT))
+        time.sleep(0.02)
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    def _cz_count(self, reason: str) -> int:
+        return int(self.maps.counters().get(reason, {}).get("packets", 0))
+
+    def measure(self, path: str, variant: str, rep: int, seconds: float) -> Measurement:
+        side, frame = _frames(path, variant)
+        gen = self.gen_floor if variant == "gen-only" else self.gen
+        gen.set_frame(frame)
+        ns = self.lab.client if side == "client" else self.lab.pod_ns(POD_F)
+        ifindex = self.ifindex[side]
+        reason = EXPECTED_REASON[path]
+        chunk = 131072
+
+        def run() -> tuple[int, float]:
+            # warm-up (first pages of the pool, caches), then the timed loop
+            bpfx.xdp_live_run(gen.fd, frame, ifindex, 8192)
+            time.sleep(0.005)
+            return 0, 0.0
+
+        def timed() -> tuple[int, float, float]:
+            n = 0
+            t0, c0 = time.perf_counter(), time.thread_time()
+            while True:
+                bpfx.xdp_live_run(gen.fd, frame, ifindex, chunk)
+                n += chunk
+                el = time.perf_counter() - t0
+                if el >= seconds:
+                    return n, el, time.thread_time() - c0
+
+        self.lab.in_ns(ns, run)
+        c0, z0 = self.sinks.counted(), self._cz_count(reason)
+        k0 = _ksoftirqd_seconds()
+        n, el, cpu = self.lab.in_ns(ns, timed)
+        time.sleep(0.005)  # the last batch's softirq
+        cpu += _ksoftirqd_seconds() - k0
+        delivered = self.sinks.counted() - c0
+        counter = self._cz_count(reason) - z0 if variant.startswith("cz-") else 0
+        return Measurement(path, variant, rep, n, el, delivered, counter, cpu)
+
+    def run(self) -> dict[str, Any]:
+        p = self.params
+        out: list[Measurement] = []
+        for rep in range(p.reps):
+            for path, variants in PATHS.items():
+                k = rep % len(variants)
+                for v in variants[k:] + variants[:k]:
+                    with self.variant(v):
+                        if path == "reply":
+                            self._seed_reply_flow()
+                        m = self.measure(path, v, rep, p.seconds)
+                    out.append(m)
+                    log(
+                        f"datapath rep {rep + 1}/{p.reps} {path:13s} {v:9s} "
+                        f"{m.pps / 1e6:6.2f} Mpps per busy core, {m.wall_pps / 1e6:5.2f} by wall "
+                        f"clock (cpu {m.cpu_seconds / m.seconds:.0%}; sent {m.sent}, "
+                        f"delivered {m.delivered}"
+                        + (f", counted {m.counter}" if v.startswith("cz-") else "")
+                        + ")"
+                    )
+        insitu = self.in_situ()
+        return {
+            "measurements": [m.as_dict() for m in out],
+            "summary": summarize(out),
+            "in_situ_ns_per_packet": insitu,
+            "frame_bytes": 60,
+        }
+
+    def in_situ(self) -> dict[str, Any]:
+        """One more pass of the cozyebpf variants with run-time stats on: the ns our program
+        spends per packet inside the real datapath (stats add ~2 clock reads per run, so this
+        pass is not used for the rates)."""
+        res: dict[str, Any] = {}
+        fd = bpfx.enable_stats()
+        try:
+            for path, variants in PATHS.items():
+                for v in variants:
+                    if not v.startswith("cz-"):
+                        continue
+                    prog = (
+                        self.cz_egress
+                        if path == "egress-snat"
+                        else self.cz_ingress
+                        if v == "cz-xdp"
+                        else self.cz_ingress_tc
+                    )
+                    with self.variant(v):
+                        if path == "reply":
+                            self._seed_reply_flow()
+                        s0 = bpfx.prog_run_stats(prog.fd)
+                        self.measure(path, v, -1, min(0.3, self.params.seconds))
+                        s1 = bpfx.prog_run_stats(prog.fd)
+                    runs = s1.run_cnt - s0.run_cnt
+                    ns = (s1.run_time_ns - s0.run_time_ns) / runs if runs else float("nan")
+                    res[f"{path}/{v}"] = {"program": prog.name, "runs": runs, "ns": round(ns, 1)}
+        finally:
+            os.close(fd)
+        return res
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _ksoftirqd_seconds() -> float:
+    """CPU time of every ksoftirqd thread: softirq work deferred out of the generator's context
+    (rare here, but counted)."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        if "(ksoftirqd/" in st:
+            fields = st.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
+def summarize(ms: list[Measurement]) -> dict[str, dict[str, dict[str, float]]]:
+    """path -> variant -> {mpps, ns_per_packet, n, loss, spread}."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for path, variants in PATHS.items():
+        out[path] = {}
+        for v in variants:
+            rates = [m.pps for m in ms if m.path == path and m.variant == v]
+            if not rates:
+                continue
+            mp = median(rates)
+            wall = median([m.wall_pps for m in ms if m.path == path and m.variant == v])
+            sent = sum(m.sent for m in ms if m.path == path and m.variant == v)
+            dl = sum(m.delivered for m in ms if m.path == path and m.variant == v)
+            out[path][v] = {
+                "mpps": round(mp / 1e6, 3),
+                "ns_per_packet": round(1e9 / mp, 1) if mp else float("nan"),
+                "min_mpps": round(min(rates) / 1e6, 3),
+                "max_mpps": round(max(rates) / 1e6, 3),
+                "wall_mpps": round(wall / 1e6, 3),
+                "n": len(rates),
+                "delivered_fraction": round(dl / sent, 4) if sent else 0.0,
+            }
+    return out
+
+
+def main_datapath(params: Params) -> dict[str, Any]:
+    b = DatapathBench(params)
+    try:
+        log("datapath: building the lab")
+        b.setup()
+        return b.run()
+    finally:
+        b.teardown()

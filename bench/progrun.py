@@ -1,0 +1,179 @@
+"""Per-packet cost of each program path with BPF_PROG_RUN (no namespaces, no devices).
+
+The kernel runs the program `repeat` times on ONE buffer and reports the mean ns per run; the
+program's rewrites stay in that buffer. The maps are therefore seeded so that a rewritten
+packet takes the same path again: every LB IP is also a "service" pointing back from its pod IP
+(and likewise in pod4 for egress), with the allowed ports and flows of both addresses. Each
+path is next to a trivial program of the same type (the floor: BPF_PROG_RUN's own cost per
+run), and cross-checked with the kernel's run-time statistics (BPF_ENABLE_STATS, the switch
+behind sysctl kernel.bpf_stats_enabled), which add about two clock reads per run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from ipaddress import IPv4Address as A
+from typing import Any
+
+from bench import bpfx, progs
+from bench.common import Params, log, median, pin_dir
+from bench.frames import udp_frame
+from cozyebpf.datapath import attach, bpfsys, loader
+from cozyebpf.datapath.layout import FLOW4, Flow4Key, Flow4Val, be16, be32
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
+
+CLIENT = "198.51.100.2"
+LB_W, POD_W = "203.0.113.10", "10.244.1.10"
+LB_F, POD_F = "203.0.113.20", "10.244.1.20"
+POD_D = "10.244.1.40"  # in pod4 only: traffic sent to the pod IP directly
+UNKNOWN = "203.0.113.99"
+M1, M2 = "02:00:00:00:aa:01", "02:00:00:00:aa:02"
+
+# flipping seeds: a rewritten packet comes back to the same path on the next run
+SEED = MapState(
+    services={
+        A(LB_W): ServiceEntry(A(POD_W), False, False),
+        A(POD_W): ServiceEntry(A(LB_W), False, False),
+        A(LB_F): ServiceEntry(A(POD_F), True, False),
+        A(POD_F): ServiceEntry(A(LB_F), True, False),
+    },
+    pods={
+        A(POD_W): PodEntry(A(LB_W), False, False),
+        A(LB_W): PodEntry(A(POD_W), False, False),
+        A(POD_F): PodEntry(A(LB_F), True, False),
+        A(LB_F): PodEntry(A(POD_F), True, False),
+        A(POD_D): PodEntry(A("203.0.113.40"), False, False),
+    },
+    allowed={
+        AllowedPort(A(POD_F), Proto.UDP, 80),
+        AllowedPort(A(LB_F), Proto.UDP, 80),
+    },
+)
+
+
+def _ingress(dst: str, sport: int, dport: int) -> bytes:
+    return udp_frame(M1, M2, CLIENT, dst, sport, dport)
+
+
+#: name -> (program, frame, expected verdict, what it exercises)
+CASES: dict[str, tuple[str, bytes, int, str]] = {
+    "xdp/not-ours": ("xdp", _ingress(UNKNOWN, 1000, 5000), 2, "svc4 miss, pod4 miss"),
+    "xdp/whole-ip": ("xdp", _ingress(LB_W, 1000, 5000), 2, "svc4 hit, rewrite, stats"),
+    "xdp/direct-pod": ("xdp", _ingress(POD_D, 1000, 5000), 2, "svc4 miss, pod4 hit, stats"),
+    "xdp/port-allowed": ("xdp", _ingress(LB_F, 1000, 80), 2, "svc4, allow4 hit, rewrite"),
+    "xdp/port-drop": ("xdp", _ingress(LB_F, 1000, 9999), 1, "svc4, allow4 miss, flow4 miss"),
+    "xdp/reply": ("xdp", _ingress(LB_F, 53, 40000), 2, "svc4, allow4 miss, flow4 hit"),
+    "tc/whole-ip": ("tc", _ingress(LB_W, 1000, 5000), -1, "as xdp/whole-ip, skb helpers"),
+    "tc/port-allowed": ("tc", _ingress(LB_F, 1000, 80), -1, "as xdp/port-allowed"),
+    "tc/port-drop": ("tc", _ingress(LB_F, 1000, 9999), 2, "as xdp/port-drop"),
+    "tc/reply": ("tc", _ingress(LB_F, 53, 40000), -1, "as xdp/reply"),
+    "egress/not-ours": ("egress", udp_frame(M1, M2, UNKNOWN, CLIENT, 1, 2), -1, "pod4 miss"),
+    "egress/whole-ip": (
+        "egress",
+        udp_frame(M1, M2, POD_W, CLIENT, 40000, 53),
+        -1,
+        "pod4 hit, SNAT",
+    ),
+    "egress/port-filter": (
+        "egress",
+        udp_frame(M1, M2, POD_F, CLIENT, 40000, 53),
+        -1,
+        "pod4, flow4 refresh, SNAT",
+    ),
+    "min/whole-ip": ("min", _ingress(LB_W, 1000, 5000), 2, "minimal NAT: svc hit, rewrite"),
+    "min/port-allowed": ("min", _ingress(LB_F, 1000, 80), 2, "minimal NAT: svc, allow hit"),
+    "min/port-drop": ("min", _ingress(LB_F, 1000, 9999), 1, "minimal NAT: svc, allow miss"),
+    "floor/xdp": ("xdp-floor", _ingress(LB_W, 1000, 5000), 2, "return XDP_PASS"),
+    "floor/tc": ("tc-floor", _ingress(LB_W, 1000, 5000), -1, "return TCX_NEXT"),
+}
+
+
+@dataclass
+class ProgRunBench:
+    params: Params
+
+    def setup(self) -> None:
+        self.pin = pin_dir("run")
+        self.maps = PinnedMaps.ensure(self.pin)
+        self.maps.apply(diff(self.maps.read_state(), SEED))
+        one = Flow4Val(last_seen_ns=0)
+        for pod in (POD_F, LB_F):  # the reply flow, for both sides of the flip
+            k = Flow4Key(
+                pod_ip=be32(A(pod)),
+                remote_ip=be32(A(CLIENT)),
+                pod_port=be16(40000),
+                remote_port=be16(53),
+                proto=17,
+            )
+            bpfsys.map_update(self.maps.fds[FLOW4.name], k, one)
+        log("compiling cozyebpf's programs (bcc)")
+        self.progs = {
+            "xdp": loader.load("ingress.c", "cz_ingress", "xdp", self.pin),
+            "tc": loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin),
+            "egress": loader.load("egress.c", "cz_egress", "sched_cls", self.pin),
+        }
+        self.sinks = progs.Sinks.load()
+        self.fds = {k: p.fd for k, p in self.progs.items()}
+        self.minimal = progs.MinimalNat.load()
+        self.minimal.seed(
+            {str(lb): (str(e.pod_ip), e.port_filter) for lb, e in SEED.services.items()},
+            [(str(a.pod_ip), int(a.proto), a.port) for a in SEED.allowed],
+        )
+        self.fds["min"] = self.minimal.fd
+        self.fds["xdp-floor"] = self.sinks.pass_fd
+        self.fds["tc-floor"] = self.sinks.tc_next_fd
+
+    def teardown(self) -> None:
+        if getattr(self, "maps", None):
+            self.maps.close()
+        attach.detach_all(self.pin)
+
+    def run(self) -> dict[str, Any]:
+        p = self.params
+        res: dict[str, list[float]] = {k: [] for k in CASES}
+        stats: dict[str, list[float]] = {k: [] for k in CASES}
+        for rep in range(p.progrun_reps):
+            for name, (prog, frame, want, _) in CASES.items():
+                fd = self.fds[prog]
+                r = bpfsys.prog_test_run(fd, frame, repeat=1)
+                if r.retval != want:
+                    raise RuntimeError(f"{name}: verdict {r.retval}, want {want}")
+                r = bpfsys.prog_test_run(fd, frame, repeat=p.progrun_repeat)
+                res[name].append(r.duration_ns)
+            sfd = bpfx.enable_stats()
+            try:
+                for name, (prog, frame, _, _) in CASES.items():
+                    fd = self.fds[prog]
+                    s0 = bpfx.prog_run_stats(fd)
+                    bpfsys.prog_test_run(fd, frame, repeat=p.progrun_repeat)
+                    s1 = bpfx.prog_run_stats(fd)
+                    runs = s1.run_cnt - s0.run_cnt
+                    stats[name].append((s1.run_time_ns - s0.run_time_ns) / max(1, runs))
+            finally:
+                os.close(sfd)
+            log(f"progrun rep {rep + 1}/{p.progrun_reps} done")
+        out: dict[str, Any] = {"repeat": p.progrun_repeat, "cases": {}}
+        floor = {"xdp": median(res["floor/xdp"]), "tc": median(res["floor/tc"])}
+        for name, (prog, _, _, what) in CASES.items():
+            ns = median(res[name])
+            base = floor["xdp"] if prog.startswith(("xdp", "min")) else floor["tc"]
+            out["cases"][name] = {
+                "ns": round(ns, 1),
+                "ns_above_floor": round(ns - base, 1),
+                "ns_bpf_stats": round(median(stats[name]), 1),
+                "what": what,
+                "all_ns": res[name],
+            }
+        out["insns"] = {k: bpfsys.prog_info(p.fd).xlated_insns for k, p in self.progs.items()}
+        return out
+
+
+def main_progrun(params: Params) -> dict[str, Any]:
+    b = ProgRunBench(params)
+    try:
+        b.setup()
+        return b.run()
+    finally:
+        b.teardown()

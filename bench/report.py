@@ -1,0 +1,458 @@
+"""The results: a printed table, PASS/MISS per target (a MISS is loud but never fails the run),
+JSON, and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bench.datapath import PATHS, VARIANT_LABELS
+
+FORWARD_PATHS = ("whole-ip", "port-allowed", "reply", "egress-snat")
+
+
+def _mpps(dp: dict[str, Any], path: str, v: str) -> float | None:
+    e = dp.get("summary", {}).get(path, {}).get(v)
+    return e["mpps"] if e else None
+
+
+def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target of the issue with its measured value, ratio and verdict."""
+    out: list[dict[str, Any]] = []
+
+    def add(
+        name: str,
+        value: float | None,
+        want: float,
+        unit: str,
+        detail: str,
+        higher_is_better: bool = True,
+    ) -> None:
+        if value is None:
+            out.append(
+                {
+                    "target": name,
+                    "value": None,
+                    "want": want,
+                    "unit": unit,
+                    "verdict": "n/a",
+                    "detail": detail,
+                }
+            )
+            return
+        ok = value >= want if higher_is_better else value <= want
+        out.append(
+            {
+                "target": name,
+                "value": round(value, 3),
+                "want": want,
+                "unit": unit,
+                "verdict": "PASS" if ok else "MISS",
+                "detail": detail,
+                "higher_is_better": higher_is_better,
+            }
+        )
+
+    dp = res.get("datapath")
+    if dp:
+        for path in FORWARD_PATHS:
+            cz, plain, nft = (_mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
+            add(
+                f"{path}: cozyebpf (XDP) forwarding vs plain routing",
+                cz / plain if cz and plain else None,
+                0.95,
+                "x",
+                f"{cz} vs {plain} Mpps",
+            )
+            add(
+                f"{path}: cozyebpf (XDP) forwarding vs cozy-proxy nftables",
+                cz / nft if cz and nft else None,
+                1.8,
+                "x",
+                f"{cz} vs {nft} Mpps",
+            )
+        cz, bare, nft = (_mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
+        add(
+            "port-drop: cozyebpf (XDP) drop vs bare XDP_DROP",
+            cz / bare if cz and bare else None,
+            0.8,
+            "x",
+            f"{cz} vs {bare} Mpps",
+        )
+        add(
+            "port-drop: cozyebpf (XDP) drop vs cozy-proxy nftables drop",
+            cz / nft if cz and nft else None,
+            5.0,
+            "x",
+            f"{cz} vs {nft} Mpps",
+        )
+        for path in ("port-drop", "whole-ip"):
+            cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
+            add(
+                f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)",
+                cz / mini if cz and mini else None,
+                1.0,
+                "x",
+                f"{cz} vs {mini} Mpps",
+            )
+    cp = res.get("control")
+    if cp:
+        for c in cp["cold_sync"]:
+            if c["n"] == 10000 and c["source"] == "manifest":
+                add(
+                    "10k Services programmed from a manifest (datapath ready -> maps full)",
+                    c["ready_to_maps_s"],
+                    2.0,
+                    "s",
+                    f"{c['start_to_maps_s']} s from process start (bcc compile included)",
+                    higher_is_better=False,
+                )
+        rss = [c["peak_rss_mb"] for c in cp["cold_sync"] if c["n"] == 10000]
+        if rss:
+            add(
+                "peak RSS at 10k Services (VmHWM, worst source)",
+                max(rss),
+                200,
+                "MB",
+                "after sync: "
+                + ", ".join(
+                    f"{c['source']} {c['rss_after_sync_mb']} MB"
+                    for c in cp["cold_sync"]
+                    if c["n"] == 10000
+                ),
+                higher_is_better=False,
+            )
+        for ch in cp["changes"]:
+            add(
+                f"EndpointSlice change -> map p99 at {ch['n']} Services",
+                ch["p99_ms"],
+                10.0,
+                "ms",
+                f"p50 {ch['p50_ms']} ms over {ch['changes']} changes",
+                higher_is_better=False,
+            )
+    mw = res.get("mapwrites")
+    if mw:
+        key = "10000" if "10000" in mw else next(k for k in mw if k != "sync_breakdown")
+        m = mw[key]
+        add(
+            f"map programming ({key} Services) vs one nft -f transaction: per-element "
+            "(the product's PinnedMaps.apply)",
+            m["apply_per_element"],
+            m["nft_f"],
+            "s",
+            f"nft -f {m['nft_f']} s",
+            higher_is_better=False,
+        )
+        add(
+            f"map programming ({key} Services) vs one nft -f transaction: batch",
+            m["apply_batch"],
+            m["nft_f"],
+            "s",
+            f"nft -f {m['nft_f']} s",
+            higher_is_better=False,
+        )
+    return out
+
+
+def table(res: dict[str, Any]) -> str:
+    lines: list[str] = []
+    m = res["machine"]
+    lines.append(
+        f"cozyebpf bench ({'quick' if res['quick'] else 'full'}) {res['started']}, "
+        f"kernel {m['kernel']}, {m['cpus']} vCPU {m['cpu_model']}"
+    )
+    lines.append(f"product under test: {res['product']}")
+    lines.append(
+        f"load: /proc/loadavg at start {m['loadavg_start']} (CPU busy "
+        f"{m['cpu_busy_start'] * 100:.0f}% in the second before), at end "
+        f"{res.get('loadavg_end', '?')}"
+    )
+    dp = res.get("datapath")
+    if dp:
+        lines.append("")
+        lines.append(
+            "DATAPATH: Mpps per busy core (ns/packet), 60-byte UDP, median of "
+            f"{res['params']['reps']} interleaved runs; ratio vs plain routing "
+            "(forwarding) or vs bare XDP_DROP (drop)"
+        )
+        variants = [
+            "gen-only",
+            "xdp-drop",
+            "plain",
+            "nft",
+            "nft-noct",
+            "min-xdp",
+            "cz-tcx",
+            "cz-xdp",
+        ]
+        paths = list(PATHS)
+        lines.append(f"{'':10s}" + "".join(f"{p:>21s}" for p in paths))
+        for v in variants:
+            row = f"{v:10s}"
+            for path in paths:
+                base = _mpps(dp, path, "xdp-drop" if path == "port-drop" else "plain")
+                e = dp["summary"].get(path, {}).get(v)
+                if not e:
+                    row += f"{'-':>21s}"
+                    continue
+                ratio = f"{e['mpps'] / base:.2f}x" if base else ""
+                row += f"{e['mpps']:5.2f} ({e['ns_per_packet']:5.0f}) {ratio:>6s}"
+            lines.append(row)
+        lines.append(
+            "  by wall clock (shares the cores with whatever else runs), Mpps: "
+            + "; ".join(
+                f"{path} "
+                + " ".join(
+                    f"{v} {e.get('wall_mpps', float('nan')):.2f}"
+                    for v, e in dp["summary"].get(path, {}).items()
+                )
+                for path in paths
+            )
+        )
+        lines.append("  " + "; ".join(f"{k}: {v}" for k, v in VARIANT_LABELS.items()))
+        ins = dp.get("in_situ_ns_per_packet", {})
+        if ins:
+            lines.append(
+                "  in the datapath, ns per packet inside our program (bpf stats): "
+                + ", ".join(f"{k} {v['ns']}" for k, v in ins.items())
+            )
+    pr = res.get("progrun")
+    if pr:
+        lines.append("")
+        lines.append(
+            f"PER-PACKET COST (BPF_PROG_RUN, repeat {pr['repeat']}, median): ns/run, "
+            "ns above the trivial program, ns by bpf stats"
+        )
+        for name, c in pr["cases"].items():
+            lines.append(
+                f"  {name:20s} {c['ns']:7.1f} {c['ns_above_floor']:7.1f} "
+                f"{c['ns_bpf_stats']:7.1f}   {c['what']}"
+            )
+        lines.append(f"  program sizes (xlated insns): {pr['insns']}")
+    mw = res.get("mapwrites")
+    if mw:
+        lines.append("")
+        lines.append(
+            "MAP WRITES (seconds, median): per-element = PinnedMaps.apply; batch = "
+            "BPF_MAP_*_BATCH (bench/mapwrites.apply_batched)"
+        )
+        for n, m in mw.items():
+            if n == "sync_breakdown":
+                continue
+            lines.append(
+                f"  {n:>6s} Services ({m['entries']} entries): write per-element "
+                f"{m['apply_per_element']:.3f} / batch {m['apply_batch']:.3f} "
+                f"({m['apply_per_element'] / m['apply_batch']:.1f}x); delete "
+                f"{m['delete_per_element']:.3f} / {m['delete_batch']:.3f} "
+                f"({m['delete_per_element'] / m['delete_batch']:.1f}x); read_state walk "
+                f"{m['read_state']:.3f} / lookup batch {m['lookup_batch']:.3f}; "
+                f"nft -f {m['nft_f']:.3f}"
+            )
+        sb = mw.get("sync_breakdown")
+        if sb:
+            y = sb.get("yaml_1000", {})
+            lines.append(
+                "  one sync besides map writes: manifest parse of 1000 Services "
+                + f"({y.get('bytes', 0) // 1024} KiB YAML) {y.get('SafeLoader_s')} s with "
+                + f"yaml.SafeLoader (the agent's), {y.get('CSafeLoader_s')} s with "
+                + "yaml.CSafeLoader; model "
+                + ", ".join(
+                    f"{n}: {v['build_state_s']} s" for n, v in sb.items() if n != "yaml_1000"
+                )
+                + "; diff of one change "
+                + ", ".join(
+                    f"{n}: {v['diff_one_change_s']} s" for n, v in sb.items() if n != "yaml_1000"
+                )
+            )
+    cp = res.get("control")
+    if cp:
+        lines.append("")
+        lines.append("CONTROL PLANE (the real agent in the lab)")
+        lines.append(
+            f"  {'cold sync':10s} {'source':9s} {'ready->maps s':>14s} "
+            f"{'start->maps s':>14s} {'peak RSS MB':>12s} {'RSS after MB':>13s} "
+            f"{'CPU s':>7s}"
+        )
+        for c in cp["cold_sync"]:
+            lines.append(
+                f"  {c['n']:>10d} {c['source']:9s} {c['ready_to_maps_s']:14.3f} "
+                f"{c['start_to_maps_s']:14.3f} {c['peak_rss_mb']:12.1f} "
+                f"{c['rss_after_sync_mb']:13.1f} {c['cpu_s']:7.2f}"
+            )
+        for x in cp["nft"]:
+            lines.append(
+                f"  {x['n']:>10d} nft -f    {x['nft_f_s']:14.3f}   (one nft add element:"
+                f" {x['nft_add_element_ms']} ms)"
+            )
+        for ch in cp["changes"]:
+            lines.append(
+                f"  change -> map at {ch['n']} Services (API source): p50 "
+                f"{ch['p50_ms']} ms, p99 {ch['p99_ms']} ms, max {ch['max_ms']} ms "
+                f"({ch['changes']} changes)"
+            )
+        c = cp.get("churn")
+        if c:
+            lines.append(
+                f"  churn at {c['n']} Services, {c['rate_per_s']}/s for {c['seconds']} s:"
+                f" p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms, agent CPU "
+                f"{c['agent_cpu_s']} s ({c['agent_cpu_per_s']} CPU-s/s), "
+                f"{c['syncs']} syncs, {c['lost']} not applied within 30 s"
+            )
+    lines.append("")
+    lines.append("TARGETS")
+    misses = 0
+    for t in res.get("targets", []):
+        mark = {"PASS": "PASS", "MISS": "MISS <<<<<<", "n/a": "n/a "}[t["verdict"]]
+        misses += t["verdict"] == "MISS"
+        op = ">=" if t.get("higher_is_better", True) else "<="
+        lines.append(
+            f"  {mark:12s} {t['target']}: {t['value']} {t['unit']} "
+            f"(want {op} {t['want']}; {t['detail']})"
+        )
+    if misses:
+        lines.append(
+            f"  !!! {misses} target(s) MISSED: see above and bench/README.md. "
+            "(A miss does not fail the run.)"
+        )
+    for part, err in res.get("errors", {}).items():
+        lines.append(f"  ERROR in {part}: {err}")
+    return "\n".join(lines)
+
+
+def chart(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]})
+    dp = res.get("datapath")
+    ax = axes[0]
+    if dp:
+        variants = ["plain", "nft", "nft-noct", "min-xdp", "cz-tcx", "cz-xdp", "xdp-drop"]
+        colors = {
+            "plain": "#888888",
+            "nft": "#d62728",
+            "nft-noct": "#ff9896",
+            "min-xdp": "#bcbd22",
+            "cz-tcx": "#aec7e8",
+            "cz-xdp": "#1f77b4",
+            "xdp-drop": "#2ca02c",
+        }
+        paths = list(PATHS)
+        w = 0.8 / len(variants)
+        for j, v in enumerate(variants):
+            xs, ys = [], []
+            for i, p in enumerate(paths):
+                val = _mpps(dp, p, v)
+                if val:
+                    xs.append(i + (j - len(variants) / 2 + 0.5) * w)
+                    ys.append(val)
+            ax.bar(xs, ys, w, label=VARIANT_LABELS[v], color=colors[v])
+        ax.set_xticks(range(len(paths)), paths)
+        ax.set_ylabel("Mpps per busy core (median), higher is better")
+        ax.set_title("Datapath: generator + node + receiver on one core, 60-byte UDP")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(axis="y", alpha=0.3)
+    cp = res.get("control")
+    ax = axes[1]
+    if cp:
+        sizes = sorted({c["n"] for c in cp["cold_sync"]})
+        for src, color in (("manifest", "#9467bd"), ("api", "#1f77b4")):
+            ys = [
+                next(
+                    (
+                        c["ready_to_maps_s"]
+                        for c in cp["cold_sync"]
+                        if c["n"] == n and c["source"] == src
+                    ),
+                    None,
+                )
+                for n in sizes
+            ]
+            ax.plot(sizes, ys, "o-", color=color, label=f"cozyebpf from {src}")
+        ax.plot(
+            [x["n"] for x in cp["nft"]],
+            [x["nft_f_s"] for x in cp["nft"]],
+            "s--",
+            color="#d62728",
+            label="one nft -f (cozy-proxy tables)",
+        )
+        ax.axhline(2.0, color="k", ls=":", lw=1, label="target 10k in 2 s")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("Services")
+        ax.set_ylabel("seconds to all maps programmed")
+        ax.set_title("Cold sync (after 'datapath ready')")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    ax = axes[2]
+    labels, p50, p99 = [], [], []
+    if cp:
+        for ch in cp["changes"]:
+            labels.append(f"change\n@{ch['n']}")
+            p50.append(ch["p50_ms"])
+            p99.append(ch["p99_ms"])
+        if cp.get("churn"):
+            c = cp["churn"]
+            labels.append(f"churn {c['rate_per_s']:.0f}/s\n@{c['n']}")
+            p50.append(c["p50_ms"])
+            p99.append(c["p99_ms"])
+        if cp["nft"]:
+            labels.append("nft add\nelement")
+            v = median_of([x["nft_add_element_ms"] for x in cp["nft"]])
+            p50.append(v)
+            p99.append(v)
+    if labels:
+        xs = range(len(labels))
+        ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50", color="#1f77b4")
+        ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99", color="#ff7f0e")
+        ax.axhline(10, color="k", ls=":", lw=1, label="target p99 10 ms")
+        ax.set_yscale("log")
+        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.set_ylabel("ms, write -> map")
+        ax.set_title("Control plane latency")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    for a in axes:
+        if not a.has_data():
+            a.text(0.5, 0.5, "not run", ha="center", va="center", transform=a.transAxes, alpha=0.4)
+    m = res["machine"]
+    fig.suptitle(
+        f"cozyebpf bench {res['started']} ({'quick' if res['quick'] else 'full'}): "
+        f"{m['cpus']} vCPU, kernel {m['kernel']}, loadavg at start "
+        f"{m['loadavg_start'].split()[0]}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def median_of(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else 0.0
+
+
+def write(
+    res: dict[str, Any], results_dir: Path, bench_dir: Path
+) -> tuple[Path, Path | None, Path | None]:
+    """JSON and chart in results_dir; the chart also as bench/chart.png (the one the README
+    shows) after a complete full run (not --quick, datapath and control, no errors)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    js = results_dir / f"{res['started'].replace(':', '')}.json"
+    js.write_text(json.dumps(res, indent=1))
+    png: Path | None = results_dir / "chart.png"
+    copy: Path | None = None
+    try:
+        chart(res, png)  # type: ignore[arg-type]
+        complete = res.get("datapath") and res.get("control") and not res.get("errors")
+        if complete and not res.get("quick"):
+            copy = bench_dir / "chart.png"
+            shutil.copyfile(png, copy)  # type: ignore[arg-type]
+    except ImportError:
+        png = None  # matplotlib is optional: pip install matplotlib (extra "bench")
+    return js, png, copy
