@@ -31,7 +31,7 @@ static __always_inline int is_related(struct pkt *p, struct inner *in, const str
 {
 	if (!in->rewrite && !cz_ip6_eq(&in->src, pod))
 		return 0; /* not about a packet the pod sent */
-	if (in->proto == IPPROTO_ICMP || in->proto == IPPROTO_ICMPV6) {
+	if (in->proto == (p->v6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)) {
 		__u8 echo = p->v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO;
 
 		return in->icmp_type == echo &&

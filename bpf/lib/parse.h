@@ -268,10 +268,10 @@ static __always_inline int parse_l4(struct pkt *p, void *data_end)
 	case IPPROTO_ICMPV6: {
 		struct icmphdr *ih = l4;
 
-		if ((void *)(ih + 1) > data_end || len < sizeof(*ih))
-			return CZ_BAD;
 		if ((p->proto == IPPROTO_ICMPV6) != p->v6)
 			return CZ_OK; /* ICMP in IPv6 or ICMPv6 in IPv4: a protocol without ports */
+		if ((void *)(ih + 1) > data_end || len < sizeof(*ih))
+			return CZ_BAD;
 		p->icmp_type = ih->type;
 		p->icmp_error = cz_icmp_is_error(p->v6, ih->type);
 		p->sport = ih->un.echo.id;
@@ -359,6 +359,11 @@ static __always_inline int check_ip6(struct pkt *p, void *data, void *data_end)
 			more = fo & 1;
 			frag_id = fh->id;
 			off += 8;
+			if (!first) {
+				/* after the fragment header of a later fragment comes data */
+				nexthdr = fh->nexthdr;
+				break;
+			}
 		} else if (nexthdr == IPPROTO_AH) {
 			off += (eh->hdrlen + 2) * 4;
 		} else {
@@ -368,7 +373,7 @@ static __always_inline int check_ip6(struct pkt *p, void *data, void *data_end)
 		if (off > end)
 			return CZ_BAD;
 	}
-	if (cz_ext_hdr(nexthdr))
+	if (first && cz_ext_hdr(nexthdr))
 		return CZ_BAD; /* more extension headers than we walk */
 	s->off = off;
 	s->end = end;
@@ -438,7 +443,7 @@ static __always_inline int parse_inner(struct pkt *p, void *data_end, struct inn
 	in->dport = ((__be16 *)l4)[1];
 	in->icmp_type = 0;
 	in->rewrite = 0;
-	if (in->proto == IPPROTO_ICMP || in->proto == IPPROTO_ICMPV6) {
+	if (in->proto == (p->v6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)) {
 		struct icmphdr *ih = l4;
 
 		in->icmp_type = ih->type;
