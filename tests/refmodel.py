@@ -1,0 +1,565 @@
+"""A reference model of docs/datapath-semantics.md, for the differential tests.
+
+`ingress(state, frame, now_ns)` and `egress(state, frame, now_ns)` say what the datapath must do
+with one frame: the verdict, the output frame, the counters it increments and the entries it
+records in the flow and fragment tables. `RefState` holds the maps as plain Python values. The
+XDP and the tc ingress programs must both match `ingress()`.
+
+The model is written from the spec, not from bpf/: headers are parsed with `struct` and
+checksums are computed over the bytes they cover, never patched word by word.
+
+Checksums of invalid inputs. The datapath updates checksums incrementally (RFC 1624), so an
+input whose checksum is wrong leaves with a checksum wrong by the same amount. The model keeps
+that error explicitly: it sums the bytes a checksum covers in the input, checksum field included
+(the *residual*: zero when the checksum is right), and writes the checksum that gives the output
+the same residual:
+
+    new = (residual(input) - sum(output, with the field zeroed)) mod 0xFFFF
+
+For a correct input this is the full recomputation. For any input it is congruent modulo 0xFFFF
+to the incremental update, and as both lie in 0..0xFFFE they are equal. UDP maps a result of 0
+to 0xFFFF, and a UDP checksum of 0 ("none") is left alone.
+
+Where the spec leaves a choice open, the model takes the reading named in a comment marked
+"Reading:".
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Address, IPv6Address
+from typing import NamedTuple, TypeAlias
+
+Addr: TypeAlias = IPv4Address | IPv6Address
+
+# -- constants of the contract -----------------------------------------------------------
+
+PORT_FILTER = 0x01
+ALLOW_ICMP = 0x02
+
+PASS, DROP = "pass", "drop"
+XDP_DROP, XDP_PASS = 1, 2
+TCX_NEXT, TCX_DROP = -1, 2
+
+FRAG_LIFETIME_NS = 30 * 1_000_000_000
+
+TCP, UDP, SCTP, ICMP, ICMPV6 = 6, 17, 132, 1, 58
+PORT_PROTOS = (TCP, UDP, SCTP)
+ETH_IPV4, ETH_IPV6 = 0x0800, 0x86DD
+VLAN_TPIDS = (0x8100, 0x88A8)
+MAX_VLAN_TAGS = 2
+
+HOPOPT, ROUTING, FRAGMENT, ESP, AH, NO_NEXT, DSTOPTS = 0, 43, 44, 50, 51, 59, 60
+IPV6_EXT_HEADERS = (HOPOPT, ROUTING, FRAGMENT, AH, DSTOPTS)
+MAX_EXT_HEADERS = 6
+
+ICMP_ERRORS = {4: (3, 11, 12), 6: (1, 2, 3, 4)}
+ECHO_REQUEST = {4: 8, 6: 128}
+ECHO_REPLY = {4: 0, 6: 129}
+ND_TYPES = (133, 134, 135, 136, 137)
+
+
+def icmp_proto(family: int) -> int:
+    return ICMP if family == 4 else ICMPV6
+
+
+def xdp_code(verdict: str) -> int:
+    return XDP_PASS if verdict == PASS else XDP_DROP
+
+
+def tc_code(verdict: str) -> int:
+    return TCX_NEXT if verdict == PASS else TCX_DROP
+
+
+# -- the maps ------------------------------------------------------------------------------
+
+
+class Svc(NamedTuple):
+    """svc4/svc6 value."""
+
+    pod_ip: Addr
+    flags: int
+
+
+class Pod(NamedTuple):
+    """pod4/pod6 value."""
+
+    lb_ip: Addr
+    flags: int
+
+
+class AllowKey(NamedTuple):
+    pod_ip: Addr
+    proto: int
+    port: int
+
+
+class FlowKey(NamedTuple):
+    """ICMP echo flows: pod_port is the identifier, remote_port 0."""
+
+    pod_ip: Addr
+    remote_ip: Addr
+    pod_port: int
+    remote_port: int
+    proto: int
+
+
+class FragKey(NamedTuple):
+    remote_ip: Addr
+    pod_ip: Addr
+    id: int
+    proto: int
+
+
+class Frag(NamedTuple):
+    seen_ns: int
+    passed: bool
+
+
+@dataclass
+class RefState:
+    """The maps of both families; an entry's family is that of its addresses."""
+
+    svc: dict[Addr, Svc] = field(default_factory=dict)  # LB IP -> pod IP, flags
+    pod: dict[Addr, Pod] = field(default_factory=dict)  # pod IP -> LB IP, flags
+    allow: set[AllowKey] = field(default_factory=set)
+    flow: set[FlowKey] = field(default_factory=set)
+    frag: dict[FragKey, Frag] = field(default_factory=dict)
+
+    def apply(self, result: Result, now_ns: int) -> None:
+        """Record the entries `result` created, as the datapath does."""
+        self.flow |= result.new_flows
+        for key, passed in result.frags.items():
+            self.frag[key] = Frag(now_ns, passed)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a program does with one frame."""
+
+    verdict: str  # PASS or DROP
+    frame: bytes  # the output frame
+    counts: dict[str, tuple[int, int]]  # reason -> (packets, bytes) added to the counters
+    new_flows: frozenset[FlowKey] = frozenset()
+    frags: dict[FragKey, bool] = field(default_factory=dict)  # recorded: key -> passed
+
+
+def _untouched(frame: bytes) -> Result:
+    return Result(PASS, frame, {})
+
+
+def _counted(frame: bytes, verdict: str, reason: str) -> Result:
+    return Result(verdict, frame, {reason: (1, len(frame))})
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+
+def _u16(b: bytes, off: int) -> int:
+    return int(struct.unpack_from("!H", b, off)[0])
+
+
+def _locate_ip(frame: bytes) -> tuple[int, int] | None:
+    """(family, offset of the IP header) after at most two VLAN tags, or None: not IP, a
+    third tag, or a frame too short for the header that holds the key address."""
+    if len(frame) < 14:
+        return None
+    ethertype, off = _u16(frame, 12), 14
+    for _ in range(MAX_VLAN_TAGS):
+        if ethertype not in VLAN_TPIDS:
+            break
+        if len(frame) < off + 4:
+            return None
+        ethertype, off = _u16(frame, off + 2), off + 4
+    if ethertype == ETH_IPV4 and len(frame) >= off + 20:
+        return 4, off
+    if ethertype == ETH_IPV6 and len(frame) >= off + 40:
+        return 6, off
+    return None  # another EtherType (a third VLAN tag included), or too short
+
+
+def _src_dst(frame: bytes, family: int, l3: int) -> tuple[Addr, Addr]:
+    if family == 4:
+        return IPv4Address(frame[l3 + 12 : l3 + 16]), IPv4Address(frame[l3 + 16 : l3 + 20])
+    return IPv6Address(frame[l3 + 8 : l3 + 24]), IPv6Address(frame[l3 + 24 : l3 + 40])
+
+
+def _addr_offset(family: int, l3: int, which: str) -> int:
+    if family == 4:
+        return l3 + (16 if which == "dst" else 12)
+    return l3 + (24 if which == "dst" else 8)
+
+
+@dataclass(frozen=True)
+class Packet:
+    """A well-formed IP packet for a managed address."""
+
+    family: int
+    l3: int  # offset of the IP header
+    ip_end: int  # end of the IP header (IPv4 with options; IPv6: the fixed 40 bytes)
+    src: Addr
+    dst: Addr
+    proto: int  # after the IPv6 extension headers
+    l4: int  # offset of what follows the IP headers
+    end: int  # end of the IP packet: bytes after it are padding
+    frag: str  # "" (not a fragment), "first" or "later"
+    frag_id: int
+
+    @property
+    def has_l4(self) -> bool:
+        return self.frag != "later"
+
+    def icmp_type(self, frame: bytes) -> int | None:
+        """The ICMP/ICMPv6 type, if this packet carries an ICMP header of its family."""
+        if self.has_l4 and self.proto == icmp_proto(self.family):
+            return frame[self.l4]
+        return None
+
+
+def _parse_ip(frame: bytes, family: int, l3: int) -> Packet | None:
+    """The packet, or None when it is malformed (rule 5)."""
+    src, dst = _src_dst(frame, family, l3)
+    if family == 4:
+        version, ihl = frame[l3] >> 4, (frame[l3] & 0x0F) * 4
+        total = _u16(frame, l3 + 2)
+        if version != 4 or ihl < 20 or l3 + ihl > len(frame):
+            return None
+        if total < ihl or l3 + total > len(frame):
+            return None
+        frag_field = _u16(frame, l3 + 6)
+        offset, more = frag_field & 0x1FFF, bool(frag_field & 0x2000)
+        frag = "later" if offset else "first" if more else ""
+        proto, frag_id = frame[l3 + 9], _u16(frame, l3 + 4)
+        return Packet(4, l3, l3 + ihl, src, dst, proto, l3 + ihl, l3 + total, frag, frag_id)
+    version, payload = frame[l3] >> 4, _u16(frame, l3 + 4)
+    end = l3 + 40 + payload
+    if version != 6 or payload == 0 or end > len(frame):
+        return None
+    nh, off, count, frag, frag_id = frame[l3 + 6], l3 + 40, 0, "", 0
+    while nh in IPV6_EXT_HEADERS:
+        count += 1
+        if count > MAX_EXT_HEADERS:
+            return None
+        # Reading: a header "fits" when it lies within the payload length (which lies within
+        # the frame).
+        if off + 2 > end:
+            return None
+        if nh == FRAGMENT:
+            size = 8
+        elif nh == AH:
+            size = (frame[off + 1] + 2) * 4
+        else:
+            size = (frame[off + 1] + 1) * 8
+        if off + size > end:
+            return None
+        if nh == FRAGMENT:
+            frag_field = _u16(frame, off + 2)
+            offset, more = frag_field >> 3, bool(frag_field & 1)
+            frag_id = int(struct.unpack_from("!I", frame, off + 4)[0])
+            frag = "later" if offset else "first" if more else ""
+        nh, off = frame[off], off + size
+        if frag == "later":
+            # Reading: what follows a non-first fragment header is data, not headers; the
+            # protocol is the fragment header's next header.
+            break
+    return Packet(6, l3, l3 + 40, src, dst, nh, off, end, frag, frag_id)
+
+
+def _l4_fits(frame: bytes, p: Packet) -> bool:
+    """Rule 5: a packet that carries its L4 header carries all of it, inside the IP length."""
+    if not p.has_l4:
+        return True
+    room = p.end - p.l4
+    if p.proto == TCP:
+        data_offset = (frame[p.l4 + 12] >> 4) * 4 if room >= 20 else 0
+        return 20 <= data_offset <= room
+    if p.proto == UDP:
+        # Reading: the UDP length is that of the whole datagram, so in a first fragment with
+        # more to come it exceeds this packet's payload (the spec's "UDP length <= IP payload",
+        # taken literally, would drop every fragmented UDP datagram).
+        length = _u16(frame, p.l4 + 4) if room >= 8 else 0
+        return length >= 8 and (length <= room or p.frag == "first")
+    if p.proto == SCTP:
+        return room >= 12
+    if p.proto == icmp_proto(p.family):
+        return room >= 8
+    return True
+
+
+@dataclass(frozen=True)
+class Inner:
+    """The packet embedded in an ICMP error (validated: its headers are present)."""
+
+    l3: int
+    ihl: int  # IPv4 header length; 40 for IPv6
+    src: Addr
+    dst: Addr
+    proto: int
+    l4: int
+
+
+def _inner(frame: bytes, p: Packet) -> Inner | None:
+    """The inner packet of the ICMP error `p`, or None when it is invalid: another family, a
+    header that does not fit, fewer than 8 bytes of L4 header, or an ICMP error itself.
+    Reading: "present" means inside the outer IP length; IPv6 extension headers of the inner
+    packet are not walked (its next header is its protocol)."""
+    l3 = p.l4 + 8
+    if l3 + 1 > p.end:
+        return None
+    if p.family == 4:
+        if frame[l3] >> 4 != 4:
+            return None
+        ihl = (frame[l3] & 0x0F) * 4
+        if ihl < 20 or l3 + ihl > p.end:
+            return None
+        proto = frame[l3 + 9]
+    else:
+        if frame[l3] >> 4 != 6 or l3 + 40 > p.end:
+            return None
+        ihl, proto = 40, frame[l3 + 6]
+    l4 = l3 + ihl
+    if l4 + 8 > p.end:
+        return None
+    if proto == icmp_proto(p.family) and frame[l4] in ICMP_ERRORS[p.family]:
+        return None  # an error about an error
+    src, dst = _src_dst(frame, p.family, l3)
+    return Inner(l3, ihl, src, dst, proto, l4)
+
+
+# -- checksums -----------------------------------------------------------------------------
+
+
+def _sum(data: bytes) -> int:
+    """The one's complement sum of `data` as 16-bit words, modulo 0xFFFF (2**16 == 1 there)."""
+    if len(data) % 2:
+        data += b"\0"
+    return int.from_bytes(data, "big") % 0xFFFF
+
+
+@dataclass(frozen=True)
+class _Csum:
+    """A checksum field and what it covers: frame[start:end], after the pseudo-header of the
+    IP header at `pseudo_l3` (None: no pseudo-header)."""
+
+    field: int
+    start: int
+    end: int
+    family: int = 4
+    pseudo_l3: int | None = None
+    proto: int = 0
+    udp: bool = False
+
+    def covered(self, frame: bytes) -> bytes:
+        data = frame[self.start : self.end]
+        if self.pseudo_l3 is None:
+            return data
+        length = self.end - self.start
+        if self.family == 4:
+            addrs = frame[self.pseudo_l3 + 12 : self.pseudo_l3 + 20]
+            return addrs + struct.pack("!BBH", 0, self.proto, length) + data
+        addrs = frame[self.pseudo_l3 + 8 : self.pseudo_l3 + 40]
+        return addrs + struct.pack("!IxxxB", length, self.proto) + data
+
+
+def _rewrite(frame: bytes, writes: dict[int, bytes], csums: list[_Csum]) -> bytes:
+    """`frame` with `writes` (offset -> bytes) applied and `csums` (inner ones first) set to
+    carry their input residual (see the module docstring)."""
+    residuals = [_sum(c.covered(frame)) for c in csums]
+    out = bytearray(frame)
+    for off, data in writes.items():
+        out[off : off + len(data)] = data
+    for c, residual in zip(csums, residuals, strict=True):
+        if c.udp and _u16(frame, c.field) == 0:
+            continue  # no UDP checksum: stays 0
+        out[c.field : c.field + 2] = b"\0\0"
+        new = (residual - _sum(c.covered(bytes(out)))) % 0xFFFF
+        if c.udp and new == 0:
+            new = 0xFFFF
+        out[c.field : c.field + 2] = new.to_bytes(2, "big")
+    return bytes(out)
+
+
+def _l4_csum(frame: bytes, family: int, l3: int, proto: int, l4: int, end: int) -> _Csum | None:
+    """The pseudo-header checksum of a TCP, UDP or ICMPv6 header at l4, if it lies before
+    `end`."""
+    at = {TCP: 16, UDP: 6, ICMPV6: 2}.get(proto)
+    if at is None or (proto == ICMPV6 and family != 6) or l4 + at + 2 > end:
+        return None
+    return _Csum(l4 + at, l4, end, family, l3, proto, udp=proto == UDP)
+
+
+def _translate(
+    frame: bytes, p: Packet, which: str, new: Addr, inner: Inner | None, inner_new: Addr | None
+) -> bytes:
+    """Outer `which` ("dst"/"src") := new; with `inner_new`, the inner packet's other address
+    (the one naming us: ingress inner src, egress inner dst) := inner_new."""
+    writes = {_addr_offset(p.family, p.l3, which): new.packed}
+    csums: list[_Csum] = []
+    if inner is not None and inner_new is not None:
+        inner_which = "src" if which == "dst" else "dst"
+        writes[_addr_offset(p.family, inner.l3, inner_which)] = inner_new.packed
+        if p.family == 4:
+            csums.append(_Csum(inner.l3 + 10, inner.l3, inner.l3 + inner.ihl))
+        # Reading: the spec names the inner TCP/UDP checksums; an inner ICMPv6 checksum covers
+        # the inner addresses as well and is updated like them.
+        if inner.proto in (TCP, UDP, ICMPV6):
+            c = _l4_csum(frame, p.family, inner.l3, inner.proto, inner.l4, p.end)
+            if c is not None:
+                csums.append(c)
+        if p.family == 4:  # the outer ICMPv4 checksum covers the inner packet
+            csums.append(_Csum(p.l4 + 2, p.l4, p.end))
+    if p.family == 4:
+        csums.append(_Csum(p.l3 + 10, p.l3, p.ip_end))
+    if p.has_l4:
+        c = _l4_csum(frame, p.family, p.l3, p.proto, p.l4, p.end)
+        if c is not None:
+            csums.append(c)
+    return _rewrite(frame, writes, csums)
+
+
+# -- the programs --------------------------------------------------------------------------
+
+
+def _ports(frame: bytes, p: Packet | Inner) -> tuple[int, int]:
+    sport, dport = struct.unpack_from("!HH", frame, p.l4)
+    return int(sport), int(dport)
+
+
+def _echo_id(frame: bytes, l4: int) -> int:
+    return _u16(frame, l4 + 4)
+
+
+def _related(state: RefState, frame: bytes, family: int, pod_ip: Addr, inner: Inner) -> bool:
+    """Is the ICMP error about a packet of an allowed flow of the pod? `inner.src` is the
+    inner source after the inner translation."""
+    if inner.src != pod_ip:
+        # Reading: "its inner packet (pod IP -> remote, after the inner translation)" requires
+        # the pod as the inner source; an error quoting someone else's packet is not related.
+        return False
+    if inner.proto in PORT_PROTOS:
+        sport, dport = _ports(frame, inner)
+        return (
+            FlowKey(pod_ip, inner.dst, sport, dport, inner.proto) in state.flow
+            or AllowKey(pod_ip, inner.proto, sport) in state.allow
+        )
+    if inner.proto == icmp_proto(family) and frame[inner.l4] == ECHO_REQUEST[family]:
+        key = FlowKey(pod_ip, inner.dst, _echo_id(frame, inner.l4), 0, inner.proto)
+        return key in state.flow
+    return False
+
+
+def _filter(
+    state: RefState,
+    frame: bytes,
+    p: Packet,
+    pod_ip: Addr,
+    flags: int,
+    inner: Inner | None,
+    now_ns: int,
+) -> str:
+    """The port filter's verdict reason (the table of the spec)."""
+    if p.frag == "later":
+        entry = state.frag.get(FragKey(p.src, pod_ip, p.frag_id, p.proto))
+        # Reading: an entry 30 s old or older is no entry, whether it says pass or drop.
+        if entry is None or now_ns - entry.seen_ns >= FRAG_LIFETIME_NS:
+            return "drop_frag_orphan"
+        return "pass_fragment" if entry.passed else "drop_fragment"
+    if p.proto in PORT_PROTOS:
+        sport, dport = _ports(frame, p)
+        if AllowKey(pod_ip, p.proto, dport) in state.allow:
+            return "pass_port"
+        if FlowKey(pod_ip, p.src, dport, sport, p.proto) in state.flow:
+            return "pass_reply"
+        return "drop_port"
+    icmp_type = p.icmp_type(frame)
+    if icmp_type is None:
+        return "drop_proto"
+    allow_icmp = bool(flags & ALLOW_ICMP)
+    if icmp_type == ECHO_REPLY[p.family]:
+        if allow_icmp:
+            return "pass_icmp"
+        if FlowKey(pod_ip, p.src, _echo_id(frame, p.l4), 0, p.proto) in state.flow:
+            return "pass_reply"
+        return "drop_icmp"
+    if inner is not None and _related(state, frame, p.family, pod_ip, inner):
+        return "pass_related"
+    return "pass_icmp" if allow_icmp else "drop_icmp"
+
+
+def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
+    """XDP `cz_ingress` and tc `cz_ingress_tc`."""
+    where = _locate_ip(frame)
+    if where is None:
+        return _untouched(frame)
+    family, l3 = where
+    _, dst = _src_dst(frame, family, l3)
+    svc, pod = state.svc.get(dst), state.pod.get(dst)
+    if svc is not None:
+        pod_ip, flags = svc
+    elif pod is not None:
+        pod_ip, flags = dst, pod.flags
+    else:
+        return _untouched(frame)
+    p = _parse_ip(frame, family, l3)
+    if p is None or not _l4_fits(frame, p):
+        return _counted(frame, DROP, "drop_malformed")
+    icmp_type = p.icmp_type(frame)
+    # Reading: neighbour discovery is recognised after the malformed checks.
+    if family == 6 and icmp_type in ND_TYPES:
+        return _untouched(frame)
+    is_error = icmp_type in ICMP_ERRORS[family]
+    inner = _inner(frame, p) if is_error else None
+    # the pod's own packet left with the LB IP as its source: it gets the pod IP back
+    inner_new = pod_ip if svc is not None and inner is not None and inner.src == dst else None
+    frags = {}
+    if is_error and inner is None:
+        reason = "drop_icmp_inner"  # whatever the mode
+    elif flags & PORT_FILTER:
+        translated = replace(inner, src=inner_new) if inner and inner_new else inner
+        reason = _filter(state, frame, p, pod_ip, flags, translated, now_ns)
+        # Reading: what is recorded is the port filter's verdict; packets refused before it
+        # (drop_malformed, drop_icmp_inner) record nothing.
+        if p.frag == "first":
+            frags[FragKey(p.src, pod_ip, p.frag_id, p.proto)] = reason.startswith("pass")
+    else:
+        reason = "nat_ingress"
+    verdict = DROP if reason.startswith("drop") else PASS
+    out = frame
+    if verdict == PASS and svc is not None:
+        out = _translate(frame, p, "dst", pod_ip, inner, inner_new)
+    return Result(verdict, out, {reason: (1, len(frame))}, frags=frags)
+
+
+def egress(state: RefState, frame: bytes, now_ns: int) -> Result:
+    """tc `cz_egress`."""
+    del now_ns  # egress does not look at time (flow timestamps are not modelled)
+    where = _locate_ip(frame)
+    if where is None:
+        return _untouched(frame)
+    family, l3 = where
+    src, dst = _src_dst(frame, family, l3)
+    pod = state.pod.get(src)
+    if pod is None:
+        return _untouched(frame)
+    p = _parse_ip(frame, family, l3)
+    if p is None or not _l4_fits(frame, p):
+        return _counted(frame, DROP, "drop_malformed")
+    counts = {"nat_egress": (1, len(frame))}
+    new_flows: set[FlowKey] = set()
+    icmp_type = p.icmp_type(frame)
+    if pod.flags & PORT_FILTER and p.has_l4:
+        key = None
+        if p.proto in PORT_PROTOS:
+            sport, dport = _ports(frame, p)
+            key = FlowKey(src, dst, sport, dport, p.proto)
+        elif icmp_type == ECHO_REQUEST[family]:
+            key = FlowKey(src, dst, _echo_id(frame, p.l4), 0, p.proto)
+        if key is not None and key not in state.flow:
+            new_flows.add(key)
+            # Reading: an event counts one packet and no bytes.
+            counts["flow_new"] = (1, 0)
+    inner = _inner(frame, p) if icmp_type in ICMP_ERRORS[family] else None
+    inner_new = pod.lb_ip if inner is not None and inner.dst == src else None
+    out = _translate(frame, p, "src", pod.lb_ip, inner, inner_new)
+    return Result(PASS, out, counts, frozenset(new_flows))
