@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import UPLINK, Lab, Pod, capture, drain
+from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain
 from cozyebpf.state import MapState
 from tests.k8s import Svc, manifest
 
@@ -157,6 +157,41 @@ class AgentLab:
         for s in self._sockets:
             s.close()
         self._sockets.clear()
+
+    def teardown(self) -> None:
+        """Stop the agent (SIGKILL if it still runs), detach the datapath, remove the lab."""
+        if self.proc:
+            self.stop_agent(signal.SIGKILL)
+        self.close()
+        subprocess.run(
+            [*self.lab.nsenter(self.lab.node), *self.cmd, "detach", "--pin-dir", self.pin_dir],
+            capture_output=True,
+        )
+        self.lab.down()
+
+
+@contextlib.contextmanager
+def agent_lab(
+    tag: str,
+    tmp: Path,
+    cmd: list[str],
+    pods: Sequence[Pod] = DEFAULT_PODS,
+    manifest_text: str = "",
+    **kw: Any,
+) -> Iterator[AgentLab]:
+    """A lab with its own namespaces and pin dir, and an AgentLab to drive the agent in it;
+    everything is removed afterwards, also when the test fails."""
+    from tests.conftest import unique_prefix
+
+    lab = Lab(unique_prefix(tag), pods=pods).up()
+    env = AgentLab(
+        lab, f"/sys/fs/bpf/{lab.prefix}", tmp / "services.yaml", tmp / "agent.log", cmd, **kw
+    )
+    env.manifest_path.write_text(manifest_text)
+    try:
+        yield env
+    finally:
+        env.teardown()
 
 
 @contextlib.contextmanager

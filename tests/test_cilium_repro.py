@@ -6,7 +6,6 @@ XDP program runs before it, so Cilium only ever sees the pod IP."""
 from __future__ import annotations
 
 import socket
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -14,12 +13,11 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, cozy_proxy_ruleset
+from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, cozy_proxy_ruleset
 from cozyebpf.lab import DEFAULT_PODS as PODS
 from tests.ciliumlike import LISTED, CiliumLike
-from tests.conftest import unique_prefix
 from tests.k8s import Svc
-from tests.labtools import AgentLab
+from tests.labtools import AgentLab, agent_lab
 from tests.packets import LB_WHOLE
 
 pytestmark = pytest.mark.datapath
@@ -30,22 +28,8 @@ UNLISTED = 4444
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
-    tmp = tmp_path_factory.mktemp("cilium")
-    lab = Lab(unique_prefix("c"), pods=PODS[:1]).up()
-    env = AgentLab(
-        lab, f"/sys/fs/bpf/{lab.prefix}", tmp / "services.yaml", tmp / "agent.log", cozyebpf_cmd
-    )
-    try:
+    with agent_lab("c", tmp_path_factory.mktemp("cilium"), cozyebpf_cmd, PODS[:1]) as env:
         yield env
-    finally:
-        if env.proc:
-            env.stop_agent()
-        env.close()
-        subprocess.run(
-            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
-            capture_output=True,
-        )
-        lab.down()
 
 
 def syn(port: int, marker: int) -> bytes:

@@ -5,7 +5,6 @@ IPv6 LB IP, and IPv6 frames arrive at the pod translated byte for byte."""
 from __future__ import annotations
 
 import socket
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -15,9 +14,8 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
 from cozyebpf.lab import CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab
-from tests.conftest import unique_prefix
 from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, serve, tcp_echo
+from tests.labtools import AgentLab, agent_lab, serve, tcp_echo
 from tests.packets import LB_FILT, LB_WHOLE, assert_frame
 
 pytestmark = pytest.mark.datapath
@@ -33,24 +31,10 @@ FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)], lb_ip6=LB6_FILT, pod_ip6=POD2
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
     tmp = tmp_path_factory.mktemp("v6")
-    lab = Lab(unique_prefix("6"), pods=DEFAULT_PODS[:2]).up()
-    env = AgentLab(
-        lab, f"/sys/fs/bpf/{lab.prefix}", tmp / "services.yaml", tmp / "agent.log", cozyebpf_cmd
-    )
-    env.manifest_path.write_text(manifest(WHOLE, FILT))
-    try:
+    with agent_lab("6", tmp, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(WHOLE, FILT)) as env:
         env.start_agent()
         env.set_services(WHOLE, FILT)  # both families of both Services
         yield env
-    finally:
-        if env.proc:
-            env.stop_agent()
-        env.close()
-        subprocess.run(
-            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
-            capture_output=True,
-        )
-        lab.down()
 
 
 def talk6(lab: Lab, ns: str, addr: str, port: int, data: bytes, timeout: float = 3) -> bytes:

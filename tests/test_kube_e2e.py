@@ -5,17 +5,15 @@ converge; readiness follows the first complete sync; conflicts become Events."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cozyebpf.lab import DEFAULT_PODS, Lab
-from tests.conftest import unique_prefix
+from cozyebpf.lab import DEFAULT_PODS
 from tests.k8s import Svc, objects
 from tests.kubeapi import FakeKubeAPI
-from tests.labtools import AgentLab, wait_for
+from tests.labtools import AgentLab, agent_lab, wait_for
 from tests.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
@@ -30,37 +28,21 @@ HEALTH = "127.0.0.1:19810"
 
 @pytest.fixture
 def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[tuple[AgentLab, FakeKubeAPI]]:
-    lab = Lab(unique_prefix("k"), pods=DEFAULT_PODS[:2]).up()
-    api = FakeKubeAPI(bookmark_interval=0.5)
-    lab.in_ns(lab.node, api.start)  # the server socket lives in the node namespace
-    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-    env = AgentLab(
-        lab,
-        f"/sys/fs/bpf/{lab.prefix}",
-        tmp_path / "unused.yaml",
-        tmp_path / "agent.log",
-        cozyebpf_cmd,
-        source_args=[
+    with agent_lab("k", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2]) as env:
+        api = FakeKubeAPI(bookmark_interval=0.5)
+        env.lab.in_ns(env.lab.node, api.start)  # the server socket lives in the node namespace
+        env.source_args = [
             "--kubeconfig",
-            str(kubeconfig),
+            str(api.kubeconfig(tmp_path / "kubeconfig")),
             "--node-name",
             "node-a",
             "--health-address",
             HEALTH,
-        ],
-    )
-    try:
-        yield env, api
-    finally:
-        if env.proc:
-            env.stop_agent()
-        env.close()
-        api.stop()
-        subprocess.run(
-            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
-            capture_output=True,
-        )
-        lab.down()
+        ]
+        try:
+            yield env, api
+        finally:
+            api.stop()
 
 
 def put(api: FakeKubeAPI, *svcs: Svc) -> None:

@@ -16,10 +16,18 @@ from scapy.layers.sctp import SCTP, SCTPChunkData
 from scapy.packet import Packet
 
 from cozyebpf import lab as labmod
-from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK_MAC, Lab, capture, drain
-from tests.conftest import unique_prefix
+from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK_MAC, capture, drain
 from tests.k8s import Svc
-from tests.labtools import AgentLab, serve, tcp_echo, tcp_talk, udp_echo, udp_talk, wait_for
+from tests.labtools import (
+    AgentLab,
+    agent_lab,
+    serve,
+    tcp_echo,
+    tcp_talk,
+    udp_echo,
+    udp_talk,
+    wait_for,
+)
 from tests.packets import LB_FILT, LB_WHOLE, assert_frame, checksums_ok, partial_checksum_ok
 
 pytestmark = pytest.mark.datapath
@@ -32,23 +40,10 @@ FILT = Svc("vm-filt", LB_FILT, POD2.ip, [("TCP", 80), ("UDP", 53)])
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
-    tmp = tmp_path_factory.mktemp("lab")
-    lab = Lab(unique_prefix("l")).up()
-    env = AgentLab(
-        lab, f"/sys/fs/bpf/{lab.prefix}", tmp / "services.yaml", tmp / "agent.log", cozyebpf_cmd
-    )
-    env.manifest_path.write_text("")
-    try:
+    with agent_lab("l", tmp_path_factory.mktemp("lab"), cozyebpf_cmd) as env:
         env.start_agent()
         yield env
-    finally:
-        rc = env.stop_agent() if env.proc else 0
-        env.close()
-        subprocess.run(
-            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
-            capture_output=True,
-        )
-        lab.down()
+        rc = env.stop_agent()
         assert rc == 0, f"agent exited with {rc}:\n{env.log()[-3000:]}"
 
 

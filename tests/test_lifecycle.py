@@ -10,16 +10,16 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.attach import current_xdp
 from cozyebpf.lab import DEFAULT_PODS as PODS
-from cozyebpf.lab import UPLINK, Lab
-from tests.conftest import unique_prefix
+from cozyebpf.lab import UPLINK
 from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, wait_for
+from tests.labtools import AgentLab, agent_lab, wait_for
 from tests.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
@@ -29,26 +29,9 @@ WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
 
 
 @pytest.fixture
-def env(tmp_path: os.PathLike[str], cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
-    from pathlib import Path
-
-    tmp = Path(tmp_path)
-    lab = Lab(unique_prefix("f"), pods=PODS[:2]).up()
-    env = AgentLab(
-        lab, f"/sys/fs/bpf/{lab.prefix}", tmp / "services.yaml", tmp / "agent.log", cozyebpf_cmd
-    )
-    env.manifest_path.write_text(manifest(WHOLE))
-    try:
+def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    with agent_lab("f", tmp_path, cozyebpf_cmd, PODS[:2], manifest(WHOLE)) as env:
         yield env
-    finally:
-        if env.proc:
-            env.stop_agent(signal.SIGKILL)
-        env.close()
-        subprocess.run(
-            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
-            capture_output=True,
-        )
-        lab.down()
 
 
 def run_once(env: AgentLab, device: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ the error (a PMTU black hole)."""
 from __future__ import annotations
 
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,9 +18,8 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab, capture, drain
-from tests.conftest import unique_prefix
 from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, wait_for
+from tests.labtools import AgentLab, agent_lab, wait_for
 from tests.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
@@ -33,30 +31,12 @@ FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])  # no allowICMP: the error mu
 
 @pytest.fixture
 def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
-    lab = Lab(unique_prefix("u"), pods=DEFAULT_PODS[:2]).up()
-    env = AgentLab(
-        lab,
-        f"/sys/fs/bpf/{lab.prefix}",
-        tmp_path / "services.yaml",
-        tmp_path / "agent.log",
-        cozyebpf_cmd,
-    )
-    env.manifest_path.write_text(manifest(WHOLE, FILT))
-    try:
+    with agent_lab("u", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(WHOLE, FILT)) as env:
         for pod in (POD1, POD2):  # real segments, not GSO super-packets, on the wire
-            lab.exec(lab.pod_ns(pod), "ethtool", "-K", "eth0", "tso", "off", "gso", "off")
+            env.lab.exec(env.lab.pod_ns(pod), "ethtool", "-K", "eth0", "tso", "off", "gso", "off")
         env.start_agent()
         env.set_services(WHOLE, FILT)
         yield env
-    finally:
-        if env.proc:
-            env.stop_agent()
-        env.close()
-        subprocess.run(
-            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
-            capture_output=True,
-        )
-        lab.down()
 
 
 def sink(lab: Lab, port: int) -> socket.socket:

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,9 +22,8 @@ from cozyebpf.datapath.attach import current_xdp, link_pin
 from cozyebpf.datapath.loader import bpf_dir
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.ciliumlike import CiliumLike
-from tests.conftest import unique_prefix
 from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, serve, tcp_talk, wait_for
+from tests.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
 from tests.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
@@ -37,26 +35,8 @@ FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])
 
 @pytest.fixture
 def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
-    lab = Lab(unique_prefix("z"), pods=DEFAULT_PODS[:2]).up()
-    env = AgentLab(
-        lab,
-        f"/sys/fs/bpf/{lab.prefix}",
-        tmp_path / "services.yaml",
-        tmp_path / "agent.log",
-        cozyebpf_cmd,
-    )
-    env.manifest_path.write_text(manifest(WHOLE, FILT))
-    try:
+    with agent_lab("z", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(WHOLE, FILT)) as env:
         yield env
-    finally:
-        if env.proc:
-            env.stop_agent(signal.SIGKILL)
-        env.close()
-        subprocess.run(
-            [*lab.nsenter(lab.node), *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir],
-            capture_output=True,
-        )
-        lab.down()
 
 
 @dataclass
