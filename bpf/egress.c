@@ -49,7 +49,6 @@ int cz_egress(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct inner in = {};
 	struct cz_entry e = {};
-	int proto;
 
 	cz_tc_pull(skb);
 	data = (void *)(long)skb->data;
@@ -57,18 +56,8 @@ int cz_egress(struct __sk_buff *skb)
 	nh.pos = data;
 	nh.start = data;
 	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
-	proto = parse_eth(&nh, data_end);
-	if (proto < 0 || launder_pos(&nh, data, data_end) < 0)
+	if (parse_frame(&nh, data, data_end, &p) < 0)
 		return CZ_TC_NEXT;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		if (peek_ip4(&nh, data_end, &p) < 0)
-			return CZ_TC_NEXT;
-	} else if (proto == bpf_htons(ETH_P_IPV6)) {
-		if (peek_ip6(&nh, data_end, &p) < 0)
-			return CZ_TC_NEXT;
-	} else {
-		return CZ_TC_NEXT;
-	}
 	if (!lookup_pod(p.v6, &p.src, &e))
 		return CZ_TC_NEXT;
 	if (check_ip(&p, data, data_end) != CZ_OK) {

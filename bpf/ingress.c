@@ -17,22 +17,12 @@ int cz_ingress(struct xdp_md *ctx)
 	struct pkt p = {};
 	struct inner in = {};
 	struct ip6 pod = {};
-	int rewrite, proto;
+	int rewrite;
 	__u32 reason;
 
 	p.frame_len = data_end - data;
-	proto = parse_eth(&nh, data_end);
-	if (proto < 0 || launder_pos(&nh, data, data_end) < 0)
+	if (parse_frame(&nh, data, data_end, &p) < 0)
 		return XDP_PASS;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		if (peek_ip4(&nh, data_end, &p) < 0)
-			return XDP_PASS;
-	} else if (proto == bpf_htons(ETH_P_IPV6)) {
-		if (peek_ip6(&nh, data_end, &p) < 0)
-			return XDP_PASS;
-	} else {
-		return XDP_PASS;
-	}
 	reason = ingress(&p, data, data_end, &in, &pod, &rewrite);
 	if (reason == CZ_NOT_OURS)
 		return XDP_PASS;

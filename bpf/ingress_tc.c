@@ -16,7 +16,7 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct inner in = {};
 	struct ip6 pod = {};
-	int rewrite, proto;
+	int rewrite;
 	__u32 reason;
 
 	cz_tc_pull(skb);
@@ -25,18 +25,8 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	nh.pos = data;
 	nh.start = data;
 	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
-	proto = parse_eth(&nh, data_end);
-	if (proto < 0 || launder_pos(&nh, data, data_end) < 0)
+	if (parse_frame(&nh, data, data_end, &p) < 0)
 		return CZ_TC_NEXT;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		if (peek_ip4(&nh, data_end, &p) < 0)
-			return CZ_TC_NEXT;
-	} else if (proto == bpf_htons(ETH_P_IPV6)) {
-		if (peek_ip6(&nh, data_end, &p) < 0)
-			return CZ_TC_NEXT;
-	} else {
-		return CZ_TC_NEXT;
-	}
 	reason = ingress(&p, data, data_end, &in, &pod, &rewrite);
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;

@@ -209,6 +209,24 @@ static __always_inline int peek_ip6(struct hdr_cursor *nh, void *data_end, struc
 	return 0;
 }
 
+/*
+ * Ethernet, tags and the addresses of the IP header, for every program: 0, or -1 when the
+ * frame is not IP (or too short to say): pass it unchanged.
+ */
+static __always_inline int parse_frame(struct hdr_cursor *nh, void *data, void *data_end,
+				       struct pkt *p)
+{
+	int proto = parse_eth(nh, data_end);
+
+	if (proto < 0 || launder_pos(nh, data, data_end) < 0)
+		return -1;
+	if (proto == bpf_htons(ETH_P_IP))
+		return peek_ip4(nh, data_end, p);
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return peek_ip6(nh, data_end, p);
+	return -1;
+}
+
 static __always_inline int cz_icmp_is_error(__u8 v6, __u8 type)
 {
 	if (v6)
