@@ -1,35 +1,31 @@
-"""Map writes: the product's per-element PinnedMaps.apply against BPF_MAP_UPDATE_BATCH /
-BPF_MAP_DELETE_BATCH (bench/bpfx.py) on 10k / 30k entries of the real maps, and the map walk
-of read_state (done on every sync) against BPF_MAP_LOOKUP_BATCH. Next to them, one `nft -f`
-transaction of the same entries (cozy-proxy's tables, in a scratch namespace)."""
+"""Map writes: the product's PinnedMaps with batch operations (BPF_MAP_UPDATE_BATCH /
+DELETE_BATCH, its default) against the same without them (one call per entry), on 10k / 30k
+entries of the real maps, and read_state's key walk against BPF_MAP_LOOKUP_BATCH. Next to
+them, one `nft -f` transaction of the same entries (cozy-proxy's tables, in a scratch
+namespace)."""
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import struct
 import tempfile
 import time
 from typing import Any
 
-from bench import bpfx, scale
+from bench import scale
 from bench.common import TAG, Params, log, median, pin_dir, sh
 from bench.nftrules import full_ruleset
 from cozyebpf.datapath import attach, bpfsys
 from cozyebpf.datapath.layout import (
-    ALLOW4,
     F_ALLOW_ICMP,
     F_PORT_FILTER,
-    POD4,
     SVC4,
-    Allow4Key,
     Svc4Val,
     be32,
 )
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.errors import DatapathError
-from cozyebpf.state import AllowedPort, MapDiff, MapState, diff
+from cozyebpf.state import AllowedPort, MapState, diff
 
 
 def _flags(port_filter: bool, allow_icmp: bool) -> int:
@@ -45,52 +41,12 @@ _ALLOW_TAIL = struct.Struct("!BBH")
 _FLAGS = [bytes([f, 0, 0, 0]) for f in range(4)]  # svc4_val/pod4_val: flags, reserved[3]
 
 
-def apply_batched(maps: PinnedMaps, d: MapDiff) -> None:
-    """PinnedMaps.apply with one BPF_MAP_UPDATE_BATCH / BPF_MAP_DELETE_BATCH per map and step,
-    in the same hole-free order between steps (allowed ports added, services set, pods set,
-    services deleted, pods deleted, allowed ports deleted); within one step the order does not
-    matter, so nothing is sorted. Keys and values are packed with `struct`/`.packed` (network
-    byte order, as the C structs hold them). The candidate for the product (see README)."""
-    svc, pod, allow = maps.fds[SVC4.name], maps.fds[POD4.name], maps.fds[ALLOW4.name]
-    try:
-        adds = [_allow_key_bytes(a) for a in d.allowed_add]
-        bpfx.map_update_batch(allow, b"".join(adds), b"\x01" * len(adds), len(adds))
-        svcs = d.services_set.items()
-        bpfx.map_update_batch(
-            svc,
-            b"".join(lb.packed for lb, _ in svcs),
-            b"".join(
-                s.pod_ip.packed + _FLAGS[_flags(s.port_filter, s.allow_icmp)] for _, s in svcs
-            ),
-            len(svcs),
-        )
-        pods = d.pods_set.items()
-        bpfx.map_update_batch(
-            pod,
-            b"".join(p.packed for p, _ in pods),
-            b"".join(e.lb_ip.packed + _FLAGS[_flags(e.port_filter, e.allow_icmp)] for _, e in pods),
-            len(pods),
-        )
-        bpfx.map_delete_batch(svc, b"".join(lb.packed for lb in d.services_del), 4)
-        bpfx.map_delete_batch(pod, b"".join(p.packed for p in d.pods_del), 4)
-        bpfx.map_delete_batch(
-            allow, b"".join(_allow_key_bytes(a) for a in d.allowed_del), ctypes.sizeof(Allow4Key)
-        )
-    except bpfsys.BpfError as e:
-        hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
-        raise DatapathError(f"programming maps in {maps.pin_dir} failed: {e}{hint}") from e
-
-
-def read_state_batched(maps: PinnedMaps) -> int:
-    """The map walk of read_state with BPF_MAP_LOOKUP_BATCH (entries only, not converted)."""
-    n = 0
-    for spec in (SVC4, POD4, ALLOW4):
-        n += len(
-            bpfx.map_lookup_batch(
-                maps.fds[spec.name], spec.key_size, spec.value_size, spec.max_entries
-            )
-        )
-    return n
+def per_entry(maps: PinnedMaps) -> PinnedMaps:
+    """The same pinned maps, driven without batch operations (one bpf(2) call per entry), as
+    the product does on a kernel that refuses them."""
+    slow = PinnedMaps(maps.pin_dir, maps.fds)
+    slow._no_batch = True
+    return slow
 
 
 def _raw_per_element(maps: PinnedMaps, st: MapState) -> None:
@@ -107,8 +63,7 @@ def _raw_per_element(maps: PinnedMaps, st: MapState) -> None:
 
 
 def _clear(maps: PinnedMaps) -> None:
-    live = maps.read_state()
-    apply_batched(maps, diff(live, MapState()))
+    maps.apply(diff(maps.read_state(), MapState()))
 
 
 def nft_transaction(st: MapState, ns: str) -> tuple[float, float]:
@@ -149,7 +104,7 @@ def nft_transaction(st: MapState, ns: str) -> tuple[float, float]:
 
 def sync_breakdown(sizes: tuple[int, ...]) -> dict[str, Any]:
     """What one agent sync costs besides the map writes, in this process: parsing a manifest
-    (the agent's yaml.SafeLoader, pure Python, against libyaml's CSafeLoader), the model
+    (yaml.SafeLoader, pure Python, against libyaml's CSafeLoader, which the agent uses), the model
     (build_state over every object), and the diff. Seconds."""
     import yaml
 
@@ -187,6 +142,7 @@ def main_mapwrites(params: Params) -> dict[str, Any]:
     pin = pin_dir("mw")
     ns = f"{TAG}-nft"
     maps = PinnedMaps.ensure(pin)
+    slow = per_entry(maps)
     sh("ip", "netns", "add", ns)
     out: dict[str, Any] = {}
     try:
@@ -208,30 +164,30 @@ def main_mapwrites(params: Params) -> dict[str, Any]:
                 )
             }
             for rep in range(params.mapwrite_reps):
-                # interleaved: per-element, batch, per-element, ...
+                # interleaved: per-element, batch, per-element, ... (both are the product's
+                # PinnedMaps, with and without batch operations)
                 _clear(maps)
                 d = diff(maps.read_state(), st)
                 t0 = time.perf_counter()
-                maps.apply(d)
+                slow.apply(d)
                 r["apply_per_element"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                maps.read_state()
+                walked = slow.read_state()
                 r["read_state"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                got = read_state_batched(maps)
+                batched = maps.read_state()
                 r["lookup_batch"].append(time.perf_counter() - t0)
-                assert got == entries, (got, entries)
+                assert walked == batched == st, "the two reads disagree"
                 t0 = time.perf_counter()
-                maps.apply(diff(st, MapState()))
+                slow.apply(diff(st, MapState()))
                 r["delete_per_element"].append(time.perf_counter() - t0)
                 d = diff(maps.read_state(), st)
                 t0 = time.perf_counter()
-                apply_batched(maps, d)
+                maps.apply(d)
                 r["apply_batch"].append(time.perf_counter() - t0)
-                live = maps.read_state()
-                assert live == st, "batch apply wrote something else"
+                assert maps.read_state() == st, "batch apply wrote something else"
                 t0 = time.perf_counter()
-                apply_batched(maps, diff(st, MapState()))
+                maps.apply(diff(st, MapState()))
                 r["delete_batch"].append(time.perf_counter() - t0)
                 r["raw_update_svc4"].append(_raw_per_element(maps, st))
                 full, one = nft_transaction(st, ns)

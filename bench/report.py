@@ -139,7 +139,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         m = mw[key]
         add(
             f"map programming ({key} Services) vs one nft -f transaction: per-element "
-            "(the product's PinnedMaps.apply)",
+            "(PinnedMaps without batch operations)",
             m["apply_per_element"],
             m["nft_f"],
             "s",
@@ -236,8 +236,8 @@ def table(res: dict[str, Any]) -> str:
     if mw:
         lines.append("")
         lines.append(
-            "MAP WRITES (seconds, median): per-element = PinnedMaps.apply; batch = "
-            "BPF_MAP_*_BATCH (bench/mapwrites.apply_batched)"
+            "MAP WRITES (seconds, median): per-element = PinnedMaps without batch operations; "
+            "batch = PinnedMaps.apply (BPF_MAP_*_BATCH, the product's default)"
         )
         for n, m in mw.items():
             if n == "sync_breakdown":
@@ -257,8 +257,8 @@ def table(res: dict[str, Any]) -> str:
             lines.append(
                 "  one sync besides map writes: manifest parse of 1000 Services "
                 + f"({y.get('bytes', 0) // 1024} KiB YAML) {y.get('SafeLoader_s')} s with "
-                + f"yaml.SafeLoader (the agent's), {y.get('CSafeLoader_s')} s with "
-                + "yaml.CSafeLoader; model "
+                + f"yaml.SafeLoader, {y.get('CSafeLoader_s')} s with "
+                + "yaml.CSafeLoader (the agent's); model "
                 + ", ".join(
                     f"{n}: {v['build_state_s']} s" for n, v in sb.items() if n != "yaml_1000"
                 )
