@@ -8,7 +8,6 @@ agent's peak RSS is VmHWM and its CPU time utime+stime, from /proc/<pid>.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -24,11 +23,9 @@ from typing import Any
 from bench import scale
 from bench.common import REPO, TAG, Params, log, pct, pin_dir
 from bench.mapwrites import nft_transaction
-from cozyebpf.datapath import bpfsys
-from cozyebpf.datapath.layout import ALLOW4, POD4, SVC4, Allow4Key, Pod4Val, Svc4Val, be16, be32
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab
-from cozyebpf.state import MapState
+from cozyebpf.state import IPAddress, MapState
 from tests.kubeapi import FakeKubeAPI
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -147,28 +144,24 @@ class Agent:
 
 
 class Probe:
-    """Fast checks on the pinned maps: single lookups, no map walks."""
+    """Fast checks on the pinned maps: single lookups through PinnedMaps, no map walks (and no
+    knowledge of the map layout)."""
 
     def __init__(self, pin: str) -> None:
         self.maps = PinnedMaps.open(pin)
-        self.svc, self.pod = self.maps.fds[SVC4.name], self.maps.fds[POD4.name]
-        self.allow = self.maps.fds[ALLOW4.name]
-        self._v = Svc4Val()
 
-    def svc_pod(self, lb: IPv4Address) -> IPv4Address | None:
-        if not bpfsys.map_lookup(self.svc, ctypes.c_uint32(be32(lb)), self._v):
-            return None
-        return IPv4Address(int(self._v.pod_ip).to_bytes(4, sys.byteorder))
+    def svc_pod(self, lb: IPv4Address) -> IPAddress | None:
+        entry = self.maps.lookup_service(lb)
+        return entry.pod_ip if entry is not None else None
 
     def has_all(self, sentinels: list[tuple[str, Any]]) -> bool:
         for kind, key in sentinels:
             if kind == "svc":
-                ok = bpfsys.map_lookup(self.svc, ctypes.c_uint32(be32(key)), Svc4Val())
+                ok = self.maps.lookup_service(key) is not None
             elif kind == "pod":
-                ok = bpfsys.map_lookup(self.pod, ctypes.c_uint32(be32(key)), Pod4Val())
+                ok = self.maps.lookup_pod(key) is not None
             else:
-                k = Allow4Key(pod_ip=be32(key.pod_ip), proto=int(key.proto), port=be16(key.port))
-                ok = bpfsys.map_lookup(self.allow, k, ctypes.c_uint8())
+                ok = self.maps.has_allowed(key)
             if not ok:
                 return False
         return True

@@ -115,6 +115,22 @@ def test_dual_stack_state_round_trips(maps: PinnedMaps, pin_dir: str) -> None:
         assert reader.read_state() == DUAL
 
 
+def test_single_lookups_agree_with_read_state(maps: PinnedMaps) -> None:
+    """lookup_service/lookup_pod/has_allowed (what probes use instead of map walks) give the
+    entries read_state() gives, of both families, and nothing for what is not programmed."""
+    maps.apply(diff(maps.read_state(), DUAL))
+    for lb, svc in DUAL.services.items():
+        assert maps.lookup_service(lb) == svc
+        assert maps.lookup_pod(lb) is None
+    for pod, entry in DUAL.pods.items():
+        assert maps.lookup_pod(pod) == entry
+        assert maps.lookup_service(pod) is None
+    for a in DUAL.allowed:
+        assert maps.has_allowed(a)
+    assert not maps.has_allowed(AllowedPort(POD4, Proto.TCP, 23))
+    assert not maps.has_allowed(AllowedPort(POD6_WHOLE, Proto.TCP, 22))
+
+
 def test_ipv6_entries_are_in_network_byte_order(maps: PinnedMaps) -> None:
     """The raw bytes the C programs see: 16-byte addresses as on the wire, flags, zeroes."""
     maps.apply(diff(maps.read_state(), DUAL))

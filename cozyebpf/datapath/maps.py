@@ -384,6 +384,36 @@ class PinnedMaps:
                 st.allowed.add(AllowedPort(pod, proto, port_of(ak.port)))
         return st
 
+    def lookup_service(self, lb: IPAddress) -> ServiceEntry | None:
+        """The entry of one LB IP, by a single lookup (no map walk): for probes and tools that
+        must not depend on the map layout."""
+        if isinstance(lb, IPv4Address):
+            sv = Svc4Val()
+            if not bpfsys.map_lookup(self.fds[SVC4.name], _addr_key(lb), sv):
+                return None
+            return ServiceEntry(ip_of(sv.pod_ip), *_entry_flags(sv.flags))
+        sv6 = Svc6Val()
+        if not bpfsys.map_lookup(self.fds[SVC6.name], _addr_key(lb), sv6):
+            return None
+        return ServiceEntry(ip6_of(sv6.pod_ip), *_entry_flags(sv6.flags))
+
+    def lookup_pod(self, pod: IPAddress) -> PodEntry | None:
+        """The entry of one pod IP, by a single lookup."""
+        if isinstance(pod, IPv4Address):
+            pv = Pod4Val()
+            if not bpfsys.map_lookup(self.fds[POD4.name], _addr_key(pod), pv):
+                return None
+            return PodEntry(ip_of(pv.lb_ip), *_entry_flags(pv.flags))
+        pv6 = Pod6Val()
+        if not bpfsys.map_lookup(self.fds[POD6.name], _addr_key(pod), pv6):
+            return None
+        return PodEntry(ip6_of(pv6.lb_ip), *_entry_flags(pv6.flags))
+
+    def has_allowed(self, a: AllowedPort) -> bool:
+        """Whether the allowed-port entry `a` is programmed, by a single lookup."""
+        spec = ALLOW4 if a.version == 4 else ALLOW6
+        return bpfsys.map_lookup(self.fds[spec.name], _allow_key(a), ctypes.c_uint8())
+
     def flows_by_pod(self) -> dict[IPAddress, int]:
         """Number of flow4 and flow6 entries per pod IP."""
         out: dict[IPAddress, int] = {}
