@@ -24,7 +24,7 @@ from bench import bpfx, progs
 from bench.common import Params, log, median, pin_dir
 from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
-from cozyebpf.datapath import attach, loader
+from cozyebpf.datapath import attach, bpfsys, loader
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC, Lab
 from cozyebpf.model import build_state
@@ -44,11 +44,11 @@ SERVICES = (
 
 # path -> variants measured on it (in this order, rotated per repetition)
 PATHS: dict[str, tuple[str, ...]] = {
-    "whole-ip": ("plain", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
-    "port-allowed": ("plain", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
+    "whole-ip": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
+    "port-allowed": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
     "port-drop": ("gen-only", "xdp-drop", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
-    "reply": ("plain", "nft", "cz-xdp", "cz-tcx"),
-    "egress-snat": ("plain", "nft", "nft-noct", "cz-xdp", "cz-tcx"),
+    "reply": ("plain", "xdp-pass", "nft", "cz-xdp", "cz-tcx"),
+    "egress-snat": ("plain", "tc-next", "nft", "nft-noct", "cz-xdp", "cz-tcx"),
 }
 VARIANT_LABELS = {
     "plain": "plain routing (no NAT)",
@@ -58,6 +58,8 @@ VARIANT_LABELS = {
     "cz-tcx": "cozyebpf, tcx ingress",
     "gen-only": "generator floor (gen alone, XDP_DROP)",
     "xdp-drop": "bare XDP_DROP on the node device",
+    "xdp-pass": "bare XDP_PASS on the node device (the floor of any XDP forwarding)",
+    "tc-next": "bare TCX_NEXT in tcx egress of the node device (the floor of any tc SNAT)",
     "min-xdp": "minimal XDP NAT, no extras (reference)",
 }
 DROP_PATHS = ("port-drop",)
@@ -106,7 +108,7 @@ class Measurement:
 
 def _frames(path: str, variant: str) -> tuple[str, bytes]:
     """(side the generator runs on: "client" or "pod", frame)."""
-    nat = variant != "plain"
+    nat = variant not in ("plain", "xdp-pass", "tc-next")
     if path == "egress-snat":
         return "pod", udp_frame(
             POD_F.mac, POD_F.host_mac, POD_F.ip, CLIENT_IP, POD_EPHEMERAL, REMOTE_PORT
@@ -234,10 +236,18 @@ class DatapathBench:
                     self.cz_egress.fd, "cz_egress", UPLINK, pin, "egress", "tcx"
                 ),
             )
-        elif v in ("xdp-drop", "min-xdp"):
+        elif v in ("xdp-drop", "xdp-pass", "min-xdp"):
             idx = self.ifindex["uplink"]
-            fd = self.sinks.drop_fd if v == "xdp-drop" else self.minimal.fd
+            fd = {"xdp-drop": self.sinks.drop_fd, "xdp-pass": self.sinks.pass_fd}.get(
+                v, self.minimal.fd
+            )
             self._variant_fd = lab.in_ns(lab.node, lambda: progs.attach_xdp_native(fd, idx))
+        elif v == "tc-next":
+            idx = self.ifindex["uplink"]
+            fd = self.sinks.tc_next_fd
+            self._variant_fd = lab.in_ns(
+                lab.node, lambda: bpfsys.link_create(fd, idx, bpfsys.BPF_TCX_EGRESS)
+            )
 
     def _variant_down(self, v: str) -> None:
         lab = self.lab
@@ -246,7 +256,7 @@ class DatapathBench:
         elif v in ("cz-xdp", "cz-tcx"):
             for hook in ("xdp", "tcx-ingress", "tcx-egress"):
                 attach.detach_link(attach.link_pin(self.pin, hook, UPLINK))
-        elif v in ("xdp-drop", "min-xdp") and self._variant_fd is not None:
+        elif v in ("xdp-drop", "xdp-pass", "min-xdp", "tc-next") and self._variant_fd is not None:
             os.close(self._variant_fd)
             self._variant_fd = None
 

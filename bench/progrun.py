@@ -20,8 +20,7 @@ from bench import bpfx, progs
 from bench.common import Params, log, median, pin_dir
 from bench.frames import udp_frame
 from cozyebpf.datapath import attach, bpfsys, loader
-from cozyebpf.datapath.layout import FLOW4, Flow4Key, Flow4Val, be16, be32
-from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.maps import Flow, PinnedMaps
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 
 CLIENT = "198.51.100.2"
@@ -98,16 +97,8 @@ class ProgRunBench:
         self.pin = pin_dir("run")
         self.maps = PinnedMaps.ensure(self.pin)
         self.maps.apply(diff(self.maps.read_state(), SEED))
-        one = Flow4Val(last_seen_ns=0)
-        for pod in (POD_F, LB_F):  # the reply flow, for both sides of the flip
-            k = Flow4Key(
-                pod_ip=be32(A(pod)),
-                remote_ip=be32(A(CLIENT)),
-                pod_port=be16(40000),
-                remote_port=be16(53),
-                proto=17,
-            )
-            bpfsys.map_update(self.maps.fds[FLOW4.name], k, one)
+        # the reply flow, for both sides of the flip (with its flow-hint bit, as egress sets it)
+        self.maps.add_flows(Flow(A(pod), A(CLIENT), 40000, 53, 17) for pod in (POD_F, LB_F))
         log("compiling cozyebpf's programs (bcc)")
         self.progs = {
             "xdp": loader.load("ingress.c", "cz_ingress", "xdp", self.pin),
@@ -167,6 +158,12 @@ class ProgRunBench:
                 "all_ns": res[name],
             }
         out["insns"] = {k: bpfsys.prog_info(p.fd).xlated_insns for k, p in self.progs.items()}
+        out["verified_insns"] = {}
+        for k, prog in self.progs.items():
+            out["verified_insns"][k] = bpfsys.prog_info(prog.fd).verified_insns
+            slow = loader.slow_program_fd(prog)
+            if slow is not None:
+                out["verified_insns"][f"{k}-full-path"] = bpfsys.prog_info(slow).verified_insns
         return out
 
 

@@ -182,6 +182,8 @@ def table(res: dict[str, Any]) -> str:
             "gen-only",
             "xdp-drop",
             "plain",
+            "xdp-pass",
+            "tc-next",
             "nft",
             "nft-noct",
             "min-xdp",
@@ -199,7 +201,7 @@ def table(res: dict[str, Any]) -> str:
                     row += f"{'-':>21s}"
                     continue
                 ratio = f"{e['mpps'] / base:.2f}x" if base else ""
-                row += f"{e['mpps']:5.2f} ({e['ns_per_packet']:5.0f}) {ratio:>6s}"
+                row += f" {e['mpps']:6.2f} ({e['ns_per_packet']:4.0f}) {ratio:>6s}"
             lines.append(row)
         lines.append(
             "  by wall clock (shares the cores with whatever else runs), Mpps: "

@@ -5,12 +5,19 @@
  * embedded packet's destination translated too. In port-filter mode the flow is recorded first
  * so that replies pass ingress. Passes with TCX_NEXT (== TC_ACT_UNSPEC), so programs after us
  * (Cilium's) still run. docs/datapath-semantics.md, "Egress".
+ *
+ * cz_egress decides the common frame (lib/fast.h); every other frame goes on to cz_egress_slow
+ * by a tail call (lib/tail.h).
  */
 #include <uapi/linux/bpf.h>
+#include "lib/fast.h"
 #include "lib/lookup.h"
 #include "lib/nat.h"
 #include "lib/stats.h"
+#include "lib/tail.h"
 #include "lib/tc.h"
+
+#define CZ_TC_SLOW 1 /* fast_egress: not decided, take the full path */
 
 /* Remember (refresh at most once a second) a flow the pod opened. */
 static __always_inline void flow_record(struct pkt *p)
@@ -29,7 +36,7 @@ static __always_inline void flow_record(struct pkt *p)
 	} else if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP && p->proto != IPPROTO_SCTP) {
 		return;
 	}
-	now = bpf_ktime_get_ns();
+	now = bpf_ktime_get_coarse_ns();
 	v = flow_find(p->v6, &p->src, &p->dst, p->sport, remote_port, p->proto);
 	if (v) {
 		if (now - v->last_seen_ns > CZ_FLOW_REFRESH_NS)
@@ -42,34 +49,96 @@ static __always_inline void flow_record(struct pkt *p)
 		cz_count(CZ_FLOW_ERROR, 0);
 }
 
+/* The common frame (lib/fast.h): a verdict, or CZ_TC_SLOW. */
+static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *data_end)
+{
+	struct cz_fast f = {};
+	struct ip6 lb;
+	__u8 pod_flags;
+	struct iphdr *ip = fast_ip4(data, data_end);
+
+	if (ip) {
+		struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
+
+		if (!v || !(v->kind & CZ_K_POD))
+			return CZ_TC_NEXT;
+		if (fast_check4(&f, ip, data, data_end, skb->len) < 0)
+			return CZ_TC_SLOW;
+		lb.a[0] = v->lb_ip;
+		if (v->pod_flags & CZ_F_PORT_FILTER)
+			fast_flow_record4(&f, ip->saddr, ip->daddr);
+	} else {
+		struct ipv6hdr *ip6 = fast_ip6(data, data_end);
+		struct pkt p = {};
+		struct addr6_val *v;
+
+		if (!ip6)
+			return CZ_TC_SLOW;
+		v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
+		if (!v || !(v->kind & CZ_K_POD))
+			return CZ_TC_NEXT;
+		if (fast_check6(&f, ip6, data, data_end, skb->len) < 0)
+			return CZ_TC_SLOW;
+		lb = v->lb_ip;
+		if (v->pod_flags & CZ_F_PORT_FILTER) {
+			p.v6 = 1;
+			p.has_l4 = 1;
+			p.proto = f.proto;
+			p.sport = f.sport;
+			p.dport = f.dport;
+			__builtin_memcpy(&p.src, &ip6->saddr, sizeof(p.src));
+			__builtin_memcpy(&p.dst, &ip6->daddr, sizeof(p.dst));
+			flow_record(&p);
+		}
+	}
+	if (fast_nat_skb(skb, &f, data_end, 0, &lb) < 0) {
+		cz_count(CZ_DROP_MALFORMED, skb->len);
+		return CZ_TC_DROP;
+	}
+	cz_count(CZ_NAT_EGRESS, skb->len);
+	return CZ_TC_NEXT;
+}
+
 int cz_egress(struct __sk_buff *skb)
 {
 	void *data, *data_end;
-	struct hdr_cursor nh;
-	struct pkt p = {};
-	struct inner in = {};
-	struct cz_entry e = {};
+	int rc;
 
 	cz_tc_pull(skb);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	nh.pos = data;
-	nh.start = data;
+	rc = fast_egress(skb, data, data_end);
+	if (rc != CZ_TC_SLOW)
+		return rc;
+	cz_slow_tc.call(skb, CZ_SLOW_EGRESS);
+	return CZ_TC_NEXT; /* not reached: the loader fills the array first */
+}
+
+/* Every frame the fast path does not take: the full parse and translation. */
+int cz_egress_slow(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct hdr_cursor nh = {.pos = data, .start = data};
+	struct pkt p = {};
+	struct inner in = {};
+	struct cz_entry e = {};
+
 	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
 	if (parse_frame(&nh, data, data_end, &p) < 0)
 		return CZ_TC_NEXT;
-	if (!lookup_pod(p.v6, &p.src, &e))
+	if (!lookup_addr(p.v6, &p.src, &e) || !(e.kind & CZ_K_POD))
 		return CZ_TC_NEXT;
 	if (check_ip(&p, data, data_end) != CZ_OK) {
 		cz_count(CZ_DROP_MALFORMED, skb->len);
 		return CZ_TC_DROP;
 	}
-	if (e.flags & CZ_F_PORT_FILTER)
+	if (e.pod_flags & CZ_F_PORT_FILTER)
 		flow_record(&p);
 	/* an error about a packet the pod received: its destination was the pod IP */
 	if (p.icmp_error && parse_inner(&p, data_end, &in) == 0 && cz_ip6_eq(&in.dst, &p.src))
-		nat_inner(&p, &in, data_end, 0, &e.ip);
-	if (nat_skb(skb, &p, data, 0, &e.ip) < 0) {
+		nat_inner(&p, &in, data_end, 0, &e.lb);
+	if (nat_skb(skb, &p, data, data_end, 0, &e.lb) < 0) {
 		cz_count(CZ_DROP_MALFORMED, skb->len);
 		return CZ_TC_DROP;
 	}

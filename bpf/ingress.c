@@ -4,12 +4,41 @@
  * destination := pod IP; an ICMP error about the pod's own traffic gets its embedded packet
  * translated too. In port-filter mode the packet must first pass the filter (also when sent to
  * the pod IP directly). Everything else passes untouched. docs/datapath-semantics.md.
+ *
+ * cz_ingress decides the common frame (lib/fast.h); every other frame goes on to
+ * cz_ingress_slow by a tail call (lib/tail.h).
  */
 #include <uapi/linux/bpf.h>
+#include "lib/fast.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
+#include "lib/tail.h"
 
 int cz_ingress(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct cz_fast f = {};
+	struct ip6 to;
+	__u32 reason;
+
+	reason = fast_ingress(data, data_end, data_end - data, &f, &to);
+	if (reason == CZ_SLOW) {
+		cz_slow_xdp.call(ctx, CZ_SLOW_INGRESS);
+		return XDP_PASS; /* not reached: the loader fills the array first */
+	}
+	if (reason == CZ_NOT_OURS)
+		return XDP_PASS;
+	cz_count(reason, data_end - data);
+	if (reason == CZ_DROP_PORT)
+		return XDP_DROP;
+	if (f.rewrite)
+		fast_nat_xdp(&f, data_end, &to);
+	return XDP_PASS;
+}
+
+/* Every frame the fast path does not take: the full parse and decision. */
+int cz_ingress_slow(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;

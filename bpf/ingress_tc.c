@@ -1,29 +1,58 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Ingress as a tc program, for devices without native XDP or when --ingress-hook tcx is
- * chosen: the same decision as the XDP program (lib/ingress.h), attached through tcx before
- * every other program, so Cilium's tc programs still only see pod IPs.
+ * chosen: the same decision as the XDP program (lib/fast.h, lib/ingress.h), attached through
+ * tcx before every other program, so Cilium's tc programs still only see pod IPs.
+ * cz_ingress_tc decides the common frame; every other frame goes on to cz_ingress_tc_slow.
  */
 #include <uapi/linux/bpf.h>
+#include "lib/fast.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
+#include "lib/tail.h"
 #include "lib/tc.h"
 
 int cz_ingress_tc(struct __sk_buff *skb)
 {
 	void *data, *data_end;
-	struct hdr_cursor nh;
+	struct cz_fast f = {};
+	struct ip6 to;
+	__u32 reason;
+
+	cz_tc_pull(skb);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	reason = fast_ingress(data, data_end, skb->len, &f, &to);
+	if (reason == CZ_SLOW) {
+		cz_slow_tc.call(skb, CZ_SLOW_INGRESS_TC);
+		return CZ_TC_NEXT; /* not reached: the loader fills the array first */
+	}
+	if (reason == CZ_NOT_OURS)
+		return CZ_TC_NEXT;
+	if (reason == CZ_DROP_PORT) {
+		cz_count(reason, skb->len);
+		return CZ_TC_DROP;
+	}
+	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {
+		cz_count(CZ_DROP_MALFORMED, skb->len);
+		return CZ_TC_DROP;
+	}
+	cz_count(reason, skb->len);
+	return CZ_TC_NEXT;
+}
+
+/* Every frame the fast path does not take: the full parse and decision. */
+int cz_ingress_tc_slow(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct hdr_cursor nh = {.pos = data, .start = data};
 	struct pkt p = {};
 	struct inner in = {};
 	struct ip6 pod = {};
 	int rewrite;
 	__u32 reason;
 
-	cz_tc_pull(skb);
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	nh.pos = data;
-	nh.start = data;
 	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
 	if (parse_frame(&nh, data, data_end, &p) < 0)
 		return CZ_TC_NEXT;
@@ -36,7 +65,7 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	if (rewrite) {
 		if (p.icmp_error && in.rewrite)
 			nat_inner(&p, &in, data_end, 1, &pod); /* direct writes first */
-		if (nat_skb(skb, &p, data, 1, &pod) < 0) {
+		if (nat_skb_helpers(skb, &p, data, 1, &pod) < 0) {
 			cz_count(CZ_DROP_MALFORMED, skb->len);
 			return CZ_TC_DROP;
 		}

@@ -46,21 +46,10 @@ from scapy.layers.l2 import GRE, Dot1AD, Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
 from cozyebpf.datapath import bpfsys, layout, loader
-from cozyebpf.datapath.layout import (
-    ALLOW4,
-    ALLOW6,
-    FLOW4,
-    FLOW6,
-    FRAG4,
-    FRAG6,
-    POD4,
-    POD6,
-    SVC4,
-    SVC6,
-    MapSpec,
-)
-from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.layout import FLOW4, FLOW6, FRAG4, FRAG6, MapSpec
+from cozyebpf.datapath.maps import Flow, PinnedMaps
 from cozyebpf.datapath.reasons import REASONS
+from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests import refmodel as rm
 from tests.packets import (
     CLIENT,
@@ -242,6 +231,13 @@ def seeds(draw: st.DrawFn) -> Seed:
         AllowKey(pick(draw, pods), pick(draw, rm.PORT_PROTOS), pick(draw, PORTS))
         for _ in range(draw(_index(5)))
     ]
+    if pick(draw, (False, False, False, True)):
+        # a pod with more allowed ports than an addr value holds inline (8): the first 8
+        # (sorted) inline, all of them in allow4/allow6, the programs look there too
+        many = pick(draw, pods)
+        skip = draw(_index(3))
+        combos = [(proto, port) for proto in rm.PORT_PROTOS for port in PORTS]
+        allow += [AllowKey(many, proto, port) for proto, port in combos[skip:]]
     flows: list[FlowKey] = []
     for _ in range(draw(_index(6))):
         pod = pick(draw, pods)
@@ -743,19 +739,30 @@ def _addr(ip: Addr) -> int | layout.Ip6:
     return layout.be32(ip) if isinstance(ip, IPv4Address) else layout.ip6(ip)
 
 
-def _addr_key(ip: Addr) -> ctypes.c_uint32 | layout.Ip6:
-    """An svc/pod map key."""
-    return ctypes.c_uint32(layout.be32(ip)) if isinstance(ip, IPv4Address) else layout.ip6(ip)
-
-
 def _addr_of(v: int | layout.Ip6) -> Addr:
     return layout.ip_of(v) if isinstance(v, int) else layout.ip6_of(v)
+
+
+def map_state(state: RefState) -> MapState:
+    """The model's svc, pod and allow tables as the control plane's MapState (PinnedMaps
+    encodes it into addr4/addr6 and allow4/allow6, as the agent does)."""
+    return MapState(
+        {
+            lb: ServiceEntry(s.pod_ip, bool(s.flags & PORT_FILTER), bool(s.flags & ALLOW_ICMP))
+            for lb, s in state.svc.items()
+        },
+        {
+            p: PodEntry(e.lb_ip, bool(e.flags & PORT_FILTER), bool(e.flags & ALLOW_ICMP))
+            for p, e in state.pod.items()
+        },
+        {AllowedPort(a.pod_ip, Proto(a.proto), a.port) for a in state.allow},
+    )
 
 
 class Datapath:
     """The three loaded programs and their pinned maps: seed, run, read back."""
 
-    STATE_MAPS = (SVC4, POD4, ALLOW4, FLOW4, FRAG4, SVC6, POD6, ALLOW6, FLOW6, FRAG6)
+    RAW_MAPS = (FLOW4, FRAG4, FLOW6, FRAG6)  # the tables the programs write
 
     def __init__(self, maps: PinnedMaps, progs: dict[str, loader.Program]) -> None:
         self.maps = maps
@@ -768,38 +775,14 @@ class Datapath:
         return self.maps.fds[spec.name]
 
     def clear(self) -> None:
-        for spec in self.STATE_MAPS:
+        self.maps.apply(diff(self.maps.read_state(), MapState()))
+        for spec in self.RAW_MAPS:
             for raw in bpfsys.map_keys(self._fd(spec), spec.key_size):
                 bpfsys.map_delete(self._fd(spec), ctypes.create_string_buffer(raw, len(raw)))
 
     def seed(self, state: RefState, now_ns: int) -> None:
-        up = bpfsys.map_update
-        for lb, svc in state.svc.items():
-            v4 = lb.version == 4
-            key = _addr_key(lb)
-            val = (layout.Svc4Val if v4 else layout.Svc6Val)(_addr(svc.pod_ip), svc.flags)
-            up(self._fd(SVC4 if v4 else SVC6), key, val)
-        for pod_ip, pod in state.pod.items():
-            v4 = pod_ip.version == 4
-            key = _addr_key(pod_ip)
-            pval = (layout.Pod4Val if v4 else layout.Pod6Val)(_addr(pod.lb_ip), pod.flags)
-            up(self._fd(POD4 if v4 else POD6), key, pval)
-        for a in state.allow:
-            v4 = a.pod_ip.version == 4
-            akey = (layout.Allow4Key if v4 else layout.Allow6Key)(
-                _addr(a.pod_ip), a.proto, 0, layout.be16(a.port)
-            )
-            up(self._fd(ALLOW4 if v4 else ALLOW6), akey, ctypes.c_uint8(1))
-        for f in state.flow:
-            v4 = f.pod_ip.version == 4
-            fkey = (layout.Flow4Key if v4 else layout.Flow6Key)(
-                _addr(f.pod_ip),
-                _addr(f.remote_ip),
-                layout.be16(f.pod_port),
-                layout.be16(f.remote_port),
-                f.proto,
-            )
-            up(self._fd(FLOW4 if v4 else FLOW6), fkey, layout.Flow4Val(now_ns))
+        self.maps.apply(diff(MapState(), map_state(state)))
+        self.maps.add_flows((Flow(*f) for f in state.flow), now_ns)
         for k, v in state.frag.items():
             if k.pod_ip.version == 4:
                 gkey: ctypes.Structure = layout.Frag4Key(
@@ -809,23 +792,12 @@ class Datapath:
                 gkey = layout.Frag6Key(
                     _addr(k.remote_ip), _addr(k.pod_ip), _be32_int(k.id), k.proto
                 )
-            up(self._fd(FRAG4 if k.pod_ip.version == 4 else FRAG6), gkey, layout.FragVal(*v))
+            bpfsys.map_update(
+                self._fd(FRAG4 if k.pod_ip.version == 4 else FRAG6), gkey, layout.FragVal(*v)
+            )
 
     def flows(self) -> set[FlowKey]:
-        out = set()
-        for spec in (FLOW4, FLOW6):
-            for raw in bpfsys.map_keys(self._fd(spec), spec.key_size):
-                k: Any = spec.key.from_buffer_copy(raw)
-                out.add(
-                    FlowKey(
-                        _addr_of(k.pod_ip),
-                        _addr_of(k.remote_ip),
-                        layout.port_of(k.pod_port),
-                        layout.port_of(k.remote_port),
-                        k.proto,
-                    )
-                )
-        return out
+        return {FlowKey(*f) for f in self.maps.flows()}
 
     def frags(self) -> dict[FragKey, bool]:
         out = {}
@@ -1554,28 +1526,60 @@ def test_regression(dp: Datapath, steps: tuple[Step, ...]) -> None:
 
 
 def test_verifier_instruction_counts(dp: Datapath, capsys: pytest.CaptureFixture[str]) -> None:
-    """Verified and translated instructions of each program, printed so that CI logs show
+    """Verified and translated instructions of each program and of the full path it hands
+    uncommon frames to (a program of its own, bpf/lib/tail.h), printed so that CI logs show
     their growth; far below the kernel's limit of 1,000,000 verified instructions."""
+    counts = {}
+    for name, prog in dp.progs.items():
+        counts[name] = bpfsys.prog_info(prog.fd)
+        slow = loader.slow_program_fd(prog)
+        assert slow is not None, f"{name} has no full path"
+        counts[f"{name} full path"] = bpfsys.prog_info(slow)
     with capsys.disabled():
         print()
-        for name, prog in dp.progs.items():
-            info = bpfsys.prog_info(prog.fd)
+        for name, info in counts.items():
             print(f"{name}: {info.verified_insns} verified, {info.xlated_insns} xlated insns")
-    for name, prog in dp.progs.items():
-        info = bpfsys.prog_info(prog.fd)
+    for name, info in counts.items():
         assert 0 < info.verified_insns < 500_000, name
 
 
-def test_ktime_is_the_monotonic_clock(dp: Datapath) -> None:
-    """Fragment entries are seeded with time.monotonic_ns(): bpf_ktime_get_ns() must be the
-    same clock (CLOCK_MONOTONIC). A flow's timestamp is written with it."""
+def test_timestamps_are_the_monotonic_clocks(dp: Datapath) -> None:
+    """Fragment entries are seeded with time.monotonic_ns(): the first fragment's timestamp
+    (bpf_ktime_get_ns) must be CLOCK_MONOTONIC. A flow's is bpf_ktime_get_coarse_ns (a tenth
+    of the cost on the egress path, and exact enough for a refresh once a second):
+    CLOCK_MONOTONIC_COARSE."""
     dp.clear()
     pod, lb = _a(POD_FILT), _a(LB_FILT)
     dp.seed(RefState(pod={pod: Pod(lb, PORT_FILTER)}), 0)
-    before = time.monotonic_ns()
+    coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6 on Linux; Python names it on 3.13+
+    before = time.clock_gettime_ns(coarse)
     dp.run("egress", bytes(v4(CLIENT, src=POD_FILT) / TCP(sport=1, dport=2)))
-    after = time.monotonic_ns()
+    after = time.clock_gettime_ns(coarse)
     (key,) = bpfsys.map_keys(dp.maps.fds[FLOW4.name], FLOW4.key_size)
     val = layout.Flow4Val()
     assert bpfsys.map_lookup(dp.maps.fds[FLOW4.name], FLOW4.key.from_buffer_copy(key), val)
     assert before <= val.last_seen_ns <= after
+    frag = v4(POD_FILT, id=30, flags="MF") / UDP(sport=5000, dport=9) / (b"q" * 16)
+    before = time.monotonic_ns()
+    dp.run("xdp", bytes(frag))
+    after = time.monotonic_ns()
+    (fkey,) = bpfsys.map_keys(dp.maps.fds[FRAG4.name], FRAG4.key_size)
+    fval = layout.FragVal()
+    assert bpfsys.map_lookup(dp.maps.fds[FRAG4.name], FRAG4.key.from_buffer_copy(fkey), fval)
+    assert before <= fval.seen_ns <= after and not fval.passed
+
+
+def test_the_flow_hint_bit_is_the_same_in_c_and_python(dp: Datapath) -> None:
+    """The egress program sets a new flow's bit in its half of the flow hint; user space
+    (layout.flow_hint_bit) computes the same bit for flows it seeds."""
+    dp.clear()
+    pod, lb = _a(POD6_FILT), _a(LB6_FILT)
+    dp.seed(RefState(pod={pod: Pod(lb, PORT_FILTER)}), 0)
+    fd, lay = dp.maps.fds["flowhint"], dp.maps.layout
+    for words in range(2 * lay.hint_words):  # start from an empty hint
+        bpfsys.map_update(fd, ctypes.c_uint32(words), ctypes.c_uint64(0))
+    dp.run("egress", bytes(v6(CLIENT6, src=POD6_FILT) / UDP(sport=40001, dport=53)))
+    bit = layout.flow_hint_bit(pod.packed, _a(CLIENT6).packed, 40001, 53, rm.UDP, lay.hint_log2)
+    got = ctypes.c_uint64()
+    assert bpfsys.map_lookup(fd, ctypes.c_uint32(bit >> 6), got)
+    assert got.value == 1 << (bit & 63)

@@ -13,15 +13,14 @@ from cozyebpf.datapath.loader import bpf_dir, flatten
 from cozyebpf.datapath.reasons import DESCRIPTIONS, REASONS
 
 MIRRORS = {
-    "svc4_val": layout.Svc4Val,
-    "pod4_val": layout.Pod4Val,
+    "cz_port": layout.CzPort,
+    "addr4_val": layout.Addr4Val,
+    "addr6_val": layout.Addr6Val,
     "allow4_key": layout.Allow4Key,
     "flow4_key": layout.Flow4Key,
     "flow4_val": layout.Flow4Val,
     "stat_val": layout.StatVal,
     "ip6": layout.Ip6,
-    "svc6_val": layout.Svc6Val,
-    "pod6_val": layout.Pod6Val,
     "allow6_key": layout.Allow6Key,
     "flow6_key": layout.Flow6Key,
     "frag4_key": layout.Frag4Key,
@@ -68,11 +67,60 @@ def test_layout_version_matches_the_c_define() -> None:
     assert f"#define CZ_LAYOUT_VERSION {layout.LAYOUT_VERSION}\n" in text
 
 
+def test_layout_constants_match_the_c_defines() -> None:
+    text = (bpf_dir() / "lib" / "types.h").read_text()
+    for name, value in (
+        ("CZ_K_LB", layout.K_LB),
+        ("CZ_K_POD", layout.K_POD),
+        ("CZ_F_PORT_FILTER", layout.F_PORT_FILTER),
+        ("CZ_F_ALLOW_ICMP", layout.F_ALLOW_ICMP),
+        ("CZ_INLINE_PORTS", layout.INLINE_PORTS),
+        ("CZ_PORTS_SPILL", layout.PORTS_SPILL),
+    ):
+        m = re.search(rf"#define {name} (0x[0-9a-f]+|\d+)", text)
+        assert m and int(m.group(1), 0) == value, name
+
+
+def test_the_version_1_mirrors_still_describe_layout_version_1() -> None:
+    """The in-place upgrade reads svc4/pod4/svc6/pod6 of layout 1 with these (types.h no
+    longer has them): svc/pod value = the other address, then flags and 3 reserved bytes."""
+    assert [ctypes.sizeof(c) for c in (layout.Svc4Val, layout.Pod4Val)] == [8, 8]
+    assert [ctypes.sizeof(c) for c in (layout.Svc6Val, layout.Pod6Val)] == [20, 20]
+    assert [(s.name, s.key_size, s.value_size) for s in layout.V1_REPLACED] == [
+        ("svc4", 4, 8),
+        ("pod4", 4, 8),
+        ("svc6", 16, 20),
+        ("pod6", 16, 20),
+    ]
+
+
+def test_map_sizes_derive_from_the_number_of_services() -> None:
+    lay = layout.map_specs(1000)
+    sizes = {s.name: s.max_entries for s in lay.all}
+    assert sizes == {
+        "meta": 1,
+        "addr4": 2000,
+        "allow4": 4000,
+        "flow4": 4000,
+        "stats": layout.STATS_MAX,
+        "addr6": 2000,
+        "allow6": 4000,
+        "flow6": 4000,
+        "frag4": 1024,
+        "frag6": 1024,
+        "flowhint": 1024,  # 2 halves of 512 words (a power of two >= 500)
+    }
+    assert lay.hint_words == 512 and lay.hint_log2 == 15
+    assert layout.map_specs().addr4.max_entries == 2 * layout.DEFAULT_MAX_SERVICES
+    with pytest.raises(ValueError):
+        layout.map_specs(0)
+
+
 def test_byte_order_helpers_round_trip() -> None:
     from ipaddress import IPv4Address
 
     ip = IPv4Address("203.0.113.10")
-    v = layout.Svc4Val(pod_ip=layout.be32(ip))
+    v = layout.Addr4Val(pod_ip=layout.be32(ip))
     assert bytes(v)[:4] == ip.packed
     assert layout.ip_of(v.pod_ip) == ip
     k = layout.Allow4Key(port=layout.be16(8080))

@@ -17,16 +17,22 @@ static __always_inline __u16 cz_csum_fold32(__u32 c)
 	return (__u16)c;
 }
 
+/* The change of a 32-bit word from `from` to `to`, as an unfolded one's complement sum. */
+static __always_inline __u32 cz_csum_delta32(__u32 from, __u32 to)
+{
+	return (__u16) ~(from & 0xffff) + (__u16) ~(from >> 16) + (to & 0xffff) + (to >> 16);
+}
+
+/* The checksum `sum` after the covered data changed by `delta` (cz_csum_delta32). */
+static __always_inline __u16 cz_csum_apply(__u16 sum, __u32 delta)
+{
+	return (__u16)~cz_csum_fold32((__u16)~sum + delta);
+}
+
 /* The checksum `sum` after a 32-bit word of the covered data changed from `from` to `to`. */
 static __always_inline __u16 cz_csum_replace32(__u16 sum, __u32 from, __u32 to)
 {
-	__u32 c = (__u16)~sum;
-
-	c += (__u16) ~(from & 0xffff);
-	c += (__u16) ~(from >> 16);
-	c += to & 0xffff;
-	c += to >> 16;
-	return (__u16)~cz_csum_fold32(c);
+	return cz_csum_apply(sum, cz_csum_delta32(from, to));
 }
 
 /* ... after a 16-bit word changed. */

@@ -11,6 +11,8 @@
 #include "lookup.h"
 #include "stats.h"
 
+#define CZ_NOT_OURS 0xffffffff /* not for a managed address: passed untouched, not counted */
+
 static __always_inline int cz_is_drop(__u32 reason)
 {
 	switch (reason) {
@@ -44,9 +46,12 @@ static __always_inline int is_related(struct pkt *p, struct inner *in, const str
 	return is_allowed(p->v6, pod, in->proto, in->sport);
 }
 
-/* The cz_reason of the verdict (a pass or a drop) for a packet to `pod` in port-filter mode. */
+/*
+ * The cz_reason of the verdict (a pass or a drop) for a packet to `pod` in port-filter mode;
+ * `e` is the destination's entry (its flags).
+ */
 static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struct ip6 *pod,
-				    __u8 flags)
+				    const struct cz_entry *e)
 {
 	__u8 echo_reply = p->v6 ? ICMPV6_ECHO_REPLY : ICMP_ECHOREPLY;
 
@@ -72,7 +77,7 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 			return CZ_DROP_PROTO; /* ICMP in IPv6 / ICMPv6 in IPv4 */
 		if (p->icmp_error && is_related(p, in, pod))
 			return CZ_PASS_RELATED;
-		if (flags & CZ_F_ALLOW_ICMP)
+		if (e->flags & CZ_F_ALLOW_ICMP)
 			return CZ_PASS_ICMP;
 		if (p->icmp_type == echo_reply &&
 		    flow_find(p->v6, pod, &p->src, p->sport, 0, p->proto))

@@ -11,8 +11,6 @@
 #include "parse.h"
 #include "stats.h"
 
-#define CZ_NOT_OURS 0xffffffff
-
 /* Neighbour discovery to a pod IP passes untouched, whatever the filter. */
 static __always_inline int cz_is_ndp(struct pkt *p)
 {
@@ -33,13 +31,13 @@ static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, 
 	__u32 reason;
 
 	*rewrite = 0;
-	if (lookup_svc(p->v6, &p->dst, &e)) {
-		*rewrite = 1;
-		*pod = e.ip;
-	} else if (lookup_pod(p->v6, &p->dst, &e)) {
-		*pod = p->dst;
-	} else {
+	if (!lookup_addr(p->v6, &p->dst, &e))
 		return CZ_NOT_OURS;
+	if (e.kind & CZ_K_LB) {
+		*rewrite = 1;
+		*pod = e.pod;
+	} else {
+		*pod = p->dst;
 	}
 	if (check_ip(p, data, data_end) != CZ_OK)
 		return CZ_DROP_MALFORMED;
@@ -53,7 +51,7 @@ static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, 
 	}
 	if (!(e.flags & CZ_F_PORT_FILTER))
 		return CZ_NAT_INGRESS;
-	reason = filter(p, in, pod, e.flags);
+	reason = filter(p, in, pod, &e);
 	if (p->first_frag && p->more_frags)
 		frag_add(p, pod, !cz_is_drop(reason));
 	return reason;

@@ -2,7 +2,7 @@
 /*
  * The maps seen through one family-neutral interface: each helper picks the IPv4 or the IPv6
  * map and converts keys and values, so that the decisions in filter.h and ingress.h are written
- * once for both families.
+ * once for both families. The fast paths (fast.h) use the IPv4 and IPv6 values directly.
  */
 #ifndef COZYEBPF_LOOKUP_H
 #define COZYEBPF_LOOKUP_H
@@ -12,55 +12,77 @@
 
 #define CZ_FLOW_REFRESH_NS 1000000000ULL
 #define CZ_FRAG_TIMEOUT_NS 30000000000ULL
+#define CZ_FLOWHINT_WORDS (CZ_FLOWHINT_MAX / 2) /* one half; the user-space half follows */
 
-/* An svc or pod entry: the other address and the flags. */
+/*
+ * An addr entry, in both families: the other addresses and the flags. (The full path looks
+ * allowed ports up in allow4/allow6, which hold them all; the inline ports are the fast
+ * path's.)
+ */
 struct cz_entry {
-	struct ip6 ip;
-	__u8 flags;
+	struct ip6 pod; /* CZ_K_LB: the pod IP */
+	struct ip6 lb;	/* CZ_K_POD: the LB IP */
+	__u8 kind;	/* CZ_K_* */
+	__u8 flags;	/* ingress: CZ_F_* */
+	__u8 pod_flags; /* egress: CZ_F_* */
 };
 
-static __always_inline int lookup_svc(int v6, const struct ip6 *addr, struct cz_entry *e)
+static __always_inline int lookup_addr(int v6, const struct ip6 *addr, struct cz_entry *e)
 {
 	if (v6) {
-		struct svc6_val *s = cz_svc6.lookup((struct ip6 *)addr);
+		struct addr6_val *v = cz_addr6.lookup((struct ip6 *)addr);
 
-		if (!s)
+		if (!v)
 			return 0;
-		e->ip = s->pod_ip;
-		e->flags = s->flags;
+		e->pod = v->pod_ip;
+		e->lb = v->lb_ip;
+		e->kind = v->kind;
+		e->flags = v->flags;
+		e->pod_flags = v->pod_flags;
 	} else {
 		__be32 a = addr->a[0];
-		struct svc4_val *s = cz_svc4.lookup(&a);
+		struct addr4_val *v = cz_addr4.lookup(&a);
 
-		if (!s)
+		if (!v)
 			return 0;
-		cz_ip4_set(&e->ip, s->pod_ip);
-		e->flags = s->flags;
+		cz_ip4_set(&e->pod, v->pod_ip);
+		cz_ip4_set(&e->lb, v->lb_ip);
+		e->kind = v->kind;
+		e->flags = v->flags;
+		e->pod_flags = v->pod_flags;
 	}
 	return 1;
 }
 
-static __always_inline int lookup_pod(int v6, const struct ip6 *addr, struct cz_entry *e)
+/* (proto, port) as the 32-bit word struct cz_port holds in memory. */
+static __always_inline __u32 cz_port_word(__u8 proto, __be16 port)
 {
-	if (v6) {
-		struct pod6_val *s = cz_pod6.lookup((struct ip6 *)addr);
-
-		if (!s)
-			return 0;
-		e->ip = s->lb_ip;
-		e->flags = s->flags;
-	} else {
-		__be32 a = addr->a[0];
-		struct pod4_val *s = cz_pod4.lookup(&a);
-
-		if (!s)
-			return 0;
-		cz_ip4_set(&e->ip, s->lb_ip);
-		e->flags = s->flags;
-	}
-	return 1;
+	return proto | (__u32)port << 16;
 }
 
+/*
+ * Is `word` one of the inline ports? (Unused slots are 0, never a word of TCP/UDP/SCTP.) Two
+ * slots at a time and without a branch: x has a zero 32-bit half exactly when
+ * (x - 0x0000000100000001) & ~x & 0x8000000080000000 is not 0. A branch per slot would be a
+ * path per slot for the verifier, through all the code after it.
+ */
+static __always_inline __u64 cz_inline_has(const void *ports, __u32 word)
+{
+	const __u64 *w = ports; /* 8-byte aligned in the map value */
+	__u64 ones = 0x0000000100000001ULL, highs = 0x8000000080000000ULL;
+	__u64 want = word * ones, hit = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < CZ_INLINE_PORTS / 2; i++) {
+		__u64 x = w[i] ^ want;
+
+		hit |= (x - ones) & ~x;
+	}
+	return hit & highs;
+}
+
+/* Is (proto, port) allowed for `pod`? (allow4/allow6 hold every allowed port.) */
 static __always_inline int is_allowed(int v6, const struct ip6 *pod, __u8 proto, __be16 port)
 {
 	if (v6) {
@@ -78,6 +100,46 @@ static __always_inline int is_allowed(int v6, const struct ip6 *pod, __u8 proto,
 		k.port = port;
 		return cz_allow4.lookup(&k) != NULL;
 	}
+}
+
+
+/*
+ * The flow hint: bit index of a flow, a multiplicative hash of its key (IPv6 addresses folded
+ * to 32 bits) on the words as they lie in memory; cozyebpf/datapath/layout.py flow_hint_bit()
+ * computes the same.
+ */
+static __always_inline __u32 cz_fold(int v6, const struct ip6 *a)
+{
+	return v6 ? a->a[0] ^ a->a[1] ^ a->a[2] ^ a->a[3] : a->a[0];
+}
+
+static __always_inline __u32 cz_flow_hash(__u32 pod, __u32 remote, __be16 pod_port,
+					  __be16 remote_port, __u8 proto)
+{
+	__u32 x = pod ^ remote ^ ((__u32)pod_port << 16 | remote_port) ^ proto;
+
+	return (x * 0x9E3779B1u) >> (32 - CZ_FLOWHINT_LOG2);
+}
+
+/* May a flow with hint bit `h` exist? (Both halves; 0 means it does not.) */
+static __always_inline int flow_hinted(__u32 h)
+{
+	__u32 w = h >> 6, u = (h >> 6) + CZ_FLOWHINT_WORDS;
+	__u64 *a = cz_flowhint.lookup(&w);
+	__u64 *b = cz_flowhint.lookup(&u);
+	__u64 bits = (a ? *a : 0) | (b ? *b : 0);
+
+	return (bits >> (h & 63)) & 1;
+}
+
+/* Set bit `h` in the programs' half (atomically: other CPUs set bits in the same word). */
+static __always_inline void flow_hint_set(__u32 h)
+{
+	__u32 w = h >> 6;
+	__u64 *a = cz_flowhint.lookup(&w);
+
+	if (a)
+		__sync_fetch_and_or(a, 1ULL << (h & 63));
 }
 
 /* A flow of the pod: (pod IP, remote IP, pod port, remote port, proto). */
@@ -106,11 +168,22 @@ static __always_inline struct flow4_val *flow_find(int v6, const struct ip6 *pod
 	}
 }
 
+/* A reply's flow, looked up only when the hint says it may exist (the fast paths). */
+static __always_inline int flow_exists(int v6, const struct ip6 *pod, const struct ip6 *remote,
+				       __be16 pod_port, __be16 remote_port, __u8 proto)
+{
+	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
+
+	return flow_hinted(h) && flow_find(v6, pod, remote, pod_port, remote_port, proto) != NULL;
+}
+
 static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct ip6 *remote,
 				    __be16 pod_port, __be16 remote_port, __u8 proto, __u64 now)
 {
 	struct flow4_val v = {.last_seen_ns = now};
 
+	flow_hint_set(
+	    cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto));
 	if (v6) {
 		struct flow6_key k = {};
 
@@ -131,7 +204,6 @@ static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct 
 		return cz_flow4.update(&k, &v);
 	}
 }
-
 /* The verdict recorded for a fragmented datagram, or NULL. */
 static __always_inline struct frag_val *frag_find(struct pkt *p, const struct ip6 *pod)
 {

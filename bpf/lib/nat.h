@@ -95,6 +95,45 @@ static __always_inline void nat_inner(struct pkt *p, struct inner *in, void *dat
 	icmp->checksum = icsum;
 }
 
+/*
+ * tc: the outer destination (is_dst) or source := *to and the IPv4 header checksum, with direct
+ * writes (the IPv4 header checksum is never offloaded). The header is found again from its
+ * offset, so that every parse path reaches this code in the same state. 0 or -1.
+ */
+static __always_inline int nat_l3(struct pkt *p, void *data, void *data_end, int is_dst,
+				  const struct ip6 *to)
+{
+	__u32 l3_off = p->l3_off;
+	void *l3;
+
+	if (l3_off > CZ_MAX_OFF)
+		return -1;
+	l3 = data + l3_off;
+	cz_barrier_var(l3);
+	if (p->v6) {
+		struct ipv6hdr *ip6 = l3;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return -1;
+		if (is_dst)
+			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+		else
+			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
+	} else {
+		struct iphdr *ip = l3;
+		__be32 from = is_dst ? p->dst.a[0] : p->src.a[0];
+
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		if (is_dst)
+			ip->daddr = to->a[0];
+		else
+			ip->saddr = to->a[0];
+		ip->check = cz_csum_replace32(ip->check, from, to->a[0]);
+	}
+	return 0;
+}
+
 /* XDP: the outer destination (is_dst) or source := *to, with its checksums. */
 static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, const struct ip6 *to)
 {
@@ -133,11 +172,43 @@ static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, c
 }
 
 /*
- * tc: the same rewrite of the outer header through helpers. Returns 0 or a helper's negative
- * error. Packet pointers are invalid afterwards.
+ * tc: the same rewrite; the addresses and the IPv4 header checksum with direct writes (the IPv4
+ * header checksum is never offloaded), the L4 checksum through bpf_l4_csum_replace, which keeps
+ * CHECKSUM_PARTIAL (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right. The IP header
+ * is found again from its offset, so that every parse path reaches this code in one state.
+ * Returns 0 or a negative error. Packet pointers are invalid afterwards.
  */
-static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *data, int is_dst,
-				   const struct ip6 *to)
+static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *data,
+				   void *data_end, int is_dst, const struct ip6 *to)
+{
+	struct ip6 from = is_dst ? p->dst : p->src;
+	int off = p->has_l4 ? cz_l4_csum_off(p->proto, p->v6) : -1;
+	__u64 flags = BPF_F_PSEUDO_HDR | 4;
+	int ret, i;
+
+	if (nat_l3(p, data, data_end, is_dst, to) < 0)
+		return -1;
+	if (off < 0)
+		return 0;
+	if (p->proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		if (i > 0 && !p->v6)
+			break;
+		ret = bpf_l4_csum_replace(skb, p->l4_off + off, from.a[i], to->a[i], flags);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+/*
+ * tc, the full path of ingress: the same rewrite of the outer header, through the kernel's
+ * helpers. Returns 0 or a helper's negative error. Packet pointers are invalid afterwards.
+ */
+static __always_inline int nat_skb_helpers(struct __sk_buff *skb, struct pkt *p, void *data,
+					   int is_dst, const struct ip6 *to)
 {
 	struct ip6 from = is_dst ? p->dst : p->src;
 	__u32 l3_off = p->l3 - data;

@@ -119,6 +119,8 @@ static __always_inline struct cz_scratch *cz_scratch_slot(void)
 /* Keep the compiler from recomputing a pointer: each `data + off` is a new pointer identity
  * for the verifier, and a bounds check on one does not cover another. */
 #define cz_barrier_var(v) asm volatile("" : "+r"(v))
+/* Keep the compiler from carrying values (packet pointers, loads from ctx) across this point. */
+#define cz_barrier() asm volatile("" ::: "memory")
 
 static __always_inline int cz_ip6_eq(const struct ip6 *a, const struct ip6 *b)
 {

@@ -9,27 +9,46 @@
 
 #include <linux/types.h>
 
-#define CZ_LAYOUT_VERSION 1
+#define CZ_LAYOUT_VERSION 2
 
-/* svc4_val.flags and pod4_val.flags */
+/* addr4_val.flags, .pod_flags */
 #define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
 #define CZ_F_ALLOW_ICMP 0x02  /* ICMP passes in port-filter mode */
 
-/* svc4: key __be32 LB IP */
-struct svc4_val {
-	__be32 pod_ip;	  /* destination after translation */
-	__u8 flags;	  /* CZ_F_* */
-	__u8 reserved[3]; /* zero */
+/* addr4_val.kind: what the address is (both bits: an LB IP that is also some pod's IP) */
+#define CZ_K_LB 0x01  /* an LB IP: ingress translates the destination to pod_ip */
+#define CZ_K_POD 0x02 /* a pod IP: egress translates the source to lb_ip */
+
+#define CZ_INLINE_PORTS 8    /* allowed ports kept in the address's own value */
+#define CZ_PORTS_SPILL 0xff /* nports: more than that; look them up in allow4/allow6 */
+
+/* An allowed port inline; the same bytes as the tail of allow4_key. All zero: none. */
+struct cz_port {
+	__u8 proto;    /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP */
+	__u8 reserved; /* zero */
+	__be16 port;   /* destination port */
 };
 
-/* pod4: key __be32 pod IP */
-struct pod4_val {
-	__be32 lb_ip;	  /* source after translation on egress */
-	__u8 flags;	  /* CZ_F_* of the Service that owns the pod's egress */
-	__u8 reserved[3]; /* zero */
+/*
+ * addr4: key __be32 address -> what one lookup tells every program about it. Ingress uses the
+ * LB role when there is one (pod_ip, flags, the allowed ports of pod_ip), else the pod role
+ * (no rewrite, flags, the pod's own allowed ports); egress uses the pod role only. What the
+ * common paths read comes first (ingress: the first 8 bytes; egress: bytes 4-11), so that a
+ * packet touches as few cache lines of the map element as it can.
+ */
+struct addr4_val {
+	__be32 pod_ip;	/* CZ_K_LB: the destination after translation */
+	__u8 kind;	/* CZ_K_* */
+	__u8 flags;	/* CZ_F_* of ingress: the Service's (CZ_K_LB), else the pod's */
+	__u8 pod_flags; /* CZ_F_* of the pod (CZ_K_POD): with PORT_FILTER egress records flows */
+	__u8 nports;	/* ports[] used; CZ_PORTS_SPILL: all of them are in allow4 instead */
+	__be32 lb_ip;	/* CZ_K_POD: the source after translation on egress */
+	__u32 reserved; /* zero; room for a Service index */
+	struct cz_port ports[CZ_INLINE_PORTS]; /* the ingress pod IP's allowed ports (8-aligned) */
+	__u32 reserved2[2];		       /* zero; room for source ranges */
 };
 
-/* allow4: a set; value __u8 (1) */
+/* allow4: a set; value __u8 (1). Every allowed port of every pod, also those inline in addr4 */
 struct allow4_key {
 	__be32 pod_ip; /* after translation */
 	__u8 proto;    /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP */
@@ -48,26 +67,34 @@ struct flow4_key {
 };
 
 struct flow4_val {
-	__u64 last_seen_ns; /* bpf_ktime_get_ns() of the last egress packet, 1 s resolution */
+	__u64 last_seen_ns; /* bpf_ktime_get_coarse_ns() of the last egress packet, 1 s resolution */
 };
+
+/*
+ * flowhint: array of 2 * CZ_FLOWHINT_WORDS __u64, a one-hash Bloom filter of the flow tables
+ * (both families): the bit of every flow in flow4/flow6 is set, in the first half by the egress
+ * program that records the flow, in the second half by user space (flows it copied or seeded).
+ * Neither side writes the other's half, so no bit is ever lost to a concurrent update. Ingress
+ * looks a reply up in the flow table only when its bit is set. Bits are never cleared: a stale
+ * bit costs one lookup, never a verdict.
+ */
 
 /* IPv6: the same maps, keyed and valued with 16-byte addresses */
 struct ip6 {
 	__be32 a[4]; /* network byte order, as in the header */
 };
 
-/* svc6: key struct ip6 (LB IP) */
-struct svc6_val {
-	struct ip6 pod_ip; /* destination after translation */
-	__u8 flags;	   /* CZ_F_* */
-	__u8 reserved[3];  /* zero */
-};
-
-/* pod6: key struct ip6 (pod IP) */
-struct pod6_val {
-	struct ip6 lb_ip; /* source after translation on egress */
-	__u8 flags;	  /* CZ_F_* */
-	__u8 reserved[3]; /* zero */
+/* addr6: key struct ip6; as addr4_val */
+struct addr6_val {
+	struct ip6 pod_ip; /* CZ_K_LB: the destination after translation */
+	__u8 kind;	   /* CZ_K_* */
+	__u8 flags;	   /* CZ_F_* of ingress */
+	__u8 pod_flags;	   /* CZ_F_* of the pod */
+	__u8 nports;	   /* ports[] used, or CZ_PORTS_SPILL */
+	__u32 reserved;	   /* zero */
+	struct ip6 lb_ip;  /* CZ_K_POD: the source after translation on egress */
+	struct cz_port ports[CZ_INLINE_PORTS];
+	__u32 reserved2[2]; /* zero */
 };
 
 /* allow6: a set; value __u8 (1) */

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cozyebpf.datapath import attach, bpfsys, loader
+from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR, PinnedMaps
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
@@ -34,6 +35,7 @@ class BpfDatapath:
         tc_mode: str = "auto",
         ingress_hook: str = "auto",
         on_foreign_xdp: str = "fail",
+        max_services: int = DEFAULT_MAX_SERVICES,
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
@@ -45,6 +47,7 @@ class BpfDatapath:
         self.tc_mode = tc_mode
         self.ingress_hook = ingress_hook
         self.on_foreign_xdp = on_foreign_xdp
+        self.max_services = max_services
         self.maps: PinnedMaps | None = None
         self.programs: dict[str, loader.Program] = {}
         self._module: Any = None
@@ -63,17 +66,27 @@ class BpfDatapath:
         return self.programs[name]
 
     def start(self) -> None:
+        """Maps, programs, attachments. Egress goes first on every device: the ingress program
+        trusts the flow hints, which the egress program of this layout sets; flows that older
+        programs recorded get theirs in between (PinnedMaps.seed_flow_hints)."""
         for dev in self.devices:
             attach.ifindex_of(dev)  # fail on a typo before touching anything
-        self.maps = PinnedMaps.ensure(self.pin_dir)
+        self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services)
         if self.ingress_hook in ("xdp", "auto"):
             self._program("cz_ingress")
         egress = self._program("cz_egress")
         for dev in self.devices:
-            self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
             self.attachments[(dev, "egress")] = attach.attach_tc(
                 egress.fd, "cz_egress", dev, self.pin_dir, "egress", self.tc_mode
             )
+        if self.maps.hints_need_seed:
+            n = self.maps.seed_flow_hints()
+            log.info("flow hints seeded from %d flows", n)
+        for dev in self.devices:
+            self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
+        self.maps.finish_upgrade()
+        order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
+        self.attachments = {k: self.attachments[k] for k in order}
 
     def _attach_ingress(self, dev: str) -> attach.Attachment:
         """XDP where chosen and possible, else tc ingress; the other hook of ours goes."""

@@ -16,10 +16,43 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
 
 #: bump with CZ_LAYOUT_VERSION in bpf/lib/types.h whenever a layout below changes
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 F_PORT_FILTER = 0x01
 F_ALLOW_ICMP = 0x02
+
+K_LB = 0x01  # addr value kind: an LB IP (ingress translates to pod_ip)
+K_POD = 0x02  # a pod IP (egress translates to lb_ip)
+INLINE_PORTS = 8  # allowed ports inline in an addr value
+PORTS_SPILL = 0xFF  # nports: more than INLINE_PORTS, all of them are in allow4/allow6
+
+#: Services the maps hold by default (`PinnedMaps.ensure(max_services=...)`)
+DEFAULT_MAX_SERVICES = 65536
+
+
+class CzPort(ctypes.Structure):
+    _fields_ = [
+        ("proto", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8),
+        ("port", ctypes.c_uint16),
+    ]
+
+
+class Addr4Val(ctypes.Structure):
+    _fields_ = [
+        ("pod_ip", ctypes.c_uint32),
+        ("kind", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("pod_flags", ctypes.c_uint8),
+        ("nports", ctypes.c_uint8),
+        ("lb_ip", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("ports", CzPort * INLINE_PORTS),
+        ("reserved2", ctypes.c_uint32 * 2),
+    ]
+
+
+# -- layout version 1 (svc4/pod4/svc6/pod6): read once, when maps of that layout are upgraded --
 
 
 class Svc4Val(ctypes.Structure):
@@ -68,6 +101,20 @@ class StatVal(ctypes.Structure):
 
 class Ip6(ctypes.Structure):
     _fields_ = [("a", ctypes.c_uint32 * 4)]
+
+
+class Addr6Val(ctypes.Structure):
+    _fields_ = [
+        ("pod_ip", Ip6),
+        ("kind", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("pod_flags", ctypes.c_uint8),
+        ("nports", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint32),
+        ("lb_ip", Ip6),
+        ("ports", CzPort * INLINE_PORTS),
+        ("reserved2", ctypes.c_uint32 * 2),
+    ]
 
 
 class Svc6Val(ctypes.Structure):
@@ -187,37 +234,123 @@ class MapSpec:
 STATS_MAX = 64  # room for new reasons without a layout change
 assert len(REASONS) <= STATS_MAX
 
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (and >= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 META = MapSpec("meta", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, MetaVal, 1, "")
-SVC4 = MapSpec("svc4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Svc4Val, 65536, "CZ_SVC4_MAX")
-POD4 = MapSpec("pod4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Pod4Val, 65536, "CZ_POD4_MAX")
-ALLOW4 = MapSpec(
-    "allow4", bpfsys.BPF_MAP_TYPE_HASH, Allow4Key, ctypes.c_uint8, 262144, "CZ_ALLOW4_MAX"
-)
-FLOW4 = MapSpec("flow4", bpfsys.BPF_MAP_TYPE_LRU_HASH, Flow4Key, Flow4Val, 262144, "CZ_FLOW4_MAX")
 STATS = MapSpec(
     "stats", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, StatVal, STATS_MAX, "CZ_STATS_MAX"
 )
 
-SVC6 = MapSpec("svc6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Svc6Val, 65536, "CZ_SVC6_MAX")
-POD6 = MapSpec("pod6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Pod6Val, 65536, "CZ_POD6_MAX")
-ALLOW6 = MapSpec(
-    "allow6", bpfsys.BPF_MAP_TYPE_HASH, Allow6Key, ctypes.c_uint8, 262144, "CZ_ALLOW6_MAX"
-)
-FLOW6 = MapSpec("flow6", bpfsys.BPF_MAP_TYPE_LRU_HASH, Flow6Key, Flow4Val, 262144, "CZ_FLOW6_MAX")
-FRAG4 = MapSpec("frag4", bpfsys.BPF_MAP_TYPE_LRU_HASH, Frag4Key, FragVal, 16384, "CZ_FRAG4_MAX")
-FRAG6 = MapSpec("frag6", bpfsys.BPF_MAP_TYPE_LRU_HASH, Frag6Key, FragVal, 16384, "CZ_FRAG6_MAX")
 
-ALL_MAPS: tuple[MapSpec, ...] = (
-    META,
-    SVC4,
-    POD4,
-    ALLOW4,
-    FLOW4,
-    STATS,
-    SVC6,
-    POD6,
-    ALLOW6,
-    FLOW6,
-    FRAG4,
-    FRAG6,
-)
+@dataclass(frozen=True)
+class Layout:
+    """Every pinned map of one size: `map_specs(max_services)`. The sizes derive from the number
+    of Services: an addr map holds each Service's LB IP and its pod's IP (2 per Service), the
+    allowed-port and flow maps 4 per Service, the fragment maps 1 per 4 Services (at least
+    1024), the flow hint 32 bits per Service and half (4 bits per flow-table entry of both
+    families; a power of two)."""
+
+    max_services: int
+    meta: MapSpec
+    addr4: MapSpec
+    allow4: MapSpec
+    flow4: MapSpec
+    stats: MapSpec
+    addr6: MapSpec
+    allow6: MapSpec
+    flow6: MapSpec
+    frag4: MapSpec
+    frag6: MapSpec
+    flowhint: MapSpec
+
+    @property
+    def all(self) -> tuple[MapSpec, ...]:
+        return (
+            self.meta,
+            self.addr4,
+            self.allow4,
+            self.flow4,
+            self.stats,
+            self.addr6,
+            self.allow6,
+            self.flow6,
+            self.frag4,
+            self.frag6,
+            self.flowhint,
+        )
+
+    @property
+    def hint_words(self) -> int:
+        """Words of one half of the flow hint (a power of two)."""
+        return self.flowhint.max_entries // 2
+
+    @property
+    def hint_log2(self) -> int:
+        """log2 of the bits of one half (CZ_FLOWHINT_LOG2)."""
+        return (self.hint_words * 64).bit_length() - 1
+
+
+def map_specs(max_services: int = DEFAULT_MAX_SERVICES) -> Layout:
+    """The maps for `max_services` Services (see Layout)."""
+    if max_services < 1:
+        raise ValueError(f"max_services must be at least 1, not {max_services}")
+    s = max_services
+    hash_, lru = bpfsys.BPF_MAP_TYPE_HASH, bpfsys.BPF_MAP_TYPE_LRU_HASH
+    frags = max(1024, s // 4)
+    u64 = ctypes.c_uint64
+    return Layout(
+        s,
+        META,
+        MapSpec("addr4", hash_, ctypes.c_uint32, Addr4Val, 2 * s, "CZ_ADDR4_MAX"),
+        MapSpec("allow4", hash_, Allow4Key, ctypes.c_uint8, 4 * s, "CZ_ALLOW4_MAX"),
+        MapSpec("flow4", lru, Flow4Key, Flow4Val, 4 * s, "CZ_FLOW4_MAX"),
+        STATS,
+        MapSpec("addr6", hash_, Ip6, Addr6Val, 2 * s, "CZ_ADDR6_MAX"),
+        MapSpec("allow6", hash_, Allow6Key, ctypes.c_uint8, 4 * s, "CZ_ALLOW6_MAX"),
+        MapSpec("flow6", lru, Flow6Key, Flow4Val, 4 * s, "CZ_FLOW6_MAX"),
+        MapSpec("frag4", lru, Frag4Key, FragVal, frags, "CZ_FRAG4_MAX"),
+        MapSpec("frag6", lru, Frag6Key, FragVal, frags, "CZ_FRAG6_MAX"),
+        MapSpec(
+            "flowhint",
+            bpfsys.BPF_MAP_TYPE_ARRAY,
+            ctypes.c_uint32,
+            u64,
+            2 * _pow2(max(1, s // 2)),
+            "CZ_FLOWHINT_MAX",
+        ),
+    )
+
+
+DEFAULT_LAYOUT = map_specs()
+ALL_MAPS: tuple[MapSpec, ...] = DEFAULT_LAYOUT.all
+ADDR4, ALLOW4, FLOW4 = DEFAULT_LAYOUT.addr4, DEFAULT_LAYOUT.allow4, DEFAULT_LAYOUT.flow4
+ADDR6, ALLOW6, FLOW6 = DEFAULT_LAYOUT.addr6, DEFAULT_LAYOUT.allow6, DEFAULT_LAYOUT.flow6
+FRAG4, FRAG6, FLOWHINT = DEFAULT_LAYOUT.frag4, DEFAULT_LAYOUT.frag6, DEFAULT_LAYOUT.flowhint
+
+#: layout version 1's maps that version 2 replaced (by addr4/addr6), for the in-place upgrade
+V1_SVC4 = MapSpec("svc4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Svc4Val, 65536, "")
+V1_POD4 = MapSpec("pod4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Pod4Val, 65536, "")
+V1_SVC6 = MapSpec("svc6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Svc6Val, 65536, "")
+V1_POD6 = MapSpec("pod6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Pod6Val, 65536, "")
+V1_REPLACED = (V1_SVC4, V1_POD4, V1_SVC6, V1_POD6)
+
+
+def flow_hint_bit(
+    pod: bytes, remote: bytes, pod_port: int, remote_port: int, proto: int, log2: int
+) -> int:
+    """The flow hint bit of a flow (cz_flow_hash in bpf/lib/lookup.h): addresses as packed
+    bytes (IPv6 folded to 32 bits), on the words as they lie in memory."""
+
+    def fold(a: bytes) -> int:
+        x = 0
+        for i in range(0, len(a), 4):
+            x ^= int.from_bytes(a[i : i + 4], sys.byteorder)
+        return x
+
+    ports = be16(pod_port) << 16 | be16(remote_port)
+    x = fold(pod) ^ fold(remote) ^ ports ^ proto
+    return ((x * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - log2)

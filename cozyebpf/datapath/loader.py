@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cozyebpf.datapath.layout import ALL_MAPS
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, Layout, map_specs
 from cozyebpf.errors import DatapathError
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
@@ -49,10 +50,27 @@ def flatten(path: Path, seen: set[Path] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def cflags(pin_dir: str, extra: Sequence[str] = ()) -> list[str]:
+def pinned_layout(pin_dir: str) -> Layout:
+    """The layout of the maps pinned in `pin_dir` (their sizes derive from one number of
+    Services, `PinnedMaps.ensure(max_services=...)`); the default where there are none."""
+    path = os.path.join(pin_dir, map_specs().addr4.name)
+    try:
+        fd = bpfsys.obj_get(path)
+    except OSError:
+        return map_specs(DEFAULT_MAX_SERVICES)
+    try:
+        return map_specs(bpfsys.map_info(fd).max_entries // 2)
+    finally:
+        os.close(fd)
+
+
+def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None) -> list[str]:
+    """-D flags of the pin dir and the map sizes (bcc opens a pinned map only when the
+    declaration matches it): `layout`, else the layout of the maps pinned in `pin_dir`."""
+    lay = layout or pinned_layout(pin_dir)
     flags = [f'-DCZ_PIN_DIR="{pin_dir}"']
-    flags += [f"-D{s.macro}={s.max_entries}" for s in ALL_MAPS if s.macro]
-    flags += ["-Wno-unused-function", *extra]
+    flags += [f"-D{s.macro}={s.max_entries}" for s in lay.all if s.macro]
+    flags += [f"-DCZ_FLOWHINT_LOG2={lay.hint_log2}", "-Wno-unused-function", *extra]
     return flags
 
 
@@ -107,16 +125,45 @@ def compile_source(source: str, pin_dir: str) -> Any:
         ) from e
 
 
+#: entry program -> (its full path, the prog array and slot it is reached through; bpf/lib/tail.h)
+SLOW_PATHS = {
+    "cz_ingress": ("cz_ingress_slow", "cz_slow_xdp", 0),
+    "cz_ingress_tc": ("cz_ingress_tc_slow", "cz_slow_tc", 0),
+    "cz_egress": ("cz_egress_slow", "cz_slow_tc", 1),
+}
+
+
+def _load_one(module: Any, func: str, kind: int) -> Any:
+    try:
+        return module.load_func(func.encode(), kind)
+    except Exception as e:
+        raise DatapathError(f"the kernel rejected {func}: {e}; the verifier log is above") from e
+
+
 def load_from(module: Any, func: str, prog_type: str) -> Program:
-    """Load `func` of a compiled module as prog_type ("xdp" or "sched_cls")."""
+    """Load `func` of a compiled module as prog_type ("xdp" or "sched_cls"). An entry program
+    gets its full path (SLOW_PATHS) loaded and put into its prog array first, so it is complete
+    before anyone can attach it."""
+    import ctypes
+
     from bcc import BPF
 
     kind = {"xdp": BPF.XDP, "sched_cls": BPF.SCHED_CLS}[prog_type]
-    try:
-        fn = module.load_func(func.encode(), kind)
-    except Exception as e:
-        raise DatapathError(f"the kernel rejected {func}: {e}; the verifier log is above") from e
+    if func in SLOW_PATHS:
+        slow, array, slot = SLOW_PATHS[func]
+        fn = _load_one(module, slow, kind)
+        module[array.encode()][ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
+    fn = _load_one(module, func, kind)
     return Program(func, fn.fd, module, kind)
+
+
+def slow_program_fd(program: Program) -> int | None:
+    """The fd of an entry program's full path (SLOW_PATHS), or None."""
+    slow = SLOW_PATHS.get(program.name)
+    if slow is None:
+        return None
+    fn = program.bpf.funcs.get(slow[0].encode())
+    return None if fn is None else int(fn.fd)
 
 
 def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:

@@ -1,8 +1,22 @@
 """The pinned maps: create them with a checked layout, open them from another process, and
 read or program them through plain bpf(2) calls (no compilation needed, so `maps dump` is
-instant). Each address family has its own maps (svc4/pod4/allow4/flow4 and svc6/pod6/allow6/
-flow6); a MapState holds both, and each entry is read from and written to the maps of its
-family."""
+instant).
+
+Layout version 2 keys everything the programs need to know about an address by that address:
+one value in addr4 (or addr6) says whether it is an LB IP (and its pod IP and filter flags), a
+pod IP (and the LB IP its egress leaves as), or both, and carries up to 8 allowed ports of the
+pod its ingress reaches. allow4/allow6 still hold every allowed port; the programs look there
+only for a pod with more ports than fit inline. The control plane keeps speaking MapState
+(services, pods, allowed ports): `read_state()` decodes the maps into one, `apply()` encodes a
+MapDiff, and a mirror of the state (refreshed by read_state, updated by apply) tells which addr
+values an allowed-port change rewrites.
+
+Maps of layout version 1 (svc4/pod4/svc6/pod6 instead of addr4/addr6) are upgraded in place
+while their programs still run: `ensure()` fills the new maps beside the old ones (allowed
+ports, flows, fragments and counters have not changed and are kept), the agent swaps the
+programs, egress first, seeds the flow hints (`seed_flow_hints()`) and then removes the old
+maps (`finish_upgrade()`). Until then `apply()` writes the old maps too.
+"""
 
 from __future__ import annotations
 
@@ -12,45 +26,38 @@ import errno
 import logging
 import os
 import struct
-from collections.abc import Iterator
-from ipaddress import IPv4Address
+from collections.abc import Iterable, Iterator
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
-from typing import TypeAlias
+from typing import NamedTuple
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
-    ALL_MAPS,
-    ALLOW4,
-    ALLOW6,
+    DEFAULT_MAX_SERVICES,
     F_ALLOW_ICMP,
     F_PORT_FILTER,
-    FLOW4,
-    FLOW6,
+    INLINE_PORTS,
+    K_LB,
+    K_POD,
     LAYOUT_VERSION,
     META,
-    POD4,
-    POD6,
+    PORTS_SPILL,
     STATS,
-    SVC4,
-    SVC6,
+    V1_POD4,
+    V1_POD6,
+    V1_REPLACED,
+    V1_SVC4,
+    V1_SVC6,
     Allow4Key,
     Allow6Key,
-    Flow4Key,
-    Flow6Key,
-    Ip6,
+    Flow4Val,
+    Layout,
     MapSpec,
     MetaVal,
-    Pod4Val,
-    Pod6Val,
     StatVal,
-    Svc4Val,
-    Svc6Val,
     be16,
-    be32,
-    ip6,
-    ip6_of,
-    ip_of,
-    port_of,
+    flow_hint_bit,
+    map_specs,
 )
 from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.errors import DatapathError
@@ -68,6 +75,21 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/cozyebpf"
 
+#: the first layout version since which each map's layout (and meaning) is unchanged: a pin of
+#: that version or later is kept (or, with another size only, copied); older ones are rebuilt
+SAME_SINCE = {
+    "addr4": 2,
+    "addr6": 2,
+    "flowhint": 2,
+    "allow4": 1,
+    "allow6": 1,
+    "flow4": 1,
+    "flow6": 1,
+    "frag4": 1,
+    "frag6": 1,
+    "stats": 1,
+}
+
 
 def possible_cpus() -> int:
     """Number of possible CPUs: the stride of per-CPU map values."""
@@ -79,6 +101,16 @@ def possible_cpus() -> int:
     return n
 
 
+class Flow(NamedTuple):
+    """A flow-table entry: ICMP echo flows have the identifier as pod_port and remote_port 0."""
+
+    pod_ip: IPAddress
+    remote_ip: IPAddress
+    pod_port: int
+    remote_port: int
+    proto: int
+
+
 def _flags(port_filter: bool, allow_icmp: bool) -> int:
     return (F_PORT_FILTER if port_filter else 0) | (F_ALLOW_ICMP if allow_icmp else 0)
 
@@ -88,44 +120,27 @@ def _entry_flags(flags: int) -> tuple[bool, bool]:
     return bool(flags & F_PORT_FILTER), bool(flags & F_ALLOW_ICMP)
 
 
-_AddrKey: TypeAlias = ctypes.c_uint32 | Ip6
-
-
-def _addr_key(ip: IPAddress) -> _AddrKey:
-    """The svc/pod map key of `ip`, in its family's layout (network byte order)."""
-    return ctypes.c_uint32(be32(ip)) if isinstance(ip, IPv4Address) else ip6(ip)
-
-
-def _svc_val(s: ServiceEntry) -> Svc4Val | Svc6Val:
-    flags = _flags(s.port_filter, s.allow_icmp)
-    if isinstance(s.pod_ip, IPv4Address):
-        return Svc4Val(pod_ip=be32(s.pod_ip), flags=flags)
-    return Svc6Val(pod_ip=ip6(s.pod_ip), flags=flags)
-
-
-def _pod_val(e: PodEntry) -> Pod4Val | Pod6Val:
-    flags = _flags(e.port_filter, e.allow_icmp)
-    if isinstance(e.lb_ip, IPv4Address):
-        return Pod4Val(lb_ip=be32(e.lb_ip), flags=flags)
-    return Pod6Val(lb_ip=ip6(e.lb_ip), flags=flags)
-
-
-def _allow_key(a: AllowedPort) -> Allow4Key | Allow6Key:
-    if isinstance(a.pod_ip, IPv4Address):
-        return Allow4Key(pod_ip=be32(a.pod_ip), proto=int(a.proto), port=be16(a.port))
-    return Allow6Key(pod_ip=ip6(a.pod_ip), proto=int(a.proto), port=be16(a.port))
+def _ip(raw: bytes) -> IPAddress:
+    return IPv4Address(raw) if len(raw) == 4 else IPv6Address(raw)
 
 
 _ALLOW_TAIL = struct.Struct("!BBH")  # allow4/6 keys after the pod IP: proto, reserved, port
-_FLAG_BYTES = [bytes([f, 0, 0, 0]) for f in range(256)]  # svc/pod values: flags, reserved[3]
+_PORT = struct.Struct("!BBH")  # struct cz_port
+_FLAG_BYTES = [bytes([f, 0, 0, 0]) for f in range(256)]  # v1 svc/pod values: flags, reserved
+_ADDR_TAIL = bytes(8)  # addr values: reserved2[2]
 
 
 def _allow_bytes(a: AllowedPort) -> bytes:
     return a.pod_ip.packed + _ALLOW_TAIL.pack(int(a.proto), 0, a.port)
 
 
-def _entry_bytes(ip: IPAddress, port_filter: bool, allow_icmp: bool) -> bytes:
-    return ip.packed + _FLAG_BYTES[_flags(port_filter, allow_icmp)]
+def _ports_bytes(ports: Iterable[AllowedPort]) -> tuple[int, bytes]:
+    """(nports, ports[]) of an addr value: the allowed ports sorted, the first INLINE_PORTS of
+    them inline; more than that is marked PORTS_SPILL (allow4/allow6 hold them all)."""
+    ps = sorted(ports)
+    n = len(ps) if len(ps) <= INLINE_PORTS else PORTS_SPILL
+    raw = b"".join(_PORT.pack(int(p.proto), 0, p.port) for p in ps[:INLINE_PORTS])
+    return n, raw.ljust(4 * INLINE_PORTS, b"\0")
 
 
 def _read_version(fd: int) -> int | None:
@@ -135,33 +150,95 @@ def _read_version(fd: int) -> int | None:
     return int(val.layout_version)
 
 
-def _layout_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
-    want = (spec.map_type, spec.key_size, spec.value_size, spec.max_entries)
-    have = (info.type, info.key_size, info.value_size, info.max_entries)
-    if want == have:
+def _kind_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
+    """What differs in type, key or value size (the layout proper, not the size)."""
+    want = (spec.map_type, spec.key_size, spec.value_size)
+    have = (info.type, info.key_size, info.value_size)
+    names = ("type", "key size", "value size")
+    diffs = [f"{n} {h} (want {w})" for n, h, w in zip(names, have, want, strict=True) if h != w]
+    return ", ".join(diffs) or None
+
+
+def _size_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
+    if info.max_entries == spec.max_entries:
         return None
-    names = ("type", "key size", "value size", "max entries")
-    return ", ".join(
-        f"{n} {h} (want {w})" for n, h, w in zip(names, have, want, strict=True) if h != w
-    )
+    return f"max entries {info.max_entries} (want {spec.max_entries})"
+
+
+def _lb_at(n: int) -> int:
+    """Offset of lb_ip in an addr value whose addresses have n bytes (bpf/lib/types.h)."""
+    return 8 if n == 4 else 24
+
+
+class _Addr(NamedTuple):
+    """An addr4/addr6 value's fields (addresses as packed bytes)."""
+
+    pod_ip: bytes
+    kind: int
+    flags: int
+    pod_flags: int
+    lb_ip: bytes
+
+
+def _decode_addr(vraw: bytes, n: int) -> _Addr:
+    lb = _lb_at(n)
+    return _Addr(vraw[:n], vraw[n], vraw[n + 1], vraw[n + 2], vraw[lb : lb + n])
+
+
+def _flow_key_fields(raw: bytes) -> Flow:
+    """A flow4/flow6 key's fields (addresses as in the key, ports as numbers)."""
+    n = 4 if len(raw) == 16 else 16
+    pod, remote = raw[:n], raw[n : 2 * n]
+    pp, rp = struct.unpack_from("!HH", raw, 2 * n)
+    return Flow(_ip(pod), _ip(remote), pp, rp, raw[2 * n + 4])
+
+
+def _flow_key_bytes(f: Flow) -> bytes:
+    return f.pod_ip.packed + f.remote_ip.packed + struct.pack("!HHB3x", *f[2:])
 
 
 class PinnedMaps:
-    """File descriptors of every cozyebpf map under one pin directory."""
+    """File descriptors of every cozyebpf map under one pin directory, and the mirror of the
+    state they hold. `capacity` is each map's size (max entries): an addr map holds the LB IPs
+    and the pod IPs of its family (a pod IP that is also an LB IP once), an allow map the
+    allowed ports, a flow map the flows the pods opened."""
 
-    def __init__(self, pin_dir: str, fds: dict[str, int]) -> None:
+    def __init__(self, pin_dir: str, fds: dict[str, int], layout: Layout) -> None:
         self.pin_dir = pin_dir
         self.fds = fds
+        self.layout = layout
+        self.capacity = {s.name: s.max_entries for s in layout.all if s not in (META, STATS)}
         self._no_batch = False  # set when the kernel refuses batch operations
+        self._st: MapState | None = None  # the mirror; None: read it before the next apply
+        self._by_pod: dict[IPAddress, set[AllowedPort]] = {}
+        self._lbs_of: dict[IPAddress, set[IPAddress]] = {}  # pod IP -> LB IPs that go there
+        self._repair = False  # read_state rewrites addr values that disagree (the agent's)
+        self._raw: dict[IPAddress, bytes] = {}  # addr values as read_state found them
+        self._legacy: dict[str, int] = {}  # layout 1's svc/pod maps while upgrading
+        self._old_flows: list[tuple[MapSpec, int]] = []  # flow maps replaced by a resize
+        #: the flow hints must be seeded again once the new egress program runs (the maps
+        #: were upgraded or resized while older programs were recording flows)
+        self.hints_need_seed = False
+
+    @property
+    def max_services(self) -> int:
+        return self.layout.max_services
+
+    @property
+    def upgrading(self) -> bool:
+        """Maps of layout version 1 are still there (see finish_upgrade)."""
+        return bool(self._legacy)
 
     # -- opening -------------------------------------------------------------------------
 
     @classmethod
     def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
-        """Open existing pins (for `maps dump`); every map must be there with our layout."""
+        """Open existing pins (for `maps dump`), whatever their size; every map must be there
+        with our layout."""
         fds: dict[str, int] = {}
         try:
-            for spec in ALL_MAPS:
+            specs = map_specs().all
+            for spec in specs:
                 path = os.path.join(pin_dir, spec.name)
                 try:
                     fd = bpfsys.obj_get(path)
@@ -169,12 +246,20 @@ class PinnedMaps:
                     if e.errno == errno.ENOENT:
                         raise DatapathError(
                             f"no cozyebpf map pinned at {path}: is `cozyebpf run` running on "
-                            f"this node (and is --pin-dir the same)?"
+                            f"this node (and is --pin-dir the same)? (maps of an older "
+                            f"cozyebpf are upgraded by `cozyebpf run` of this version)"
                         ) from None
                     raise DatapathError(f"cannot open {path}: {e}") from e
                 fds[spec.name] = fd
-                cls._check(spec, fd, path)
-            maps = cls(pin_dir, fds)
+                problem = _kind_problem(spec, bpfsys.map_info(fd))
+                if problem:
+                    raise DatapathError(
+                        f"pinned map {path} has another layout ({problem}): it was made by "
+                        f"another cozyebpf version; this one cannot read it. `cozyebpf run` "
+                        f"of this version migrates it"
+                    )
+            services = bpfsys.map_info(fds["addr4"]).max_entries // 2
+            maps = cls(pin_dir, fds, map_specs(max(1, services)))
             maps._check_version()
             return maps
         except BaseException:
@@ -183,62 +268,99 @@ class PinnedMaps:
             raise
 
     @classmethod
-    def ensure(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
-        """Open the pins, creating (and pinning, mode 0600 in a 0700 dir) any that are missing.
+    def ensure(
+        cls, pin_dir: str = DEFAULT_PIN_DIR, max_services: int = DEFAULT_MAX_SERVICES
+    ) -> PinnedMaps:
+        """Open the pins, creating (and pinning, mode 0600 in a 0700 dir) any that are missing,
+        every map sized for `max_services` Services (layout.map_specs).
 
         A pin with another layout is never reused as it is: a map whose type, key and value
-        sizes are unchanged (only its size differs) is migrated, its entries copied; any other
-        map, and every map when the layout version in `meta` differs, is rebuilt empty (the
-        controller refills services, pods and ports; flows and counters start over). Each
-        migration is logged."""
+        sizes are unchanged since its layout version (SAME_SINCE) and whose only change is its
+        size is migrated, its entries copied; any other map is rebuilt empty (the controller
+        refills services, pods and ports; flows and counters start over). Maps of layout
+        version 1 are upgraded in place (see the module). Each migration is logged."""
+        layout = map_specs(max_services)
         os.makedirs(pin_dir, mode=0o700, exist_ok=True)
         os.chmod(pin_dir, 0o700)
         fds: dict[str, int] = {}
         created: list[str] = []
-        version_ok = True
+        old_flows: list[tuple[MapSpec, int]] = []
+        reseed = False
         try:
-            for spec in ALL_MAPS:
+            meta_path = os.path.join(pin_dir, META.name)
+            try:
+                fds[META.name] = bpfsys.obj_get(meta_path)
+            except bpfsys.BpfError as e:
+                if e.errno != errno.ENOENT:
+                    raise DatapathError(f"cannot open {meta_path}: {e}") from e
+                fds[META.name] = cls._create(META, meta_path)
+                created.append(META.name)
+                version: int | None = None
+            else:
+                info = bpfsys.map_info(fds[META.name])
+                version = None if _kind_problem(META, info) else _read_version(fds[META.name])
+            if version is not None and version > LAYOUT_VERSION:
+                version = None  # a newer cozyebpf's: nothing is proven the same
+            for spec in layout.all:
+                if spec is META:
+                    continue
                 path = os.path.join(pin_dir, spec.name)
                 try:
                     fd = bpfsys.obj_get(path)
                 except bpfsys.BpfError as e:
                     if e.errno != errno.ENOENT:
                         raise DatapathError(f"cannot open {path}: {e}") from e
-                    fd = cls._create(spec, path)
+                    fds[spec.name] = cls._create(spec, path)
                     created.append(spec.name)
-                else:
-                    info = bpfsys.map_info(fd)
-                    problem = _layout_problem(spec, info)
-                    if spec is META and not problem:
-                        version_ok = _read_version(fd) == LAYOUT_VERSION
-                    elif spec is META:
-                        version_ok = False
-                    if problem or (spec is not META and not version_ok):
-                        why = problem or "layout version changed"
-                        copy = version_ok and (info.type, info.key_size, info.value_size) == (
-                            spec.map_type,
-                            spec.key_size,
-                            spec.value_size,
-                        )
-                        fd = cls._migrate(spec, fd, info, path, why, copy)
-                fds[spec.name] = fd
+                    reseed = reseed or spec.name == "flowhint"
+                    continue
+                info = bpfsys.map_info(fd)
+                proven = version is not None and version >= SAME_SINCE[spec.name]
+                kind_problem = _kind_problem(spec, info)
+                size_problem = _size_problem(spec, info)
+                if proven and not kind_problem and not size_problem:
+                    fds[spec.name] = fd
+                    continue
+                why = kind_problem or size_problem or f"layout version {version}"
+                if not proven and not kind_problem:
+                    why = f"layout version {version} (want {LAYOUT_VERSION})"
+                # the flow hint's bits depend on its size: rebuilt, then seeded from the flows
+                copy = proven and not kind_problem and spec.name != "flowhint"
+                keep_old = copy and spec.name in ("flow4", "flow6")
+                fds[spec.name] = cls._migrate(spec, fd, info, path, why, copy, keep_old)
+                if keep_old:
+                    old_flows.append((spec, fd))
+                reseed = reseed or spec.name in ("flowhint", "flow4", "flow6")
+            maps = cls(pin_dir, fds, layout)
+            maps._repair = True
+            maps._old_flows = old_flows
+            legacy = [s for s in V1_REPLACED if os.path.exists(os.path.join(pin_dir, s.name))]
+            if legacy and version in (1, LAYOUT_VERSION):
+                maps._open_legacy(legacy, fill=version == 1)
+                reseed = True
+            elif legacy:
+                maps._drop_pins(legacy)
+            if reseed:
+                maps.seed_flow_hints()
+                maps.hints_need_seed = True
             bpfsys.map_update(
                 fds[META.name], ctypes.c_uint32(0), MetaVal(layout_version=LAYOUT_VERSION)
             )
-            maps = cls(pin_dir, fds)
         except bpfsys.BpfError as e:
             for fd in fds.values():
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             hint = " (cozyebpf needs CAP_SYS_ADMIN)" if e.errno == errno.EPERM else ""
             raise DatapathError(f"preparing the maps in {pin_dir} failed: {e}{hint}") from e
         except BaseException:
             for fd in fds.values():
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             raise
         if created:
             log.info("created maps in %s: %s", pin_dir, ", ".join(created))
-        if len(created) < len(ALL_MAPS):
-            kept = [s.name for s in ALL_MAPS if s.name not in created]
+        kept = [s.name for s in layout.all if s.name not in created]
+        if kept:
             log.info("adopted pinned maps in %s: %s", pin_dir, ", ".join(kept))
         return maps
 
@@ -253,29 +375,24 @@ class PinnedMaps:
 
     @classmethod
     def _migrate(
-        cls, spec: MapSpec, old_fd: int, info: bpfsys.MapInfo, path: str, why: str, copy: bool
+        cls,
+        spec: MapSpec,
+        old_fd: int,
+        info: bpfsys.MapInfo,
+        path: str,
+        why: str,
+        copy: bool,
+        keep_old: bool = False,
     ) -> int:
-        """Replace the pin at `path` by a map with our layout, copying entries if `copy`."""
+        """Replace the pin at `path` by a map with our layout, copying entries if `copy`. The
+        old map's fd is closed unless `keep_old`."""
         keys = bpfsys.map_keys(old_fd, info.key_size)
         new_fd = bpfsys.map_create(
             spec.map_type, spec.key_size, spec.value_size, spec.max_entries, f"cz_{spec.name}"
         )
-        copied = 0
-        if copy:
-            per_cpu = spec.map_type == bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY
-            size = (spec.value_size + 7) // 8 * 8 * possible_cpus() if per_cpu else spec.value_size
-            for raw in keys:
-                key = ctypes.create_string_buffer(raw, len(raw))
-                val = ctypes.create_string_buffer(size)
-                if not bpfsys.map_lookup(old_fd, key, val):
-                    continue
-                try:
-                    bpfsys.map_update(new_fd, key, val)
-                    copied += 1
-                except bpfsys.BpfError as e:
-                    if e.errno not in (errno.E2BIG, errno.ENOSPC):
-                        raise
-        os.close(old_fd)
+        copied = cls._copy_entries(spec, old_fd, new_fd, keys) if copy else 0
+        if not keep_old:
+            os.close(old_fd)
         os.unlink(path)
         bpfsys.obj_pin(new_fd, path)
         os.chmod(path, 0o600)
@@ -294,14 +411,22 @@ class PinnedMaps:
         return new_fd
 
     @staticmethod
-    def _check(spec: MapSpec, fd: int, path: str) -> None:
-        problem = _layout_problem(spec, bpfsys.map_info(fd))
-        if problem:
-            raise DatapathError(
-                f"pinned map {path} has another layout ({problem}): it was made by another "
-                f"cozyebpf version; this one cannot read it. `cozyebpf run` of this version "
-                f"migrates it"
-            )
+    def _copy_entries(spec: MapSpec, old_fd: int, new_fd: int, keys: list[bytes]) -> int:
+        per_cpu = spec.map_type == bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY
+        size = (spec.value_size + 7) // 8 * 8 * possible_cpus() if per_cpu else spec.value_size
+        copied = 0
+        for raw in keys:
+            key = ctypes.create_string_buffer(raw, len(raw))
+            val = ctypes.create_string_buffer(size)
+            if not bpfsys.map_lookup(old_fd, key, val):
+                continue
+            try:
+                bpfsys.map_update(new_fd, key, val)
+                copied += 1
+            except bpfsys.BpfError as e:
+                if e.errno not in (errno.E2BIG, errno.ENOSPC):
+                    raise
+        return copied
 
     def _check_version(self) -> None:
         version = _read_version(self.fds[META.name])
@@ -313,11 +438,140 @@ class PinnedMaps:
                 f"cozyebpf uses {LAYOUT_VERSION}; `cozyebpf run` of this version migrates them"
             )
 
+    # -- the upgrade from layout version 1 -----------------------------------------------
+
+    def _open_legacy(self, present: list[MapSpec], fill: bool) -> None:
+        """Hold layout 1's svc/pod maps until finish_upgrade(); with `fill`, program addr4 and
+        addr6 from them (what they hold is what the programs of layout 1 translate)."""
+        st = MapState()
+        for spec in present:
+            path = os.path.join(self.pin_dir, spec.name)
+            fd = bpfsys.obj_get(path)
+            problem = _kind_problem(spec, bpfsys.map_info(fd))
+            if problem:
+                log.warning("cannot read %s (%s): its entries come back with the sync", path, problem)
+                os.close(fd)
+                os.unlink(path)
+                continue
+            self._legacy[spec.name] = fd
+            if not fill:
+                continue
+            for kraw, vraw in self._raw_items(fd, spec.key_size, spec.value_size):
+                n = len(kraw)
+                other, flags = _ip(vraw[:n]), vraw[n]
+                if spec in (V1_SVC4, V1_SVC6):
+                    st.services[_ip(kraw)] = ServiceEntry(other, *_entry_flags(flags))
+                else:
+                    st.pods[_ip(kraw)] = PodEntry(other, *_entry_flags(flags))
+        if not fill:
+            log.warning(
+                "maps in %s: the upgrade from layout version 1 was not finished; finishing it",
+                self.pin_dir,
+            )
+            return
+        st.allowed = self._read_allowed()
+        self._set_mirror(st)
+        self._write_addrs(list(st.services.keys() | st.pods.keys()))
+        log.warning(
+            "upgrading maps in %s from layout version 1 to %d: %d services and %d pods moved "
+            "to addr4/addr6 beside the old maps; allowed ports, flows, fragments and counters "
+            "kept",
+            self.pin_dir,
+            LAYOUT_VERSION,
+            len(st.services),
+            len(st.pods),
+        )
+
+    def finish_upgrade(self) -> None:
+        """Remove the maps of layout version 1, once no program of that layout runs (after the
+        new programs are attached). A no-op when there are none."""
+        if not self._legacy:
+            return
+        names = sorted(self._legacy)
+        for fd in self._legacy.values():
+            os.close(fd)
+        self._legacy = {}
+        self._drop_pins([s for s in V1_REPLACED if s.name in names])
+        log.warning("upgrade of %s finished: removed %s", self.pin_dir, ", ".join(names))
+
+    def _drop_pins(self, specs: list[MapSpec]) -> None:
+        for spec in specs:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.pin_dir, spec.name))
+
+    # -- flow hints ----------------------------------------------------------------------
+
+    def seed_flow_hints(self) -> int:
+        """Set the flow-hint bit of every flow in flow4/flow6 in user space's half (copying
+        first the flows a resized flow map's predecessor got meanwhile). Call it once the
+        egress program of this layout runs, before the ingress program that trusts the hints
+        is attached: flows recorded by older programs have no bit yet. The number of flows."""
+        for spec, old_fd in self._old_flows:
+            new_fd = self.fds[spec.name]
+            have = set(bpfsys.map_keys(new_fd, spec.key_size))
+            missing = [k for k in bpfsys.map_keys(old_fd, spec.key_size) if k not in have]
+            self._copy_entries(spec, old_fd, new_fd, missing)
+            os.close(old_fd)
+        self._old_flows = []
+        keys = [
+            raw
+            for spec in (self.layout.flow4, self.layout.flow6)
+            for raw in bpfsys.map_keys(self.fds[spec.name], spec.key_size)
+        ]
+        self._set_hints(_flow_key_fields(k) for k in keys)
+        return len(keys)
+
+    def _set_hints(self, flows: Iterable[Flow]) -> None:
+        """OR the flows' bits into the user-space half (user space is its only writer)."""
+        words = self.layout.hint_words
+        log2 = self.layout.hint_log2
+        bits: dict[int, int] = {}
+        for f in flows:
+            b = flow_hint_bit(
+                f.pod_ip.packed, f.remote_ip.packed, f.pod_port, f.remote_port, f.proto, log2
+            )
+            bits[words + (b >> 6)] = bits.get(words + (b >> 6), 0) | 1 << (b & 63)
+        if not bits:
+            return
+        fd = self.fds[self.layout.flowhint.name]
+        keys, values = [], []
+        for idx, mask in bits.items():
+            cur = ctypes.c_uint64()
+            bpfsys.map_lookup(fd, ctypes.c_uint32(idx), cur)
+            keys.append(struct.pack("=I", idx))
+            values.append(struct.pack("=Q", cur.value | mask))
+        self._update_batch(self.layout.flowhint, keys, values)
+
+    def add_flows(self, flows: Iterable[Flow], last_seen_ns: int = 0) -> None:
+        """Write flow-table entries as the egress program records them (with their hint
+        bits): for tests, benchmarks and tools."""
+        fl = list(flows)
+        self._set_hints(fl)
+        val = Flow4Val(last_seen_ns=last_seen_ns)
+        for f in fl:
+            spec = self.layout.flow4 if f.pod_ip.version == 4 else self.layout.flow6
+            key = _flow_key_bytes(f)
+            bpfsys.map_update(
+                self.fds[spec.name], ctypes.create_string_buffer(key, len(key)), val
+            )
+
+    def flows(self) -> set[Flow]:
+        """Every entry of flow4 and flow6."""
+        return {
+            _flow_key_fields(raw)
+            for spec in (self.layout.flow4, self.layout.flow6)
+            for raw in bpfsys.map_keys(self.fds[spec.name], spec.key_size)
+        }
+
+    # -- closing -------------------------------------------------------------------------
+
     def close(self) -> None:
-        for fd in self.fds.values():
+        for fd in [*self.fds.values(), *self._legacy.values(), *(f for _, f in self._old_flows)]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds = {}
+        self._legacy = {}
+        self._old_flows = []
 
     def __enter__(self) -> PinnedMaps:
         return self
@@ -327,102 +581,117 @@ class PinnedMaps:
 
     # -- reading -------------------------------------------------------------------------
 
-    def _items(self, spec: MapSpec) -> Iterator[tuple[bytes, bytes]]:
+    def _raw_items(self, fd: int, key_size: int, value_size: int) -> Iterator[tuple[bytes, bytes]]:
         """(key, value) pairs of a hash map: BPF_MAP_LOOKUP_BATCH (about 17x faster than a key
         walk, bench/), or the walk on kernels without batch operations."""
-        fd = self.fds[spec.name]
         if not self._no_batch:
             try:
-                yield from bpfsys.map_items_batch(fd, spec.key_size, spec.value_size)
+                yield from bpfsys.map_items_batch(fd, key_size, value_size)
                 return
             except bpfsys.BpfError as e:
                 if e.errno not in bpfsys.BATCH_UNSUPPORTED:
                     raise
                 self._no_batch = True
-        for raw in bpfsys.map_keys(fd, spec.key_size):
-            key = spec.key.from_buffer_copy(raw)
-            val = spec.value()
-            if bpfsys.map_lookup(fd, key, val):  # gone meanwhile: skip
-                yield raw, bytes(val)
+        for raw in bpfsys.map_keys(fd, key_size):
+            val = ctypes.create_string_buffer(value_size)
+            if bpfsys.map_lookup(fd, ctypes.create_string_buffer(raw, key_size), val):
+                yield raw, val.raw  # gone meanwhile: skipped
 
-    def read_state(self) -> MapState:
-        """Everything in svc4/svc6, pod4/pod6 and allow4/allow6, as one MapState."""
+    def _items(self, spec: MapSpec) -> Iterator[tuple[bytes, bytes]]:
+        return self._raw_items(self.fds[spec.name], spec.key_size, spec.value_size)
+
+    def _read_addrs(self) -> MapState:
+        """services and pods from addr4/addr6, with the raw values in `_raw` (for repairs)."""
         st = MapState()
-        for kraw, vraw in self._items(SVC4):
-            sv = Svc4Val.from_buffer_copy(vraw)
-            st.services[IPv4Address(kraw)] = ServiceEntry(ip_of(sv.pod_ip), *_entry_flags(sv.flags))
-        for kraw, vraw in self._items(SVC6):
-            sv6 = Svc6Val.from_buffer_copy(vraw)
-            st.services[ip6_of(Ip6.from_buffer_copy(kraw))] = ServiceEntry(
-                ip6_of(sv6.pod_ip), *_entry_flags(sv6.flags)
-            )
-        for kraw, vraw in self._items(POD4):
-            pv = Pod4Val.from_buffer_copy(vraw)
-            st.pods[IPv4Address(kraw)] = PodEntry(ip_of(pv.lb_ip), *_entry_flags(pv.flags))
-        for kraw, vraw in self._items(POD6):
-            pv6 = Pod6Val.from_buffer_copy(vraw)
-            st.pods[ip6_of(Ip6.from_buffer_copy(kraw))] = PodEntry(
-                ip6_of(pv6.lb_ip), *_entry_flags(pv6.flags)
-            )
-        for spec in (ALLOW4, ALLOW6):
+        self._raw = {}
+        for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
+            for kraw, vraw in self._items(spec):
+                addr = _ip(kraw)
+                v = _decode_addr(vraw, n)
+                if v.kind & K_LB:
+                    st.services[addr] = ServiceEntry(_ip(v.pod_ip), *_entry_flags(v.flags))
+                if v.kind & K_POD:
+                    st.pods[addr] = PodEntry(_ip(v.lb_ip), *_entry_flags(v.pod_flags))
+                self._raw[addr] = vraw
+        return st
+
+    def _read_allowed(self) -> set[AllowedPort]:
+        out: set[AllowedPort] = set()
+        for spec, n in ((self.layout.allow4, 4), (self.layout.allow6, 16)):
             for kraw, _ in self._items(spec):
-                ak: Allow4Key | Allow6Key
-                pod: IPAddress
-                if spec is ALLOW4:
-                    ak = Allow4Key.from_buffer_copy(kraw)
-                    pod = ip_of(ak.pod_ip)
-                else:
-                    ak = Allow6Key.from_buffer_copy(kraw)
-                    pod = ip6_of(ak.pod_ip)
+                proto_n, _, port = _ALLOW_TAIL.unpack_from(kraw, n)
                 try:
-                    proto = Proto(ak.proto)
+                    proto = Proto(proto_n)
                 except ValueError:
                     # not something we write, and not representable in a MapState: it stays
                     # (harmless: the filter only looks up TCP, UDP and SCTP)
-                    log.warning("%s holds an entry with unknown protocol %d", spec.name, ak.proto)
+                    log.warning("%s holds an entry with unknown protocol %d", spec.name, proto_n)
                     continue
-                st.allowed.add(AllowedPort(pod, proto, port_of(ak.port)))
+                out.add(AllowedPort(_ip(kraw[:n]), proto, port))
+        return out
+
+    def read_state(self) -> MapState:
+        """Everything in addr4/addr6 and allow4/allow6, as one MapState; it refreshes the
+        mirror. The agent's maps (ensure) also rewrite here any addr value that disagrees with
+        the state (its inline ports are not part of a MapState, so no diff would repair them)."""
+        st = self._read_addrs()
+        st.allowed = self._read_allowed()
+        self._set_mirror(st.copy())
+        if self._repair:
+            stale = [
+                a
+                for a, raw in self._raw.items()
+                if (a in st.services or a in st.pods) and self._value(a) != raw
+            ]
+            if stale:
+                log.warning(
+                    "%d addr entries disagreed with the allowed ports (edited by hand?): "
+                    "rewritten",
+                    len(stale),
+                )
+                self._write_addrs(stale)
+        self._raw = {}
         return st
 
     def lookup_service(self, lb: IPAddress) -> ServiceEntry | None:
         """The entry of one LB IP, by a single lookup (no map walk): for probes and tools that
         must not depend on the map layout."""
-        if isinstance(lb, IPv4Address):
-            sv = Svc4Val()
-            if not bpfsys.map_lookup(self.fds[SVC4.name], _addr_key(lb), sv):
-                return None
-            return ServiceEntry(ip_of(sv.pod_ip), *_entry_flags(sv.flags))
-        sv6 = Svc6Val()
-        if not bpfsys.map_lookup(self.fds[SVC6.name], _addr_key(lb), sv6):
+        vraw = self._lookup_addr(lb)
+        if vraw is None:
             return None
-        return ServiceEntry(ip6_of(sv6.pod_ip), *_entry_flags(sv6.flags))
+        v = _decode_addr(vraw, len(lb.packed))
+        return ServiceEntry(_ip(v.pod_ip), *_entry_flags(v.flags)) if v.kind & K_LB else None
 
     def lookup_pod(self, pod: IPAddress) -> PodEntry | None:
         """The entry of one pod IP, by a single lookup."""
-        if isinstance(pod, IPv4Address):
-            pv = Pod4Val()
-            if not bpfsys.map_lookup(self.fds[POD4.name], _addr_key(pod), pv):
-                return None
-            return PodEntry(ip_of(pv.lb_ip), *_entry_flags(pv.flags))
-        pv6 = Pod6Val()
-        if not bpfsys.map_lookup(self.fds[POD6.name], _addr_key(pod), pv6):
+        vraw = self._lookup_addr(pod)
+        if vraw is None:
             return None
-        return PodEntry(ip6_of(pv6.lb_ip), *_entry_flags(pv6.flags))
+        v = _decode_addr(vraw, len(pod.packed))
+        return PodEntry(_ip(v.lb_ip), *_entry_flags(v.pod_flags)) if v.kind & K_POD else None
+
+    def _lookup_addr(self, addr: IPAddress) -> bytes | None:
+        spec = self.layout.addr4 if addr.version == 4 else self.layout.addr6
+        val = ctypes.create_string_buffer(spec.value_size)
+        key = ctypes.create_string_buffer(addr.packed, len(addr.packed))
+        return val.raw if bpfsys.map_lookup(self.fds[spec.name], key, val) else None
 
     def has_allowed(self, a: AllowedPort) -> bool:
         """Whether the allowed-port entry `a` is programmed, by a single lookup."""
-        spec = ALLOW4 if a.version == 4 else ALLOW6
-        return bpfsys.map_lookup(self.fds[spec.name], _allow_key(a), ctypes.c_uint8())
+        spec = self.layout.allow4 if a.version == 4 else self.layout.allow6
+        key = _allow_bytes(a)
+        return bpfsys.map_lookup(
+            self.fds[spec.name], ctypes.create_string_buffer(key, len(key)), ctypes.c_uint8()
+        )
 
     def flows_by_pod(self) -> dict[IPAddress, int]:
         """Number of flow4 and flow6 entries per pod IP."""
         out: dict[IPAddress, int] = {}
-        for raw in bpfsys.map_keys(self.fds[FLOW4.name], FLOW4.key_size):
-            pod: IPAddress = ip_of(Flow4Key.from_buffer_copy(raw).pod_ip)
-            out[pod] = out.get(pod, 0) + 1
-        for raw in bpfsys.map_keys(self.fds[FLOW6.name], FLOW6.key_size):
-            pod = ip6_of(Flow6Key.from_buffer_copy(raw).pod_ip)
-            out[pod] = out.get(pod, 0) + 1
+        for spec in (self.layout.flow4, self.layout.flow6):
+            n = 4 if spec is self.layout.flow4 else 16
+            for raw in bpfsys.map_keys(self.fds[spec.name], spec.key_size):
+                pod = _ip(raw[:n])
+                out[pod] = out.get(pod, 0) + 1
         return out
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -442,13 +711,59 @@ class PinnedMaps:
             out[name] = {"packets": pk, "bytes": by}
         return out
 
+    # -- the mirror and the encoding -----------------------------------------------------
+
+    def _set_mirror(self, st: MapState) -> None:
+        self._st = st
+        self._by_pod = {}
+        for a in st.allowed:
+            self._by_pod.setdefault(a.pod_ip, set()).add(a)
+        self._lbs_of = {}
+        for lb, s in st.services.items():
+            self._lbs_of.setdefault(s.pod_ip, set()).add(lb)
+
+    def _value(self, addr: IPAddress) -> bytes | None:
+        """The addr value of `addr` in the mirrored state; None when it is neither an LB IP
+        nor a pod IP."""
+        assert self._st is not None
+        svc, pod = self._st.services.get(addr), self._st.pods.get(addr)
+        if svc is None and pod is None:
+            return None
+        zero = bytes(len(addr.packed))
+        lb, pod_flags = zero, 0
+        if pod is not None:
+            lb, pod_flags = pod.lb_ip.packed, _flags(pod.port_filter, pod.allow_icmp)
+        if svc is not None:  # ingress uses the LB role
+            to, in_pod, flags = svc.pod_ip.packed, svc.pod_ip, _flags(svc.port_filter, svc.allow_icmp)
+        else:  # traffic to the pod IP directly: no rewrite, the pod's flags
+            to, in_pod, flags = zero, addr, pod_flags
+        kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
+        nports, ports = _ports_bytes(self._by_pod.get(in_pod, ()))
+        head = to + bytes((kind, flags, pod_flags, nports))
+        # then lb_ip and reserved (IPv4), or reserved and lb_ip (IPv6): ports 8-byte aligned
+        mid = lb + bytes(4) if len(lb) == 4 else bytes(4) + lb
+        return head + mid + ports + _ADDR_TAIL
+
+    def _write_addrs(self, addrs: Iterable[IPAddress]) -> None:
+        """Write the mirrored state's values of `addrs` (all of them must have one)."""
+        for spec, version in ((self.layout.addr4, 4), (self.layout.addr6, 6)):
+            mine = [a for a in addrs if a.version == version]
+            values = [self._value(a) for a in mine]
+            assert all(v is not None for v in values), "an address without a value"
+            self._update_batch(spec, [a.packed for a in mine], values)  # type: ignore[arg-type]
+
+    def _delete_addrs(self, addrs: Iterable[IPAddress]) -> None:
+        for spec, version in ((self.layout.addr4, 4), (self.layout.addr6, 6)):
+            self._delete_batch(spec, [a.packed for a in addrs if a.version == version])
+
     # -- programming ---------------------------------------------------------------------
 
     def apply(self, d: MapDiff) -> None:
-        """Apply `d` in the order that never opens a hole (allowed ports added, services set,
-        pods set, services deleted, pods deleted, allowed ports deleted), one
-        BPF_MAP_UPDATE_BATCH / DELETE_BATCH per map and step (the order inside a step does not
-        matter); a kernel without batch operations gets one call per entry. A diff that mixes
+        """Apply `d` in an order that never opens a hole: allowed ports added, then every
+        addr value that changes (services, pods and the inline ports of the addresses whose
+        pod's allowed ports change) written, addresses that are neither LB nor pod IP any more
+        deleted, allowed ports deleted; one BPF_MAP_UPDATE_BATCH / DELETE_BATCH per map and
+        step (a kernel without batch operations gets one call per entry). A diff that mixes
         families in an entry is refused before anything is written."""
         errors = d.family_errors()
         if errors:
@@ -456,39 +771,105 @@ class PinnedMaps:
                 f"refusing to program maps in {self.pin_dir}: an entry mixes address families "
                 f"({'; '.join(errors)})"
             )
-        specs = {"svc": (SVC4, SVC6), "pod": (POD4, POD6), "allow": (ALLOW4, ALLOW6)}
-
-        def write(kind: str, items: list[tuple[int, bytes, bytes]]) -> None:
-            for spec, version in zip(specs[kind], (4, 6), strict=True):
-                mine = [(k, v) for ver, k, v in items if ver == version]
-                self._update_batch(spec, [k for k, _ in mine], [v for _, v in mine])
-
-        def delete(kind: str, keys: list[tuple[int, bytes]]) -> None:
-            for spec, version in zip(specs[kind], (4, 6), strict=True):
-                self._delete_batch(spec, [k for ver, k in keys if ver == version])
-
+        if self._st is None:
+            self.read_state()
+        st = self._st
+        assert st is not None
+        touched: set[IPAddress] = set(d.services_set) | d.services_del
+        touched |= set(d.pods_set) | d.pods_del
+        ported = {a.pod_ip for a in d.allowed_add} | {a.pod_ip for a in d.allowed_del}
+        # the mirror first (in apply_to's order), then the values it gives
+        for a in d.allowed_add:
+            st.allowed.add(a)
+            self._by_pod.setdefault(a.pod_ip, set()).add(a)
+        for lb, s in d.services_set.items():
+            self._unlink_lb(lb)
+            st.services[lb] = s
+            self._lbs_of.setdefault(s.pod_ip, set()).add(lb)
+        st.pods.update(d.pods_set)
+        for lb in d.services_del:
+            self._unlink_lb(lb)
+            st.services.pop(lb, None)
+        for p in d.pods_del:
+            st.pods.pop(p, None)
+        for a in d.allowed_del:
+            st.allowed.discard(a)
+            mine = self._by_pod.get(a.pod_ip)
+            if mine is not None:
+                mine.discard(a)
+                if not mine:
+                    del self._by_pod[a.pod_ip]
+        for p in ported:
+            touched |= self._lbs_of.get(p, set())
+            if p in st.pods:
+                touched.add(p)
+        sets = [a for a in touched if a in st.services or a in st.pods]
+        dels = [a for a in touched if a not in st.services and a not in st.pods]
         try:
-            write("allow", [(a.version, _allow_bytes(a), b"\x01") for a in d.allowed_add])
-            write(
-                "svc",
-                [
-                    (lb.version, lb.packed, _entry_bytes(s.pod_ip, s.port_filter, s.allow_icmp))
-                    for lb, s in d.services_set.items()
-                ],
-            )
-            write(
-                "pod",
-                [
-                    (p.version, p.packed, _entry_bytes(e.lb_ip, e.port_filter, e.allow_icmp))
-                    for p, e in d.pods_set.items()
-                ],
-            )
-            delete("svc", [(lb.version, lb.packed) for lb in d.services_del])
-            delete("pod", [(p.version, p.packed) for p in d.pods_del])
-            delete("allow", [(a.version, _allow_bytes(a)) for a in d.allowed_del])
+            self._write_allowed(sorted(d.allowed_add), add=True)
+            self._write_addrs(sets)
+            self._delete_addrs(dels)
+            self._write_allowed(sorted(d.allowed_del), add=False)
+            if self._legacy:
+                self._apply_legacy(d)
         except bpfsys.BpfError as e:
+            self._st = None  # the maps hold part of it: read them again before the next apply
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
+
+    def _unlink_lb(self, lb: IPAddress) -> None:
+        assert self._st is not None
+        old = self._st.services.get(lb)
+        if old is not None:
+            lbs = self._lbs_of.get(old.pod_ip)
+            if lbs is not None:
+                lbs.discard(lb)
+                if not lbs:
+                    del self._lbs_of[old.pod_ip]
+
+    def _write_allowed(self, ports: list[AllowedPort], add: bool) -> None:
+        for spec, version in ((self.layout.allow4, 4), (self.layout.allow6, 6)):
+            keys = [_allow_bytes(a) for a in ports if a.version == version]
+            if add:
+                self._update_batch(spec, keys, [b"\x01"] * len(keys))
+            else:
+                self._delete_batch(spec, keys)
+
+    def _apply_legacy(self, d: MapDiff) -> None:
+        """While layout 1's programs may still run (upgrading), its svc/pod maps follow too."""
+
+        def spec_of(kind: str, addr: IPAddress) -> MapSpec:
+            if kind == "svc":
+                return V1_SVC4 if addr.version == 4 else V1_SVC6
+            return V1_POD4 if addr.version == 4 else V1_POD6
+
+        def write(kind: str, items: list[tuple[IPAddress, IPAddress, int]]) -> None:
+            for key, other, flags in items:
+                spec = spec_of(kind, key)
+                if spec.name in self._legacy:
+                    k, v = key.packed, other.packed + _FLAG_BYTES[flags]
+                    bpfsys.map_update(
+                        self._legacy[spec.name],
+                        ctypes.create_string_buffer(k, len(k)),
+                        ctypes.create_string_buffer(v, len(v)),
+                    )
+
+        def delete(kind: str, keys: Iterable[IPAddress]) -> None:
+            for key in keys:
+                spec = spec_of(kind, key)
+                if spec.name in self._legacy:
+                    k = key.packed
+                    bpfsys.map_delete(
+                        self._legacy[spec.name], ctypes.create_string_buffer(k, len(k))
+                    )
+
+        write(
+            "svc",
+            [(a, s.pod_ip, _flags(s.port_filter, s.allow_icmp)) for a, s in d.services_set.items()],
+        )
+        write("pod", [(a, e.lb_ip, _flags(e.port_filter, e.allow_icmp)) for a, e in d.pods_set.items()])
+        delete("svc", d.services_del)
+        delete("pod", d.pods_del)
 
     def _update_batch(self, spec: MapSpec, keys: list[bytes], values: list[bytes]) -> None:
         fd = self.fds[spec.name]
@@ -522,3 +903,13 @@ class PinnedMaps:
                 self._no_batch = True
         for k in keys:
             bpfsys.map_delete(fd, ctypes.create_string_buffer(k, len(k)))
+
+
+__all__ = [
+    "DEFAULT_MAX_SERVICES",
+    "DEFAULT_PIN_DIR",
+    "Flow",
+    "PinnedMaps",
+    "be16",
+    "possible_cpus",
+]

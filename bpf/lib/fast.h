@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The fast paths: the common frame -- untagged IPv4 without options or IPv6 without extension
+ * headers, TCP or UDP, not a fragment, every length consistent -- decided in a straight line on
+ * the map values in place: one address lookup, the inline allowed ports, the flow hint before
+ * any flow lookup, no per-CPU scratch, no family-neutral copies. A frame the fast path does not
+ * take whole gets CZ_SLOW and the full path (ingress.h, egress.c) decides it, with the same
+ * semantics for every frame (docs/datapath-semantics.md); tests/test_differential.py holds
+ * both paths to the reference model.
+ */
+#ifndef COZYEBPF_FAST_H
+#define COZYEBPF_FAST_H
+
+#include "csum.h"
+#include "filter.h"
+#include "lookup.h"
+#include "parse.h"
+#include "stats.h"
+
+#define CZ_SLOW 0xfffffffe /* not decided here: take the full path */
+
+/* What the fast parse found; the L4 header is TCP or UDP and valid. */
+struct cz_fast {
+	void *l3;
+	__u16 *csum;   /* the TCP or UDP checksum */
+	__u32 csum_off; /* its offset in the frame (tc helpers) */
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 v6;
+	__u8 rewrite; /* ingress: the destination is an LB IP (CZ_K_LB) */
+};
+
+/* The TCP or UDP header at `l4` with `len` bytes of IP payload: 0 when valid (the checks of
+ * parse_l4 for a packet that is not a fragment), -1 otherwise (the full path decides). */
+static __always_inline int fast_l4(struct cz_fast *f, __u8 proto, void *l4, void *data,
+				   void *data_end, __u32 len)
+{
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+		__u32 ulen;
+
+		if ((void *)(uh + 1) > data_end || len < sizeof(*uh))
+			return -1;
+		ulen = bpf_ntohs(uh->len);
+		if (ulen < sizeof(*uh) || ulen > len)
+			return -1;
+		f->sport = uh->source;
+		f->dport = uh->dest;
+		f->csum = &uh->check;
+	} else if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+
+		if ((void *)(th + 1) > data_end || len < sizeof(*th))
+			return -1;
+		if (th->doff < 5 || th->doff * 4 > len)
+			return -1;
+		f->sport = th->source;
+		f->dport = th->dest;
+		f->csum = &th->check;
+	} else {
+		return -1;
+	}
+	f->proto = proto;
+	f->csum_off = (void *)f->csum - data;
+	return 0;
+}
+
+/* An untagged IPv4 frame: the IP header, or NULL. */
+static __always_inline struct iphdr *fast_ip4(void *data, void *data_end)
+{
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+
+	/* the EtherType as one load (struct ethhdr is packed: byte loads) */
+	if ((void *)(ip + 1) > data_end || *(__be16 *)(data + 12) != bpf_htons(ETH_P_IP))
+		return NULL;
+	return ip;
+}
+
+static __always_inline struct ipv6hdr *fast_ip6(void *data, void *data_end)
+{
+	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+	if ((void *)(ip6 + 1) > data_end || *(__be16 *)(data + 12) != bpf_htons(ETH_P_IPV6))
+		return NULL;
+	return ip6;
+}
+
+/* The rest of a managed IPv4 header: no options, not a fragment, TCP/UDP. 0 or -1. */
+static __always_inline int fast_check4(struct cz_fast *f, struct iphdr *ip, void *data,
+				       void *data_end, __u32 frame_len)
+{
+	__u32 tot;
+
+	if (*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET)))
+		return -1;
+	tot = bpf_ntohs(ip->tot_len);
+	if (tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > frame_len)
+		return -1;
+	f->l3 = ip;
+	f->v6 = 0;
+	return fast_l4(f, ip->protocol, ip + 1, data, data_end, tot - sizeof(*ip));
+}
+
+static __always_inline int fast_check6(struct cz_fast *f, struct ipv6hdr *ip6, void *data,
+				       void *data_end, __u32 frame_len)
+{
+	__u32 plen;
+
+	if ((*(__u8 *)ip6 >> 4) != 6)
+		return -1;
+	plen = bpf_ntohs(ip6->payload_len);
+	if (plen == 0 || sizeof(struct ethhdr) + sizeof(*ip6) + plen > frame_len)
+		return -1;
+	f->l3 = ip6;
+	f->v6 = 1;
+	return fast_l4(f, ip6->nexthdr, ip6 + 1, data, data_end, plen);
+}
+
+/* Port filter, IPv4: allowed port, else a reply of a flow, else drop. */
+static __always_inline __u32 fast_filter4(struct cz_fast *f, struct addr4_val *v, __be32 pod,
+					  __be32 remote)
+{
+	if (cz_inline_has(v->ports, cz_port_word(f->proto, f->dport)))
+		return CZ_PASS_PORT;
+	if (v->nports == CZ_PORTS_SPILL) {
+		struct allow4_key a = {.pod_ip = pod, .proto = f->proto, .port = f->dport};
+
+		if (cz_allow4.lookup(&a))
+			return CZ_PASS_PORT;
+	}
+	if (flow_hinted(cz_flow_hash(pod, remote, f->dport, f->sport, f->proto))) {
+		struct flow4_key k = {};
+
+		k.pod_ip = pod;
+		k.remote_ip = remote;
+		k.pod_port = f->dport;
+		k.remote_port = f->sport;
+		k.proto = f->proto;
+		if (cz_flow4.lookup(&k))
+			return CZ_PASS_REPLY;
+	}
+	return CZ_DROP_PORT;
+}
+
+static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v,
+					  const struct ip6 *pod, const struct ip6 *remote)
+{
+	if (cz_inline_has(v->ports, cz_port_word(f->proto, f->dport)))
+		return CZ_PASS_PORT;
+	if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
+		return CZ_PASS_PORT;
+	if (flow_exists(1, pod, remote, f->dport, f->sport, f->proto))
+		return CZ_PASS_REPLY;
+	return CZ_DROP_PORT;
+}
+
+/*
+ * Ingress: CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with f->rewrite,
+ * *to is the new destination (IPv4: to->a[0]).
+ */
+static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 frame_len,
+					  struct cz_fast *f, struct ip6 *to)
+{
+	struct iphdr *ip = fast_ip4(data, data_end);
+
+	if (ip) {
+		struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
+		__be32 pod;
+
+		if (!v)
+			return CZ_NOT_OURS;
+		if (fast_check4(f, ip, data, data_end, frame_len) < 0)
+			return CZ_SLOW;
+		f->rewrite = v->kind & CZ_K_LB;
+		pod = f->rewrite ? v->pod_ip : ip->daddr;
+		to->a[0] = pod;
+		if (!(v->flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		return fast_filter4(f, v, pod, ip->saddr);
+	}
+	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
+
+	if (ip6) {
+		struct addr6_val *v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
+		struct ip6 remote;
+
+		if (!v)
+			return CZ_NOT_OURS;
+		if (fast_check6(f, ip6, data, data_end, frame_len) < 0)
+			return CZ_SLOW;
+		f->rewrite = v->kind & CZ_K_LB;
+		if (f->rewrite)
+			*to = v->pod_ip;
+		else
+			__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
+		if (!(v->flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
+		return fast_filter6(f, v, to, &remote);
+	}
+	return CZ_SLOW;
+}
+
+/* Ingress rewrite in place (XDP): destination := *to, IP and L4 checksums (UDP 0 stays 0). */
+static __always_inline void fast_nat_xdp(struct cz_fast *f, void *data_end, const struct ip6 *to)
+{
+	__u16 *c = f->csum;
+	__u32 delta;
+	__u16 n;
+
+	if ((void *)(c + 1) > data_end)
+		return;
+	if (f->v6) {
+		struct ipv6hdr *ip6 = f->l3;
+		struct ip6 from;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return;
+		__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
+		__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+		delta = cz_csum_delta32(from.a[0], to->a[0]) + cz_csum_delta32(from.a[1], to->a[1]) +
+			cz_csum_delta32(from.a[2], to->a[2]) + cz_csum_delta32(from.a[3], to->a[3]);
+	} else {
+		struct iphdr *ip = f->l3;
+
+		if ((void *)(ip + 1) > data_end)
+			return;
+		delta = cz_csum_delta32(ip->daddr, to->a[0]);
+		ip->daddr = to->a[0];
+		ip->check = cz_csum_apply(ip->check, delta);
+	}
+	if (f->proto == IPPROTO_UDP && *c == 0)
+		return;
+	n = cz_csum_apply(*c, delta);
+	if (f->proto == IPPROTO_UDP && n == 0)
+		n = 0xffff;
+	*c = n;
+}
+
+/*
+ * tc: the destination (is_dst) or source := *to with direct writes and the IPv4 header checksum
+ * (never offloaded); the L4 checksum through bpf_l4_csum_replace, which keeps CHECKSUM_PARTIAL
+ * (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right. 0 or a helper's error; packet
+ * pointers are invalid afterwards.
+ */
+static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f, void *data_end,
+					int is_dst, const struct ip6 *to)
+{
+	__u64 flags = BPF_F_PSEUDO_HDR | 4;
+	struct ip6 from;
+	int i, ret;
+
+	if (f->proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	if (f->v6) {
+		struct ipv6hdr *ip6 = f->l3;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return -1;
+		if (is_dst) {
+			__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
+			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+		} else {
+			__builtin_memcpy(&from, &ip6->saddr, sizeof(from));
+			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
+		}
+	} else {
+		struct iphdr *ip = f->l3;
+
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		if (is_dst) {
+			from.a[0] = ip->daddr;
+			ip->daddr = to->a[0];
+		} else {
+			from.a[0] = ip->saddr;
+			ip->saddr = to->a[0];
+		}
+		ip->check = cz_csum_replace32(ip->check, from.a[0], to->a[0]);
+	}
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		if (i > 0 && !f->v6)
+			break;
+		ret = bpf_l4_csum_replace(skb, f->csum_off, from.a[i], to->a[i], flags);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+/* Egress, IPv4: remember (refresh at most once a second) a flow the pod opened. */
+static __always_inline void fast_flow_record4(struct cz_fast *f, __be32 pod, __be32 remote)
+{
+	struct flow4_key k = {};
+	struct flow4_val *v;
+	__u64 now;
+
+	k.pod_ip = pod;
+	k.remote_ip = remote;
+	k.pod_port = f->sport;
+	k.remote_port = f->dport;
+	k.proto = f->proto;
+	v = cz_flow4.lookup(&k);
+	now = bpf_ktime_get_coarse_ns();
+	if (v) {
+		if (now - v->last_seen_ns > CZ_FLOW_REFRESH_NS)
+			v->last_seen_ns = now;
+		return;
+	}
+	struct flow4_val nv = {.last_seen_ns = now};
+
+	flow_hint_set(cz_flow_hash(pod, remote, f->sport, f->dport, f->proto));
+	cz_count(cz_flow4.update(&k, &nv) == 0 ? CZ_FLOW_NEW : CZ_FLOW_ERROR, 0);
+}
+
+#endif
