@@ -18,10 +18,11 @@ from bench.common import TAG, Params, log, median, pin_dir, sh
 from bench.nftrules import full_ruleset
 from cozyebpf.datapath import attach, bpfsys
 from cozyebpf.datapath.layout import (
+    ADDR4,
     F_ALLOW_ICMP,
     F_PORT_FILTER,
-    SVC4,
-    Svc4Val,
+    K_LB,
+    Addr4Val,
     be32,
 )
 from cozyebpf.datapath.maps import PinnedMaps
@@ -38,22 +39,22 @@ def _allow_key_bytes(a: AllowedPort) -> bytes:
 
 
 _ALLOW_TAIL = struct.Struct("!BBH")
-_FLAGS = [bytes([f, 0, 0, 0]) for f in range(4)]  # svc4_val/pod4_val: flags, reserved[3]
 
 
 def per_entry(maps: PinnedMaps) -> PinnedMaps:
     """The same pinned maps, driven without batch operations (one bpf(2) call per entry), as
     the product does on a kernel that refuses them."""
-    slow = PinnedMaps(maps.pin_dir, maps.fds)
+    slow = PinnedMaps(maps.pin_dir, maps.fds, maps.layout)
     slow._no_batch = True
+    slow.read_state()  # its own mirror of what the maps hold
     return slow
 
 
 def _raw_per_element(maps: PinnedMaps, st: MapState) -> None:
     """Per-element updates with every key and value built beforehand: the syscalls alone."""
-    svc = maps.fds[SVC4.name]
+    svc = maps.fds[ADDR4.name]
     pairs = [
-        (ctypes.c_uint32(be32(lb)), Svc4Val(pod_ip=be32(s.pod_ip), flags=1))
+        (ctypes.c_uint32(be32(lb)), Addr4Val(pod_ip=be32(s.pod_ip), kind=K_LB, flags=1))
         for lb, s in st.services.items()
     ]
     t0 = time.perf_counter()
@@ -158,7 +159,7 @@ def main_mapwrites(params: Params) -> dict[str, Any]:
                     "delete_batch",
                     "read_state",
                     "lookup_batch",
-                    "raw_update_svc4",
+                    "raw_update_addr4",
                     "nft_f",
                     "nft_add_element",
                 )
@@ -189,7 +190,7 @@ def main_mapwrites(params: Params) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 maps.apply(diff(st, MapState()))
                 r["delete_batch"].append(time.perf_counter() - t0)
-                r["raw_update_svc4"].append(_raw_per_element(maps, st))
+                r["raw_update_addr4"].append(_raw_per_element(maps, st))
                 full, one = nft_transaction(st, ns)
                 r["nft_f"].append(full)
                 r["nft_add_element"].append(one)

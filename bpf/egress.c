@@ -110,8 +110,8 @@ int cz_egress(struct __sk_buff *skb)
 	rc = fast_egress(skb, data, data_end);
 	if (rc != CZ_TC_SLOW)
 		return rc;
-	cz_slow_tc.call(skb, CZ_SLOW_EGRESS);
-	return CZ_TC_NEXT; /* not reached: the loader fills the array first */
+	cz_tail_tc.call(skb, CZ_SLOW_EGRESS);
+	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
 }
 
 /* Every frame the fast path does not take: the full parse and translation. */

@@ -24,8 +24,8 @@ int cz_ingress(struct xdp_md *ctx)
 
 	reason = fast_ingress(data, data_end, data_end - data, &f, &to);
 	if (reason == CZ_SLOW) {
-		cz_slow_xdp.call(ctx, CZ_SLOW_INGRESS);
-		return XDP_PASS; /* not reached: the loader fills the array first */
+		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
+		return XDP_PASS; /* not reached: the loader fills the array before attaching */
 	}
 	if (reason == CZ_NOT_OURS)
 		return XDP_PASS;

@@ -24,8 +24,8 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	data_end = (void *)(long)skb->data_end;
 	reason = fast_ingress(data, data_end, skb->len, &f, &to);
 	if (reason == CZ_SLOW) {
-		cz_slow_tc.call(skb, CZ_SLOW_INGRESS_TC);
-		return CZ_TC_NEXT; /* not reached: the loader fills the array first */
+		cz_tail_tc.call(skb, CZ_SLOW_INGRESS_TC);
+		return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
 	}
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;

@@ -109,6 +109,8 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "frag4": 1024,
         "frag6": 1024,
         "flowhint": 1024,  # 2 halves of 512 words (a power of two >= 500)
+        "tail_xdp": 4,  # prog arrays: not Service-related
+        "tail_tc": 4,
     }
     assert lay.hint_words == 512 and lay.hint_log2 == 15
     assert layout.map_specs().addr4.max_entries == 2 * layout.DEFAULT_MAX_SERVICES

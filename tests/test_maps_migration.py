@@ -1,11 +1,14 @@
 """Pinned maps with another layout are never reused as they are: same key/value layout with
-another size is migrated (entries copied), anything else is rebuilt; both are logged."""
+another size is migrated (entries copied), anything else is rebuilt; both are logged. Maps of
+layout version 1 are upgraded in place (the agent-level test without a lost packet is in
+tests/test_upgrade.py)."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
+import struct
 from collections.abc import Iterator
 from ipaddress import IPv4Address as A
 from pathlib import Path
@@ -13,9 +16,26 @@ from pathlib import Path
 import pytest
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.datapath.layout import FLOW4, META, SVC4, Flow4Key, Flow4Val, MetaVal, be32
-from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.layout import (
+    ADDR4,
+    ALLOW4,
+    ALLOW6,
+    FLOW4,
+    FLOW6,
+    FRAG4,
+    FRAG6,
+    META,
+    STATS,
+    V1_REPLACED,
+    Flow4Key,
+    Flow4Val,
+    MetaVal,
+    be32,
+    flow_hint_bit,
+)
+from cozyebpf.datapath.maps import Flow, PinnedMaps
 from cozyebpf.errors import DatapathError
+from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests.conftest import unique_prefix
 
 pytestmark = pytest.mark.datapath
@@ -55,17 +75,17 @@ def test_old_layouts_are_migrated_or_rebuilt(
     old_flows = pin_map(f"{pin_dir}/flow4", FLOW4.map_type, FLOW4.key_size, FLOW4.value_size, 1024)
     for i in (1, 2):
         bpfsys.map_update(old_flows, flow(i), Flow4Val(last_seen_ns=i))
-    # an old service map whose value was 4 bytes
-    old_svc = pin_map(f"{pin_dir}/svc4", SVC4.map_type, 4, 4, 16)
-    bpfsys.map_update(old_svc, ctypes.c_uint32(1), ctypes.c_uint32(2))
+    # an address map whose value was 4 bytes
+    old_addr = pin_map(f"{pin_dir}/addr4", ADDR4.map_type, 4, 4, 16)
+    bpfsys.map_update(old_addr, ctypes.c_uint32(1), ctypes.c_uint32(2))
     # the layout version is current
     meta = pin_map(f"{pin_dir}/meta", META.map_type, META.key_size, META.value_size, 1)
-    bpfsys.map_update(meta, ctypes.c_uint32(0), MetaVal(layout_version=1))
-    for fd in (old_flows, old_svc, meta):
+    bpfsys.map_update(meta, ctypes.c_uint32(0), MetaVal(layout_version=2))
+    for fd in (old_flows, old_addr, meta):
         os.close(fd)
 
     with PinnedMaps.ensure(pin_dir) as maps:
-        for spec in (FLOW4, SVC4):
+        for spec in (FLOW4, ADDR4):
             info = bpfsys.map_info(maps.fds[spec.name])
             assert (info.key_size, info.value_size, info.max_entries) == (
                 spec.key_size,
@@ -78,7 +98,7 @@ def test_old_layouts_are_migrated_or_rebuilt(
         f"migrated map {pin_dir}/flow4 (max entries 1024 (want 262144)): 2 of 2 entries "
         "copied" in caplog.text
     )
-    assert f"rebuilt map {pin_dir}/svc4 (value size 4 (want 8)" in caplog.text
+    assert f"rebuilt map {pin_dir}/addr4 (value size 4 (want 56)" in caplog.text
     assert "1 old entries dropped" in caplog.text
     with PinnedMaps.open(pin_dir) as again:  # and now a reader accepts them
         assert again.flows_by_pod() == {A("10.244.1.10"): 2}
@@ -90,22 +110,22 @@ def test_another_layout_version_rebuilds_everything(
     with PinnedMaps.ensure(pin_dir) as maps:
         bpfsys.map_update(maps.fds["flow4"], flow(1), Flow4Val(last_seen_ns=1))
         bpfsys.map_update(maps.fds["meta"], ctypes.c_uint32(0), MetaVal(layout_version=0))
-    with pytest.raises(DatapathError, match="layout version 0, this cozyebpf uses 1"):
+    with pytest.raises(DatapathError, match="layout version 0, this cozyebpf uses 2"):
         PinnedMaps.open(pin_dir)
     caplog.set_level(logging.WARNING)
     with PinnedMaps.ensure(pin_dir) as maps:
         assert maps.flows_by_pod() == {}
     assert (
-        f"rebuilt map {pin_dir}/flow4 (layout version changed): 1 old entries dropped"
+        f"rebuilt map {pin_dir}/flow4 (layout version 0 (want 2)): 1 old entries dropped"
         in caplog.text
     )
 
 
 def test_a_reader_refuses_a_wrong_layout(pin_dir: str) -> None:
     PinnedMaps.ensure(pin_dir).close()
-    os.unlink(f"{pin_dir}/pod4")
-    os.close(pin_map(f"{pin_dir}/pod4", SVC4.map_type, 4, 4, 16))
-    with pytest.raises(DatapathError, match=r"pod4 has another layout \(value size 4 \(want 8\)"):
+    os.unlink(f"{pin_dir}/addr4")
+    os.close(pin_map(f"{pin_dir}/addr4", ADDR4.map_type, 4, 4, 16))
+    with pytest.raises(DatapathError, match=r"addr4 has another layout \(value size 4 \(want 56\)"):
         PinnedMaps.open(pin_dir)
 
 
@@ -119,5 +139,105 @@ def test_detach_never_deletes_what_is_not_ours(tmp_path: Path, pin_dir: str) -> 
     PinnedMaps.ensure(pin_dir).close()
     os.mkdir(f"{pin_dir}/someone-elses")
     removed = detach_all(pin_dir)
-    assert f"{pin_dir}/svc4" in removed and os.path.isdir(f"{pin_dir}/someone-elses")
+    assert f"{pin_dir}/addr4" in removed and os.path.isdir(f"{pin_dir}/someone-elses")
     os.rmdir(f"{pin_dir}/someone-elses")
+
+
+LB, POD, LB6, POD6 = A("203.0.113.10"), A("10.244.1.10"), "2001:db8::10", "fd00:10:244::10"
+REMOTE = A("198.51.100.1")
+
+
+def pin_layout_1(pin_dir: str) -> dict[str, int]:
+    """The maps as a cozyebpf of layout version 1 left them: svc4/pod4/svc6/pod6 beside the
+    maps whose layout has not changed since, with entries (fds by name, all open)."""
+    from ipaddress import IPv6Address
+
+    fds = {}
+    for spec in (META, STATS, ALLOW4, FLOW4, ALLOW6, FLOW6, FRAG4, FRAG6, *V1_REPLACED):
+        fds[spec.name] = pin_map(
+            f"{pin_dir}/{spec.name}", spec.map_type, spec.key_size, spec.value_size,
+            spec.max_entries,
+        )  # fmt: skip
+    bpfsys.map_update(fds["meta"], ctypes.c_uint32(0), MetaVal(layout_version=1))
+
+    def put(name: str, key: bytes, value: bytes) -> None:
+        k = ctypes.create_string_buffer(key, len(key))
+        bpfsys.map_update(fds[name], k, ctypes.create_string_buffer(value, len(value)))
+
+    pod6, lb6 = IPv6Address(POD6), IPv6Address(LB6)
+    put("svc4", LB.packed, POD.packed + bytes([1, 0, 0, 0]))  # port filter
+    put("pod4", POD.packed, LB.packed + bytes([1, 0, 0, 0]))
+    put("svc6", lb6.packed, pod6.packed + bytes([0, 0, 0, 0]))  # whole-IP
+    put("pod6", pod6.packed, lb6.packed + bytes([0, 0, 0, 0]))
+    put("allow4", POD.packed + bytes([6, 0]) + (22).to_bytes(2, "big"), b"\x01")
+    key = POD.packed + A("198.51.100.7").packed + struct.pack("!HHB3x", 7, 443, 6)
+    bpfsys.map_update(fds["flow4"], ctypes.create_string_buffer(key, 16), Flow4Val(5))
+    return fds
+
+
+def test_layout_1_is_upgraded_in_place(pin_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    """addr4/addr6 are filled from layout 1's svc/pod maps beside them (which stay, and follow
+    every apply, until finish_upgrade()); allowed ports, flows, fragments and counters are kept
+    as they are, and the flows get their flow-hint bits."""
+    from ipaddress import IPv6Address
+
+    old = pin_layout_1(pin_dir)
+    caplog.set_level(logging.WARNING)
+    want = MapState(
+        services={
+            LB: ServiceEntry(POD, True, False),
+            IPv6Address(LB6): ServiceEntry(IPv6Address(POD6), False, False),
+        },
+        pods={
+            POD: PodEntry(LB, True, False),
+            IPv6Address(POD6): PodEntry(IPv6Address(LB6), False, False),
+        },
+        allowed={AllowedPort(POD, Proto.TCP, 22)},
+    )
+    with PinnedMaps.ensure(pin_dir) as maps:
+        assert maps.upgrading and maps.hints_need_seed
+        assert maps.read_state() == want
+        assert maps.flows() == {Flow(POD, A("198.51.100.7"), 7, 443, 6)}
+        assert bpfsys.map_info(maps.fds["flow4"]).id == bpfsys.map_info(old["flow4"]).id
+        assert bpfsys.map_info(maps.fds["allow4"]).id == bpfsys.map_info(old["allow4"]).id
+        lay = maps.layout
+        bit = flow_hint_bit(POD.packed, A("198.51.100.7").packed, 7, 443, 6, lay.hint_log2)
+        word = ctypes.c_uint64()
+        assert bpfsys.map_lookup(
+            maps.fds["flowhint"], ctypes.c_uint32(lay.hint_words + (bit >> 6)), word
+        )
+        assert word.value >> (bit & 63) & 1, "the user-space half holds the flow's bit"
+        # while layout 1's programs may run, its maps follow the changes
+        later = want.copy()
+        later.services[LB] = ServiceEntry(POD, False, True)
+        maps.apply(diff(maps.read_state(), later))
+        v = ctypes.create_string_buffer(8)
+        assert bpfsys.map_lookup(old["svc4"], ctypes.create_string_buffer(LB.packed, 4), v)
+        assert v.raw == POD.packed + bytes([2, 0, 0, 0])
+        assert all(os.path.exists(f"{pin_dir}/{s.name}") for s in V1_REPLACED)
+        maps.finish_upgrade()
+        assert not maps.upgrading
+        assert not any(os.path.exists(f"{pin_dir}/{s.name}") for s in V1_REPLACED)
+    assert "from layout version 1 to 2: 2 services and 2 pods moved" in caplog.text
+    assert "removed pod4, pod6, svc4, svc6" in caplog.text
+    with PinnedMaps.open(pin_dir) as reader:
+        assert reader.read_state() == later
+    for fd in old.values():
+        os.close(fd)
+
+
+def test_an_unfinished_upgrade_is_finished_by_the_next_start(
+    pin_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent that died between ensure() and finish_upgrade(): the next one finds layout 2
+    beside layout 1's maps, keeps what it has, holds the old maps and finishes."""
+    for fd in pin_layout_1(pin_dir).values():
+        os.close(fd)
+    PinnedMaps.ensure(pin_dir).close()  # dies before finish_upgrade()
+    caplog.set_level(logging.WARNING)
+    with PinnedMaps.ensure(pin_dir) as maps:
+        assert maps.upgrading and maps.hints_need_seed
+        assert maps.read_state().services[LB] == ServiceEntry(POD, True, False)
+        maps.finish_upgrade()
+    assert "the upgrade from layout version 1 was not finished; finishing it" in caplog.text
+    assert not os.path.exists(f"{pin_dir}/svc4")

@@ -1,6 +1,7 @@
-"""The pinned maps with both address families: a dual-stack diff lands in svc4/svc6, pod4/pod6
-and allow4/allow6 in network byte order, read_state() gives back exactly what was applied, and
-flows_by_pod() counts flow6 entries. Real maps under a private pin dir; no program is loaded."""
+"""The pinned maps with both address families: a dual-stack diff lands in addr4/addr6 (services
+and pods, with the allowed ports inline) and allow4/allow6 in network byte order, read_state()
+gives back exactly what was applied, and flows_by_pod() counts flow6 entries. Real maps under a
+private pin dir; no program is loaded."""
 
 from __future__ import annotations
 
@@ -15,19 +16,19 @@ import pytest
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
+    PORTS_SPILL,
+    Addr4Val,
+    Addr6Val,
     Allow6Key,
     Flow4Key,
     Flow4Val,
     Flow6Key,
     Ip6,
-    Pod6Val,
-    Svc4Val,
-    Svc6Val,
     be16,
     be32,
     ip6,
 )
-from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.maps import Flow, PinnedMaps
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import (
     AllowedPort,
@@ -96,21 +97,19 @@ def maps(pin_dir: str) -> Iterator[PinnedMaps]:
 
 
 def key_count(m: PinnedMaps, name: str) -> int:
-    from cozyebpf.datapath.layout import ALL_MAPS
-
-    spec = next(s for s in ALL_MAPS if s.name == name)
+    spec = next(s for s in m.layout.all if s.name == name)
     return len(bpfsys.map_keys(m.fds[name], spec.key_size))
 
 
 def counts(m: PinnedMaps) -> dict[str, int]:
-    names = ("svc4", "svc6", "pod4", "pod6", "allow4", "allow6")
+    names = ("addr4", "addr6", "allow4", "allow6")
     return {n: key_count(m, n) for n in names}
 
 
 def test_dual_stack_state_round_trips(maps: PinnedMaps, pin_dir: str) -> None:
     maps.apply(diff(maps.read_state(), DUAL))
     assert maps.read_state() == DUAL
-    assert counts(maps) == {"svc4": 2, "svc6": 2, "pod4": 2, "pod6": 2, "allow4": 2, "allow6": 3}
+    assert counts(maps) == {"addr4": 4, "addr6": 4, "allow4": 2, "allow6": 3}
     with PinnedMaps.open(pin_dir) as reader:  # another process's view, as `maps dump`
         assert reader.read_state() == DUAL
 
@@ -131,27 +130,169 @@ def test_single_lookups_agree_with_read_state(maps: PinnedMaps) -> None:
     assert not maps.has_allowed(AllowedPort(POD6_WHOLE, Proto.TCP, 22))
 
 
+def port(proto: int, number: int) -> bytes:
+    """struct cz_port: protocol, reserved, port in network byte order."""
+    return bytes([proto, 0]) + number.to_bytes(2, "big")
+
+
 def test_ipv6_entries_are_in_network_byte_order(maps: PinnedMaps) -> None:
-    """The raw bytes the C programs see: 16-byte addresses as on the wire, flags, zeroes."""
+    """The raw bytes the C programs see: 16-byte addresses as on the wire, kind and flags, the
+    allowed ports of the pod inline and sorted, zeroes."""
     maps.apply(diff(maps.read_state(), DUAL))
     key = ip6(LB6)
     assert bytes(key) == bytes.fromhex("20010db8000000000000000000000010")
-    sv = Svc6Val()
-    assert bpfsys.map_lookup(maps.fds["svc6"], key, sv)
-    assert bytes(sv) == POD6.packed + bytes([0x03, 0, 0, 0])
-    pv = Pod6Val()
-    assert bpfsys.map_lookup(maps.fds["pod6"], ip6(POD6_WHOLE), pv)
-    assert bytes(pv) == LB6_WHOLE.packed + bytes(4)
+    sv = Addr6Val()
+    assert bpfsys.map_lookup(maps.fds["addr6"], key, sv)
+    ports = port(6, 22) + port(17, 53) + port(132, 3868) + bytes(4 * 5)
+    # pod_ip, kind LB, flags port-filter + ICMP, no pod role, 3 ports; reserved; lb_ip; ports
+    assert bytes(sv) == POD6.packed + bytes([1, 3, 0, 3]) + bytes(4 + 16) + ports + bytes(8)
+    pv = Addr6Val()
+    assert bpfsys.map_lookup(maps.fds["addr6"], ip6(POD6_WHOLE), pv)
+    # a pod IP: no rewrite on ingress (its own flags, ports), egress to its LB IP
+    assert bytes(pv) == bytes(16) + bytes([2, 0, 0, 0]) + bytes(4) + LB6_WHOLE.packed + bytes(40)
     one = ctypes.c_uint8()
     ak = Allow6Key(pod_ip=ip6(POD6), proto=132, port=be16(3868))
     assert bytes(ak) == POD6.packed + bytes([132, 0]) + (3868).to_bytes(2, "big")
     assert bpfsys.map_lookup(maps.fds["allow6"], ak, one)
     assert one.value == 1
-    sv4 = Svc4Val()
-    assert bpfsys.map_lookup(maps.fds["svc4"], ctypes.c_uint32(be32(LB4)), sv4)
-    assert bytes(sv4) == POD4.packed + bytes([0x03, 0, 0, 0])
+    sv4 = Addr4Val()
+    assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(LB4)), sv4)
+    ports4 = port(6, 22) + port(17, 53) + bytes(4 * 6)
+    assert bytes(sv4) == POD4.packed + bytes([1, 3, 0, 2]) + bytes(8) + ports4 + bytes(8)
+    pv4 = Addr4Val()
+    assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(POD4)), pv4)
+    # the pod IP: traffic sent to it directly is filtered by its own flags and ports
+    assert bytes(pv4) == bytes(4) + bytes([2, 3, 3, 2]) + LB4.packed + bytes(4) + ports4 + bytes(8)
     # an IPv6 key is not in the IPv4 map and the other way round
-    assert not bpfsys.map_lookup(maps.fds["svc6"], ip6(IPv6Address(f"::{LB4}")), Svc6Val())
+    assert not bpfsys.map_lookup(maps.fds["addr6"], ip6(IPv6Address(f"::{LB4}")), Addr6Val())
+
+
+def test_an_address_that_is_lb_and_pod_ip_holds_both_roles(maps: PinnedMaps) -> None:
+    """An LB IP that is also some pod's IP: ingress takes the LB role (and the ports of the
+    Service's pod), egress the pod role."""
+    both = IPv4Address("10.244.0.99")
+    st = MapState(
+        services={both: ServiceEntry(POD4, True, False)},
+        pods={both: PodEntry(LB4, False, True), POD4: PodEntry(both, True, False)},
+        allowed={AllowedPort(POD4, Proto.UDP, 53), AllowedPort(both, Proto.TCP, 1)},
+    )
+    maps.apply(diff(maps.read_state(), st))
+    assert maps.read_state() == st
+    v = Addr4Val()
+    assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(both)), v)
+    assert (v.kind, v.flags, v.pod_flags, v.nports) == (3, 1, 2, 1)
+    assert bytes(v.ports[0]) == port(17, 53)
+    assert maps.lookup_service(both) == st.services[both]
+    assert maps.lookup_pod(both) == st.pods[both]
+
+
+def test_more_ports_than_fit_inline_spill_to_the_allow_map(maps: PinnedMaps) -> None:
+    """Up to 8 allowed ports live in the addr value; with more, the value says so (nports
+    0xff) and keeps the first 8 (sorted): the programs look the others up in allow4."""
+    many = {AllowedPort(POD4, Proto.TCP, p) for p in range(1000, 1010)}
+    st = MapState(
+        services={LB4: ServiceEntry(POD4, True, False)},
+        pods={POD4: PodEntry(LB4, True, False)},
+        allowed=many,
+    )
+    maps.apply(diff(maps.read_state(), st))
+    v = Addr4Val()
+    assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(LB4)), v)
+    assert v.nports == PORTS_SPILL
+    assert [bytes(p) for p in v.ports] == [port(6, p) for p in range(1000, 1008)]
+    assert all(maps.has_allowed(a) for a in many)
+    # back to 2 ports: inline only again
+    fewer = st.copy()
+    fewer.allowed = {AllowedPort(POD4, Proto.TCP, p) for p in (1000, 1009)}
+    maps.apply(diff(maps.read_state(), fewer))
+    assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(LB4)), v)
+    assert v.nports == 2
+    assert [bytes(p) for p in v.ports[:3]] == [port(6, 1000), port(6, 1009), bytes(4)]
+    assert maps.read_state() == fewer
+
+
+def test_an_allowed_port_change_rewrites_every_address_that_reaches_the_pod(
+    maps: PinnedMaps,
+) -> None:
+    """Only `allowed` changes: the addr values of the LB IPs whose Service goes to the pod
+    and of the pod IP itself are rewritten with the new inline ports, nothing else."""
+    lb2 = IPv4Address("192.0.2.12")
+    st = DUAL.copy()
+    st.services[lb2] = ServiceEntry(POD4, True, False)
+    maps.apply(diff(maps.read_state(), st))
+    later = st.copy()
+    later.allowed.add(AllowedPort(POD4, Proto.TCP, 443))
+    written: list[bytes] = []
+    real = bpfsys.map_update_batch
+
+    def spy(fd: int, keys: bytes, values: bytes, count: int, flags: int = 0) -> None:
+        if fd == maps.fds["addr4"]:
+            written.extend(keys[i * 4 : i * 4 + 4] for i in range(count))
+        real(fd, keys, values, count, flags)
+
+    bpfsys.map_update_batch = spy  # type: ignore[assignment]
+    try:
+        maps.apply(diff(maps.read_state(), later))
+    finally:
+        bpfsys.map_update_batch = real  # type: ignore[assignment]
+    assert sorted(written) == sorted(a.packed for a in (LB4, lb2, POD4))
+    for addr in (LB4, lb2, POD4):
+        v = Addr4Val()
+        assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(addr)), v)
+        assert bytes(v.ports[1]) == port(6, 443), addr  # sorted: tcp/22, tcp/443, udp/53
+    assert maps.read_state() == later
+
+
+def test_read_state_repairs_inline_ports_edited_by_hand(
+    maps: PinnedMaps, pin_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inline ports are not part of a MapState, so no diff would see them: the agent's
+    read_state() rewrites a value that disagrees with the allowed ports; a reader (maps dump)
+    only reads."""
+    maps.apply(diff(maps.read_state(), DUAL))
+    key = ctypes.c_uint32(be32(LB4))
+    good = Addr4Val()
+    assert bpfsys.map_lookup(maps.fds["addr4"], key, good)
+    bad = Addr4Val.from_buffer_copy(bytes(good))
+    bad.ports[0].port = be16(9999)
+    bpfsys.map_update(maps.fds["addr4"], key, bad)
+    with PinnedMaps.open(pin_dir) as reader:
+        assert reader.read_state() == DUAL
+    now = Addr4Val()
+    assert bpfsys.map_lookup(maps.fds["addr4"], key, now) and bytes(now) == bytes(bad)
+    caplog.set_level(logging.WARNING)
+    assert maps.read_state() == DUAL
+    assert bpfsys.map_lookup(maps.fds["addr4"], key, now) and bytes(now) == bytes(good)
+    assert "1 addr entries disagreed with the allowed ports" in caplog.text
+
+
+def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Every Service-related map is sized from one number; open() takes whatever size the
+    pins have; another size is migrated with the entries copied (the flow hint is rebuilt
+    from the flows)."""
+    with PinnedMaps.ensure(pin_dir, max_services=16) as m:
+        assert m.capacity == {
+            "addr4": 32,
+            "allow4": 64,
+            "flow4": 64,
+            "addr6": 32,
+            "allow6": 64,
+            "flow6": 64,
+            "frag4": 1024,
+            "frag6": 1024,
+            "flowhint": 16,
+        }
+        m.apply(diff(m.read_state(), DUAL))
+        m.add_flows([Flow(POD4, IPv4Address("198.51.100.1"), 40000, 443, 6)])
+    with PinnedMaps.open(pin_dir) as reader:
+        assert reader.max_services == 16 and reader.read_state() == DUAL
+    caplog.set_level(logging.WARNING)
+    with PinnedMaps.ensure(pin_dir, max_services=64) as m:
+        assert m.capacity["addr4"] == 128 and m.read_state() == DUAL
+        assert m.flows_by_pod() == {POD4: 1}
+        assert m.hints_need_seed
+    assert f"migrated map {pin_dir}/addr4 (max entries 32 (want 128)): 4 of 4" in caplog.text
+    assert f"rebuilt map {pin_dir}/flowhint" in caplog.text
 
 
 def _v6_second(st: MapState) -> MapState:
@@ -183,22 +324,22 @@ CHANGES: list[tuple[str, Callable[[MapState], MapState], dict[str, int]]] = [
     (
         "ipv6-changes",
         _v6_second,
-        {"svc4": 2, "svc6": 2, "pod4": 2, "pod6": 2, "allow4": 2, "allow6": 0},
+        {"addr4": 4, "addr6": 4, "allow4": 2, "allow6": 0},
     ),
     (
         "ipv4-removed",
         _v4_gone,
-        {"svc4": 0, "svc6": 2, "pod4": 0, "pod6": 2, "allow4": 0, "allow6": 3},
+        {"addr4": 0, "addr6": 4, "allow4": 0, "allow6": 3},
     ),
     (
         "ipv6-removed",
         _v6_gone,
-        {"svc4": 2, "svc6": 0, "pod4": 2, "pod6": 0, "allow4": 2, "allow6": 0},
+        {"addr4": 4, "addr6": 0, "allow4": 2, "allow6": 0},
     ),
     (
         "all-removed",
         _all_gone,
-        {"svc4": 0, "svc6": 0, "pod4": 0, "pod6": 0, "allow4": 0, "allow6": 0},
+        {"addr4": 0, "addr6": 0, "allow4": 0, "allow6": 0},
     ),
 ]
 
@@ -221,8 +362,8 @@ def test_second_diff_round_trips(
 
 
 def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Allowed ports of both families are added first and deleted last; each write goes to the
-    map of its family."""
+    """Allowed ports of both families are added first and deleted last; services and pods of
+    one address are one addr value; each write goes to the map of its family."""
     maps.apply(diff(maps.read_state(), DUAL))
     names = {fd: name for name, fd in maps.fds.items()}
     calls: list[tuple[str, str]] = []
@@ -248,14 +389,10 @@ def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.Mo
     assert calls == [
         ("update", "allow4"),
         ("update", "allow6"),
-        ("update", "svc4"),
-        ("update", "svc6"),
-        ("update", "pod4"),
-        ("update", "pod6"),
-        ("delete", "svc4"),
-        ("delete", "svc6"),
-        ("delete", "pod4"),
-        ("delete", "pod6"),
+        ("update", "addr4"),
+        ("update", "addr6"),
+        ("delete", "addr4"),
+        ("delete", "addr6"),
         ("delete", "allow4"),
         ("delete", "allow6"),
     ]  # one batch per map and step
@@ -342,9 +479,9 @@ def test_unknown_protocol_in_allow6_is_skipped_and_warned(
 def test_raw_ipv6_keys_are_read_back_normalised(maps: PinnedMaps) -> None:
     """An entry written by someone else (drift) is read as the address it holds."""
     raw = Ip6.from_buffer_copy(bytes.fromhex("20010db8000000000000000000000abc"))
-    val = Svc6Val(pod_ip=ip6(POD6), flags=0x01)
-    bpfsys.map_update(maps.fds["svc6"], raw, val)
+    val = Addr6Val(pod_ip=ip6(POD6), kind=1, flags=0x01)
+    bpfsys.map_update(maps.fds["addr6"], raw, val)
     assert maps.read_state() == MapState(
         services={ip_address("2001:db8::abc"): ServiceEntry(POD6, True, False)}
     )
-    assert os.path.exists(os.path.join(maps.pin_dir, "svc6"))
+    assert os.path.exists(os.path.join(maps.pin_dir, "addr6"))

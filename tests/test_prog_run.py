@@ -79,6 +79,7 @@ class Progs:
     ingress: int
     ingress_tc: int
     egress: int
+    loaded: tuple[loader.Program, ...] = ()
 
     def xdp(self, frame: bytes) -> tuple[int, bytes]:
         r = bpfsys.prog_test_run(self.ingress, frame)
@@ -102,7 +103,7 @@ def progs(pin_dir_module: str) -> Iterator[Progs]:
     ing_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", pin_dir_module)
     eg = loader.load("egress.c", "cz_egress", "sched_cls", pin_dir_module)
     maps.apply(diff(maps.read_state(), SEED))
-    yield Progs(maps, ing.fd, ing_tc.fd, eg.fd)
+    yield Progs(maps, ing.fd, ing_tc.fd, eg.fd, (ing, ing_tc, eg))
     maps.close()
 
 
@@ -478,20 +479,29 @@ def test_counters_count_each_verdict(progs: Progs) -> None:
 
 
 def test_programs_use_the_pinned_maps(progs: Progs) -> None:
-    """bcc opened our pins rather than making maps of its own (but the per-CPU scratch slot,
-    which every program has for itself)."""
+    """bcc opened our pins rather than making maps of its own (but the per-CPU scratch slot of
+    a full path, which each compilation has for itself); the entry programs reach their full
+    paths through the pinned prog arrays (bpf/lib/tail.h)."""
     import ctypes
 
-    ids = (ctypes.c_uint32 * 16)()
-    pinned = {bpfsys.map_info(fd).id for fd in progs.maps.fds.values()}
-    for fd in (progs.ingress, progs.egress):
+    def used_maps(fd: int) -> set[int]:
+        ids = (ctypes.c_uint32 * 16)()
         i = bpfsys._ProgInfo()
         i.nr_map_ids = 16
         i.map_ids = ctypes.addressof(ids)
         bpfsys._info(fd, i, "prog")
-        used = set(ids[: i.nr_map_ids])
+        return set(ids[: i.nr_map_ids])
+
+    pinned = {bpfsys.map_info(fd).id for fd in progs.maps.fds.values()}
+    for prog in progs.loaded:
+        slow = loader.slow_program_fd(prog)
+        assert slow is not None
+        array = loader.SLOW_PATHS[prog.name][1].removeprefix("cz_")
+        assert bpfsys.map_info(progs.maps.fds[array]).id in used_maps(prog.fd)
+        assert used_maps(prog.fd) <= pinned, prog.name
+        used = used_maps(slow)
         own = {m for m in used - pinned if map_name(m) == "cz_scratch"}
-        assert len(own) == 1 and used - own <= pinned, (used, pinned)
+        assert len(own) == 1 and used - own <= pinned, (prog.name, used, pinned)
 
 
 def test_fragments_follow_their_first_fragment(progs: Progs) -> None:

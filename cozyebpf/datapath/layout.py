@@ -244,6 +244,14 @@ META = MapSpec("meta", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, MetaVal, 1, "
 STATS = MapSpec(
     "stats", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, StatVal, STATS_MAX, "CZ_STATS_MAX"
 )
+#: the full paths the entry programs hand uncommon frames to (bpf/lib/tail.h), one prog array
+#: per program type; pinned, so that they keep their programs when the agent is gone
+TAIL_XDP = MapSpec(
+    "tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, ctypes.c_uint32, ctypes.c_uint32, 4, ""
+)
+TAIL_TC = MapSpec(
+    "tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, ctypes.c_uint32, ctypes.c_uint32, 4, ""
+)
 
 
 @dataclass(frozen=True)
@@ -266,6 +274,8 @@ class Layout:
     frag4: MapSpec
     frag6: MapSpec
     flowhint: MapSpec
+    tail_xdp: MapSpec = TAIL_XDP
+    tail_tc: MapSpec = TAIL_TC
 
     @property
     def all(self) -> tuple[MapSpec, ...]:
@@ -281,6 +291,8 @@ class Layout:
             self.frag4,
             self.frag6,
             self.flowhint,
+            self.tail_xdp,
+            self.tail_tc,
         )
 
     @property

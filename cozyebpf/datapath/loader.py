@@ -125,11 +125,12 @@ def compile_source(source: str, pin_dir: str) -> Any:
         ) from e
 
 
-#: entry program -> (its full path, the prog array and slot it is reached through; bpf/lib/tail.h)
+#: entry program -> (its full path, the pinned prog array and slot it is reached through;
+#: bpf/lib/tail.h)
 SLOW_PATHS = {
-    "cz_ingress": ("cz_ingress_slow", "cz_slow_xdp", 0),
-    "cz_ingress_tc": ("cz_ingress_tc_slow", "cz_slow_tc", 0),
-    "cz_egress": ("cz_egress_slow", "cz_slow_tc", 1),
+    "cz_ingress": ("cz_ingress_slow", "cz_tail_xdp", 0),
+    "cz_ingress_tc": ("cz_ingress_tc_slow", "cz_tail_tc", 0),
+    "cz_egress": ("cz_egress_slow", "cz_tail_tc", 1),
 }
 
 
@@ -142,8 +143,8 @@ def _load_one(module: Any, func: str, kind: int) -> Any:
 
 def load_from(module: Any, func: str, prog_type: str) -> Program:
     """Load `func` of a compiled module as prog_type ("xdp" or "sched_cls"). An entry program
-    gets its full path (SLOW_PATHS) loaded and put into its prog array first, so it is complete
-    before anyone can attach it."""
+    gets its full path (SLOW_PATHS) loaded and put into its pinned prog array first, so it is
+    complete before anyone can attach it."""
     import ctypes
 
     from bcc import BPF

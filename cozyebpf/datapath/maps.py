@@ -88,6 +88,8 @@ SAME_SINCE = {
     "frag4": 1,
     "frag6": 1,
     "stats": 1,
+    "tail_xdp": 2,
+    "tail_tc": 2,
 }
 
 
@@ -207,7 +209,11 @@ class PinnedMaps:
         self.pin_dir = pin_dir
         self.fds = fds
         self.layout = layout
-        self.capacity = {s.name: s.max_entries for s in layout.all if s not in (META, STATS)}
+        self.capacity = {
+            s.name: s.max_entries
+            for s in layout.all
+            if s not in (META, STATS) and s.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
+        }
         self._no_batch = False  # set when the kernel refuses batch operations
         self._st: MapState | None = None  # the mirror; None: read it before the next apply
         self._by_pod: dict[IPAddress, set[AllowedPort]] = {}
@@ -324,8 +330,10 @@ class PinnedMaps:
                 why = kind_problem or size_problem or f"layout version {version}"
                 if not proven and not kind_problem:
                     why = f"layout version {version} (want {LAYOUT_VERSION})"
-                # the flow hint's bits depend on its size: rebuilt, then seeded from the flows
+                # the flow hint's bits depend on its size: rebuilt, then seeded from the flows;
+                # prog arrays are filled by the loader
                 copy = proven and not kind_problem and spec.name != "flowhint"
+                copy = copy and spec.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
                 keep_old = copy and spec.name in ("flow4", "flow6")
                 fds[spec.name] = cls._migrate(spec, fd, info, path, why, copy, keep_old)
                 if keep_old:
@@ -449,7 +457,9 @@ class PinnedMaps:
             fd = bpfsys.obj_get(path)
             problem = _kind_problem(spec, bpfsys.map_info(fd))
             if problem:
-                log.warning("cannot read %s (%s): its entries come back with the sync", path, problem)
+                log.warning(
+                    "cannot read %s (%s): its entries come back with the sync", path, problem
+                )
                 os.close(fd)
                 os.unlink(path)
                 continue
@@ -551,9 +561,7 @@ class PinnedMaps:
         for f in fl:
             spec = self.layout.flow4 if f.pod_ip.version == 4 else self.layout.flow6
             key = _flow_key_bytes(f)
-            bpfsys.map_update(
-                self.fds[spec.name], ctypes.create_string_buffer(key, len(key)), val
-            )
+            bpfsys.map_update(self.fds[spec.name], ctypes.create_string_buffer(key, len(key)), val)
 
     def flows(self) -> set[Flow]:
         """Every entry of flow4 and flow6."""
@@ -645,8 +653,7 @@ class PinnedMaps:
             ]
             if stale:
                 log.warning(
-                    "%d addr entries disagreed with the allowed ports (edited by hand?): "
-                    "rewritten",
+                    "%d addr entries disagreed with the allowed ports (edited by hand?): rewritten",
                     len(stale),
                 )
                 self._write_addrs(stale)
@@ -734,7 +741,11 @@ class PinnedMaps:
         if pod is not None:
             lb, pod_flags = pod.lb_ip.packed, _flags(pod.port_filter, pod.allow_icmp)
         if svc is not None:  # ingress uses the LB role
-            to, in_pod, flags = svc.pod_ip.packed, svc.pod_ip, _flags(svc.port_filter, svc.allow_icmp)
+            to, in_pod, flags = (
+                svc.pod_ip.packed,
+                svc.pod_ip,
+                _flags(svc.port_filter, svc.allow_icmp),
+            )
         else:  # traffic to the pod IP directly: no rewrite, the pod's flags
             to, in_pod, flags = zero, addr, pod_flags
         kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
@@ -867,7 +878,10 @@ class PinnedMaps:
             "svc",
             [(a, s.pod_ip, _flags(s.port_filter, s.allow_icmp)) for a, s in d.services_set.items()],
         )
-        write("pod", [(a, e.lb_ip, _flags(e.port_filter, e.allow_icmp)) for a, e in d.pods_set.items()])
+        write(
+            "pod",
+            [(a, e.lb_ip, _flags(e.port_filter, e.allow_icmp)) for a, e in d.pods_set.items()],
+        )
         delete("svc", d.services_del)
         delete("pod", d.pods_del)
 

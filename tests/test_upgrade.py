@@ -1,0 +1,158 @@
+"""The upgrade from map layout version 1 (svc4/pod4/svc6/pod6, the layout of the commit before
+layout 2) to this layout, in place and under live traffic: an agent of that commit runs the
+datapath, it stops, and this tree's agent takes over the pinned maps and links. Not one packet
+is lost: UDP streams each way, TCP connections to a whole-IP VM and from a port-filter pod (its
+replies pass by the flow it opened), and a port-filter pod that opens a new UDP flow every few
+milliseconds and needs every answer (flows recorded by the old egress program during the
+takeover must be in the new flow hints before the new ingress program trusts them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cozyebpf.datapath.layout import V1_REPLACED
+from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, Lab
+from tests.conftest import IN_CI
+from tests.k8s import Svc, manifest
+from tests.labtools import AgentLab, agent_lab, serve, udp_echo, wait_for
+from tests.packets import LB_FILT, LB_WHOLE
+from tests.test_zero_downtime import TcpChat, UdpStream, line_echo
+
+pytestmark = pytest.mark.datapath
+
+POD1, POD2 = DEFAULT_PODS[:2]
+WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
+FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80), ("UDP", 9104)])
+
+
+def layout1_tree(repo: Path, dest: Path) -> Path:
+    """The source tree of the last commit with map layout version 1 (the parent of the commit
+    that brought layout 2), unpacked into `dest`."""
+    log = subprocess.run(
+        ["git", "-C", str(repo), "log", "--format=%H", "-S", "#define CZ_LAYOUT_VERSION 2"]
+        + ["--", "bpf/lib/types.h"],
+        capture_output=True,
+        text=True,
+    )
+    commits = log.stdout.split()
+    if log.returncode != 0 or not commits:
+        msg = f"no git history with layout 2's commit in {repo}: {log.stderr.strip()}"
+        if IN_CI:
+            pytest.fail(msg + " (CI runs in a full clone)", pytrace=False)
+        pytest.skip(msg)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", f"{commits[-1]}^"],
+        capture_output=True,
+        check=True,
+    )
+    dest.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    assert "#define CZ_LAYOUT_VERSION 1\n" in (dest / "bpf/lib/types.h").read_text()
+    return dest
+
+
+@dataclass
+class NewFlows:
+    """From `ns`, one UDP request every few milliseconds, each from a new socket (a new source
+    port: a new flow for the port filter), each expecting the echo within a second."""
+
+    lab: Lab
+    ns: str
+    dst: tuple[str, int]
+    sent: int = 0
+    answered: int = 0
+    lost: list[int] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        def run() -> None:
+            while not self._stop.is_set():
+                with self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.settimeout(1.0)
+                    n = self.sent
+                    self.sent += 1
+                    s.sendto(n.to_bytes(8, "big"), self.dst)
+                    try:
+                        s.recvfrom(64)
+                        self.answered += 1
+                    except TimeoutError:
+                        self.lost.append(n)
+                time.sleep(0.003)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+
+
+@pytest.fixture
+def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    with agent_lab("u", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(WHOLE, FILT)) as env:
+        yield env
+
+
+def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    old = layout1_tree(repo_root, tmp_path / "layout1")
+    lab = env.lab
+    new_cmd = env.cmd
+    # the old agent: its own package (-P: not the current directory's) and its own bpf/
+    env.cmd = [new_cmd[0], "-P", "-m", "cozyebpf"]
+    env.env["PYTHONPATH"] = str(old)
+    env.start_agent()  # the manifest holds WHOLE and FILT already
+    wait_for(
+        lambda: "now 2 services, 2 pods, 2 allowed ports" in env.log(), 10, "the old agent's sync"
+    )
+    assert os.path.exists(f"{env.pin_dir}/svc4"), "the old agent pins layout 1's maps"
+    streams = [
+        UdpStream(lab, lab.client, lab.pod_ns(POD1), (LB_WHOLE, 9100), 9100),
+        UdpStream(lab, lab.pod_ns(POD2), lab.client, (CLIENT_IP, 9101), 9101),
+        UdpStream(lab, lab.client, lab.pod_ns(POD2), (LB_FILT, 9104), 9104),  # allowed port
+    ]
+    with (
+        serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 9102, line_echo),
+        serve(lab, lab.client, socket.SOCK_STREAM, 9103, line_echo),
+        serve(lab, lab.client, socket.SOCK_DGRAM, 9105, udp_echo),
+    ):
+        chats = [
+            TcpChat(lab, lab.client, (LB_WHOLE, 9102)),  # to the whole-IP VM
+            TcpChat(lab, lab.pod_ns(POD2), (CLIENT_IP, 9103)),  # a filtered pod's own
+        ]
+        flows = NewFlows(lab, lab.pod_ns(POD2), (CLIENT_IP, 9105))
+        for s in (*streams, *chats, flows):
+            s.start()
+        time.sleep(1.0)
+        assert env.stop_agent(signal.SIGTERM) == 0
+        env.cmd = new_cmd
+        del env.env["PYTHONPATH"]
+        env.start_agent()  # the upgrade
+        time.sleep(1.0)
+        for s in (*streams, *chats, flows):
+            s.stop()
+    log = env.log()
+    assert "upgrading maps in" in log and "from layout version 1 to 2" in log, log[-3000:]
+    assert "flow hints seeded from" in log
+    assert f"upgrade of {env.pin_dir} finished" in log
+    assert not any(os.path.exists(f"{env.pin_dir}/{s.name}") for s in V1_REPLACED)
+    for stream in streams:
+        assert stream.sent > 1000 and stream.lost() == [], stream.dst
+    assert streams[1].peers == {LB_FILT}  # translated all along
+    for chat in chats:
+        assert chat.error is None and chat.rounds > 50
+    assert flows.sent > 200 and flows.lost == [], f"{len(flows.lost)} of {flows.sent} lost"
+    env.set_services(WHOLE)  # and the new agent programs the maps
