@@ -38,9 +38,9 @@ FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80), ("UDP", 9104)])
 def layout1_tree(repo: Path, dest: Path) -> Path:
     """The source tree of the last commit with map layout version 1 (the parent of the commit
     that brought layout 2), unpacked into `dest`."""
+    pick = ["-S", "#define CZ_LAYOUT_VERSION 2", "--", "bpf/lib/types.h"]
     log = subprocess.run(
-        ["git", "-C", str(repo), "log", "--format=%H", "-S", "#define CZ_LAYOUT_VERSION 2"]
-        + ["--", "bpf/lib/types.h"],
+        ["git", "-C", str(repo), "log", "--format=%H", *pick],
         capture_output=True,
         text=True,
     )

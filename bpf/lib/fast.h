@@ -22,7 +22,7 @@
 /* What the fast parse found; the L4 header is TCP or UDP and valid. */
 struct cz_fast {
 	void *l3;
-	__u16 *csum;   /* the TCP or UDP checksum */
+	__u16 *csum;	/* the TCP or UDP checksum */
 	__u32 csum_off; /* its offset in the frame (tc helpers) */
 	__be16 sport;
 	__be16 dport;
@@ -219,7 +219,8 @@ static __always_inline void fast_nat_xdp(struct cz_fast *f, void *data_end, cons
 			return;
 		__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
 		__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
-		delta = cz_csum_delta32(from.a[0], to->a[0]) + cz_csum_delta32(from.a[1], to->a[1]) +
+		delta = cz_csum_delta32(from.a[0], to->a[0]) +
+			cz_csum_delta32(from.a[1], to->a[1]) +
 			cz_csum_delta32(from.a[2], to->a[2]) + cz_csum_delta32(from.a[3], to->a[3]);
 	} else {
 		struct iphdr *ip = f->l3;

@@ -102,7 +102,6 @@ static __always_inline int is_allowed(int v6, const struct ip6 *pod, __u8 proto,
 	}
 }
 
-
 /*
  * The flow hint: bit index of a flow, a multiplicative hash of its key (IPv6 addresses folded
  * to 32 bits) on the words as they lie in memory; cozyebpf/datapath/layout.py flow_hint_bit()
@@ -183,7 +182,7 @@ static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct 
 	struct flow4_val v = {.last_seen_ns = now};
 
 	flow_hint_set(
-	    cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto));
+		cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto));
 	if (v6) {
 		struct flow6_key k = {};
 

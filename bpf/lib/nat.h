@@ -178,8 +178,8 @@ static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, c
  * is found again from its offset, so that every parse path reaches this code in one state.
  * Returns 0 or a negative error. Packet pointers are invalid afterwards.
  */
-static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *data,
-				   void *data_end, int is_dst, const struct ip6 *to)
+static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *data, void *data_end,
+				   int is_dst, const struct ip6 *to)
 {
 	struct ip6 from = is_dst ? p->dst : p->src;
 	int off = p->has_l4 ? cz_l4_csum_off(p->proto, p->v6) : -1;

@@ -19,7 +19,7 @@
 #define CZ_K_LB 0x01  /* an LB IP: ingress translates the destination to pod_ip */
 #define CZ_K_POD 0x02 /* a pod IP: egress translates the source to lb_ip */
 
-#define CZ_INLINE_PORTS 8    /* allowed ports kept in the address's own value */
+#define CZ_INLINE_PORTS 8   /* allowed ports kept in the address's own value */
 #define CZ_PORTS_SPILL 0xff /* nports: more than that; look them up in allow4/allow6 */
 
 /* An allowed port inline; the same bytes as the tail of allow4_key. All zero: none. */
@@ -67,7 +67,7 @@ struct flow4_key {
 };
 
 struct flow4_val {
-	__u64 last_seen_ns; /* bpf_ktime_get_coarse_ns() of the last egress packet, 1 s resolution */
+	__u64 last_seen_ns; /* CLOCK_MONOTONIC_COARSE of the last egress packet, 1 s resolution */
 };
 
 /*

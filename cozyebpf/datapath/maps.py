@@ -48,8 +48,6 @@ from cozyebpf.datapath.layout import (
     V1_REPLACED,
     V1_SVC4,
     V1_SVC6,
-    Allow4Key,
-    Allow6Key,
     Flow4Val,
     Layout,
     MapSpec,
