@@ -318,11 +318,17 @@ class DatapathBench:
         counter = self._cz_count(reason) - z0 if variant.startswith("cz-") else 0
         return Measurement(path, variant, rep, n, el, delivered, counter, cpu)
 
+    def paths(self) -> dict[str, tuple[str, ...]]:
+        """The paths to measure: all, or those the COZYEBPF_BENCH_PATHS environment variable
+        names (comma-separated), for a focused run while working on one."""
+        only = [p for p in os.environ.get("COZYEBPF_BENCH_PATHS", "").split(",") if p]
+        return {k: v for k, v in PATHS.items() if not only or k in only}
+
     def run(self) -> dict[str, Any]:
         p = self.params
         out: list[Measurement] = []
         for rep in range(p.reps):
-            for path, variants in PATHS.items():
+            for path, variants in self.paths().items():
                 k = rep % len(variants)
                 for v in variants[k:] + variants[:k]:
                     with self.variant(v):
@@ -353,7 +359,7 @@ class DatapathBench:
         res: dict[str, Any] = {}
         fd = bpfx.enable_stats()
         try:
-            for path, variants in PATHS.items():
+            for path, variants in self.paths().items():
                 for v in variants:
                     if not v.startswith("cz-"):
                         continue

@@ -144,12 +144,12 @@ def test_ipv6_entries_are_in_network_byte_order(maps: PinnedMaps) -> None:
     sv = Addr6Val()
     assert bpfsys.map_lookup(maps.fds["addr6"], key, sv)
     ports = port(6, 22) + port(17, 53) + port(132, 3868) + bytes(4 * 5)
-    # pod_ip, kind LB, flags port-filter + ICMP, no pod role, 3 ports; reserved; lb_ip; ports
-    assert bytes(sv) == POD6.packed + bytes([1, 3, 0, 3]) + bytes(4 + 16) + ports + bytes(8)
+    # pod_ip, kind LB, flags port-filter + ICMP, no pod role, 3 ports; lb_ip; ports; reserved
+    assert bytes(sv) == POD6.packed + bytes([1, 3, 0, 3]) + bytes(16) + ports + bytes(12)
     pv = Addr6Val()
     assert bpfsys.map_lookup(maps.fds["addr6"], ip6(POD6_WHOLE), pv)
     # a pod IP: no rewrite on ingress (its own flags, ports), egress to its LB IP
-    assert bytes(pv) == bytes(16) + bytes([2, 0, 0, 0]) + bytes(4) + LB6_WHOLE.packed + bytes(40)
+    assert bytes(pv) == bytes(16) + bytes([2, 0, 0, 0]) + LB6_WHOLE.packed + bytes(44)
     one = ctypes.c_uint8()
     ak = Allow6Key(pod_ip=ip6(POD6), proto=132, port=be16(3868))
     assert bytes(ak) == POD6.packed + bytes([132, 0]) + (3868).to_bytes(2, "big")
@@ -158,11 +158,11 @@ def test_ipv6_entries_are_in_network_byte_order(maps: PinnedMaps) -> None:
     sv4 = Addr4Val()
     assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(LB4)), sv4)
     ports4 = port(6, 22) + port(17, 53) + bytes(4 * 6)
-    assert bytes(sv4) == POD4.packed + bytes([1, 3, 0, 2]) + bytes(8) + ports4 + bytes(8)
+    assert bytes(sv4) == POD4.packed + bytes([1, 3, 0, 2]) + bytes(4) + ports4 + bytes(12)
     pv4 = Addr4Val()
     assert bpfsys.map_lookup(maps.fds["addr4"], ctypes.c_uint32(be32(POD4)), pv4)
     # the pod IP: traffic sent to it directly is filtered by its own flags and ports
-    assert bytes(pv4) == bytes(4) + bytes([2, 3, 3, 2]) + LB4.packed + bytes(4) + ports4 + bytes(8)
+    assert bytes(pv4) == bytes(4) + bytes([2, 3, 3, 2]) + LB4.packed + ports4 + bytes(12)
     # an IPv6 key is not in the IPv4 map and the other way round
     assert not bpfsys.map_lookup(maps.fds["addr6"], ip6(IPv6Address(f"::{LB4}")), Addr6Val())
 

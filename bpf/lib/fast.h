@@ -117,11 +117,31 @@ static __always_inline int fast_check6(struct cz_fast *f, struct ipv6hdr *ip6, v
 	return fast_l4(f, ip6->nexthdr, ip6 + 1, data, data_end, plen);
 }
 
+/*
+ * Is `word` one of the first `nports` inline ports (all 8 when they spill)? Here, in a program
+ * that is verified on its own and small, a branch per slot costs the verifier nothing, and the
+ * common Service with few ports pays for those only.
+ */
+static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 nports, __u32 word)
+{
+	const __u32 *w = (const __u32 *)ports;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < CZ_INLINE_PORTS; i++) {
+		if (i >= nports)
+			return 0;
+		if (w[i] == word)
+			return 1;
+	}
+	return 0;
+}
+
 /* Port filter, IPv4: allowed port, else a reply of a flow, else drop. */
 static __always_inline __u32 fast_filter4(struct cz_fast *f, struct addr4_val *v, __be32 pod,
 					  __be32 remote)
 {
-	if (cz_inline_has(v->ports, cz_port_word(f->proto, f->dport)))
+	if (fast_ports_have(v->ports, v->nports, cz_port_word(f->proto, f->dport)))
 		return CZ_PASS_PORT;
 	if (v->nports == CZ_PORTS_SPILL) {
 		struct allow4_key a = {.pod_ip = pod, .proto = f->proto, .port = f->dport};
@@ -146,7 +166,7 @@ static __always_inline __u32 fast_filter4(struct cz_fast *f, struct addr4_val *v
 static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v,
 					  const struct ip6 *pod, const struct ip6 *remote)
 {
-	if (cz_inline_has(v->ports, cz_port_word(f->proto, f->dport)))
+	if (fast_ports_have(v->ports, v->nports, cz_port_word(f->proto, f->dport)))
 		return CZ_PASS_PORT;
 	if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
 		return CZ_PASS_PORT;

@@ -12,7 +12,7 @@
 
 #define CZ_FLOW_REFRESH_NS 1000000000ULL
 #define CZ_FRAG_TIMEOUT_NS 30000000000ULL
-#define CZ_FLOWHINT_WORDS (CZ_FLOWHINT_MAX / 2) /* one half; the user-space half follows */
+#define CZ_FLOWHINT_WORDS (CZ_FLOWHINT_MAX / 2) /* words of one half (types.h) */
 
 /*
  * An addr entry, in both families: the other addresses and the flags. (The full path looks
@@ -60,28 +60,6 @@ static __always_inline __u32 cz_port_word(__u8 proto, __be16 port)
 	return proto | (__u32)port << 16;
 }
 
-/*
- * Is `word` one of the inline ports? (Unused slots are 0, never a word of TCP/UDP/SCTP.) Two
- * slots at a time and without a branch: x has a zero 32-bit half exactly when
- * (x - 0x0000000100000001) & ~x & 0x8000000080000000 is not 0. A branch per slot would be a
- * path per slot for the verifier, through all the code after it.
- */
-static __always_inline __u64 cz_inline_has(const void *ports, __u32 word)
-{
-	const __u64 *w = ports; /* 8-byte aligned in the map value */
-	__u64 ones = 0x0000000100000001ULL, highs = 0x8000000080000000ULL;
-	__u64 want = word * ones, hit = 0;
-	int i;
-
-#pragma unroll
-	for (i = 0; i < CZ_INLINE_PORTS / 2; i++) {
-		__u64 x = w[i] ^ want;
-
-		hit |= (x - ones) & ~x;
-	}
-	return hit & highs;
-}
-
 /* Is (proto, port) allowed for `pod`? (allow4/allow6 hold every allowed port.) */
 static __always_inline int is_allowed(int v6, const struct ip6 *pod, __u8 proto, __be16 port)
 {
@@ -123,7 +101,7 @@ static __always_inline __u32 cz_flow_hash(__u32 pod, __u32 remote, __be16 pod_po
 /* May a flow with hint bit `h` exist? (Both halves; 0 means it does not.) */
 static __always_inline int flow_hinted(__u32 h)
 {
-	__u32 w = h >> 6, u = (h >> 6) + CZ_FLOWHINT_WORDS;
+	__u32 w = (h >> 6) * 2, u = (h >> 6) * 2 + 1; /* one cache line */
 	__u64 *a = cz_flowhint.lookup(&w);
 	__u64 *b = cz_flowhint.lookup(&u);
 	__u64 bits = (a ? *a : 0) | (b ? *b : 0);
@@ -134,7 +112,7 @@ static __always_inline int flow_hinted(__u32 h)
 /* Set bit `h` in the programs' half (atomically: other CPUs set bits in the same word). */
 static __always_inline void flow_hint_set(__u32 h)
 {
-	__u32 w = h >> 6;
+	__u32 w = (h >> 6) * 2;
 	__u64 *a = cz_flowhint.lookup(&w);
 
 	if (a)

@@ -33,8 +33,9 @@ struct cz_port {
  * addr4: key __be32 address -> what one lookup tells every program about it. Ingress uses the
  * LB role when there is one (pod_ip, flags, the allowed ports of pod_ip), else the pod role
  * (no rewrite, flags, the pod's own allowed ports); egress uses the pod role only. What the
- * common paths read comes first (ingress: the first 8 bytes; egress: bytes 4-11), so that a
- * packet touches as few cache lines of the map element as it can.
+ * common paths read comes first and close together (ingress: pod_ip, kind, flags, nports and
+ * the first ports; egress: kind, pod_flags, lb_ip), so that a packet touches as few cache lines
+ * of the map element as it can.
  */
 struct addr4_val {
 	__be32 pod_ip;	/* CZ_K_LB: the destination after translation */
@@ -43,9 +44,8 @@ struct addr4_val {
 	__u8 pod_flags; /* CZ_F_* of the pod (CZ_K_POD): with PORT_FILTER egress records flows */
 	__u8 nports;	/* ports[] used; CZ_PORTS_SPILL: all of them are in allow4 instead */
 	__be32 lb_ip;	/* CZ_K_POD: the source after translation on egress */
-	__u32 reserved; /* zero; room for a Service index */
-	struct cz_port ports[CZ_INLINE_PORTS]; /* the ingress pod IP's allowed ports (8-aligned) */
-	__u32 reserved2[2];		       /* zero; room for source ranges */
+	struct cz_port ports[CZ_INLINE_PORTS]; /* the ingress pod IP's allowed ports, sorted */
+	__u32 reserved[3];		       /* zero; room for a Service index, source ranges */
 };
 
 /* allow4: a set; value __u8 (1). Every allowed port of every pod, also those inline in addr4 */
@@ -72,11 +72,12 @@ struct flow4_val {
 
 /*
  * flowhint: array of 2 * CZ_FLOWHINT_WORDS __u64, a one-hash Bloom filter of the flow tables
- * (both families): the bit of every flow in flow4/flow6 is set, in the first half by the egress
- * program that records the flow, in the second half by user space (flows it copied or seeded).
- * Neither side writes the other's half, so no bit is ever lost to a concurrent update. Ingress
- * looks a reply up in the flow table only when its bit is set. Bits are never cleared: a stale
- * bit costs one lookup, never a verdict.
+ * (both families), in two interleaved halves: the bit of every flow in flow4/flow6 is set, in
+ * word 2i by the egress program that records the flow, in word 2i + 1 by user space (flows it
+ * copied or seeded). Neither side writes the other's words, so no bit is ever lost to a
+ * concurrent update, and both words of a bit share a cache line. Ingress looks a reply up in
+ * the flow table only when its bit is set in either. Bits are never cleared: a stale bit costs
+ * one lookup, never a verdict.
  */
 
 /* IPv6: the same maps, keyed and valued with 16-byte addresses */
@@ -91,10 +92,9 @@ struct addr6_val {
 	__u8 flags;	   /* CZ_F_* of ingress */
 	__u8 pod_flags;	   /* CZ_F_* of the pod */
 	__u8 nports;	   /* ports[] used, or CZ_PORTS_SPILL */
-	__u32 reserved;	   /* zero */
 	struct ip6 lb_ip;  /* CZ_K_POD: the source after translation on egress */
 	struct cz_port ports[CZ_INLINE_PORTS];
-	__u32 reserved2[2]; /* zero */
+	__u32 reserved[3]; /* zero */
 };
 
 /* allow6: a set; value __u8 (1) */

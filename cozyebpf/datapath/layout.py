@@ -46,9 +46,8 @@ class Addr4Val(ctypes.Structure):
         ("pod_flags", ctypes.c_uint8),
         ("nports", ctypes.c_uint8),
         ("lb_ip", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
         ("ports", CzPort * INLINE_PORTS),
-        ("reserved2", ctypes.c_uint32 * 2),
+        ("reserved", ctypes.c_uint32 * 3),
     ]
 
 
@@ -110,10 +109,9 @@ class Addr6Val(ctypes.Structure):
         ("flags", ctypes.c_uint8),
         ("pod_flags", ctypes.c_uint8),
         ("nports", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint32),
         ("lb_ip", Ip6),
         ("ports", CzPort * INLINE_PORTS),
-        ("reserved2", ctypes.c_uint32 * 2),
+        ("reserved", ctypes.c_uint32 * 3),
     ]
 
 

@@ -127,7 +127,7 @@ def _ip(raw: bytes) -> IPAddress:
 _ALLOW_TAIL = struct.Struct("!BBH")  # allow4/6 keys after the pod IP: proto, reserved, port
 _PORT = struct.Struct("!BBH")  # struct cz_port
 _FLAG_BYTES = [bytes([f, 0, 0, 0]) for f in range(256)]  # v1 svc/pod values: flags, reserved
-_ADDR_TAIL = bytes(8)  # addr values: reserved2[2]
+_ADDR_TAIL = bytes(12)  # addr values: reserved[3]
 
 
 def _allow_bytes(a: AllowedPort) -> bytes:
@@ -167,7 +167,7 @@ def _size_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
 
 def _lb_at(n: int) -> int:
     """Offset of lb_ip in an addr value whose addresses have n bytes (bpf/lib/types.h)."""
-    return 8 if n == 4 else 24
+    return n + 4
 
 
 class _Addr(NamedTuple):
@@ -530,15 +530,15 @@ class PinnedMaps:
         return len(keys)
 
     def _set_hints(self, flows: Iterable[Flow]) -> None:
-        """OR the flows' bits into the user-space half (user space is its only writer)."""
-        words = self.layout.hint_words
+        """OR the flows' bits into user space's words (user space is their only writer)."""
         log2 = self.layout.hint_log2
         bits: dict[int, int] = {}
         for f in flows:
             b = flow_hint_bit(
                 f.pod_ip.packed, f.remote_ip.packed, f.pod_port, f.remote_port, f.proto, log2
             )
-            bits[words + (b >> 6)] = bits.get(words + (b >> 6), 0) | 1 << (b & 63)
+            word = 2 * (b >> 6) + 1  # user space's word of the pair (bpf/lib/types.h)
+            bits[word] = bits.get(word, 0) | 1 << (b & 63)
         if not bits:
             return
         fd = self.fds[self.layout.flowhint.name]
@@ -748,10 +748,7 @@ class PinnedMaps:
             to, in_pod, flags = zero, addr, pod_flags
         kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
         nports, ports = _ports_bytes(self._by_pod.get(in_pod, ()))
-        head = to + bytes((kind, flags, pod_flags, nports))
-        # then lb_ip and reserved (IPv4), or reserved and lb_ip (IPv6): ports 8-byte aligned
-        mid = lb + bytes(4) if len(lb) == 4 else bytes(4) + lb
-        return head + mid + ports + _ADDR_TAIL
+        return to + bytes((kind, flags, pod_flags, nports)) + lb + ports + _ADDR_TAIL
 
     def _write_addrs(self, addrs: Iterable[IPAddress]) -> None:
         """Write the mirrored state's values of `addrs` (all of them must have one)."""
