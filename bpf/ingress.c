@@ -18,11 +18,25 @@ int cz_ingress(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = fast_ip4(data, data_end);
+	struct ipv6hdr *ip6;
 	struct cz_fast f = {};
 	struct ip6 to;
-	__u32 reason;
+	__u32 reason = CZ_SLOW;
 
-	reason = fast_ingress(data, data_end, data_end - data, &f, &to);
+	if (ip) {
+		int verdict = fast_xdp4(data, data_end, ip);
+
+		if (cz_unlikely(verdict == CZ_XDP_SLOW)) {
+			cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
+			return XDP_PASS; /* not reached: the loader fills the array before attaching
+					  */
+		}
+		return verdict;
+	}
+	ip6 = fast_ip6(data, data_end);
+	if (ip6)
+		reason = fast_ingress6(data, data_end, data_end - data, ip6, &f, &to);
 	if (reason == CZ_SLOW) {
 		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
 		return XDP_PASS; /* not reached: the loader fills the array before attaching */

@@ -18,6 +18,7 @@
 #include "stats.h"
 
 #define CZ_SLOW 0xfffffffe /* not decided here: take the full path */
+#define cz_unlikely(x) __builtin_expect(!!(x), 0)
 
 /* What the fast parse found; the L4 header is TCP or UDP and valid. */
 struct cz_fast {
@@ -138,29 +139,99 @@ static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 npo
 }
 
 /* Port filter, IPv4: allowed port, else a reply of a flow, else drop. */
-static __always_inline __u32 fast_filter4(struct cz_fast *f, struct addr4_val *v, __be32 pod,
-					  __be32 remote)
+static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be32 remote,
+					  __u8 proto, __be16 sport, __be16 dport)
 {
-	if (fast_ports_have(v->ports, v->nports, cz_port_word(f->proto, f->dport)))
+	if (fast_ports_have(v->ports, v->nports, cz_port_word(proto, dport)))
 		return CZ_PASS_PORT;
 	if (v->nports == CZ_PORTS_SPILL) {
-		struct allow4_key a = {.pod_ip = pod, .proto = f->proto, .port = f->dport};
+		struct allow4_key a = {.pod_ip = pod, .proto = proto, .port = dport};
 
 		if (cz_allow4.lookup(&a))
 			return CZ_PASS_PORT;
 	}
-	if (flow_hinted(cz_flow_hash(pod, remote, f->dport, f->sport, f->proto))) {
+	if (flow_hinted(cz_flow_hash(pod, remote, dport, sport, proto))) {
 		struct flow4_key k = {};
 
 		k.pod_ip = pod;
 		k.remote_ip = remote;
-		k.pod_port = f->dport;
-		k.remote_port = f->sport;
-		k.proto = f->proto;
+		k.pod_port = dport;
+		k.remote_port = sport;
+		k.proto = proto;
 		if (cz_flow4.lookup(&k))
 			return CZ_PASS_REPLY;
 	}
 	return CZ_DROP_PORT;
+}
+
+/*
+ * XDP, IPv4: the whole fast path in one piece -- decision, counter and rewrite -- with nothing
+ * on the stack but map keys, so that the code and data a packet touches stay few cache lines.
+ * An XDP verdict, or CZ_XDP_SLOW.
+ */
+#define CZ_XDP_SLOW -1
+
+static __always_inline int fast_xdp4(void *data, void *data_end, struct iphdr *ip)
+{
+	struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
+	__u32 tot, len, reason, delta;
+	__be32 pod, from;
+	__be16 sport, dport;
+	__u16 *c, n;
+	__u8 proto;
+
+	if (!v)
+		return XDP_PASS;
+	if (cz_unlikely(*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET))))
+		return CZ_XDP_SLOW;
+	tot = bpf_ntohs(ip->tot_len);
+	if (cz_unlikely(tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > data_end - data))
+		return CZ_XDP_SLOW;
+	len = tot - sizeof(*ip);
+	proto = ip->protocol;
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)(ip + 1);
+
+		if (cz_unlikely((void *)(uh + 1) > data_end || len < sizeof(*uh)))
+			return CZ_XDP_SLOW;
+		if (cz_unlikely(bpf_ntohs(uh->len) < sizeof(*uh) || bpf_ntohs(uh->len) > len))
+			return CZ_XDP_SLOW;
+		sport = uh->source;
+		dport = uh->dest;
+		c = &uh->check;
+	} else if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)(ip + 1);
+
+		if (cz_unlikely((void *)(th + 1) > data_end || len < sizeof(*th)))
+			return CZ_XDP_SLOW;
+		if (cz_unlikely(th->doff < 5 || th->doff * 4 > len))
+			return CZ_XDP_SLOW;
+		sport = th->source;
+		dport = th->dest;
+		c = &th->check;
+	} else {
+		return CZ_XDP_SLOW;
+	}
+	from = ip->daddr;
+	pod = (v->kind & CZ_K_LB) ? v->pod_ip : from;
+	reason = CZ_NAT_INGRESS;
+	if (v->flags & CZ_F_PORT_FILTER)
+		reason = fast_filter4(v, pod, ip->saddr, proto, sport, dport);
+	cz_count(reason, data_end - data);
+	if (reason == CZ_DROP_PORT)
+		return XDP_DROP;
+	if (!(v->kind & CZ_K_LB))
+		return XDP_PASS; /* sent to the pod IP directly: passed as it is */
+	delta = cz_csum_delta32(from, pod);
+	ip->daddr = pod;
+	ip->check = cz_csum_apply(ip->check, delta);
+	if (proto == IPPROTO_UDP && *c == 0)
+		return XDP_PASS;
+	n = cz_csum_apply(*c, delta);
+	if (proto == IPPROTO_UDP && n == 0)
+		n = 0xffff;
+	*c = n;
+	return XDP_PASS;
 }
 
 static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v,
@@ -176,13 +247,39 @@ static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v
 }
 
 /*
- * Ingress: CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with f->rewrite,
- * *to is the new destination (IPv4: to->a[0]).
+ * Ingress, IPv6: CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
+ * f->rewrite, *to is the new destination.
+ */
+static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 frame_len,
+					   struct ipv6hdr *ip6, struct cz_fast *f, struct ip6 *to)
+{
+	struct addr6_val *v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
+	struct ip6 remote;
+
+	if (!v)
+		return CZ_NOT_OURS;
+	if (fast_check6(f, ip6, data, data_end, frame_len) < 0)
+		return CZ_SLOW;
+	f->rewrite = v->kind & CZ_K_LB;
+	if (f->rewrite)
+		*to = v->pod_ip;
+	else
+		__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
+	if (!(v->flags & CZ_F_PORT_FILTER))
+		return CZ_NAT_INGRESS;
+	__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
+	return fast_filter6(f, v, to, &remote);
+}
+
+/*
+ * Ingress (tc): CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
+ * f->rewrite, *to is the new destination (IPv4: to->a[0]).
  */
 static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 frame_len,
 					  struct cz_fast *f, struct ip6 *to)
 {
 	struct iphdr *ip = fast_ip4(data, data_end);
+	struct ipv6hdr *ip6;
 
 	if (ip) {
 		struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
@@ -197,28 +294,11 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 		to->a[0] = pod;
 		if (!(v->flags & CZ_F_PORT_FILTER))
 			return CZ_NAT_INGRESS;
-		return fast_filter4(f, v, pod, ip->saddr);
+		return fast_filter4(v, pod, ip->saddr, f->proto, f->sport, f->dport);
 	}
-	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
-
-	if (ip6) {
-		struct addr6_val *v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
-		struct ip6 remote;
-
-		if (!v)
-			return CZ_NOT_OURS;
-		if (fast_check6(f, ip6, data, data_end, frame_len) < 0)
-			return CZ_SLOW;
-		f->rewrite = v->kind & CZ_K_LB;
-		if (f->rewrite)
-			*to = v->pod_ip;
-		else
-			__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
-		if (!(v->flags & CZ_F_PORT_FILTER))
-			return CZ_NAT_INGRESS;
-		__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
-		return fast_filter6(f, v, to, &remote);
-	}
+	ip6 = fast_ip6(data, data_end);
+	if (ip6)
+		return fast_ingress6(data, data_end, frame_len, ip6, f, to);
 	return CZ_SLOW;
 }
 
