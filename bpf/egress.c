@@ -58,15 +58,9 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	struct iphdr *ip = fast_ip4(data, data_end);
 
 	if (ip) {
-		struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
+		int verdict = fast_egress4(skb, data, data_end, ip);
 
-		if (!v || !(v->kind & CZ_K_POD))
-			return CZ_TC_NEXT;
-		if (fast_check4(&f, ip, data, data_end, skb->len) < 0)
-			return CZ_TC_SLOW;
-		lb.a[0] = v->lb_ip;
-		if (v->pod_flags & CZ_F_PORT_FILTER)
-			fast_flow_record4(&f, ip->saddr, ip->daddr);
+		return verdict == CZ_FAST_SLOW ? CZ_TC_SLOW : verdict;
 	} else {
 		struct ipv6hdr *ip6 = fast_ip6(data, data_end);
 		struct pkt p = {};

@@ -27,7 +27,7 @@ int cz_ingress(struct xdp_md *ctx)
 	if (ip) {
 		int verdict = fast_xdp4(data, data_end, ip);
 
-		if (cz_unlikely(verdict == CZ_XDP_SLOW)) {
+		if (cz_unlikely(verdict == CZ_FAST_SLOW)) {
 			cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
 			return XDP_PASS; /* not reached: the loader fills the array before attaching
 					  */

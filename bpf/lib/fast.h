@@ -13,6 +13,7 @@
 
 #include "csum.h"
 #include "filter.h"
+#include "tc.h"
 #include "lookup.h"
 #include "parse.h"
 #include "stats.h"
@@ -164,54 +165,70 @@ static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be3
 	return CZ_DROP_PORT;
 }
 
+/* Not decided by an IPv4 fast path (fast_xdp4, fast_egress4): not a verdict of XDP or tc. */
+#define CZ_FAST_SLOW 1000
+
+/*
+ * The checks of an untagged IPv4 header and its TCP/UDP header (as fast_check4, without a
+ * struct cz_fast): 0 with the ports and the checksum field, or -1 (the full path decides).
+ */
+static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 frame_len,
+				      __be16 *sport, __be16 *dport, __u16 **csum)
+{
+	__u32 tot, len;
+
+	if (cz_unlikely(*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET))))
+		return -1;
+	tot = bpf_ntohs(ip->tot_len);
+	if (cz_unlikely(tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > frame_len))
+		return -1;
+	len = tot - sizeof(*ip);
+	if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)(ip + 1);
+
+		if (cz_unlikely((void *)(uh + 1) > data_end || len < sizeof(*uh)))
+			return -1;
+		if (cz_unlikely(bpf_ntohs(uh->len) < sizeof(*uh) || bpf_ntohs(uh->len) > len))
+			return -1;
+		*sport = uh->source;
+		*dport = uh->dest;
+		*csum = &uh->check;
+		return 0;
+	}
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)(ip + 1);
+
+		if (cz_unlikely((void *)(th + 1) > data_end || len < sizeof(*th)))
+			return -1;
+		if (cz_unlikely(th->doff < 5 || th->doff * 4 > len))
+			return -1;
+		*sport = th->source;
+		*dport = th->dest;
+		*csum = &th->check;
+		return 0;
+	}
+	return -1;
+}
+
 /*
  * XDP, IPv4: the whole fast path in one piece -- decision, counter and rewrite -- with nothing
  * on the stack but map keys, so that the code and data a packet touches stay few cache lines.
- * An XDP verdict, or CZ_XDP_SLOW.
+ * An XDP verdict, or CZ_FAST_SLOW.
  */
-#define CZ_XDP_SLOW -1
-
 static __always_inline int fast_xdp4(void *data, void *data_end, struct iphdr *ip)
 {
 	struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
-	__u32 tot, len, reason, delta;
-	__be32 pod, from;
 	__be16 sport, dport;
+	__u32 reason, delta;
+	__be32 pod, from;
 	__u16 *c, n;
 	__u8 proto;
 
 	if (!v)
 		return XDP_PASS;
-	if (cz_unlikely(*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET))))
-		return CZ_XDP_SLOW;
-	tot = bpf_ntohs(ip->tot_len);
-	if (cz_unlikely(tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > data_end - data))
-		return CZ_XDP_SLOW;
-	len = tot - sizeof(*ip);
+	if (cz_unlikely(fast_hdrs4(ip, data_end, data_end - data, &sport, &dport, &c) < 0))
+		return CZ_FAST_SLOW;
 	proto = ip->protocol;
-	if (proto == IPPROTO_UDP) {
-		struct udphdr *uh = (void *)(ip + 1);
-
-		if (cz_unlikely((void *)(uh + 1) > data_end || len < sizeof(*uh)))
-			return CZ_XDP_SLOW;
-		if (cz_unlikely(bpf_ntohs(uh->len) < sizeof(*uh) || bpf_ntohs(uh->len) > len))
-			return CZ_XDP_SLOW;
-		sport = uh->source;
-		dport = uh->dest;
-		c = &uh->check;
-	} else if (proto == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
-
-		if (cz_unlikely((void *)(th + 1) > data_end || len < sizeof(*th)))
-			return CZ_XDP_SLOW;
-		if (cz_unlikely(th->doff < 5 || th->doff * 4 > len))
-			return CZ_XDP_SLOW;
-		sport = th->source;
-		dport = th->dest;
-		c = &th->check;
-	} else {
-		return CZ_XDP_SLOW;
-	}
 	from = ip->daddr;
 	pod = (v->kind & CZ_K_LB) ? v->pod_ip : from;
 	reason = CZ_NAT_INGRESS;
@@ -222,6 +239,8 @@ static __always_inline int fast_xdp4(void *data, void *data_end, struct iphdr *i
 		return XDP_DROP;
 	if (!(v->kind & CZ_K_LB))
 		return XDP_PASS; /* sent to the pod IP directly: passed as it is */
+	if ((void *)(c + 1) > data_end)
+		return XDP_PASS;
 	delta = cz_csum_delta32(from, pod);
 	ip->daddr = pod;
 	ip->check = cz_csum_apply(ip->check, delta);
@@ -392,7 +411,8 @@ static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f
 }
 
 /* Egress, IPv4: remember (refresh at most once a second) a flow the pod opened. */
-static __always_inline void fast_flow_record4(struct cz_fast *f, __be32 pod, __be32 remote)
+static __always_inline void fast_flow_record4(__be32 pod, __be32 remote, __be16 pod_port,
+					      __be16 remote_port, __u8 proto)
 {
 	struct flow4_key k = {};
 	struct flow4_val *v;
@@ -400,9 +420,9 @@ static __always_inline void fast_flow_record4(struct cz_fast *f, __be32 pod, __b
 
 	k.pod_ip = pod;
 	k.remote_ip = remote;
-	k.pod_port = f->sport;
-	k.remote_port = f->dport;
-	k.proto = f->proto;
+	k.pod_port = pod_port;
+	k.remote_port = remote_port;
+	k.proto = proto;
 	v = cz_flow4.lookup(&k);
 	now = bpf_ktime_get_coarse_ns();
 	if (v) {
@@ -412,8 +432,42 @@ static __always_inline void fast_flow_record4(struct cz_fast *f, __be32 pod, __b
 	}
 	struct flow4_val nv = {.last_seen_ns = now};
 
-	flow_hint_set(cz_flow_hash(pod, remote, f->sport, f->dport, f->proto));
+	flow_hint_set(cz_flow_hash(pod, remote, pod_port, remote_port, proto));
 	cz_count(cz_flow4.update(&k, &nv) == 0 ? CZ_FLOW_NEW : CZ_FLOW_ERROR, 0);
+}
+
+/*
+ * Egress (tc), IPv4: the whole fast path in one piece -- flow record, rewrite, counter. The
+ * source and the IPv4 header checksum with direct writes, the L4 checksum through
+ * bpf_l4_csum_replace (CHECKSUM_PARTIAL skbs). A tc verdict, or CZ_FAST_SLOW.
+ */
+static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void *data_end,
+					struct iphdr *ip)
+{
+	struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
+	__u64 flags = BPF_F_PSEUDO_HDR | 4;
+	__be16 sport, dport;
+	__be32 from, to;
+	__u16 *c;
+
+	if (!v || !(v->kind & CZ_K_POD))
+		return CZ_TC_NEXT; /* not ours */
+	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c) < 0))
+		return CZ_FAST_SLOW;
+	from = ip->saddr;
+	to = v->lb_ip;
+	if (v->pod_flags & CZ_F_PORT_FILTER)
+		fast_flow_record4(from, ip->daddr, sport, dport, ip->protocol);
+	if (ip->protocol == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	ip->saddr = to;
+	ip->check = cz_csum_replace32(ip->check, from, to);
+	if (bpf_l4_csum_replace(skb, (void *)c - data, from, to, flags) < 0) {
+		cz_count(CZ_DROP_MALFORMED, skb->len);
+		return CZ_TC_DROP;
+	}
+	cz_count(CZ_NAT_EGRESS, skb->len);
+	return CZ_TC_NEXT;
 }
 
 #endif
