@@ -58,33 +58,40 @@ def _ingress(dst: str, sport: int, dport: int) -> bytes:
 
 #: name -> (program, frame, expected verdict, what it exercises)
 CASES: dict[str, tuple[str, bytes, int, str]] = {
-    "xdp/not-ours": ("xdp", _ingress(UNKNOWN, 1000, 5000), 2, "svc4 miss, pod4 miss"),
-    "xdp/whole-ip": ("xdp", _ingress(LB_W, 1000, 5000), 2, "svc4 hit, rewrite, stats"),
-    "xdp/direct-pod": ("xdp", _ingress(POD_D, 1000, 5000), 2, "svc4 miss, pod4 hit, stats"),
-    "xdp/port-allowed": ("xdp", _ingress(LB_F, 1000, 80), 2, "svc4, allow4 hit, rewrite"),
-    "xdp/port-drop": ("xdp", _ingress(LB_F, 1000, 9999), 1, "svc4, allow4 miss, flow4 miss"),
-    "xdp/reply": ("xdp", _ingress(LB_F, 53, 40000), 2, "svc4, allow4 miss, flow4 hit"),
+    "xdp/not-ours": ("xdp", _ingress(UNKNOWN, 1000, 5000), 2, "addr4 miss"),
+    "xdp/whole-ip": ("xdp", _ingress(LB_W, 1000, 5000), 2, "addr4 hit, checks, counter, rewrite"),
+    "xdp/direct-pod": ("xdp", _ingress(POD_D, 1000, 5000), 2, "addr4 hit (a pod IP), counter"),
+    "xdp/port-allowed": ("xdp", _ingress(LB_F, 1000, 80), 2, "addr4, inline port hit, rewrite"),
+    "xdp/port-drop": ("xdp", _ingress(LB_F, 1000, 9999), 1, "addr4, inline ports, flow hint 0"),
+    "xdp/reply": ("xdp", _ingress(LB_F, 53, 40000), 2, "addr4, inline ports, hint, flow4 hit"),
     "tc/whole-ip": ("tc", _ingress(LB_W, 1000, 5000), -1, "as xdp/whole-ip, skb helpers"),
     "tc/port-allowed": ("tc", _ingress(LB_F, 1000, 80), -1, "as xdp/port-allowed"),
     "tc/port-drop": ("tc", _ingress(LB_F, 1000, 9999), 2, "as xdp/port-drop"),
     "tc/reply": ("tc", _ingress(LB_F, 53, 40000), -1, "as xdp/reply"),
-    "egress/not-ours": ("egress", udp_frame(M1, M2, UNKNOWN, CLIENT, 1, 2), -1, "pod4 miss"),
+    "egress/not-ours": ("egress", udp_frame(M1, M2, UNKNOWN, CLIENT, 1, 2), -1, "addr4 miss"),
     "egress/whole-ip": (
         "egress",
         udp_frame(M1, M2, POD_W, CLIENT, 40000, 53),
         -1,
-        "pod4 hit, SNAT",
+        "addr4 hit, SNAT",
     ),
     "egress/port-filter": (
         "egress",
         udp_frame(M1, M2, POD_F, CLIENT, 40000, 53),
         -1,
-        "pod4, flow4 refresh, SNAT",
+        "addr4, flow4 hit (refresh), SNAT",
     ),
     "min/whole-ip": ("min", _ingress(LB_W, 1000, 5000), 2, "minimal NAT: svc hit, rewrite"),
     "min/port-allowed": ("min", _ingress(LB_F, 1000, 80), 2, "minimal NAT: svc, allow hit"),
     "min/port-drop": ("min", _ingress(LB_F, 1000, 9999), 1, "minimal NAT: svc, allow miss"),
     "floor/xdp": ("xdp-floor", _ingress(LB_W, 1000, 5000), 2, "return XDP_PASS"),
+    # the parts of a packet's cost, one program each (bench/bpf/parts.c), on the reply frame
+    "part/addr-hit": ("part-addr_hit", _ingress(LB_F, 53, 40000), 2, "hash lookup, hit (addr4)"),
+    "part/addr-miss": ("part-addr_miss", _ingress(LB_F, 53, 40000), 2, "hash lookup, miss"),
+    "part/flow-hit": ("part-flow_hit", _ingress(LB_F, 53, 40000), 2, "LRU lookup, hit (flow4)"),
+    "part/hint": ("part-hint", _ingress(LB_F, 53, 40000), 2, "flow hint: hash, 2 array words"),
+    "part/count": ("part-count", _ingress(LB_F, 53, 40000), 2, "per-CPU counter"),
+    "part/rewrite": ("part-rewrite", _ingress(LB_F, 53, 40000), 2, "IPv4 daddr + checksum"),
     "floor/tc": ("tc-floor", _ingress(LB_W, 1000, 5000), -1, "return TCX_NEXT"),
 }
 
@@ -113,6 +120,9 @@ class ProgRunBench:
             [(str(a.pod_ip), int(a.proto), a.port) for a in SEED.allowed],
         )
         self.fds["min"] = self.minimal.fd
+        self.parts = progs.Parts.load()
+        self.parts.seed(LB_F, CLIENT, 53, 40000, 17)
+        self.fds.update({f"part-{n}": fd for n, fd in self.parts.fds.items()})
         self.fds["xdp-floor"] = self.sinks.pass_fd
         self.fds["tc-floor"] = self.sinks.tc_next_fd
 
@@ -149,7 +159,7 @@ class ProgRunBench:
         floor = {"xdp": median(res["floor/xdp"]), "tc": median(res["floor/tc"])}
         for name, (prog, _, _, what) in CASES.items():
             ns = median(res[name])
-            base = floor["xdp"] if prog.startswith(("xdp", "min")) else floor["tc"]
+            base = floor["xdp"] if prog.startswith(("xdp", "min", "part")) else floor["tc"]
             out["cases"][name] = {
                 "ns": round(ns, 1),
                 "ns_above_floor": round(ns - base, 1),

@@ -100,3 +100,37 @@ class MinimalNat:
                 socket.inet_aton(pod) + struct.pack("!BBH", proto, 0, port)
             )
             allow[k] = allow.Leaf(1)
+
+
+@dataclass
+class Parts:
+    """bench/bpf/parts.c: the parts of a packet's cost, one program each (see progrun)."""
+
+    bpf: Any
+    fds: dict[str, int]
+
+    NAMES = ("addr_hit", "addr_miss", "flow_hit", "hint", "count", "rewrite")
+
+    @classmethod
+    def load(cls) -> Parts:
+        from bcc import BPF
+
+        b = BPF(src_file=str(BPF_DIR / "parts.c").encode())
+        return cls(b, {n: b.load_func(f"parts_{n}".encode(), BPF.XDP).fd for n in cls.NAMES})
+
+    def seed(self, dst: str, src: str, sport: int, dport: int, proto: int) -> None:
+        """The frame's destination in the address map (among 20000 others) and its flow, as a
+        reply of (dst, dport) to (src, sport), in the flow map."""
+        import socket
+        import struct
+
+        addr, flows = self.bpf[b"parts_addr4"], self.bpf[b"parts_flow4"]
+        for i in range(20000):
+            addr[addr.Key.from_buffer_copy(struct.pack("!I", (10 << 24) + i))] = addr.Leaf()
+        addr[addr.Key.from_buffer_copy(socket.inet_aton(dst))] = addr.Leaf()
+        key = (
+            socket.inet_aton(dst)
+            + socket.inet_aton(src)
+            + struct.pack("!HHB3x", dport, sport, proto)
+        )
+        flows[flows.Key.from_buffer_copy(key)] = ctypes.c_uint64(1)

@@ -14,27 +14,14 @@
 #include "lib/nat.h"
 #include "lib/tail.h"
 
-int cz_ingress(struct xdp_md *ctx)
+/* IPv6 (and what is neither): the fast path through struct cz_fast, else the full path. */
+static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_end)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = fast_ip4(data, data_end);
-	struct ipv6hdr *ip6;
+	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
 	struct cz_fast f = {};
 	struct ip6 to;
 	__u32 reason = CZ_SLOW;
 
-	if (ip) {
-		int verdict = fast_xdp4(data, data_end, ip);
-
-		if (cz_unlikely(verdict == CZ_FAST_SLOW)) {
-			cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
-			return XDP_PASS; /* not reached: the loader fills the array before attaching
-					  */
-		}
-		return verdict;
-	}
-	ip6 = fast_ip6(data, data_end);
 	if (ip6)
 		reason = fast_ingress6(data, data_end, data_end - data, ip6, &f, &to);
 	if (reason == CZ_SLOW) {
@@ -49,6 +36,23 @@ int cz_ingress(struct xdp_md *ctx)
 	if (f.rewrite)
 		fast_nat_xdp(&f, data_end, &to);
 	return XDP_PASS;
+}
+
+int cz_ingress(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = fast_ip4(data, data_end);
+	int verdict;
+
+	if (!ip)
+		return ingress6(ctx, data, data_end);
+	verdict = fast_xdp4(data, data_end, ip);
+	if (cz_unlikely(verdict == CZ_FAST_SLOW)) {
+		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
+		return XDP_PASS; /* not reached: the loader fills the array before attaching */
+	}
+	return verdict;
 }
 
 /* Every frame the fast path does not take: the full parse and decision. */
