@@ -203,9 +203,7 @@ def test_layout_1_is_upgraded_in_place(pin_dir: str, caplog: pytest.LogCaptureFi
         lay = maps.layout
         bit = flow_hint_bit(POD.packed, A("198.51.100.7").packed, 7, 443, 6, lay.hint_log2)
         word = ctypes.c_uint64()
-        assert bpfsys.map_lookup(
-            maps.fds["flowhint"], ctypes.c_uint32(2 * (bit >> 6) + 1), word
-        )
+        assert bpfsys.map_lookup(maps.fds["flowhint"], ctypes.c_uint32(2 * (bit >> 6) + 1), word)
         assert word.value >> (bit & 63) & 1, "the user-space half holds the flow's bit"
         # while layout 1's programs may run, its maps follow the changes
         later = want.copy()
