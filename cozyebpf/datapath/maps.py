@@ -134,13 +134,76 @@ def _allow_bytes(a: AllowedPort) -> bytes:
     return a.pod_ip.packed + _ALLOW_TAIL.pack(int(a.proto), 0, a.port)
 
 
-def _ports_bytes(ports: Iterable[AllowedPort]) -> tuple[int, bytes]:
-    """(nports, ports[]) of an addr value: the allowed ports sorted, the first INLINE_PORTS of
-    them inline; more than that is marked PORTS_SPILL (allow4/allow6 hold them all)."""
+def _port_bytes(a: AllowedPort) -> bytes:
+    """struct cz_port of an allowed port (also the tail of its allow4/allow6 key)."""
+    return _PORT.pack(int(a.proto), 0, a.port)
+
+
+def _ports_bytes(ports: Iterable[bytes]) -> tuple[int, bytes]:
+    """(nports, ports[]) of an addr value from struct cz_port bytes: sorted (by protocol, then
+    port), the first INLINE_PORTS of them inline; more than that is marked PORTS_SPILL
+    (allow4/allow6 hold them all)."""
     ps = sorted(ports)
     n = len(ps) if len(ps) <= INLINE_PORTS else PORTS_SPILL
-    raw = b"".join(_PORT.pack(int(p.proto), 0, p.port) for p in ps[:INLINE_PORTS])
-    return n, raw.ljust(4 * INLINE_PORTS, b"\0")
+    return n, b"".join(ps[:INLINE_PORTS]).ljust(4 * INLINE_PORTS, b"\0")
+
+
+_ZERO = {4: bytes(4), 16: bytes(16)}
+
+
+class _Mirror:
+    """What the maps hold, keyed by packed addresses (cheap to hash, unlike ipaddress objects):
+    enough to encode any addr value without reading the maps."""
+
+    def __init__(self) -> None:
+        self.svc: dict[bytes, tuple[bytes, int]] = {}  # LB IP -> (pod IP, flags)
+        self.pod: dict[bytes, tuple[bytes, int]] = {}  # pod IP -> (LB IP, flags)
+        self.ports: dict[bytes, set[bytes]] = {}  # pod IP -> its allowed ports (cz_port)
+        self.lbs_of: dict[bytes, set[bytes]] = {}  # pod IP -> LB IPs whose Service goes there
+        self.enc: dict[bytes, tuple[int, bytes]] = {}  # pod IP -> its encoded ports (a cache)
+
+    @classmethod
+    def of(cls, st: MapState) -> _Mirror:
+        m = cls()
+        for lb, s in st.services.items():
+            m.link(lb.packed, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp))
+        for p, e in st.pods.items():
+            m.pod[p.packed] = (e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp))
+        for a in st.allowed:
+            m.ports.setdefault(a.pod_ip.packed, set()).add(_port_bytes(a))
+        return m
+
+    def link(self, lb: bytes, pod: bytes, flags: int) -> None:
+        self.unlink(lb)
+        self.svc[lb] = (pod, flags)
+        self.lbs_of.setdefault(pod, set()).add(lb)
+
+    def unlink(self, lb: bytes) -> None:
+        old = self.svc.pop(lb, None)
+        if old is not None:
+            lbs = self.lbs_of.get(old[0])
+            if lbs is not None:
+                lbs.discard(lb)
+                if not lbs:
+                    del self.lbs_of[old[0]]
+
+    def value(self, addr: bytes) -> bytes | None:
+        """The addr value of `addr` (bpf/lib/types.h); None when it is neither an LB IP nor a
+        pod IP."""
+        svc, pod = self.svc.get(addr), self.pod.get(addr)
+        if svc is None and pod is None:
+            return None
+        zero = _ZERO[len(addr)]
+        lb, pod_flags = pod if pod is not None else (zero, 0)
+        if svc is not None:  # ingress uses the LB role
+            (to, flags), in_pod = svc, svc[0]
+        else:  # traffic to the pod IP directly: no rewrite, the pod's flags
+            to, flags, in_pod = zero, pod_flags, addr
+        kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
+        enc = self.enc.get(in_pod)
+        if enc is None:
+            enc = self.enc[in_pod] = _ports_bytes(self.ports.get(in_pod, ()))
+        return to + bytes((kind, flags, pod_flags, enc[0])) + lb + enc[1] + _ADDR_TAIL
 
 
 def _read_version(fd: int) -> int | None:
@@ -213,11 +276,8 @@ class PinnedMaps:
             if s not in (META, STATS) and s.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
         }
         self._no_batch = False  # set when the kernel refuses batch operations
-        self._st: MapState | None = None  # the mirror; None: read it before the next apply
-        self._by_pod: dict[IPAddress, set[AllowedPort]] = {}
-        self._lbs_of: dict[IPAddress, set[IPAddress]] = {}  # pod IP -> LB IPs that go there
+        self._m: _Mirror | None = None  # the mirror; None: read the maps before the next apply
         self._repair = False  # read_state rewrites addr values that disagree (the agent's)
-        self._raw: dict[IPAddress, bytes] = {}  # addr values as read_state found them
         self._legacy: dict[str, int] = {}  # layout 1's svc/pod maps while upgrading
         self._old_flows: list[tuple[MapSpec, int]] = []  # flow maps replaced by a resize
         #: the flow hints must be seeded again once the new egress program runs (the maps
@@ -302,7 +362,12 @@ class PinnedMaps:
                 version: int | None = None
             else:
                 info = bpfsys.map_info(fds[META.name])
-                version = None if _kind_problem(META, info) else _read_version(fds[META.name])
+                problem = _kind_problem(META, info) or _size_problem(META, info)
+                version = None if problem else _read_version(fds[META.name])
+                if problem:  # not a meta of ours: nothing is proven, a new one
+                    fds[META.name] = cls._migrate(
+                        META, fds[META.name], info, meta_path, problem, copy=False
+                    )
             if version is not None and version > LAYOUT_VERSION:
                 version = None  # a newer cozyebpf's: nothing is proven the same
             for spec in layout.all:
@@ -477,9 +542,9 @@ class PinnedMaps:
                 self.pin_dir,
             )
             return
-        st.allowed = self._read_allowed()
-        self._set_mirror(st)
-        self._write_addrs(list(st.services.keys() | st.pods.keys()))
+        st.allowed = self._read_allowed()[0]
+        self._m = _Mirror.of(st)
+        self._write_addrs([a.packed for a in st.services.keys() | st.pods.keys()])
         log.warning(
             "upgrading maps in %s from layout version 1 to %d: %d services and %d pods moved "
             "to addr4/addr6 beside the old maps; allowed ports, flows, fragments and counters "
@@ -606,22 +671,28 @@ class PinnedMaps:
     def _items(self, spec: MapSpec) -> Iterator[tuple[bytes, bytes]]:
         return self._raw_items(self.fds[spec.name], spec.key_size, spec.value_size)
 
-    def _read_addrs(self) -> MapState:
-        """services and pods from addr4/addr6, with the raw values in `_raw` (for repairs)."""
+    def _read_addrs(self, m: _Mirror) -> tuple[MapState, dict[bytes, bytes]]:
+        """services and pods from addr4/addr6 (into `m` too), and the raw values by key."""
         st = MapState()
-        self._raw = {}
+        raw: dict[bytes, bytes] = {}
         for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
+            lb_at = _lb_at(n)
             for kraw, vraw in self._items(spec):
                 addr = _ip(kraw)
-                v = _decode_addr(vraw, n)
-                if v.kind & K_LB:
-                    st.services[addr] = ServiceEntry(_ip(v.pod_ip), *_entry_flags(v.flags))
-                if v.kind & K_POD:
-                    st.pods[addr] = PodEntry(_ip(v.lb_ip), *_entry_flags(v.pod_flags))
-                self._raw[addr] = vraw
-        return st
+                kind = vraw[n]
+                if kind & K_LB:
+                    pod, flags = vraw[:n], vraw[n + 1]
+                    m.link(kraw, pod, flags)
+                    st.services[addr] = ServiceEntry(_ip(pod), *_entry_flags(flags))
+                if kind & K_POD:
+                    lb, flags = vraw[lb_at : lb_at + n], vraw[n + 2]
+                    m.pod[kraw] = (lb, flags)
+                    st.pods[addr] = PodEntry(_ip(lb), *_entry_flags(flags))
+                raw[kraw] = vraw
+        return st, raw
 
-    def _read_allowed(self) -> set[AllowedPort]:
+    def _read_allowed(self, m: _Mirror | None = None) -> tuple[set[AllowedPort], _Mirror | None]:
+        """The allowed ports (into `m` too)."""
         out: set[AllowedPort] = set()
         for spec, n in ((self.layout.allow4, 4), (self.layout.allow6, 16)):
             for kraw, _ in self._items(spec):
@@ -634,28 +705,26 @@ class PinnedMaps:
                     log.warning("%s holds an entry with unknown protocol %d", spec.name, proto_n)
                     continue
                 out.add(AllowedPort(_ip(kraw[:n]), proto, port))
-        return out
+                if m is not None:
+                    m.ports.setdefault(kraw[:n], set()).add(kraw[n:])
+        return out, m
 
     def read_state(self) -> MapState:
         """Everything in addr4/addr6 and allow4/allow6, as one MapState; it refreshes the
         mirror. The agent's maps (ensure) also rewrite here any addr value that disagrees with
         the state (its inline ports are not part of a MapState, so no diff would repair them)."""
-        st = self._read_addrs()
-        st.allowed = self._read_allowed()
-        self._set_mirror(st.copy())
+        m = _Mirror()
+        st, raw = self._read_addrs(m)
+        st.allowed = self._read_allowed(m)[0]
+        self._m = m
         if self._repair:
-            stale = [
-                a
-                for a, raw in self._raw.items()
-                if (a in st.services or a in st.pods) and self._value(a) != raw
-            ]
+            stale = [k for k, v in raw.items() if m.value(k) not in (v, None)]
             if stale:
                 log.warning(
                     "%d addr entries disagreed with the allowed ports (edited by hand?): rewritten",
                     len(stale),
                 )
                 self._write_addrs(stale)
-        self._raw = {}
         return st
 
     def lookup_service(self, lb: IPAddress) -> ServiceEntry | None:
@@ -716,51 +785,20 @@ class PinnedMaps:
             out[name] = {"packets": pk, "bytes": by}
         return out
 
-    # -- the mirror and the encoding -----------------------------------------------------
+    # -- the encoding ---------------------------------------------------------------------
 
-    def _set_mirror(self, st: MapState) -> None:
-        self._st = st
-        self._by_pod = {}
-        for a in st.allowed:
-            self._by_pod.setdefault(a.pod_ip, set()).add(a)
-        self._lbs_of = {}
-        for lb, s in st.services.items():
-            self._lbs_of.setdefault(s.pod_ip, set()).add(lb)
-
-    def _value(self, addr: IPAddress) -> bytes | None:
-        """The addr value of `addr` in the mirrored state; None when it is neither an LB IP
-        nor a pod IP."""
-        assert self._st is not None
-        svc, pod = self._st.services.get(addr), self._st.pods.get(addr)
-        if svc is None and pod is None:
-            return None
-        zero = bytes(len(addr.packed))
-        lb, pod_flags = zero, 0
-        if pod is not None:
-            lb, pod_flags = pod.lb_ip.packed, _flags(pod.port_filter, pod.allow_icmp)
-        if svc is not None:  # ingress uses the LB role
-            to, in_pod, flags = (
-                svc.pod_ip.packed,
-                svc.pod_ip,
-                _flags(svc.port_filter, svc.allow_icmp),
-            )
-        else:  # traffic to the pod IP directly: no rewrite, the pod's flags
-            to, in_pod, flags = zero, addr, pod_flags
-        kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
-        nports, ports = _ports_bytes(self._by_pod.get(in_pod, ()))
-        return to + bytes((kind, flags, pod_flags, nports)) + lb + ports + _ADDR_TAIL
-
-    def _write_addrs(self, addrs: Iterable[IPAddress]) -> None:
-        """Write the mirrored state's values of `addrs` (all of them must have one)."""
-        for spec, version in ((self.layout.addr4, 4), (self.layout.addr6, 6)):
-            mine = [a for a in addrs if a.version == version]
-            values = [self._value(a) for a in mine]
+    def _write_addrs(self, addrs: Iterable[bytes]) -> None:
+        """Write the mirror's values of `addrs` (packed; all of them must have one)."""
+        assert self._m is not None
+        for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
+            mine = [a for a in addrs if len(a) == n]
+            values = [self._m.value(a) for a in mine]
             assert all(v is not None for v in values), "an address without a value"
-            self._update_batch(spec, [a.packed for a in mine], values)  # type: ignore[arg-type]
+            self._update_batch(spec, mine, values)  # type: ignore[arg-type]
 
-    def _delete_addrs(self, addrs: Iterable[IPAddress]) -> None:
-        for spec, version in ((self.layout.addr4, 4), (self.layout.addr6, 6)):
-            self._delete_batch(spec, [a.packed for a in addrs if a.version == version])
+    def _delete_addrs(self, addrs: Iterable[bytes]) -> None:
+        for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
+            self._delete_batch(spec, [a for a in addrs if len(a) == n])
 
     # -- programming ---------------------------------------------------------------------
 
@@ -777,69 +815,67 @@ class PinnedMaps:
                 f"refusing to program maps in {self.pin_dir}: an entry mixes address families "
                 f"({'; '.join(errors)})"
             )
-        if self._st is None:
+        if self._m is None:
             self.read_state()
-        st = self._st
-        assert st is not None
-        touched: set[IPAddress] = set(d.services_set) | d.services_del
-        touched |= set(d.pods_set) | d.pods_del
-        ported = {a.pod_ip for a in d.allowed_add} | {a.pod_ip for a in d.allowed_del}
+        m = self._m
+        assert m is not None
+        touched: set[bytes] = set()
+        ported: set[bytes] = set()
         # the mirror first (in apply_to's order), then the values it gives
+        add_keys: dict[int, list[bytes]] = {4: [], 16: []}
         for a in d.allowed_add:
-            st.allowed.add(a)
-            self._by_pod.setdefault(a.pod_ip, set()).add(a)
+            pod = a.pod_ip.packed
+            port = _port_bytes(a)
+            add_keys[len(pod)].append(pod + port)  # the allow4/allow6 key
+            m.ports.setdefault(pod, set()).add(port)
+            ported.add(pod)
         for lb, s in d.services_set.items():
-            self._unlink_lb(lb)
-            st.services[lb] = s
-            self._lbs_of.setdefault(s.pod_ip, set()).add(lb)
-        st.pods.update(d.pods_set)
+            key = lb.packed
+            m.link(key, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp))
+            touched.add(key)
+        for p, e in d.pods_set.items():
+            key = p.packed
+            m.pod[key] = (e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp))
+            touched.add(key)
         for lb in d.services_del:
-            self._unlink_lb(lb)
-            st.services.pop(lb, None)
+            key = lb.packed
+            m.unlink(key)
+            touched.add(key)
         for p in d.pods_del:
-            st.pods.pop(p, None)
+            key = p.packed
+            m.pod.pop(key, None)
+            touched.add(key)
         for a in d.allowed_del:
-            st.allowed.discard(a)
-            mine = self._by_pod.get(a.pod_ip)
+            pod = a.pod_ip.packed
+            mine = m.ports.get(pod)
             if mine is not None:
-                mine.discard(a)
+                mine.discard(_port_bytes(a))
                 if not mine:
-                    del self._by_pod[a.pod_ip]
-        for p in ported:
-            touched |= self._lbs_of.get(p, set())
-            if p in st.pods:
-                touched.add(p)
-        sets = [a for a in touched if a in st.services or a in st.pods]
-        dels = [a for a in touched if a not in st.services and a not in st.pods]
+                    del m.ports[pod]
+            ported.add(pod)
+        for pod in ported:
+            m.enc.pop(pod, None)
+            touched |= m.lbs_of.get(pod, set())
+            if pod in m.pod:
+                touched.add(pod)
+        sets = [a for a in touched if a in m.svc or a in m.pod]
+        dels = [a for a in touched if a not in m.svc and a not in m.pod]
         try:
-            self._write_allowed(sorted(d.allowed_add), add=True)
+            self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
+            self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
             self._write_addrs(sets)
             self._delete_addrs(dels)
-            self._write_allowed(sorted(d.allowed_del), add=False)
+            self._delete_allowed(d.allowed_del)
             if self._legacy:
                 self._apply_legacy(d)
         except bpfsys.BpfError as e:
-            self._st = None  # the maps hold part of it: read them again before the next apply
+            self._m = None  # the maps hold part of it: read them again before the next apply
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
 
-    def _unlink_lb(self, lb: IPAddress) -> None:
-        assert self._st is not None
-        old = self._st.services.get(lb)
-        if old is not None:
-            lbs = self._lbs_of.get(old.pod_ip)
-            if lbs is not None:
-                lbs.discard(lb)
-                if not lbs:
-                    del self._lbs_of[old.pod_ip]
-
-    def _write_allowed(self, ports: list[AllowedPort], add: bool) -> None:
+    def _delete_allowed(self, ports: set[AllowedPort]) -> None:
         for spec, version in ((self.layout.allow4, 4), (self.layout.allow6, 6)):
-            keys = [_allow_bytes(a) for a in ports if a.version == version]
-            if add:
-                self._update_batch(spec, keys, [b"\x01"] * len(keys))
-            else:
-                self._delete_batch(spec, keys)
+            self._delete_batch(spec, [_allow_bytes(a) for a in ports if a.version == version])
 
     def _apply_legacy(self, d: MapDiff) -> None:
         """While layout 1's programs may still run (upgrading), its svc/pod maps follow too."""
