@@ -102,7 +102,8 @@ def main() -> None:
     type=float,
     default=1.0,
     show_default=True,
-    help="Seconds between checks of the manifest file.",
+    help="Seconds between checks of the manifest file besides inotify (a safety net, and "
+    "the only way where inotify cannot watch it).",
 )
 @click.option(
     "--resync-interval",
@@ -194,15 +195,22 @@ def run(
       cozyebpf run --kubeconfig ~/.kube/config --devices auto --health-address 127.0.0.1:9810
     """
     _setup_logging(log_level)
-    from cozyebpf.agent import Agent, Source
+    from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices
     from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
+    from cozyebpf.sources import Source
 
     stop = threading.Event()
+    agent: Agent | None = None
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            return  # already stopping: let the cleanup finish
         log.info("got %s, stopping", signal.Signals(signum).name)
         stop.set()
+        if agent is not None:
+            agent.notify()
+        raise _Stopping  # interrupts whatever runs, a large sync included
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -212,10 +220,12 @@ def run(
         devs = resolve_devices(devices)
         source: Source
         on_problems = None
+        kube = None
         if manifests:
             from cozyebpf.sources.manifest import ManifestSource
 
-            source = ManifestSource(manifests)
+            source = ManifestSource(manifests, proxy_name, poll_interval)
+            source.check()
         else:
             from cozyebpf.events import EventRecorder
             from cozyebpf.sources.kube import KubeSource, api_client
@@ -223,9 +233,8 @@ def run(
             client = api_client(kubeconfig)
             kube = KubeSource(client, proxy_name)
             recorder = EventRecorder(client, node_name or socket.gethostname())
-            kube.start()
             recorder.start()
-            stoppers += [kube.stop, recorder.stop]
+            stoppers.append(recorder.stop)
             source, on_problems = kube, recorder.record
         dp = BpfDatapath(
             devs,
@@ -236,27 +245,50 @@ def run(
             on_foreign_xdp=on_foreign_xdp,
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
-        dp.start()
-        hooks = ", ".join(f"{a.device} {a.hook}" for a in dp.attachments.values())
-        log.info("datapath ready: %s (maps in %s)", hooks, pin_dir)
+        dp.prepare()
+        dp.begin()  # compiling in a child; the control plane starts meanwhile
         agent = Agent(
-            source, dp, proxy_name, poll_interval, resync_interval, on_problems, check_interval
+            source,
+            dp,
+            proxy_name,
+            resync_interval,
+            on_problems,
+            check_interval,
+            capacity=dp.capacity(),
         )
+        source.start(agent.notify)
+        stoppers.insert(0, source.stop)
         if health_address:
             from cozyebpf.health import HealthServer
 
             health = HealthServer(health_address, agent.liveness, agent.readiness)
             health.start()
             stoppers.append(health.stop)
+        while not stop.is_set() and not dp.attached:
+            agent.tick()
+            if dp.compiled():
+                dp.finish()
+                hooks = ", ".join(f"{a.device} {a.hook}" for a in dp.attachments.values())
+                log.info("datapath ready: %s (maps in %s)", hooks, pin_dir)
+            else:
+                agent.notifier.wait(0.05)
         agent.run(stop)
+    except _Stopping:
+        pass
     except CozyError as e:
         _fail(e)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal: cleanup goes on
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for fn in stoppers:
             fn()
         if dp is not None:
             dp.close()
     log.info("stopped; the datapath stays attached (remove it with `cozyebpf detach`)")
+
+
+class _Stopping(Exception):
+    """Raised by the signal handler to leave whatever the agent is doing."""
 
 
 @main.group()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
@@ -36,6 +36,7 @@ from typing import Any, Literal, NamedTuple
 from cozyebpf.state import (
     FAMILIES,
     AllowedPort,
+    Capacity,
     IPAddress,
     MapDiff,
     MapState,
@@ -652,18 +653,25 @@ class ObjectSet:
     problems: list[Problem] = field(default_factory=list)  # objects that cannot be named
 
 
-def read_objects(objects: Iterable[object], proxy_name: str = DEFAULT_PROXY_NAME) -> ObjectSet:
-    """Read every object (`read_object`); a Service defined more than once counts only when
-    every copy is the same object."""
+def read_objects(
+    objects: Iterable[object],
+    proxy_name: str = DEFAULT_PROXY_NAME,
+    again: Callable[[], Iterable[object]] | None = None,
+) -> ObjectSet:
+    """Read every object (`read_object`), in one pass that keeps only records. A Service
+    defined more than once counts only when every copy is the same object: when that happens
+    the copies are compared in a second pass over `again()` (the same objects again; by default
+    `objects` itself, which must then be a list or tuple)."""
     out = ObjectSet()
-    found: dict[Key, list[tuple[Mapping[str, Any], ServiceRecord]]] = {}
+    copies: dict[Key, int] = {}
     for index, obj in enumerate(objects, start=1):
         if obj is None:
             continue
         rec = read_object(obj, index, proxy_name)
         if isinstance(rec, ServiceRecord):
-            assert isinstance(obj, Mapping)
-            found.setdefault((rec.ref.namespace, rec.ref.name), []).append((obj, rec))
+            key = (rec.ref.namespace, rec.ref.name)
+            copies[key] = copies.get(key, 0) + 1
+            out.services.setdefault(key, rec)
         elif isinstance(rec, SliceRecord):
             key = (rec.ref.namespace, rec.ref.name)
             out.slices[key] = (*out.slices.get(key, ()), rec)
@@ -671,12 +679,23 @@ def read_objects(objects: Iterable[object], proxy_name: str = DEFAULT_PROXY_NAME
             out.foreign[(rec.ref.namespace, rec.ref.name)] = rec
         elif isinstance(rec, Problem):
             out.problems.append(rec)
-    for key, copies in found.items():
-        first, rec = copies[0]
-        if all(_same(o, first) for o, _ in copies[1:]):
-            out.services[key] = rec
-        else:
-            out.services[key] = duplicate_problem(rec.ref, len(copies))
+    twice = {key for key, n in copies.items() if n > 1}
+    if not twice:
+        return out
+    if again is None:
+        assert isinstance(objects, list | tuple), "pass `again` to read a stream"
+        again = lambda: objects  # noqa: E731
+    found: dict[Key, list[Mapping[str, Any]]] = {}
+    for index, obj in enumerate(again(), start=1):
+        if obj is None:
+            continue
+        rec = read_object(obj, index, proxy_name)
+        if isinstance(rec, ServiceRecord) and (rec.ref.namespace, rec.ref.name) in twice:
+            assert isinstance(obj, Mapping)
+            found.setdefault((rec.ref.namespace, rec.ref.name), []).append(obj)
+    for key, objs in found.items():
+        if not all(_same(o, objs[0]) for o in objs[1:]):
+            out.services[key] = duplicate_problem(out.services[key].ref, len(objs))
     return out
 
 
@@ -856,32 +875,6 @@ def _compose(
             if s.port_filter:
                 o.allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
     return out
-
-
-@dataclass(frozen=True)
-class MapLimit:
-    """One map of the datapath and what it holds: at most `size` entries of the kinds listed,
-    ("services" | "pods" | "allowed", address family) counted together."""
-
-    map: str
-    size: int
-    kinds: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """The datapath's maps, for programming what fits when the cluster is larger; `hint` says
-    how to raise the sizes (it ends the message about each Service left out)."""
-
-    limits: tuple[MapLimit, ...]
-    hint: str = "raise --max-services"
-
-    def full(self, counts: Mapping[tuple[str, int], int]) -> MapLimit | None:
-        """The first map that `counts` would overflow, or None."""
-        for limit in self.limits:
-            if sum(counts.get(k, 0) for k in limit.kinds) > limit.size:
-                return limit
-        return None
 
 
 def _kind_counts(state: MapState) -> dict[tuple[str, int], int]:

@@ -21,15 +21,13 @@ from cozyebpf.model import (
     DEFAULT_PROXY_NAME,
     LABEL_PROXY_NAME,
     LABEL_SERVICE_NAME,
-    Capacity,
     IncrementalModel,
-    MapLimit,
     ModelResult,
     Problem,
     build_state,
     read_objects,
 )
-from cozyebpf.state import MapState, apply_to
+from cozyebpf.state import Capacity, MapLimit, MapState, apply_to
 
 Obj = dict[str, Any]
 
