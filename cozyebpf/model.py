@@ -63,7 +63,7 @@ _BROADCAST = IPv4Address("255.255.255.255")
 _ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6}
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class ObjectRef:
     """Names a Kubernetes object (or, for garbage, its position in the input) in messages."""
 
@@ -77,7 +77,7 @@ class ObjectRef:
         return f"{self.kind} {self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Problem:
     """Something wrong with one object: `message` says what, and what to do about it."""
 
@@ -99,7 +99,7 @@ class PortSpec(NamedTuple):
         return f"{self.proto.name.lower()}/{self.port}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceView:
     """One selected Service as the model understood it, for logs.
 
@@ -763,14 +763,15 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
     return _Eval(rec.ref, s, tuple(chosen), tuple(problems))
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Output:
-    """What one Service contributes to the desired state, and everything said about it."""
+    """What one Service contributes to the desired state, and everything said about it.
+    Tuples, not dicts and sets: the incremental model keeps one per Service."""
 
-    services: dict[IPAddress, ServiceEntry] = field(default_factory=dict)
-    pods: dict[IPAddress, PodEntry] = field(default_factory=dict)
-    allowed: set[AllowedPort] = field(default_factory=set)
-    problems: list[Problem] = field(default_factory=list)
+    services: tuple[tuple[IPAddress, ServiceEntry], ...] = ()
+    pods: tuple[tuple[IPAddress, PodEntry], ...] = ()
+    allowed: tuple[AllowedPort, ...] = ()
+    problems: tuple[Problem, ...] = ()
     view: ServiceView | None = None
 
 
@@ -804,7 +805,7 @@ def _compose(
     valid: list[_Eval] = []
     for e in evals:
         if e.service is None:
-            out[e.ref] = _Output(problems=list(e.problems))
+            out[e.ref] = _Output(problems=e.problems)
         else:
             valid.append(e)
     lb_owner: dict[IPAddress, ObjectRef] = {}
@@ -812,13 +813,16 @@ def _compose(
     for e in sorted(valid, key=lambda e: e.age):
         s = e.service
         assert s is not None
-        o = out[e.ref] = _Output(problems=list(e.problems))
+        problems = list(e.problems)
+        services: list[tuple[IPAddress, ServiceEntry]] = []
+        pods: list[tuple[IPAddress, PodEntry]] = []
+        allowed: set[AllowedPort] = set()
         kept: list[IPAddress] = []
         for lb in s.lb_ips:
             for other in sorted(foreign.get(lb, ()), key=lambda f: f.ref):
-                o.problems.append(_shared_problem(s.ref, lb, other))
+                problems.append(_shared_problem(s.ref, lb, other))
             if lb in lb_owner:
-                o.problems.append(
+                problems.append(
                     Problem(
                         s.ref,
                         f"LoadBalancer IP {lb} is also claimed by the older {lb_owner[lb]}, "
@@ -829,7 +833,7 @@ def _compose(
                 lb_owner[lb] = s.ref
                 kept.append(lb)
         chosen = dict(e.chosen)
-        o.view = ServiceView(
+        view = ServiceView(
             s.ref,
             tuple(kept),
             tuple(chosen[v] for v in FAMILIES if v in chosen),
@@ -846,7 +850,7 @@ def _compose(
             if backend is None:
                 # no ready endpoint at all is reported once above; here only a missing family
                 if chosen:
-                    o.problems += [
+                    problems += [
                         Problem(
                             s.ref,
                             f"LB IP {lb} is {fam} but the Service has no ready {fam} endpoint; "
@@ -857,11 +861,11 @@ def _compose(
                         for lb in lbs
                     ]
                 continue
-            for lb in lbs:
-                o.services[lb] = ServiceEntry(backend, s.port_filter, s.allow_icmp)
+            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp)
+            services += [(lb, entry) for lb in lbs]
             if backend in pod_owner:
                 owner, egress = pod_owner[backend]
-                o.problems.append(
+                problems.append(
                     Problem(
                         s.ref,
                         f"its pod {backend} is also behind the older {owner}, so the "
@@ -871,9 +875,10 @@ def _compose(
                 )
             else:
                 pod_owner[backend] = (s.ref, lbs[0])
-                o.pods[backend] = PodEntry(lbs[0], s.port_filter, s.allow_icmp)
+                pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp)))
             if s.port_filter:
-                o.allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
+                allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
+        out[e.ref] = _Output(tuple(services), tuple(pods), tuple(allowed), tuple(problems), view)
     return out
 
 
@@ -903,8 +908,8 @@ def _admit(
             continue
         new: dict[tuple[str, int], int] = {}
         for kind, keys in (
-            ("services", [k for k in o.services if k not in state.services]),
-            ("pods", [k for k in o.pods if k not in state.pods]),
+            ("services", [k for k, _ in o.services if k not in state.services]),
+            ("pods", [k for k, _ in o.pods if k not in state.pods]),
             ("allowed", [a.pod_ip for a in o.allowed if a not in state.allowed]),
         ):
             for ip in keys:
@@ -923,7 +928,7 @@ def _admit(
         counts = after
         state.services.update(o.services)
         state.pods.update(o.pods)
-        state.allowed |= o.allowed
+        state.allowed.update(o.allowed)
     return state, left_out
 
 
@@ -964,7 +969,7 @@ def compose(objects: ObjectSet, capacity: Capacity | None = None) -> ModelResult
     for o in outputs.values():
         state.services.update(o.services)
         state.pods.update(o.pods)
-        state.allowed |= o.allowed
+        state.allowed.update(o.allowed)
         problems += o.problems
     if capacity is not None and capacity.full(_kind_counts(state)) is not None:
         state, left_out = _admit(_age_order(outputs, evals), capacity)
@@ -1010,8 +1015,22 @@ def _merge(outputs: Iterable[_Output]) -> MapState:
     for o in outputs:
         st.services.update(o.services)
         st.pods.update(o.pods)
-        st.allowed |= o.allowed
+        st.allowed.update(o.allowed)
     return st
+
+
+def _tuple_add(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
+    keys = index.get(at, ())
+    if key not in keys:
+        index[at] = (*keys, key)
+
+
+def _tuple_discard(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
+    keys = tuple(k for k in index.get(at, ()) if k != key)
+    if keys:
+        index[at] = keys
+    else:
+        index.pop(at, None)
 
 
 def _key(ref: ObjectRef) -> Key:
@@ -1038,13 +1057,14 @@ class IncrementalModel:
         self.capacity = capacity
         self.services: dict[Key, ServiceRecord] = {}
         self.slices: dict[Key, tuple[SliceRecord, ...]] = {}
-        self._slices_of: dict[Key, set[Key]] = {}  # Service -> slices that name it
+        self._slices_of: dict[Key, tuple[Key, ...]] = {}  # Service -> slices that name it
         self.foreign: dict[Key, ForeignRecord] = {}
         self._foreign_by_ip: dict[IPAddress, set[ForeignRecord]] = {}
         self._foreign_dirty: set[IPAddress] = set()
         self._unkeyed: list[Problem] = []
         self._evals: dict[Key, _Eval] = {}
-        self._claims: dict[IPAddress, set[Key]] = {}  # LB IP or chosen pod -> Services
+        # LB IP or chosen pod -> the Services that claim it (tuples: mostly one, and small)
+        self._claims: dict[IPAddress, tuple[Key, ...]] = {}
         self._outputs: dict[Key, _Output] = {}
         self._full = MapState()  # every Service's entries
         self._counts: dict[tuple[str, int], int] = {}  # of _full, per kind and family
@@ -1077,15 +1097,11 @@ class IncrementalModel:
             return False
         for r in old:
             service = (r.ref.namespace, r.service)
-            keys = self._slices_of.get(service)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._slices_of[service]
+            _tuple_discard(self._slices_of, service, key)
             self._dirty.add(service)
         for r in new:
             service = (r.ref.namespace, r.service)
-            self._slices_of.setdefault(service, set()).add(key)
+            _tuple_add(self._slices_of, service, key)
             self._dirty.add(service)
         if new:
             self.slices[key] = new
@@ -1188,17 +1204,14 @@ class IncrementalModel:
             if old is not None:
                 for ip in old.addresses():
                     addresses.add(ip)
-                    claims = self._claims[ip]
-                    claims.discard(key)
-                    if not claims:
-                        del self._claims[ip]
+                    _tuple_discard(self._claims, ip, key)
                 del self._evals[key]
             changed.add(key)
             if new is not None:
                 self._evals[key] = new
                 for ip in new.addresses():
                     addresses.add(ip)
-                    self._claims.setdefault(ip, set()).add(key)
+                    _tuple_add(self._claims, ip, key)
         return changed, addresses
 
     def _component(self, seeds: set[Key], addresses: set[IPAddress]) -> set[Key]:

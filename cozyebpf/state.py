@@ -64,7 +64,7 @@ PORT_PROTOS = (Proto.TCP, Proto.UDP, Proto.SCTP)
 
 
 @functools.total_ordering
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceEntry:
     """Value of the LB-IP map: where packets to the LB IP go, and how they are filtered.
     `pod_ip` is of the LB IP's family."""
@@ -91,7 +91,7 @@ class ServiceEntry:
 
 
 @functools.total_ordering
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodEntry:
     """Value of the pod-IP map: the LB IP the pod's egress is rewritten to, and its filter.
     `lb_ip` is of the pod IP's family."""
@@ -118,7 +118,7 @@ class PodEntry:
 
 
 @functools.total_ordering
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllowedPort:
     """One entry of the allowed-ports set: (pod IP, L4 protocol, destination port); it goes to
     allow4 or allow6 by the pod IP's family."""

@@ -21,15 +21,18 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from cozyebpf.errors import SourceError
 from cozyebpf.model import DEFAULT_PROXY_NAME, ObjectSet, read_objects
-from cozyebpf.sources import ChangeSet
+from cozyebpf.sources import ChangeSet, fastyaml
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FAST = "fastyaml"  # the event reader, as a loader name
 
 _KEEP = "the previous state stays programmed"
 Signature = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
@@ -186,24 +189,32 @@ class ManifestSource:
         """The file's objects as the model's records, read document by document (no parsed
         object is kept). Raises SourceError as load() does, and then nothing was read."""
         text = self._text()
-        for loader in self._loaders():
+        return self._with_loaders(
+            lambda loader: read_objects(
+                self._documents(text, loader),
+                self.proxy_name,
+                again=functools.partial(self._documents, text, loader),
+            )
+        )
+
+    def _with_loaders(self, fn: Callable[[Any], T]) -> T:
+        """fn(loader) with the fastest loader that can read the file: the event reader
+        (fastyaml), else libyaml's CSafeLoader (anchors, tags: what fastyaml leaves out), else
+        the pure-Python SafeLoader, whose messages the errors here are written for (it also
+        says why a C loader refused a file)."""
+        fast = fastyaml.available()
+        loaders: list[Any] = [FAST, yaml.CSafeLoader] if fast else []
+        for loader in [*loaders, yaml.SafeLoader]:
             try:
-                return read_objects(
-                    self._documents(text, loader),
-                    self.proxy_name,
-                    again=functools.partial(self._documents, text, loader),
-                )
+                return fn(loader)
+            except fastyaml.Unsupported:
+                continue
             except SourceError:
                 if loader is yaml.SafeLoader:
                     raise
-        raise AssertionError("unreachable: the last loader raises")
-
-    @staticmethod
-    def _loaders() -> list[Any]:
-        """libyaml (CSafeLoader, 4-8x faster: bench/), then the pure-Python loader, whose
-        messages the errors below are written for (it says why libyaml refused a file)."""
-        fast = getattr(yaml, "CSafeLoader", None)
-        return [fast, yaml.SafeLoader] if fast is not None else [yaml.SafeLoader]
+                if loader is FAST:  # a YAML error: the precise loader names it
+                    loaders.remove(yaml.CSafeLoader)
+        raise AssertionError("unreachable: the last loader returns or raises")
 
     # -- the Source protocol -------------------------------------------------------------
 
@@ -281,29 +292,29 @@ class ManifestSource:
         return changes
 
     def _parse(self, text: str) -> list[dict[str, Any]]:
-        for loader in self._loaders():
-            try:
-                return list(self._documents(text, loader))
-            except SourceError:
-                if loader is yaml.SafeLoader:
-                    raise
-        raise AssertionError("unreachable: the last loader raises")
+        return self._with_loaders(lambda loader: list(self._documents(text, loader)))
 
-    def _documents(self, text: str, loader_class: Any) -> Iterator[dict[str, Any]]:
-        """The objects of `text`, one document at a time; SourceError on the first error."""
+    def _raw(self, text: str, loader: Any) -> Iterator[tuple[Any, int]]:
+        """(document, its first line from 0) with `loader`: FAST or a PyYAML loader class."""
+        if loader is FAST:
+            yield from fastyaml.documents(text)
+            return
+        yaml_loader = loader(text)
         try:
-            loader = loader_class(text)
-        except yaml.reader.ReaderError as e:  # the reader checks every character up front
-            raise SourceError(self._reader_message(text, e)) from None
-        try:
-            number = 0
-            while loader.check_node():
-                node = loader.get_node()
+            while yaml_loader.check_node():
+                node = yaml_loader.get_node()
                 if node is None:
                     break
-                number += 1
-                doc = loader.construct_document(node)
-                where = f"document {number} (line {node.start_mark.line + 1})"
+                yield yaml_loader.construct_document(node), node.start_mark.line
+        finally:
+            yaml_loader.dispose()
+
+    def _documents(self, text: str, loader: Any) -> Iterator[dict[str, Any]]:
+        """The objects of `text`, one document at a time; SourceError on the first error
+        (fastyaml.Unsupported passes through: the caller tries the next loader)."""
+        try:
+            for number, (doc, line) in enumerate(self._raw(text, loader), start=1):
+                where = f"document {number} (line {line + 1})"
                 if doc is None:
                     continue
                 if not isinstance(doc, Mapping):
@@ -337,8 +348,6 @@ class ManifestSource:
             raise SourceError(self._reader_message(text, e)) from None
         except yaml.YAMLError as e:
             raise SourceError(f"{self.path}: {e}; {_KEEP}") from None
-        finally:
-            loader.dispose()
 
     def _reader_message(self, text: str, e: yaml.reader.ReaderError) -> str:
         char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
