@@ -14,6 +14,9 @@ difference to the datapath.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import logging
 import threading
 import time
@@ -30,6 +33,15 @@ log = logging.getLogger(__name__)
 
 _LEVELS = {"warning": logging.WARNING, "error": logging.ERROR}
 RETRY_FIRST = 1.0  # seconds before the first retry of a failed sync (then doubling)
+
+
+def release_memory() -> None:
+    """Give memory freed by a large piece of work (the first list or file, the first sync)
+    back to the system: a collection, then glibc's malloc_trim, which returns the free pages
+    of every malloc arena (threads that parsed API lists leave theirs fragmented)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 class Agent:
@@ -113,7 +125,9 @@ class Agent:
                 self._failed(now, "sync", e)
                 return
             self.syncs += 1
-            self.synced_once = True
+            if not self.synced_once:
+                self.synced_once = True
+                release_memory()
             self._resync_at = now + self.resync_interval
             self._retry_delay = self.retry_first
             self._last_error = None

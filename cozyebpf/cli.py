@@ -3,8 +3,11 @@ COZYEBPF_PIN_DIR, COZYEBPF_RUN_DEVICES (click's auto_envvar_prefix)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -38,6 +41,17 @@ def _setup_logging(level: str) -> None:
         stream=sys.stderr,
     )
     logging.getLogger("cozyebpf").setLevel(getattr(logging, level.upper()))
+
+
+def _fewer_malloc_arenas() -> None:
+    """glibc gives each thread that allocates its own malloc arena (up to 8 per core), and
+    memory freed in one is not reused by another: the watch threads' JSON parsing would keep
+    tens of MB resident. Two arenas are plenty for this agent (M_ARENA_MAX, before any thread
+    starts; MALLOC_ARENA_MAX in the environment wins)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
 
 
 def _fail(e: CozyError) -> None:
@@ -195,6 +209,7 @@ def run(
       cozyebpf run --kubeconfig ~/.kube/config --devices auto --health-address 127.0.0.1:9810
     """
     _setup_logging(log_level)
+    _fewer_malloc_arenas()
     from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices
     from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
