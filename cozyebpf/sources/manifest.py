@@ -19,6 +19,7 @@ import os
 import select
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -276,15 +277,23 @@ class ManifestSource:
         until it has been read once."""
         if not self.changed():
             return ChangeSet() if self._ever_read else None
+        t0 = time.monotonic()
         try:
+            if self._ever_read:
+                log.info("%s changed, reading it", self.path)
             objects = self.read()
         except SourceError as e:
             if str(e) != self._last_error:
                 log.error("%s", e)
                 self._last_error = str(e)
             return ChangeSet() if self._ever_read else None
-        if self._last_error is not None:
-            log.info("%s: read again", self.path)
+        log.info(
+            "read %s: %d Services, %d EndpointSlices in %.2fs",
+            self.path,
+            len(objects.services),
+            sum(len(s) for s in objects.slices.values()),
+            time.monotonic() - t0,
+        )
         self._last_error = None
         self._ever_read = True
         changes = ChangeSet(whole=objects)
