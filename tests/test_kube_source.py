@@ -290,3 +290,45 @@ def test_event_failures_are_logged_not_fatal(
         assert "could not record an Event for Service default/vm3: HTTP 500" in caplog.text
     finally:
         rec.stop()
+
+
+def test_an_lb_ip_shared_with_an_unmanaged_service_is_warned_about(
+    api: FakeKubeAPI, source: KubeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cilium programs (and drops unlisted ports of) the LB IP of every Service it handles:
+    a managed LB IP that an unlabelled Service also holds gets a warning and an Event on the
+    managed Service; an unmanaged Service with its own IP gets nothing."""
+    caplog.set_level(logging.WARNING, "cozyebpf.agent")
+    rec = EventRecorder(api.api_client(), "node-a")
+    rec.start()
+    dp = FakeDatapath()
+    agent = Agent(source, dp, on_problems=rec.record)
+    unlabelled = Svc("web", VM1.lb_ip, "10.244.1.99", [("TCP", 443)])
+    put(api, VM1, VM2, OTHER)  # OTHER: another proxy's Service on its own IP
+    web = objects(unlabelled)[0]
+    del web["metadata"]["labels"]["service.kubernetes.io/service-proxy-name"]
+    source.start(agent.notify)
+    try:
+        wait_for(lambda: source.synced, 5, "the lists")
+        agent.tick()
+        assert "also the LoadBalancer IP" not in caplog.text
+        assert not [e for e in api.events("default") if "LoadBalancer IP" in e["message"]]
+        api.apply(web)
+        wait_for(lambda: (agent.tick(), "also the LoadBalancer IP" in caplog.text)[1], 5, "warn")
+        message = (
+            "LoadBalancer IP 203.0.113.10 is also the LoadBalancer IP of Service default/web, "
+            "which has no service.kubernetes.io/service-proxy-name label, so the cluster's own "
+            "Service proxy programs it (Cilium adds a wildcard entry for the IP that drops "
+            "ports that Service does not list); traffic to the IP may not reach this Service's "
+            "pod: give each Service its own LoadBalancer IP"
+        )
+        assert f"Service default/vm1: {message}" in caplog.text
+        wait_for(lambda: rec.sent >= 1, 5, "the Event")
+        (ev,) = [e for e in api.events("default") if e["involvedObject"]["name"] == "vm1"]
+        assert ev["message"] == message and ev["reason"] == "CozyebpfWarning"
+        # the managed Service stays programmed, and the warning goes with the shared IP
+        assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10", "203.0.113.20"]
+        api.delete("Service", "default", "web")
+        wait_for(lambda: (agent.tick(), not agent.model.problems())[1], 5, "the warning to go")
+    finally:
+        rec.stop()
