@@ -229,13 +229,7 @@ class ManifestSource:
             )
 
     def start(self, notify: Callable[[], None]) -> None:
-        """Watch the file; `notify` on every change."""
-        self._thread = threading.Thread(
-            target=self._watch, args=(notify,), name="watch-manifest", daemon=True
-        )
-        self._thread.start()
-
-    def _watch(self, notify: Callable[[], None]) -> None:
+        """Watch the file (the watch exists when this returns); `notify` on every change."""
         directory = self.path.absolute().parent
         ino: _Inotify | None = None
         try:
@@ -249,6 +243,12 @@ class ManifestSource:
                 self.path.name,
                 self.poll_interval,
             )
+        self._thread = threading.Thread(
+            target=self._watch, args=(ino, notify), name="watch-manifest", daemon=True
+        )
+        self._thread.start()
+
+    def _watch(self, ino: _Inotify | None, notify: Callable[[], None]) -> None:
         try:
             while not self._stop.is_set():
                 if ino is not None:
