@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -58,6 +59,9 @@ Severity = Literal["warning", "error"]
 
 _PROTOS = {"TCP": Proto.TCP, "UDP": Proto.UDP, "SCTP": Proto.SCTP}
 _DOTTED_QUAD = re.compile(r"\d+\.\d+\.\d+\.\d+")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#: what IPv4Address accepts, in its one canonical form (no leading zeros, four octets)
+_CANONICAL_V4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
 _BROADCAST = IPv4Address("255.255.255.255")
 #: EndpointSlice addressType -> address family
 _ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6}
@@ -302,7 +306,10 @@ def _parse_ip(value: object, where: str, fix: str, version: int | None = None) -
         raise _Invalid(f"{where} must be a string but is {_describe(value)}; {fix}")
     ip: IPAddress
     try:
-        ip = IPv4Address(value)
+        if _CANONICAL_V4.fullmatch(value):  # the common case, without ipaddress's parser
+            ip = IPv4Address(socket.inet_aton(value))
+        else:
+            ip = IPv4Address(value)
     except ValueError:
         try:
             ip = IPv6Address(value)
