@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
@@ -33,6 +34,31 @@ log = logging.getLogger(__name__)
 
 _LEVELS = {"warning": logging.WARNING, "error": logging.ERROR}
 RETRY_FIRST = 1.0  # seconds before the first retry of a failed sync (then doubling)
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """One write to the maps (or one change that needed none): for metrics and `status`.
+    `latencies` are the network programming durations of the changes it covered: from when
+    each change was made (an EndpointSlice's last-change-trigger-time, else when it arrived)
+    to the end of the write."""
+
+    kind: str  # "full" (the full resync) or "change"
+    duration: float  # seconds the write took (model, diff and maps)
+    latencies: tuple[float, ...]
+    ok: bool
+
+
+@dataclass
+class AgentStats:
+    """Counters of what the agent did; plain values, read by other threads."""
+
+    syncs: int = 0  # successful writes, full or incremental
+    full_syncs: int = 0
+    sync_errors: int = 0
+    last_sync: float | None = None  # time.time() at the end of the last successful write
+    last_sync_duration: float | None = None
+    last_full_sync: float | None = None
 
 
 def release_memory() -> None:
@@ -70,7 +96,50 @@ class Agent:
         self.retry_first = retry_delay
         self._retry_delay = retry_delay
         self._last_error: str | None = None
-        self.syncs = 0  # writes to the maps (full or incremental), for tests and logs
+        self.stats = AgentStats()
+        #: called after every write (and every change that needed none), in the loop's thread
+        self.on_sync: list[Callable[[SyncReport], None]] = []
+        self._triggers: list[float] = []  # changes not programmed yet (epoch seconds)
+
+    @property
+    def syncs(self) -> int:
+        """Successful writes to the maps (full or incremental)."""
+        return self.stats.syncs
+
+    def _done(self, kind: str, started: float, ok: bool, wrote: bool = True) -> None:
+        """Account for one write (`wrote`: False for changes that needed none) or failure,
+        and tell the observers."""
+        now = time.monotonic()
+        duration = now - started
+        latencies: tuple[float, ...] = ()
+        st = self.stats
+        if ok:
+            wall = time.time()
+            latencies = tuple(max(0.0, wall - t) for t in self._triggers)
+            self._triggers = []
+            if not wrote:
+                if latencies:
+                    report = SyncReport(kind, duration, latencies, ok)
+                    for fn in self.on_sync:
+                        self._tell(fn, report)
+                return
+            st.syncs += 1
+            st.last_sync, st.last_sync_duration = wall, duration
+            if kind == "full":
+                st.full_syncs += 1
+                st.last_full_sync = wall
+        else:
+            st.sync_errors += 1
+        report = SyncReport(kind, duration, latencies, ok)
+        for fn in self.on_sync:
+            self._tell(fn, report)
+
+    @staticmethod
+    def _tell(fn: Callable[[SyncReport], None], report: SyncReport) -> None:
+        try:
+            fn(report)
+        except Exception as e:  # an observer must not stop the loop
+            log.error("sync observer failed: %s", e)
 
     def notify(self) -> None:
         """Wake the loop (a source has changes)."""
@@ -114,6 +183,7 @@ class Agent:
         changes = self.source.take()
         if changes is None:  # never read completely: change nothing (fail-static)
             return
+        self._triggers += changes.triggers
         changes.record_into(self.model)
         delta = self.model.flush() if self.model.pending else None
         if delta is not None:
@@ -122,22 +192,24 @@ class Agent:
             try:
                 self.controller.sync(self.model.state)
             except CozyError as e:
+                self._done("full", now, False)
                 self._failed(now, "sync", e)
                 return
-            self.syncs += 1
+            self._done("full", now, True)
             if not self.synced_once:
                 self.synced_once = True
                 release_memory()
             self._resync_at = now + self.resync_interval
             self._retry_delay = self.retry_first
             self._last_error = None
-        elif delta is not None and not delta.diff.empty() and self.controller.in_sync:
+        elif self.controller.in_sync and delta is not None:
             try:
                 self.controller.apply(delta, self.model.state)
             except CozyError as e:
+                self._done("change", now, False)
                 self._failed(now, "programming a change", e)
                 return
-            self.syncs += 1
+            self._done("change", now, True, wrote=not delta.diff.empty())
 
     def next_timer(self) -> float:
         """Seconds until the loop must turn without a notification."""

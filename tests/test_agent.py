@@ -230,3 +230,25 @@ def test_whole_sets_from_a_manifest_change_only_what_differs() -> None:
     agent.tick()
     assert [str(k) for k in dp.applies[-1].services_set] == ["203.0.113.5"]
     assert dp.state == src.full_model()
+
+
+def test_each_write_is_reported_with_the_programming_latency_of_its_changes(
+    setup: tuple[Agent, ApiLikeSource, FakeDatapath],
+) -> None:
+    """Observers (the metrics) get one report per write: its kind, and for every change it
+    covered the time from when the change was made (the EndpointSlice controller's trigger
+    time when there is one) to the end of the write."""
+    agent, src, _ = setup
+    reports = []
+    agent.on_sync.append(reports.append)
+    src.ready = True
+    agent.tick()
+    assert [(r.kind, r.ok) for r in reports] == [("full", True)]
+    src.put(moved(2, "10.244.8.2"))
+    src.pending.touch(time.time() - 2.0)  # the change was made two seconds ago
+    agent.tick()
+    (r,) = reports[1:]
+    assert r.kind == "change" and r.ok and len(r.latencies) == 1
+    assert 2.0 <= r.latencies[0] < 10
+    assert agent.stats.syncs == 2 and agent.stats.full_syncs == 1
+    assert agent.stats.last_sync is not None and agent.stats.sync_errors == 0

@@ -332,3 +332,15 @@ def test_an_lb_ip_shared_with_an_unmanaged_service_is_warned_about(
         wait_for(lambda: (agent.tick(), not agent.model.problems())[1], 5, "the warning to go")
     finally:
         rec.stop()
+
+
+def test_the_trigger_time_of_a_change_is_read_from_the_endpointslice() -> None:
+    from cozyebpf.sources.kube import TRIGGER_ANNOTATION, trigger_time
+
+    obj: dict[str, Any] = {
+        "metadata": {"annotations": {TRIGGER_ANNOTATION: "2026-11-30T10:00:00Z"}}
+    }
+    assert trigger_time(obj) == 1796032800.0
+    assert trigger_time({"metadata": {}}) is None
+    obj["metadata"]["annotations"][TRIGGER_ANNOTATION] = "yesterday"
+    assert trigger_time(obj) is None

@@ -31,10 +31,15 @@ class ChangeSet:
     slices: dict[Key, tuple[SliceRecord, ...] | None] = field(default_factory=dict)
     whole: ObjectSet | None = None
     since: float | None = None  # time.monotonic() of the oldest change in the set
+    #: when each change was made, in seconds since the epoch: an EndpointSlice's
+    #: endpoints.kubernetes.io/last-change-trigger-time, else when it was received
+    triggers: list[float] = field(default_factory=list)
 
-    def touch(self) -> None:
+    def touch(self, trigger: float | None = None) -> None:
+        """Note one change: when it was made (`trigger`, epoch seconds), else now."""
         if self.since is None:
             self.since = time.monotonic()
+        self.triggers.append(trigger if trigger is not None else time.time())
 
     def __len__(self) -> int:
         return len(self.services) + len(self.foreign) + len(self.slices) + (self.whole is not None)

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from cozyebpf.errors import SourceError
@@ -45,6 +46,21 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 Record = ServiceRecord | SliceRecord | ForeignRecord
+
+#: set by the EndpointSlice controller: when the change that this version reflects happened
+TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
+def trigger_time(obj: Obj) -> float | None:
+    """The object's last-change-trigger-time, in seconds since the epoch, or None."""
+    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    value = ann.get(TRIGGER_ANNOTATION) if isinstance(ann, dict) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 class Gone(Exception):
@@ -91,7 +107,7 @@ class Informer:
 
     resource: Resource
     read: Callable[[Obj], Record | None]
-    on_change: Callable[[Key, Record | None, Record | None], None]
+    on_change: Callable[[Key, Record | None, Record | None, float | None], None]
     lock: threading.Lock
     on_synced: Callable[[], None] = lambda: None
     page_size: int = 500
@@ -184,8 +200,8 @@ class Informer:
         if kind in ("ADDED", "MODIFIED"):
             key, rec = self._record(obj)
         elif kind == "DELETED":
-            key, rec = self._record(obj)
-            rec = None
+            m = obj.get("metadata") or {}
+            key, rec = (m.get("namespace") or "", m.get("name") or ""), None
         else:
             log.warning("unknown watch event type %r for %ss", kind, self.resource.kind)
             return False
@@ -199,7 +215,7 @@ class Informer:
                 del self.cache[key]
             else:
                 self.cache[key] = rec
-            self.on_change(key, old, rec)
+            self.on_change(key, old, rec, trigger_time(obj))
         return True
 
     def run(self, stop: threading.Event) -> None:
@@ -213,7 +229,7 @@ class Informer:
                         old, self.cache = self.cache, items
                         for key in old.keys() | items.keys():
                             if old.get(key) != items.get(key):
-                                self.on_change(key, old.get(key), items.get(key))
+                                self.on_change(key, old.get(key), items.get(key), None)
                         self.resource_version = rv
                         self.synced = True
                         self.lists += 1
@@ -316,17 +332,21 @@ class KubeSource:
             return None
         return rec
 
-    def _service_changed(self, key: Key, old: Record | None, new: Record | None) -> None:
+    def _service_changed(
+        self, key: Key, old: Record | None, new: Record | None, trigger: float | None
+    ) -> None:
         p = self._pending
-        p.touch()
+        p.touch(trigger)
         if isinstance(old, ServiceRecord) or isinstance(new, ServiceRecord):
             p.services[key] = new if isinstance(new, ServiceRecord) else None
         if isinstance(old, ForeignRecord) or isinstance(new, ForeignRecord):
             p.foreign[key] = new if isinstance(new, ForeignRecord) else None
         self._notify()
 
-    def _slice_changed(self, key: Key, old: Record | None, new: Record | None) -> None:
-        self._pending.touch()
+    def _slice_changed(
+        self, key: Key, old: Record | None, new: Record | None, trigger: float | None
+    ) -> None:
+        self._pending.touch(trigger)
         self._pending.slices[key] = (new,) if isinstance(new, SliceRecord) else None
         self._notify()
 
