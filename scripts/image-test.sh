@@ -148,8 +148,9 @@ cleanup() {
 	fi
 	if [[ -d $STORE ]]; then
 		# a build that failed or was interrupted leaves its working containers
-		# and the images of its finished stages
-		podman_ rm --all --force >/dev/null 2>&1
+		# (buildah's, listed with --external) and the images of its stages
+		mapfile -t leftovers < <(podman_ ps --all --external --quiet 2>/dev/null)
+		((${#leftovers[@]} == 0)) || podman_ rm --force "${leftovers[@]}" >/dev/null 2>&1
 		podman_ image prune --force >/dev/null 2>&1
 	fi
 	if [[ -n $BOOTSTRAP_DIR && -d $BOOTSTRAP_DIR ]]; then
@@ -247,6 +248,7 @@ if ((REFRESH_BASE)) || [[ ! -s $BASE_TAR ]]; then
 		die "debootstrap failed"
 	}
 	slim_rootfs "$BOOTSTRAP_DIR"
+	chmod 0755 "$BOOTSTRAP_DIR" # the image's / (mktemp made it 0700)
 	tar --numeric-owner --xattrs -C "$BOOTSTRAP_DIR" -cf "$BASE_TAR.new" .
 	mv "$BASE_TAR.new" "$BASE_TAR"
 	rm -rf --one-file-system "$BOOTSTRAP_DIR"
@@ -317,9 +319,12 @@ log "pip settings for the build: $pip_keys (from pip config); CA bundle: ${ca_bu
 
 log "podman build -f ${DOCKERFILE#"$REPO_ROOT"/} -t $IMAGE_REF (a few minutes; log: $WORK/build.log)"
 BUILT=1
-if ! nice -n 10 "${PODMAN[@]}" build --pull=never --network host --isolation chroot \
+build_rc=0
+nice -n 10 "${PODMAN[@]}" build --pull=never --network host --isolation chroot \
 	--layers=false --force-rm -f "$DOCKERFILE" -t "$IMAGE_REF" "${SECRETS[@]}" . \
-	>"$WORK/build.log" 2>&1; then
+	>"$WORK/build.log" 2>&1 || build_rc=$?
+if ((build_rc != 0)); then
+	((build_rc < 128)) || exit "$build_rc" # interrupted: no build error to show
 	tail -n 40 "$WORK/build.log" >&2
 	die "the image did not build"
 fi
