@@ -270,7 +270,7 @@ if [[ $have_sum != "$base_sum" ]]; then
 	}
 fi
 base_size="$(podman_ image inspect --format '{{.Size}}' "$BASE_REF")"
-log "base $BASE_REF: $((base_size / 1000000)) MB (cached: $BASE_TAR)"
+log "base $BASE_REF: $(((base_size + 500000) / 1000000)) MB (cached: $BASE_TAR)"
 phase_done base
 
 # --- 3. build ----------------------------------------------------------------------
@@ -350,7 +350,8 @@ MOUNTED=1
 } >"$WORK/image.conf"
 in_image() { chroot "$ROOTFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
 echo "---- $IMAGE_REF"
-printf 'size:        %d MB (%d bytes; base %d MB)\n' $((size / 1000000)) "$size" $((base_size / 1000000))
+printf 'size:        %d MB (%d bytes; base %d MB)\n' $(((size + 500000) / 1000000)) "$size" \
+	$(((base_size + 500000) / 1000000))
 printf 'entrypoint:  %s\n' "$(fmt '{{json .Config.Entrypoint}}') cmd $(fmt '{{json .Config.Cmd}}')"
 printf 'env:         %s\n' "$(fmt '{{json .Config.Env}}')"
 printf 'python:      %s\n' "$(in_image /opt/venv/bin/python --version 2>&1)"
