@@ -144,7 +144,9 @@ def main(manifests: str, cozyebpf_cmd: str) -> None:
                 stderr=subprocess.STDOUT,
             )
             for _ in range(300):
-                if "programmed:" in Path(log.name).read_text() or agent.poll() is not None:
+                text = Path(log.name).read_text()
+                # the maps are filled while the programs compile: wait for both
+                if ("programmed:" in text and "datapath ready" in text) or agent.poll() is not None:
                     break
                 time.sleep(0.1)
             click.echo(Path(log.name).read_text().rstrip())

@@ -56,8 +56,10 @@ from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import (
     AllowedPort,
+    Capacity,
     IPAddress,
     MapDiff,
+    MapLimit,
     MapState,
     PodEntry,
     Proto,
@@ -383,6 +385,22 @@ class PinnedMaps:
                     continue
                 st.allowed.add(AllowedPort(pod, proto, port_of(ak.port)))
         return st
+
+    def capacity(self) -> Capacity:
+        """The maps' sizes in the model's terms: what fits (--max-services sets them)."""
+        return Capacity(
+            tuple(
+                MapLimit(spec.name, spec.max_entries, ((kind, version),))
+                for spec, kind, version in (
+                    (SVC4, "services", 4),
+                    (POD4, "pods", 4),
+                    (ALLOW4, "allowed", 4),
+                    (SVC6, "services", 6),
+                    (POD6, "pods", 6),
+                    (ALLOW6, "allowed", 6),
+                )
+            )
+        )
 
     def lookup_service(self, lb: IPAddress) -> ServiceEntry | None:
         """The entry of one LB IP, by a single lookup (no map walk): for probes and tools that
