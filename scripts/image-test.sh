@@ -40,8 +40,8 @@
 # The default test selection covers the demo (traffic, egress, maps dump,
 # detach), the lab (whole-IP, port filter, maps dump --json), restarts, a kill
 # and an upgrade without one lost packet, detach and the lifecycle, the
-# Kubernetes source against the API double, the two capabilities, and the CLI's
-# errors.
+# Kubernetes source against the API double (a burst of 1,000 changes too), the
+# two capabilities, and the CLI's errors.
 
 # dpkg-query's formats below are ${Field}s of its own, not the shell's.
 # shellcheck disable=SC2016
@@ -56,6 +56,7 @@ DEFAULT_TESTS=(
 	tests/test_zero_downtime.py
 	tests/test_lifecycle.py
 	tests/test_kube_e2e.py
+	tests/test_burst.py
 	tests/test_capabilities.py
 	tests/test_cli.py
 )
