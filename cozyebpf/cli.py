@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any, NoReturn
 
 import click
 
@@ -54,13 +55,25 @@ def _fewer_malloc_arenas() -> None:
         ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
 
 
-def _fail(e: CozyError) -> None:
+def _fail(e: CozyError) -> NoReturn:
     click.echo(f"cozyebpf: error: {e}", err=True)
     sys.exit(1)
 
 
+class _Commands(click.Group):
+    """Every command, now and to come: an error cozyebpf raises on purpose (CozyError) ends in
+    one line `cozyebpf: error: ...` and exit status 1, never in a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CozyError as e:
+            _fail(e)
+
+
 @click.group(
-    context_settings={"auto_envvar_prefix": "COZYEBPF", "help_option_names": ["-h", "--help"]}
+    cls=_Commands,
+    context_settings={"auto_envvar_prefix": "COZYEBPF", "help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, prog_name="cozyebpf")
 def main() -> None:
