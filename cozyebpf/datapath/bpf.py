@@ -265,7 +265,11 @@ def cozy_proxy_table_present() -> bool:
     "no such table" (no permission, say) is an error, not an absence."""
     nft = shutil.which("nft")
     if nft is None:
-        log.debug("nft not installed: not looking for cozy-proxy's table")
+        log.warning(
+            "the nft command is not installed, so cozy-proxy's nftables table `ip cozy_proxy` "
+            "cannot be looked for: if cozy-proxy ran on this node, delete its table (it would "
+            "translate the same traffic a second time)"
+        )
         return False
     p = subprocess.run([nft, "list", "table", *COZY_PROXY_TABLE], capture_output=True, text=True)
     if p.returncode == 0:
