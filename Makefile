@@ -3,7 +3,14 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup
+.PHONY: bench bench-quick bench-setup image-test
+
+# The DaemonSet image, built from the Dockerfile with podman and proven by the end-to-end
+# lab tests with every cozyebpf command run from it (about 4 minutes with the base cached;
+# not part of CI). Options: make image-test IMAGE_TEST_ARGS='--keep-image' (see
+# scripts/image-test.sh --help). deploy/README.md says what it shows and what it cannot.
+image-test:
+	bash scripts/image-test.sh $(IMAGE_TEST_ARGS)
 
 bench-setup:
 	bash scripts/setup.sh

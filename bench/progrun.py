@@ -3,7 +3,7 @@
 The kernel runs the program `repeat` times on ONE buffer and reports the mean ns per run; the
 program's rewrites stay in that buffer. The maps are therefore seeded so that a rewritten
 packet takes the same path again: every LB IP is also a "service" pointing back from its pod IP
-(and likewise in pod4 for egress), with the allowed ports and flows of both addresses. Each
+(its pod role too, for egress), with the allowed ports and flows of both addresses. Each
 path is next to a trivial program of the same type (the floor: BPF_PROG_RUN's own cost per
 run), and cross-checked with the kernel's run-time statistics (BPF_ENABLE_STATS, the switch
 behind sysctl kernel.bpf_stats_enabled), which add about two clock reads per run.
@@ -26,7 +26,7 @@ from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry,
 CLIENT = "198.51.100.2"
 LB_W, POD_W = "203.0.113.10", "10.244.1.10"
 LB_F, POD_F = "203.0.113.20", "10.244.1.20"
-POD_D = "10.244.1.40"  # in pod4 only: traffic sent to the pod IP directly
+POD_D = "10.244.1.40"  # a pod IP only: traffic sent to the pod IP directly
 UNKNOWN = "203.0.113.99"
 M1, M2 = "02:00:00:00:aa:01", "02:00:00:00:aa:02"
 

@@ -1,9 +1,12 @@
 """Synthetic clusters for the control-plane benches: N Services with their EndpointSlices.
 
 LB IPs come from 198.18.0.0/15 (RFC 2544's benchmark range, 131072 addresses) and pod IPs from
-10.244.0.0/16; they only go into maps and nftables sets, no packet is ever sent to them. Every
-fourth Service is whole-IP; the others filter ports (TCP 22 and TCP 80, every other one UDP 53
-too), and every eighth allows ICMP.
+10.240.0.0/12 (room for 100k Services and a second pod each); they only go into maps and
+nftables sets, no packet is ever sent to them. Every fourth Service is whole-IP; the others
+filter ports (TCP 22 and TCP 80, every other one UDP 53 too), and every eighth allows ICMP.
+
+The probe Service (`bench/probe`, 203.0.113.200, whole-IP) is the one real one: its endpoint
+is one of the lab's pods, and the forwarding probe sends to it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from cozyebpf.model import build_state
 from cozyebpf.state import MapState
 
 LB_BASE = int(IPv4Address("198.18.0.0"))
-POD_BASE = int(IPv4Address("10.244.0.0"))
+POD_BASE = int(IPv4Address("10.240.0.0"))
+PROBE_LB = "203.0.113.200"
 
 
 def lb_ip(i: int) -> str:
@@ -23,9 +27,9 @@ def lb_ip(i: int) -> str:
 
 
 def pod_ip(i: int, gen: int = 0) -> str:
-    """Pod IP of Service i; `gen` > 0 gives it another pod (a changed EndpointSlice)."""
-    n = 1 + i + gen * 32768
-    assert n < 65535, "10.244.0.0/16 is full"
+    """Pod IP of Service i; `gen` 1 gives it another pod (a changed EndpointSlice)."""
+    n = 1 + i + gen * (1 << 19)
+    assert i < (1 << 19) - 1 and gen in (0, 1), "10.240.0.0/12 holds 524,286 Services"
     return str(IPv4Address(POD_BASE + n))
 
 
@@ -36,11 +40,13 @@ def ports(i: int) -> list[tuple[str, int]]:
     return [*p, ("UDP", 53)] if i % 2 else p
 
 
-def service(i: int) -> dict[str, Any]:
+def service(i: int, flip: bool = False) -> dict[str, Any]:
+    """Service i; `flip` toggles its allowICMP annotation (a Service change: the flags of its
+    LB IP's entry change)."""
     ann = {}
     if i % 4 == 0:
         ann["networking.cozystack.io/wholeIP"] = "true"
-    if i % 8 == 1:
+    if (i % 8 == 1) != flip:
         ann["networking.cozystack.io/allowICMP"] = "true"
     return {
         "apiVersion": "v1",
@@ -84,6 +90,37 @@ def slice_(i: int, gen: int = 0) -> dict[str, Any]:
     }
 
 
+def probe_service() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "probe",
+            "namespace": "bench",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"},
+            "annotations": {"networking.cozystack.io/wholeIP": "true"},
+        },
+        "spec": {"type": "LoadBalancer", "ports": [{"protocol": "UDP", "port": 9999}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": PROBE_LB}]}},
+    }
+
+
+def probe_slice(pod: str) -> dict[str, Any]:
+    """The probe Service's EndpointSlice, its endpoint at `pod` (one of the lab's pods)."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "probe-abcde",
+            "namespace": "bench",
+            "labels": {"kubernetes.io/service-name": "probe"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [pod], "conditions": {"ready": True}}],
+    }
+
+
 def objects(n: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i in range(n):
@@ -100,9 +137,15 @@ def manifest_text(n: int) -> str:
 
 
 def manifest_yaml(n: int) -> str:
+    return manifest_yaml_objects(objects(n))
+
+
+def manifest_yaml_objects(objs: list[dict[str, Any]]) -> str:
     import yaml
 
-    return yaml.safe_dump_all(objects(n), sort_keys=False)
+    return yaml.dump_all(
+        objs, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False
+    )
 
 
 def state(n: int) -> MapState:

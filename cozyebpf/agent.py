@@ -1,34 +1,73 @@
-"""The agent loop: take objects from a source, run the model, sync the datapath.
+"""The agent loop: take what changed from a source, update the incremental model, write the
+difference to the datapath.
 
-Fail-static: when the source cannot be read (bad YAML, API server not listed yet) the datapath
-keeps its last state; when programming fails, the next tick retries. A periodic full resync
-recomputes the desired state from the source and re-applies it, which repairs drift in the maps
-(entries deleted or changed by hand).
+- A change is applied as soon as the loop is free: the loop sleeps until a source notifies it
+  (or a timer is due), takes every change that arrived meanwhile (they coalesce while a sync
+  runs), recomputes only what they touch and writes only their entries. There is no fixed
+  debounce.
+- A full resync (read the maps, diff against the whole desired state, repair drift) runs when
+  the source is first complete, every `resync_interval`, and after a failed write, retried
+  with a growing delay (1 s doubling up to `resync_interval`), never in a tight loop.
+- Fail-static: nothing is written before the source has been read completely once; a source
+  that cannot be read keeps the last state programmed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
 
 from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
-from cozyebpf.errors import CozyError, SourceError
-from cozyebpf.model import DEFAULT_PROXY_NAME, Problem, build_state
-from cozyebpf.state import MapState
+from cozyebpf.errors import CozyError
+from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Problem
+from cozyebpf.sources import Notifier, Source
+from cozyebpf.state import Capacity
 
 log = logging.getLogger(__name__)
 
+_LEVELS = {"warning": logging.WARNING, "error": logging.ERROR}
+RETRY_FIRST = 1.0  # seconds before the first retry of a failed sync (then doubling)
 
-class Source(Protocol):
-    """A source of Kubernetes objects (a manifest file, the API server)."""
 
-    def changed(self) -> bool: ...
+@dataclass(frozen=True)
+class SyncReport:
+    """One write to the maps (or one change that needed none): for metrics and `status`.
+    `latencies` are the network programming durations of the changes it covered: from when
+    each change was made (an EndpointSlice's last-change-trigger-time, else when it arrived)
+    to the end of the write."""
 
-    def load(self) -> list[dict[str, Any]]: ...
+    kind: str  # "full" (the full resync) or "change"
+    duration: float  # seconds the write took (model, diff and maps)
+    latencies: tuple[float, ...]
+    ok: bool
+
+
+@dataclass
+class AgentStats:
+    """Counters of what the agent did; plain values, read by other threads."""
+
+    syncs: int = 0  # successful writes, full or incremental
+    full_syncs: int = 0
+    sync_errors: int = 0
+    last_sync: float | None = None  # time.time() at the end of the last successful write
+    last_sync_duration: float | None = None
+    last_full_sync: float | None = None
+
+
+def release_memory() -> None:
+    """Give memory freed by a large piece of work (the first list or file, the first sync)
+    back to the system: a collection, then glibc's malloc_trim, which returns the free pages
+    of every malloc arena (threads that parsed API lists leave theirs fragmented)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 class Agent:
@@ -37,96 +76,174 @@ class Agent:
         source: Source,
         datapath: Datapath,
         proxy_name: str = DEFAULT_PROXY_NAME,
-        poll_interval: float = 1.0,
         resync_interval: float = 60.0,
         on_problems: Callable[[list[Problem]], None] | None = None,
         check_interval: float = 10.0,
+        capacity: Capacity | None = None,
+        retry_delay: float = RETRY_FIRST,
     ) -> None:
         self.source = source
         self.controller = Controller(datapath)
-        self.proxy_name = proxy_name
-        self.poll_interval = poll_interval
+        self.model = IncrementalModel(proxy_name, capacity)
         self.resync_interval = resync_interval
         self.on_problems = on_problems
         self.check_interval = check_interval
-        self._last_check = time.monotonic()
-        self.desired: MapState | None = None
+        self.notifier = Notifier()
+        self._next_check = time.monotonic() + check_interval
         self.synced_once = False  # readiness: a complete source was programmed once
         self.last_tick = time.monotonic()
-        self._last_sync = float("-inf")  # never: the first tick syncs
-        self._source_error: str | None = None
+        self._resync_at = 0.0  # the first complete source is synced at once
+        self.retry_first = retry_delay
+        self._retry_delay = retry_delay
+        self._last_error: str | None = None
+        self.stats = AgentStats()
+        #: called after every write (and every change that needed none), in the loop's thread
+        self.on_sync: list[Callable[[SyncReport], None]] = []
+        self._triggers: list[float] = []  # changes not programmed yet (epoch seconds)
 
-    def _load(self) -> bool:
-        """Read the source and run the model; False when the source cannot be read."""
+    @property
+    def syncs(self) -> int:
+        """Successful writes to the maps (full or incremental)."""
+        return self.stats.syncs
+
+    def _done(self, kind: str, started: float, ok: bool, wrote: bool = True) -> None:
+        """Account for one write (`wrote`: False for changes that needed none) or failure,
+        and tell the observers."""
+        now = time.monotonic()
+        duration = now - started
+        latencies: tuple[float, ...] = ()
+        st = self.stats
+        if ok:
+            wall = time.time()
+            latencies = tuple(max(0.0, wall - t) for t in self._triggers)
+            self._triggers = []
+            if not wrote:
+                if latencies:
+                    report = SyncReport(kind, duration, latencies, ok)
+                    for fn in self.on_sync:
+                        self._tell(fn, report)
+                return
+            st.syncs += 1
+            st.last_sync, st.last_sync_duration = wall, duration
+            if kind == "full":
+                st.full_syncs += 1
+                st.last_full_sync = wall
+        else:
+            st.sync_errors += 1
+        report = SyncReport(kind, duration, latencies, ok)
+        for fn in self.on_sync:
+            self._tell(fn, report)
+
+    @staticmethod
+    def _tell(fn: Callable[[SyncReport], None], report: SyncReport) -> None:
         try:
-            objects = self.source.load()
-        except SourceError as e:
-            if str(e) != self._source_error:
-                log.error("%s", e)
-                self._source_error = str(e)
-            return False
-        self._source_error = None
-        result = build_state(objects, self.proxy_name)
-        new = self.controller.log_problems(result.problems)
-        if new and self.on_problems:
-            self.on_problems(new)
-        self.desired = result.state
-        return True
+            fn(report)
+        except Exception as e:  # an observer must not stop the loop
+            log.error("sync observer failed: %s", e)
+
+    def notify(self) -> None:
+        """Wake the loop (a source has changes)."""
+        self.notifier.notify()
+
+    def _report(self, delta: Delta) -> None:
+        for p in delta.problems_added:
+            log.log(_LEVELS.get(p.severity, logging.WARNING), "%s", p)
+        for p in delta.problems_removed:
+            log.debug("resolved: %s", p)
+        if delta.problems_added and self.on_problems:
+            self.on_problems(delta.problems_added)
+
+    def _check(self, now: float) -> None:
+        check = getattr(self.controller.datapath, "check", None)
+        attached = getattr(self.controller.datapath, "attached", True)
+        if check is None or not attached or now < self._next_check:
+            return
+        self._next_check = now + self.check_interval
+        try:
+            check()
+        except Exception as e:  # a failed check must not stop the loop
+            log.error("checking the attachments failed: %s", e)
+
+    def _failed(self, now: float, what: str, e: CozyError) -> None:
+        """Schedule a full resync after a growing delay; log each distinct error once."""
+        self._resync_at = now + self._retry_delay
+        if str(e) != self._last_error:
+            log.error("%s failed, full resync in %.0fs: %s", what, self._retry_delay, e)
+            self._last_error = str(e)
+        else:
+            log.debug("%s failed again, full resync in %.0fs: %s", what, self._retry_delay, e)
+        self._retry_delay = min(self._retry_delay * 2, max(self.retry_first, self.resync_interval))
 
     def tick(self) -> None:
-        """One round: re-read the source if it changed (or a resync is due), and sync when
-        there is something new, a resync is due, or the last sync failed. Every
-        `check_interval` the datapath checks its attachments (re-attaching what is gone)."""
+        """One round: take the source's changes, update the model, write what changed (or run
+        the full resync when it is due); check the attachments every `check_interval`."""
         now = time.monotonic()
         self.last_tick = now
-        check = getattr(self.controller.datapath, "check", None)
-        if check is not None and now - self._last_check >= self.check_interval:
-            self._last_check = now
-            try:
-                check()
-            except Exception as e:  # a failed check must not stop the loop
-                log.error("checking the attachments failed: %s", e)
-        resync_due = now - self._last_sync >= self.resync_interval
-        fresh = False
-        if self.source.changed() or (resync_due and self.desired is not None):
-            fresh = self._load()
-        if self.desired is None:
+        self._check(now)
+        changes = self.source.take()
+        if changes is None:  # never read completely: change nothing (fail-static)
             return
-        if fresh or resync_due:
+        self._triggers += changes.triggers
+        changes.record_into(self.model)
+        delta = self.model.flush() if self.model.pending else None
+        if delta is not None:
+            self._report(delta)
+        if now >= self._resync_at:
             try:
-                self.controller.sync(self.desired)
+                self.controller.sync(self.model.state)
             except CozyError as e:
-                log.error("sync failed, retrying in %.0fs: %s", self.poll_interval, e)
-                self._last_sync = float("-inf")  # retry on the next tick
+                self._done("full", now, False)
+                self._failed(now, "sync", e)
                 return
-            self._last_sync = now
-            self.synced_once = True
+            self._done("full", now, True)
+            if not self.synced_once:
+                self.synced_once = True
+                release_memory()
+            self._resync_at = now + self.resync_interval
+            self._retry_delay = self.retry_first
+            self._last_error = None
+        elif self.controller.in_sync and delta is not None:
+            try:
+                self.controller.apply(delta, self.model.state)
+            except CozyError as e:
+                self._done("change", now, False)
+                self._failed(now, "programming a change", e)
+                return
+            self._done("change", now, True, wrote=not delta.diff.empty())
 
-    def run(self, stop: threading.Event) -> None:
+    def next_timer(self) -> float:
+        """Seconds until the loop must turn without a notification."""
+        now = time.monotonic()
+        return max(0.0, min(self._resync_at, self._next_check) - now)
+
+    def run(self, stop: threading.Event, idle: float = 1.0) -> None:
+        """Turn until `stop` is set (a signal handler also calls notify() to wake us); wake at
+        least every `idle` seconds (for /healthz)."""
         log.info(
-            "syncing on every change (checked every %.1fs), full resync every %.0fs",
-            self.poll_interval,
+            "syncing on every change, full resync every %.0fs, attachments checked every %.0fs",
             self.resync_interval,
+            self.check_interval,
         )
-        wait = getattr(self.source, "wait", None)
         while not stop.is_set():
             self.tick()
-            if wait is not None:
-                wait(self.poll_interval)  # returns early when the source changes
-            else:
-                stop.wait(self.poll_interval)
+            if stop.is_set():
+                break
+            self.notifier.wait(min(idle, self.next_timer()))
 
     def liveness(self) -> str | None:
         """None while the loop is turning; else why not (for /healthz)."""
         stalled = time.monotonic() - self.last_tick
-        limit = max(30.0, 10 * self.poll_interval)
-        if stalled > limit:
+        if stalled > 30.0:
             return f"agent loop stalled for {stalled:.0f}s"
-        alive = getattr(self.source, "alive", None)
-        if alive is not None and not alive():
+        if not self.source.alive():
             return "a watch thread died"
         return None
 
     def readiness(self) -> str | None:
-        """None once a complete desired state was programmed (for /readyz)."""
-        return None if self.synced_once else "not synced yet"
+        """None once a complete desired state was programmed and the programs are attached
+        (for /readyz)."""
+        if not self.synced_once:
+            return "not synced yet"
+        if not getattr(self.controller.datapath, "attached", True):
+            return "programs not attached yet"
+        return None

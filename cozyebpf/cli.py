@@ -3,14 +3,18 @@ COZYEBPF_PIN_DIR, COZYEBPF_RUN_DEVICES (click's auto_envvar_prefix)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
+import os
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any, NoReturn
 
 import click
 
@@ -40,13 +44,36 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("cozyebpf").setLevel(getattr(logging, level.upper()))
 
 
-def _fail(e: CozyError) -> None:
+def _fewer_malloc_arenas() -> None:
+    """glibc gives each thread that allocates its own malloc arena (up to 8 per core), and
+    memory freed in one is not reused by another: the watch threads' JSON parsing would keep
+    tens of MB resident. Two arenas are plenty for this agent (M_ARENA_MAX, before any thread
+    starts; MALLOC_ARENA_MAX in the environment wins)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
+
+
+def _fail(e: CozyError) -> NoReturn:
     click.echo(f"cozyebpf: error: {e}", err=True)
     sys.exit(1)
 
 
+class _Commands(click.Group):
+    """Every command, now and to come: an error cozyebpf raises on purpose (CozyError) ends in
+    one line `cozyebpf: error: ...` and exit status 1, never in a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CozyError as e:
+            _fail(e)
+
+
 @click.group(
-    context_settings={"auto_envvar_prefix": "COZYEBPF", "help_option_names": ["-h", "--help"]}
+    cls=_Commands,
+    context_settings={"auto_envvar_prefix": "COZYEBPF", "help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, prog_name="cozyebpf")
 def main() -> None:
@@ -102,7 +129,8 @@ def main() -> None:
     type=float,
     default=1.0,
     show_default=True,
-    help="Seconds between checks of the manifest file.",
+    help="Seconds between checks of the manifest file besides inotify (a safety net, and "
+    "the only way where inotify cannot watch it).",
 )
 @click.option(
     "--resync-interval",
@@ -194,15 +222,23 @@ def run(
       cozyebpf run --kubeconfig ~/.kube/config --devices auto --health-address 127.0.0.1:9810
     """
     _setup_logging(log_level)
-    from cozyebpf.agent import Agent, Source
+    _fewer_malloc_arenas()
+    from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices
     from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
+    from cozyebpf.sources import Source
 
     stop = threading.Event()
+    agent: Agent | None = None
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            return  # already stopping: let the cleanup finish
         log.info("got %s, stopping", signal.Signals(signum).name)
         stop.set()
+        if agent is not None:
+            agent.notify()
+        raise _Stopping  # interrupts whatever runs, a large sync included
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -212,10 +248,12 @@ def run(
         devs = resolve_devices(devices)
         source: Source
         on_problems = None
+        kube = None
         if manifests:
             from cozyebpf.sources.manifest import ManifestSource
 
-            source = ManifestSource(manifests)
+            source = ManifestSource(manifests, proxy_name, poll_interval)
+            source.check()
         else:
             from cozyebpf.events import EventRecorder
             from cozyebpf.sources.kube import KubeSource, api_client
@@ -223,9 +261,8 @@ def run(
             client = api_client(kubeconfig)
             kube = KubeSource(client, proxy_name)
             recorder = EventRecorder(client, node_name or socket.gethostname())
-            kube.start()
             recorder.start()
-            stoppers += [kube.stop, recorder.stop]
+            stoppers.append(recorder.stop)
             source, on_problems = kube, recorder.record
         dp = BpfDatapath(
             devs,
@@ -236,27 +273,50 @@ def run(
             on_foreign_xdp=on_foreign_xdp,
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
-        dp.start()
-        hooks = ", ".join(f"{a.device} {a.hook}" for a in dp.attachments.values())
-        log.info("datapath ready: %s (maps in %s)", hooks, pin_dir)
+        dp.prepare()
+        dp.begin()  # compiling in a child; the control plane starts meanwhile
         agent = Agent(
-            source, dp, proxy_name, poll_interval, resync_interval, on_problems, check_interval
+            source,
+            dp,
+            proxy_name,
+            resync_interval,
+            on_problems,
+            check_interval,
+            capacity=dp.capacity(),
         )
+        source.start(agent.notify)
+        stoppers.insert(0, source.stop)
         if health_address:
             from cozyebpf.health import HealthServer
 
             health = HealthServer(health_address, agent.liveness, agent.readiness)
             health.start()
             stoppers.append(health.stop)
+        while not stop.is_set() and not dp.attached:
+            agent.tick()
+            if dp.compiled():
+                dp.finish()
+                hooks = ", ".join(f"{a.device} {a.hook}" for a in dp.attachments.values())
+                log.info("datapath ready: %s (maps in %s)", hooks, pin_dir)
+            else:
+                agent.notifier.wait(0.05)
         agent.run(stop)
+    except _Stopping:
+        pass
     except CozyError as e:
         _fail(e)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal: cleanup goes on
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for fn in stoppers:
             fn()
         if dp is not None:
             dp.close()
     log.info("stopped; the datapath stays attached (remove it with `cozyebpf detach`)")
+
+
+class _Stopping(Exception):
+    """Raised by the signal handler to leave whatever the agent is doing."""
 
 
 @main.group()

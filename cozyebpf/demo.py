@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +28,6 @@ from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 PIN_DIR = "/sys/fs/bpf/cozyebpf-demo"
 LB_WHOLE, LB_FILT = "203.0.113.10", "203.0.113.20"
 POD1, POD2 = DEFAULT_PODS[0], DEFAULT_PODS[1]
-CLI = [sys.executable, "-m", "cozyebpf"]
 
 
 def step(title: str) -> None:
@@ -100,13 +101,27 @@ def who_connects(lab: Lab, port: int) -> tuple[socket.socket, list[str]]:
     default=str(Path(__file__).resolve().parent.parent / "examples" / "services.yaml"),
     show_default=True,
 )
-def main(manifests: str) -> None:
+@click.option(
+    "--cozyebpf-cmd",
+    default=shlex.join([sys.executable, "-m", "cozyebpf"]),
+    show_default="this Python's `-m cozyebpf`",
+    help="The cozyebpf command (shell words) for run, maps dump and detach; the tests pass "
+    "theirs (from the image under `make image-test`).",
+)
+def main(manifests: str, cozyebpf_cmd: str) -> None:
     """Run cozyebpf in a namespace lab and show what it does."""
     if os.geteuid() != 0:
         raise click.ClickException("the demo needs root (it makes namespaces and loads BPF)")
+    cli = shlex.split(cozyebpf_cmd)
     lab = Lab("czdemo")
     agent: subprocess.Popen[str] | None = None
-    with tempfile.NamedTemporaryFile("w+", prefix="cozyebpf-demo-", suffix=".log") as log:
+    with (
+        tempfile.TemporaryDirectory(prefix="cozyebpf-demo-") as tmp,
+        Path(tmp, "agent.log").open("w+") as log,
+    ):
+        # the agent reads a copy in /tmp: a cozyebpf command in a container (the image under
+        # `make image-test`) sees the host's /tmp but not the repository
+        shutil.copyfile(manifests, Path(tmp, "services.yaml"))
         try:
             step("building the lab: client -- node (uplink) -- pod1, pod2, pod3")
             lab.up()
@@ -117,10 +132,10 @@ def main(manifests: str) -> None:
             step(f"starting `cozyebpf run --manifests {manifests} --devices {UPLINK}` on the node")
             agent = lab.popen(
                 lab.node,
-                *CLI,
+                *cli,
                 "run",
                 "--manifests",
-                manifests,
+                str(Path(tmp, "services.yaml")),
                 "--devices",
                 UPLINK,
                 "--pin-dir",
@@ -129,7 +144,9 @@ def main(manifests: str) -> None:
                 stderr=subprocess.STDOUT,
             )
             for _ in range(300):
-                if "programmed:" in Path(log.name).read_text() or agent.poll() is not None:
+                text = Path(log.name).read_text()
+                # the maps are filled while the programs compile: wait for both
+                if ("programmed:" in text and "datapath ready" in text) or agent.poll() is not None:
                     break
                 time.sleep(0.1)
             click.echo(Path(log.name).read_text().rstrip())
@@ -165,14 +182,14 @@ def main(manifests: str) -> None:
                 )
 
             step("cozyebpf maps dump (read from the pins by another process)")
-            show(lab, lab.node, *CLI, "maps", "dump", "--pin-dir", PIN_DIR)
+            show(lab, lab.node, *cli, "maps", "dump", "--pin-dir", PIN_DIR)
         finally:
             step("tearing down")
             if agent is not None and agent.poll() is None:
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(20)
             subprocess.run(
-                [*lab.nsenter(lab.node), *CLI, "detach", "--pin-dir", PIN_DIR], capture_output=True
+                [*lab.nsenter(lab.node), *cli, "detach", "--pin-dir", PIN_DIR], capture_output=True
             )
             lab.down()
             click.echo("lab removed, datapath detached")

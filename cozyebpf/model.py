@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+import socket
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
@@ -36,11 +37,14 @@ from typing import Any, Literal, NamedTuple
 from cozyebpf.state import (
     FAMILIES,
     AllowedPort,
+    Capacity,
     IPAddress,
+    MapDiff,
     MapState,
     PodEntry,
     Proto,
     ServiceEntry,
+    diff,
     family_name,
 )
 
@@ -55,12 +59,15 @@ Severity = Literal["warning", "error"]
 
 _PROTOS = {"TCP": Proto.TCP, "UDP": Proto.UDP, "SCTP": Proto.SCTP}
 _DOTTED_QUAD = re.compile(r"\d+\.\d+\.\d+\.\d+")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#: what IPv4Address accepts, in its one canonical form (no leading zeros, four octets)
+_CANONICAL_V4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
 _BROADCAST = IPv4Address("255.255.255.255")
 #: EndpointSlice addressType -> address family
 _ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6}
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class ObjectRef:
     """Names a Kubernetes object (or, for garbage, its position in the input) in messages."""
 
@@ -74,7 +81,7 @@ class ObjectRef:
         return f"{self.kind} {self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Problem:
     """Something wrong with one object: `message` says what, and what to do about it."""
 
@@ -96,7 +103,7 @@ class PortSpec(NamedTuple):
         return f"{self.proto.name.lower()}/{self.port}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceView:
     """One selected Service as the model understood it, for logs.
 
@@ -181,23 +188,54 @@ class _Invalid(Exception):
         self.severity = severity
 
 
-@dataclass
-class _Service:
-    """A selected Service whose fields could be read."""
+@dataclass(frozen=True, slots=True)
+class ParsedService:
+    """A selected Service whose fields could be read (immutable: records are compared to drop
+    no-op updates and shared between threads)."""
 
     ref: ObjectRef
     created: datetime | None
     port_filter: bool
     allow_icmp: bool
-    lb_ips: list[IPAddress]
+    lb_ips: tuple[IPAddress, ...]
     ports: tuple[PortSpec, ...]
-    problems: list[Problem]
+    problems: tuple[Problem, ...]
 
 
-@dataclass
-class _Slice:
+@dataclass(frozen=True, slots=True)
+class ServiceRecord:
+    """One selected Service as read from its object: `service`, or the `problem` that makes it
+    unusable (exactly one of the two is set)."""
+
     ref: ObjectRef
-    obj: Mapping[str, Any]
+    service: ParsedService | None
+    problem: Problem | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRecord:
+    """One EndpointSlice as read from its object: the Service it belongs to (its
+    kubernetes.io/service-name label), its ready addresses and the Problems found reading it
+    (reported only while that Service is selected and usable, as `build_state` does)."""
+
+    ref: ObjectRef
+    service: str
+    ready: frozenset[IPAddress]
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignRecord:
+    """A Service that cozyebpf does not manage but that holds LoadBalancer IPs: a managed LB IP
+    shared with it is warned about (another proxy, Cilium for one, programs that IP too)."""
+
+    ref: ObjectRef
+    lb_ips: tuple[IPAddress, ...]
+    labelled: bool  # it has a service-proxy-name label (of another proxy)
+
+
+#: Objects are keyed by (namespace, name).
+Key = tuple[str, str]
 
 
 def _q(value: object) -> str:
@@ -268,7 +306,10 @@ def _parse_ip(value: object, where: str, fix: str, version: int | None = None) -
         raise _Invalid(f"{where} must be a string but is {_describe(value)}; {fix}")
     ip: IPAddress
     try:
-        ip = IPv4Address(value)
+        if _CANONICAL_V4.fullmatch(value):  # the common case, without ipaddress's parser
+            ip = IPv4Address(socket.inet_aton(value))
+        else:
+            ip = IPv4Address(value)
     except ValueError:
         try:
             ip = IPv6Address(value)
@@ -360,7 +401,7 @@ def _ident(
     return ObjectRef(kind, ns, name), meta
 
 
-def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any]) -> _Service:
+def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any]) -> ParsedService:
     """A selected Service's fields; _Invalid if the object cannot be used at all. Problems with
     single LB IPs or ports are collected in `problems` and those entries skipped."""
     problems: list[Problem] = []
@@ -437,19 +478,22 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
                 problems.append(Problem(ref, e.message, e.severity))
                 continue
             ports.add(PortSpec(_PROTOS[proto], port))
-    return _Service(ref, created, port_filter, allow_icmp, lb_ips, tuple(sorted(ports)), problems)
+    return ParsedService(
+        ref, created, port_filter, allow_icmp, tuple(lb_ips), tuple(sorted(ports)), tuple(problems)
+    )
 
 
-def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPAddress]:
+def _ready_addresses(
+    ref: ObjectRef, obj: Mapping[str, Any], problems: list[Problem]
+) -> set[IPAddress]:
     """The first address of each ready, non-terminating endpoint of an IPv4 or IPv6
     EndpointSlice; all of the slice's addressType (an address of the other family is an error
     and skipped)."""
-    obj = sl.obj
     address_type = obj.get("addressType")
     if address_type == "FQDN":
         problems.append(
             Problem(
-                sl.ref,
+                ref,
                 "addressType FQDN is not supported (NAT needs a pod IP, not a name), so its "
                 "endpoints are ignored; use an IPv4 or IPv6 EndpointSlice",
                 "error",
@@ -459,7 +503,7 @@ def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPAddress]:
     if not isinstance(address_type, str) or address_type not in _ADDRESS_TYPES:
         problems.append(
             Problem(
-                sl.ref,
+                ref,
                 f"addressType {_q(address_type)} is not IPv4, IPv6 or FQDN, so its endpoints "
                 "are ignored; fix the EndpointSlice",
                 "error",
@@ -470,7 +514,7 @@ def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPAddress]:
     try:
         endpoints = _list(obj.get("endpoints"), "endpoints")
     except _Invalid as e:
-        problems.append(Problem(sl.ref, e.message, e.severity))
+        problems.append(Problem(ref, e.message, e.severity))
         return set()
     out: set[IPAddress] = set()
     for i, ep in enumerate(endpoints):
@@ -500,7 +544,7 @@ def _ready_addresses(sl: _Slice, problems: list[Problem]) -> set[IPAddress]:
                 )
             out.add(ip)
         except _Invalid as e:
-            problems.append(Problem(sl.ref, e.message, e.severity))
+            problems.append(Problem(ref, e.message, e.severity))
     return out
 
 
@@ -512,7 +556,10 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
-def _age(s: _Service) -> tuple[bool, datetime, str, str]:
+AgeKey = tuple[bool, datetime, str, str]
+
+
+def _age(s: ParsedService) -> AgeKey:
     """Sort key, oldest first; Services without a (valid) timestamp count as the newest."""
     return (
         s.created is None,
@@ -522,114 +569,265 @@ def _age(s: _Service) -> tuple[bool, datetime, str, str]:
     )
 
 
-def build_state(
-    objects: Iterable[Mapping[str, Any]], proxy_name: str = DEFAULT_PROXY_NAME
-) -> ModelResult:
-    """The desired MapState for the Services labelled for `proxy_name`, with a view of each and
-    every Problem found. Never raises on bad input; the result does not depend on input order.
-    """
-    problems: list[Problem] = []
-    found: dict[tuple[str, str], list[tuple[Mapping[str, Any], _Service | Problem]]] = {}
-    slices: dict[tuple[str, str], list[_Slice]] = {}
+# -- reading objects ----------------------------------------------------------------------
 
+
+def _read_foreign(ref: ObjectRef, obj: Mapping[str, Any], labelled: bool) -> ForeignRecord | None:
+    """The valid LB IPs of a Service that is not ours (nothing is reported about it)."""
+    status = obj.get("status")
+    lb = status.get("loadBalancer") if isinstance(status, Mapping) else None
+    ingress = lb.get("ingress") if isinstance(lb, Mapping) else None
+    if not isinstance(ingress, list | tuple):
+        return None
+    ips: list[IPAddress] = []
+    for entry in ingress:
+        if isinstance(entry, Mapping):
+            try:
+                ip = _parse_ip(entry.get("ip"), "", "")
+            except _Invalid:
+                continue
+            if ip not in ips:
+                ips.append(ip)
+    return ForeignRecord(ref, tuple(ips), labelled) if ips else None
+
+
+def read_object(
+    obj: object, index: int, proxy_name: str = DEFAULT_PROXY_NAME
+) -> ServiceRecord | SliceRecord | ForeignRecord | Problem | None:
+    """One object of a source, read on its own: a ServiceRecord for a Service labelled for
+    `proxy_name`, a ForeignRecord for another Service that holds LoadBalancer IPs, a
+    SliceRecord for an EndpointSlice that names its Service, a Problem for an object that
+    cannot even be named (`index`, from 1, names it by its position), None for everything else
+    (other kinds, slices without a Service label). Pure and never raises on bad input."""
+    if not isinstance(obj, Mapping):
+        return Problem(
+            ObjectRef("object", "", f"#{index}"),
+            f"must be a Kubernetes object (a mapping) but is {_describe(obj)}; fix or remove it",
+            "error",
+        )
+    kind, api_version = obj.get("kind"), obj.get("apiVersion")
+    if kind == "Service" and api_version in (None, "v1"):
+        ident = _ident(obj, "Service", index)
+        if isinstance(ident, Problem):
+            return ident
+        ref, meta = ident
+        try:
+            labels = _mapping(meta.get("labels"), "metadata.labels")
+            if labels.get(LABEL_PROXY_NAME) != proxy_name:
+                return _read_foreign(ref, obj, LABEL_PROXY_NAME in labels)
+            return ServiceRecord(ref, _read_service(ref, obj, meta))
+        except _Invalid as e:
+            return ServiceRecord(ref, None, Problem(ref, e.message, e.severity))
+    if kind == "EndpointSlice" and api_version in (None, "discovery.k8s.io/v1"):
+        ident = _ident(obj, "EndpointSlice", index)
+        if isinstance(ident, Problem):
+            return ident
+        ref, meta = ident
+        slice_labels = meta.get("labels")
+        service = (
+            slice_labels.get(LABEL_SERVICE_NAME) if isinstance(slice_labels, Mapping) else None
+        )
+        if not isinstance(service, str):
+            return None
+        problems: list[Problem] = []
+        ready = _ready_addresses(ref, obj, problems)
+        return SliceRecord(ref, service, frozenset(ready), tuple(problems))
+    return None
+
+
+def duplicate_problem(ref: ObjectRef, copies: int) -> ServiceRecord:
+    """The record of a Service defined several times with different contents."""
+    return ServiceRecord(
+        ref,
+        None,
+        Problem(
+            ref,
+            f"is defined {copies} times with different contents, so it is not programmed; "
+            "keep one definition",
+            "error",
+        ),
+    )
+
+
+@dataclass
+class ObjectSet:
+    """Every object of a source, read: the model's input. Slices are kept per (namespace,
+    name) as a tuple, since a manifest may define one twice."""
+
+    services: dict[Key, ServiceRecord] = field(default_factory=dict)
+    slices: dict[Key, tuple[SliceRecord, ...]] = field(default_factory=dict)
+    foreign: dict[Key, ForeignRecord] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)  # objects that cannot be named
+
+
+def read_objects(
+    objects: Iterable[object],
+    proxy_name: str = DEFAULT_PROXY_NAME,
+    again: Callable[[], Iterable[object]] | None = None,
+) -> ObjectSet:
+    """Read every object (`read_object`), in one pass that keeps only records. A Service
+    defined more than once counts only when every copy is the same object: when that happens
+    the copies are compared in a second pass over `again()` (the same objects again; by default
+    `objects` itself, which must then be a list or tuple)."""
+    out = ObjectSet()
+    copies: dict[Key, int] = {}
     for index, obj in enumerate(objects, start=1):
         if obj is None:
             continue
-        if not isinstance(obj, Mapping):
-            problems.append(
-                Problem(
-                    ObjectRef("object", "", f"#{index}"),
-                    f"must be a Kubernetes object (a mapping) but is {_describe(obj)}; "
-                    "fix or remove it",
-                    "error",
-                )
-            )
+        rec = read_object(obj, index, proxy_name)
+        if isinstance(rec, ServiceRecord):
+            key = (rec.ref.namespace, rec.ref.name)
+            copies[key] = copies.get(key, 0) + 1
+            out.services.setdefault(key, rec)
+        elif isinstance(rec, SliceRecord):
+            key = (rec.ref.namespace, rec.ref.name)
+            out.slices[key] = (*out.slices.get(key, ()), rec)
+        elif isinstance(rec, ForeignRecord):
+            out.foreign[(rec.ref.namespace, rec.ref.name)] = rec
+        elif isinstance(rec, Problem):
+            out.problems.append(rec)
+    twice = {key for key, n in copies.items() if n > 1}
+    if not twice:
+        return out
+    if again is None:
+        assert isinstance(objects, list | tuple), "pass `again` to read a stream"
+        again = lambda: objects  # noqa: E731
+    found: dict[Key, list[Mapping[str, Any]]] = {}
+    for index, obj in enumerate(again(), start=1):
+        if obj is None:
             continue
-        kind, api_version = obj.get("kind"), obj.get("apiVersion")
-        if kind == "Service" and api_version in (None, "v1"):
-            ident = _ident(obj, "Service", index)
-            if isinstance(ident, Problem):
-                problems.append(ident)
-                continue
-            ref, meta = ident
-            try:
-                labels = _mapping(meta.get("labels"), "metadata.labels")
-                if labels.get(LABEL_PROXY_NAME) != proxy_name:
-                    continue
-                parsed: _Service | Problem = _read_service(ref, obj, meta)
-            except _Invalid as e:
-                parsed = Problem(ref, e.message, e.severity)
-            found.setdefault((ref.namespace, ref.name), []).append((obj, parsed))
-        elif kind == "EndpointSlice" and api_version in (None, "discovery.k8s.io/v1"):
-            ident = _ident(obj, "EndpointSlice", index)
-            if isinstance(ident, Problem):
-                problems.append(ident)
-                continue
-            ref, meta = ident
-            slice_labels = meta.get("labels")
-            service = (
-                slice_labels.get(LABEL_SERVICE_NAME) if isinstance(slice_labels, Mapping) else None
-            )
-            if isinstance(service, str):
-                slices.setdefault((ref.namespace, service), []).append(_Slice(ref, obj))
+        rec = read_object(obj, index, proxy_name)
+        if isinstance(rec, ServiceRecord) and (rec.ref.namespace, rec.ref.name) in twice:
+            assert isinstance(obj, Mapping)
+            found.setdefault((rec.ref.namespace, rec.ref.name), []).append(obj)
+    for key, objs in found.items():
+        if not all(_same(o, objs[0]) for o in objs[1:]):
+            out.services[key] = duplicate_problem(out.services[key].ref, len(objs))
+    return out
 
-    services: list[_Service] = []
-    for (ns, name), copies in found.items():
-        if not all(_same(o, copies[0][0]) for o, _ in copies[1:]):
-            problems.append(
-                Problem(
-                    ObjectRef("Service", ns, name),
-                    f"is defined {len(copies)} times with different contents, so it is not "
-                    "programmed; keep one definition",
-                    "error",
-                )
-            )
+
+# -- the model ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Eval:
+    """A Service with its EndpointSlices: the backend chosen per family and the Service's own
+    problems (its record's, its slices', its endpoints'). Everything that does not depend on
+    other Services."""
+
+    ref: ObjectRef
+    service: ParsedService | None  # None: unusable, `problems` says why
+    chosen: tuple[tuple[int, IPAddress], ...]  # (family, pod IP)
+    problems: tuple[Problem, ...]
+
+    @property
+    def age(self) -> AgeKey:
+        assert self.service is not None
+        return _age(self.service)
+
+    def addresses(self) -> tuple[IPAddress, ...]:
+        """The LB IPs it claims and the pods it chose: what links it to other Services."""
+        if self.service is None:
+            return ()
+        return (*self.service.lb_ips, *(ip for _, ip in self.chosen))
+
+
+def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
+    s = rec.service
+    if s is None:
+        assert rec.problem is not None
+        return _Eval(rec.ref, None, (), (rec.problem,))
+    problems = list(s.problems)
+    ready: dict[int, set[IPAddress]] = {version: set() for version in FAMILIES}
+    for sl in slices:
+        problems += sl.problems
+        for ip in sl.ready:
+            ready[ip.version].add(ip)
+    chosen: list[tuple[int, IPAddress]] = []
+    for version, addresses in ready.items():
+        if not addresses:
             continue
-        parsed = copies[0][1]
-        if isinstance(parsed, Problem):
-            problems.append(parsed)
-        else:
-            services.append(parsed)
-            problems += parsed.problems
-
-    pods: dict[ObjectRef, dict[int, IPAddress]] = {}
-    for s in services:
-        ready: dict[int, set[IPAddress]] = {version: set() for version in FAMILIES}
-        for sl in slices.get((s.ref.namespace, s.ref.name), []):
-            for ip in _ready_addresses(sl, problems):
-                ready[ip.version].add(ip)
-        chosen: dict[int, IPAddress] = {}
-        for version, addresses in ready.items():
-            if not addresses:
-                continue
-            pod = chosen[version] = min(addresses)
-            if len(addresses) > 1:
-                problems.append(
-                    Problem(
-                        s.ref,
-                        f"has {len(addresses)} ready {family_name(version)} endpoints "
-                        f"({', '.join(map(str, sorted(addresses)))}) but NAT needs exactly one "
-                        f"pod, so the lowest, {pod}, is used; scale the backend to one pod",
-                    )
-                )
-        if not chosen:
+        pod = min(addresses)
+        chosen.append((version, pod))
+        if len(addresses) > 1:
             problems.append(
                 Problem(
                     s.ref,
-                    f"has no ready endpoint (no EndpointSlice labelled "
-                    f"{LABEL_SERVICE_NAME}={s.ref.name} lists a ready address), so it is not "
-                    "programmed; check that its pod is running and ready",
+                    f"has {len(addresses)} ready {family_name(version)} endpoints "
+                    f"({', '.join(map(str, sorted(addresses)))}) but NAT needs exactly one "
+                    f"pod, so the lowest, {pod}, is used; scale the backend to one pod",
                 )
             )
-        pods[s.ref] = chosen
+    if not chosen:
+        problems.append(
+            Problem(
+                s.ref,
+                f"has no ready endpoint (no EndpointSlice labelled "
+                f"{LABEL_SERVICE_NAME}={s.ref.name} lists a ready address), so it is not "
+                "programmed; check that its pod is running and ready",
+            )
+        )
+    return _Eval(rec.ref, s, tuple(chosen), tuple(problems))
 
-    state = MapState()
+
+@dataclass(frozen=True, slots=True)
+class _Output:
+    """What one Service contributes to the desired state, and everything said about it.
+    Tuples, not dicts and sets: the incremental model keeps one per Service."""
+
+    services: tuple[tuple[IPAddress, ServiceEntry], ...] = ()
+    pods: tuple[tuple[IPAddress, PodEntry], ...] = ()
+    allowed: tuple[AllowedPort, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    view: ServiceView | None = None
+
+
+def _shared_problem(ref: ObjectRef, lb: IPAddress, other: ForeignRecord) -> Problem:
+    if other.labelled:
+        who = f"which another proxy ({LABEL_PROXY_NAME} is not ours) programs"
+    else:
+        who = (
+            f"which has no {LABEL_PROXY_NAME} label, so the cluster's own Service proxy "
+            "programs it (Cilium adds a wildcard entry for the IP that drops ports that Service "
+            "does not list)"
+        )
+    return Problem(
+        ref,
+        f"LoadBalancer IP {lb} is also the LoadBalancer IP of {other.ref}, {who}; traffic to "
+        "the IP may not reach this Service's pod: give each Service its own LoadBalancer IP",
+    )
+
+
+NO_FOREIGN: Mapping[IPAddress, Iterable[ForeignRecord]] = {}
+
+
+def _compose(
+    evals: Iterable[_Eval], foreign: Mapping[IPAddress, Iterable[ForeignRecord]] = NO_FOREIGN
+) -> dict[ObjectRef, _Output]:
+    """The cross-Service rules over `evals`, which must hold every Service that shares an LB
+    IP or a pod with one of them: the older Service keeps a contested LB IP, the oldest
+    Service of a pod owns its egress, the allowed ports of a pod are the union of its
+    port-filter Services'. One output per Service."""
+    out: dict[ObjectRef, _Output] = {}
+    valid: list[_Eval] = []
+    for e in evals:
+        if e.service is None:
+            out[e.ref] = _Output(problems=e.problems)
+        else:
+            valid.append(e)
     lb_owner: dict[IPAddress, ObjectRef] = {}
-    pod_owner: dict[IPAddress, ObjectRef] = {}
-    views: list[ServiceView] = []
-    for s in sorted(services, key=_age):
+    pod_owner: dict[IPAddress, tuple[ObjectRef, IPAddress]] = {}  # -> (owner, its egress LB)
+    for e in sorted(valid, key=lambda e: e.age):
+        s = e.service
+        assert s is not None
+        problems = list(e.problems)
+        services: list[tuple[IPAddress, ServiceEntry]] = []
+        pods: list[tuple[IPAddress, PodEntry]] = []
+        allowed: set[AllowedPort] = set()
         kept: list[IPAddress] = []
         for lb in s.lb_ips:
+            for other in sorted(foreign.get(lb, ()), key=lambda f: f.ref):
+                problems.append(_shared_problem(s.ref, lb, other))
             if lb in lb_owner:
                 problems.append(
                     Problem(
@@ -641,16 +839,14 @@ def build_state(
             else:
                 lb_owner[lb] = s.ref
                 kept.append(lb)
-        chosen = pods[s.ref]
-        views.append(
-            ServiceView(
-                s.ref,
-                tuple(kept),
-                tuple(chosen[v] for v in FAMILIES if v in chosen),
-                s.port_filter,
-                s.allow_icmp,
-                s.ports,
-            )
+        chosen = dict(e.chosen)
+        view = ServiceView(
+            s.ref,
+            tuple(kept),
+            tuple(chosen[v] for v in FAMILIES if v in chosen),
+            s.port_filter,
+            s.allow_icmp,
+            s.ports,
         )
         for version in FAMILIES:
             lbs = [lb for lb in kept if lb.version == version]
@@ -672,22 +868,469 @@ def build_state(
                         for lb in lbs
                     ]
                 continue
-            for lb in lbs:
-                state.services[lb] = ServiceEntry(backend, s.port_filter, s.allow_icmp)
+            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp)
+            services += [(lb, entry) for lb in lbs]
             if backend in pod_owner:
+                owner, egress = pod_owner[backend]
                 problems.append(
                     Problem(
                         s.ref,
-                        f"its pod {backend} is also behind the older {pod_owner[backend]}, so the "
-                        f"pod's own connections leave from {state.pods[backend].lb_ip}, not from "
+                        f"its pod {backend} is also behind the older {owner}, so the "
+                        f"pod's own connections leave from {egress}, not from "
                         "this Service's IP; give each Service its own pod",
                     )
                 )
             else:
-                pod_owner[backend] = s.ref
-                state.pods[backend] = PodEntry(lbs[0], s.port_filter, s.allow_icmp)
+                pod_owner[backend] = (s.ref, lbs[0])
+                pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp)))
             if s.port_filter:
-                state.allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
+                allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
+        out[e.ref] = _Output(tuple(services), tuple(pods), tuple(allowed), tuple(problems), view)
+    return out
 
-    views.sort(key=lambda v: v.ref)
+
+def _kind_counts(state: MapState) -> dict[tuple[str, int], int]:
+    counts: dict[tuple[str, int], int] = {}
+    for kind, keys in (
+        ("services", state.services),
+        ("pods", state.pods),
+        ("allowed", [a.pod_ip for a in state.allowed]),
+    ):
+        for ip in keys:
+            counts[(kind, ip.version)] = counts.get((kind, ip.version), 0) + 1
+    return counts
+
+
+def _admit(
+    outputs: Iterable[_Output], capacity: Capacity
+) -> tuple[MapState, dict[ObjectRef, Problem]]:
+    """Over capacity: the outputs in the order given (oldest Service first) are programmed
+    while all their entries fit; each Service that does not fit is left out whole and gets a
+    Problem naming the full map."""
+    state = MapState()
+    counts: dict[tuple[str, int], int] = {}
+    left_out: dict[ObjectRef, Problem] = {}
+    for o in outputs:
+        if o.view is None:
+            continue
+        new: dict[tuple[str, int], int] = {}
+        for kind, keys in (
+            ("services", [k for k, _ in o.services if k not in state.services]),
+            ("pods", [k for k, _ in o.pods if k not in state.pods]),
+            ("allowed", [a.pod_ip for a in o.allowed if a not in state.allowed]),
+        ):
+            for ip in keys:
+                new[(kind, ip.version)] = new.get((kind, ip.version), 0) + 1
+        after = {k: counts.get(k, 0) + new.get(k, 0) for k in counts.keys() | new.keys()}
+        limit = capacity.full(after)
+        if limit is not None:
+            ref = o.view.ref
+            left_out[ref] = Problem(
+                ref,
+                f"is not programmed: map {limit.map} is full ({limit.size} entries) and older "
+                f"Services come first; {capacity.hint}",
+                "error",
+            )
+            continue
+        counts = after
+        state.services.update(o.services)
+        state.pods.update(o.pods)
+        state.allowed.update(o.allowed)
+    return state, left_out
+
+
+def _age_order(outputs: Mapping[ObjectRef, _Output], evals: Mapping[Key, _Eval]) -> list[_Output]:
+    ordered = sorted(
+        (e for e in evals.values() if e.service is not None and e.ref in outputs),
+        key=lambda e: e.age,
+    )
+    return [outputs[e.ref] for e in ordered]
+
+
+def foreign_by_ip(records: Iterable[ForeignRecord]) -> dict[IPAddress, list[ForeignRecord]]:
+    out: dict[IPAddress, list[ForeignRecord]] = {}
+    for r in records:
+        for ip in r.lb_ips:
+            out.setdefault(ip, []).append(r)
+    return out
+
+
+def slices_by_service(
+    slices: Mapping[Key, tuple[SliceRecord, ...]],
+) -> dict[Key, list[SliceRecord]]:
+    """The slices grouped by the Service they name, (namespace, service name)."""
+    out: dict[Key, list[SliceRecord]] = {}
+    for recs in slices.values():
+        for r in recs:
+            out.setdefault((r.ref.namespace, r.service), []).append(r)
+    return out
+
+
+def compose(objects: ObjectSet, capacity: Capacity | None = None) -> ModelResult:
+    """The desired state of an ObjectSet, every selected Service's view and every Problem."""
+    by_service = slices_by_service(objects.slices)
+    evals = {key: _evaluate(rec, by_service.get(key, ())) for key, rec in objects.services.items()}
+    outputs = _compose(evals.values(), foreign_by_ip(objects.foreign.values()))
+    problems = list(objects.problems)
+    state = MapState()
+    for o in outputs.values():
+        state.services.update(o.services)
+        state.pods.update(o.pods)
+        state.allowed.update(o.allowed)
+        problems += o.problems
+    if capacity is not None and capacity.full(_kind_counts(state)) is not None:
+        state, left_out = _admit(_age_order(outputs, evals), capacity)
+        problems += left_out.values()
+    views = sorted((o.view for o in outputs.values() if o.view is not None), key=lambda v: v.ref)
     return ModelResult(state, views, sorted(set(problems)))
+
+
+def build_state(
+    objects: Iterable[Mapping[str, Any]],
+    proxy_name: str = DEFAULT_PROXY_NAME,
+    capacity: Capacity | None = None,
+) -> ModelResult:
+    """The desired MapState for the Services labelled for `proxy_name`, with a view of each and
+    every Problem found. Never raises on bad input; the result does not depend on input order.
+    The reference for `IncrementalModel`, which must always give the same result."""
+    return compose(read_objects(objects, proxy_name), capacity)
+
+
+# -- the incremental model ----------------------------------------------------------------
+
+
+@dataclass
+class Delta:
+    """What one `IncrementalModel.flush()` changed: `diff` turns the desired state before into
+    the desired state after; `new_services`/`new_pods` count the keys of `diff.services_set`/
+    `diff.pods_set` that did not exist before (for the summary line); the Problems that
+    appeared and went away; how many Services were recomputed."""
+
+    diff: MapDiff = field(default_factory=MapDiff)
+    new_services: int = 0
+    new_pods: int = 0
+    problems_added: list[Problem] = field(default_factory=list)
+    problems_removed: list[Problem] = field(default_factory=list)
+    recomputed: int = 0
+
+    def empty(self) -> bool:
+        return self.diff.empty() and not self.problems_added and not self.problems_removed
+
+
+def _merge(outputs: Iterable[_Output]) -> MapState:
+    st = MapState()
+    for o in outputs:
+        st.services.update(o.services)
+        st.pods.update(o.pods)
+        st.allowed.update(o.allowed)
+    return st
+
+
+def _tuple_add(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
+    keys = index.get(at, ())
+    if key not in keys:
+        index[at] = (*keys, key)
+
+
+def _tuple_discard(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
+    keys = tuple(k for k in index.get(at, ()) if k != key)
+    if keys:
+        index[at] = keys
+    else:
+        index.pop(at, None)
+
+
+def _key(ref: ObjectRef) -> Key:
+    return (ref.namespace, ref.name)
+
+
+class IncrementalModel:
+    """The model kept up to date change by change, with the result of `build_state` on the same
+    objects at every `flush()` (tests/test_incremental.py checks that after every step of random
+    histories).
+
+    Changes are recorded with `set_service`/`set_slices`/`set_problems` (or `replace` with a
+    whole ObjectSet) and take effect at `flush()`, which re-evaluates only the Services whose
+    record or slices changed, plus every Service that shares an LB IP or a pod with them,
+    directly or through others (the older-wins rules connect exactly those), and returns the
+    difference as a MapDiff. Work per change is proportional to what it touches, not to the
+    cluster. Over capacity, the programmed state is chosen again over all Services (oldest
+    first): a slow path that only runs while the maps cannot hold everything."""
+
+    def __init__(
+        self, proxy_name: str = DEFAULT_PROXY_NAME, capacity: Capacity | None = None
+    ) -> None:
+        self.proxy_name = proxy_name
+        self.capacity = capacity
+        self.services: dict[Key, ServiceRecord] = {}
+        self.slices: dict[Key, tuple[SliceRecord, ...]] = {}
+        self._slices_of: dict[Key, tuple[Key, ...]] = {}  # Service -> slices that name it
+        self.foreign: dict[Key, ForeignRecord] = {}
+        self._foreign_by_ip: dict[IPAddress, set[ForeignRecord]] = {}
+        self._foreign_dirty: set[IPAddress] = set()
+        self._unkeyed: list[Problem] = []
+        self._evals: dict[Key, _Eval] = {}
+        # LB IP or chosen pod -> the Services that claim it (tuples: mostly one, and small)
+        self._claims: dict[IPAddress, tuple[Key, ...]] = {}
+        self._outputs: dict[Key, _Output] = {}
+        self._full = MapState()  # every Service's entries
+        self._counts: dict[tuple[str, int], int] = {}  # of _full, per kind and family
+        self.state = self._full  # the desired state: _full, or what fits when over capacity
+        self._left_out: dict[ObjectRef, Problem] = {}
+        self._problems: dict[Problem, int] = {}
+        self._dirty: set[Key] = set()
+        self._added: set[Problem] = set()
+        self._removed: set[Problem] = set()
+
+    # -- recording changes ---------------------------------------------------------------
+
+    def set_service(self, key: Key, rec: ServiceRecord | None) -> bool:
+        """Record the Service `key` (None: gone); False when nothing changed."""
+        if self.services.get(key) == rec:
+            return False
+        if rec is None:
+            del self.services[key]
+        else:
+            self.services[key] = rec
+        self._dirty.add(key)
+        return True
+
+    def set_slices(self, key: Key, recs: tuple[SliceRecord, ...] | None) -> bool:
+        """Record the EndpointSlice `key` (usually one record; None or () : gone); False when
+        nothing changed."""
+        old = self.slices.get(key, ())
+        new = recs or ()
+        if old == new:
+            return False
+        for r in old:
+            service = (r.ref.namespace, r.service)
+            _tuple_discard(self._slices_of, service, key)
+            self._dirty.add(service)
+        for r in new:
+            service = (r.ref.namespace, r.service)
+            _tuple_add(self._slices_of, service, key)
+            self._dirty.add(service)
+        if new:
+            self.slices[key] = new
+        else:
+            del self.slices[key]
+        return True
+
+    def set_foreign(self, key: Key, rec: ForeignRecord | None) -> bool:
+        """Record the LB IPs of a Service that is not ours (None: gone, or none)."""
+        old = self.foreign.get(key)
+        if old == rec:
+            return False
+        if old is not None:
+            for ip in old.lb_ips:
+                recs = self._foreign_by_ip[ip]
+                recs.discard(old)
+                if not recs:
+                    del self._foreign_by_ip[ip]
+            self._foreign_dirty.update(old.lb_ips)
+            del self.foreign[key]
+        if rec is not None:
+            self.foreign[key] = rec
+            for ip in rec.lb_ips:
+                self._foreign_by_ip.setdefault(ip, set()).add(rec)
+            self._foreign_dirty.update(rec.lb_ips)
+        return True
+
+    def set_problems(self, problems: Iterable[Problem]) -> None:
+        """The Problems about objects without a usable name (a manifest's garbage)."""
+        new = list(problems)
+        if new == self._unkeyed:
+            return
+        self._count(self._unkeyed, -1)
+        self._count(new, +1)
+        self._unkeyed = new
+
+    def replace(self, objects: ObjectSet) -> None:
+        """Make the recorded objects exactly `objects` (a source's whole content); only what
+        differs is marked changed."""
+        for key in self.services.keys() - objects.services.keys():
+            self.set_service(key, None)
+        for key, rec in objects.services.items():
+            self.set_service(key, rec)
+        for key in self.slices.keys() - objects.slices.keys():
+            self.set_slices(key, None)
+        for key, recs in objects.slices.items():
+            self.set_slices(key, recs)
+        for key in self.foreign.keys() - objects.foreign.keys():
+            self.set_foreign(key, None)
+        for key, frec in objects.foreign.items():
+            self.set_foreign(key, frec)
+        self.set_problems(objects.problems)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a flush() has something to do."""
+        return bool(self._dirty or self._foreign_dirty or self._added or self._removed)
+
+    # -- computing -----------------------------------------------------------------------
+
+    def _count(self, problems: Iterable[Problem], step: int) -> None:
+        for p in problems:
+            n = self._problems.get(p, 0) + step
+            if n > 0:
+                self._problems[p] = n
+            else:
+                self._problems.pop(p, None)
+            if step > 0 and n == 1:
+                if p in self._removed:
+                    self._removed.discard(p)
+                else:
+                    self._added.add(p)
+            elif step < 0 and n == 0:
+                if p in self._added:
+                    self._added.discard(p)
+                else:
+                    self._removed.add(p)
+
+    def _slice_records(self, key: Key) -> list[SliceRecord]:
+        out = [
+            r
+            for sk in self._slices_of.get(key, ())
+            for r in self.slices[sk]
+            if (r.ref.namespace, r.service) == key
+        ]
+        out.sort(key=lambda r: r.ref)
+        return out
+
+    def _reevaluate(self, dirty: Iterable[Key]) -> tuple[set[Key], set[IPAddress]]:
+        """New evaluations of `dirty`: the Services whose evaluation changed, and the
+        addresses they claimed before or claim now."""
+        changed: set[Key] = set()
+        addresses: set[IPAddress] = set()
+        for key in dirty:
+            rec = self.services.get(key)
+            new = _evaluate(rec, self._slice_records(key)) if rec is not None else None
+            old = self._evals.get(key)
+            if new == old:
+                continue
+            if old is not None:
+                for ip in old.addresses():
+                    addresses.add(ip)
+                    _tuple_discard(self._claims, ip, key)
+                del self._evals[key]
+            changed.add(key)
+            if new is not None:
+                self._evals[key] = new
+                for ip in new.addresses():
+                    addresses.add(ip)
+                    _tuple_add(self._claims, ip, key)
+        return changed, addresses
+
+    def _component(self, seeds: set[Key], addresses: set[IPAddress]) -> set[Key]:
+        """`seeds` and every Service linked to them through shared addresses, transitively."""
+        comp = set(seeds)
+        frontier = list(addresses)
+        for key in seeds:
+            if key in self._evals:
+                frontier.extend(self._evals[key].addresses())
+        seen: set[IPAddress] = set()
+        while frontier:
+            ip = frontier.pop()
+            if ip in seen:
+                continue
+            seen.add(ip)
+            for key in self._claims.get(ip, ()):
+                if key not in comp:
+                    comp.add(key)
+                    frontier.extend(self._evals[key].addresses())
+        return comp
+
+    def _update_counts(self, st: MapState, step: int) -> None:
+        c = self._counts
+        for kind, ips in (
+            ("services", st.services),
+            ("pods", st.pods),
+            ("allowed", [a.pod_ip for a in st.allowed]),
+        ):
+            for ip in ips:
+                k = (kind, ip.version)
+                c[k] = c.get(k, 0) + step
+
+    def flush(self) -> Delta:
+        """Apply the recorded changes; the difference in the desired state and Problems."""
+        dirty, self._dirty = self._dirty, set()
+        changed, addresses = self._reevaluate(dirty)
+        # a foreign LB IP appeared or went: the Services that claim it are warned anew
+        foreign, self._foreign_dirty = self._foreign_dirty, set()
+        for ip in foreign:
+            changed.update(self._claims.get(ip, ()))
+        addresses |= foreign
+        comp = self._component(changed, addresses)
+        old_outputs = [self._outputs.pop(k) for k in comp if k in self._outputs]
+        new_by_ref = _compose(
+            (self._evals[k] for k in comp if k in self._evals), self._foreign_by_ip
+        )
+        for ref, o in new_by_ref.items():
+            self._outputs[_key(ref)] = o
+        for o in old_outputs:
+            self._count(o.problems, -1)
+        for o in new_by_ref.values():
+            self._count(o.problems, +1)
+        old, new = _merge(old_outputs), _merge(new_by_ref.values())
+        d = diff(old, new)
+        # the same change on the whole unconstrained state, in place
+        self._update_counts(old, -1)
+        self._update_counts(new, +1)
+        full = self._full
+        for lb in d.services_del:
+            del full.services[lb]
+        full.services.update(d.services_set)
+        for pod in d.pods_del:
+            del full.pods[pod]
+        full.pods.update(d.pods_set)
+        full.allowed -= d.allowed_del
+        full.allowed |= d.allowed_add
+
+        before = self.state
+        over = self.capacity is not None and self.capacity.full(self._counts) is not None
+        if over or before is not full:
+            d, old = self._constrain(over), before
+        out = Delta(
+            d,
+            new_services=sum(1 for k in d.services_set if k not in old.services),
+            new_pods=sum(1 for k in d.pods_set if k not in old.pods),
+            problems_added=sorted(self._added),
+            problems_removed=sorted(self._removed),
+            recomputed=len(comp),
+        )
+        self._added, self._removed = set(), set()
+        return out
+
+    def _constrain(self, over: bool) -> MapDiff:
+        """Choose what is programmed again over all Services (the capacity slow path); the
+        difference to what was programmed."""
+        before = self.state
+        self._count(self._left_out.values(), -1)
+        if over:
+            assert self.capacity is not None
+            outputs = {o.view.ref: o for o in self._outputs.values() if o.view is not None}
+            ordered = sorted(
+                (e for e in self._evals.values() if e.service is not None and e.ref in outputs),
+                key=lambda e: e.age,
+            )
+            self.state, self._left_out = _admit((outputs[e.ref] for e in ordered), self.capacity)
+        else:
+            self.state, self._left_out = self._full, {}
+        self._count(self._left_out.values(), +1)
+        return diff(before, self.state)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def problems(self) -> list[Problem]:
+        """Every current Problem, sorted."""
+        return sorted(self._problems)
+
+    def views(self) -> list[ServiceView]:
+        """Every selected Service as understood, sorted by namespace/name."""
+        return sorted(
+            (o.view for o in self._outputs.values() if o.view is not None), key=lambda v: v.ref
+        )
+
+    def result(self) -> ModelResult:
+        """The whole result, as `build_state` gives it (for tests and tools)."""
+        return ModelResult(self.state.copy(), self.views(), self.problems())

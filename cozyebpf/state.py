@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from typing import TypeAlias
@@ -64,7 +65,7 @@ PORT_PROTOS = (Proto.TCP, Proto.UDP, Proto.SCTP)
 
 
 @functools.total_ordering
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceEntry:
     """Value of the LB-IP map: where packets to the LB IP go, and how they are filtered.
     `pod_ip` is of the LB IP's family."""
@@ -91,7 +92,7 @@ class ServiceEntry:
 
 
 @functools.total_ordering
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodEntry:
     """Value of the pod-IP map: the LB IP the pod's egress is rewritten to, and its filter.
     `lb_ip` is of the pod IP's family."""
@@ -118,7 +119,7 @@ class PodEntry:
 
 
 @functools.total_ordering
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllowedPort:
     """One entry of the allowed-ports set: (pod IP, L4 protocol, destination port); it goes to
     allow4 or allow6 by the pod IP's family."""
@@ -270,3 +271,29 @@ def apply_to(state: MapState, d: MapDiff) -> MapState:
         out.pods.pop(pod, None)
     out.allowed -= d.allowed_del
     return out
+
+
+@dataclass(frozen=True)
+class MapLimit:
+    """One map of the datapath and what it holds: at most `size` entries of the kinds listed,
+    ("services" | "pods" | "allowed", address family) counted together."""
+
+    map: str
+    size: int
+    kinds: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The datapath's maps, for programming what fits when the cluster is larger; `hint` says
+    how to raise the sizes (it ends the message about each Service left out)."""
+
+    limits: tuple[MapLimit, ...]
+    hint: str = "raise --max-services"
+
+    def full(self, counts: Mapping[tuple[str, int], int]) -> MapLimit | None:
+        """The first map that `counts` would overflow, or None."""
+        for limit in self.limits:
+            if sum(counts.get(k, 0) for k in limit.kinds) > limit.size:
+                return limit
+        return None

@@ -5,12 +5,18 @@ them, so a CI run can never pass without exercising the datapath."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+#: Shell words that replace `python -m cozyebpf` wherever the tests run cozyebpf (the
+#: `cozyebpf_cmd` fixture). `make image-test` points it at scripts/image-exec.sh, which runs
+#: each command from the DaemonSet image's root filesystem, Env and Entrypoint.
+TEST_CMD = shlex.split(os.environ.get("COZYEBPF_TEST_CMD", ""))
 
 
 def _missing_prerequisites() -> list[str]:
@@ -59,6 +65,10 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def cozyebpf_cmd(repo_root: Path) -> list[str]:
+    """The cozyebpf command: COZYEBPF_TEST_CMD, else the repository's venv. Every test that
+    runs cozyebpf (agent, `maps dump`, `detach`, the demo's) takes it from here."""
+    if TEST_CMD:
+        return TEST_CMD
     venv = repo_root / ".venv" / "bin" / "python"
     python = str(venv) if venv.exists() else shutil.which("python3") or "python3"
     return [python, "-m", "cozyebpf"]

@@ -40,7 +40,7 @@ import pytest
 import yaml
 
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
-from tests.conftest import IN_CI, unique_prefix
+from tests.conftest import IN_CI, TEST_CMD, unique_prefix
 from tests.k8s import Svc, manifest
 from tests.labtools import AgentLab, serve, tcp_echo, tcp_talk, wait_for
 from tests.packets import LB_WHOLE
@@ -66,7 +66,11 @@ def _bounding_set() -> list[str]:
 
 def only(caps: Sequence[str]) -> list[str]:
     """Command prefix that runs the rest of the command as root with exactly `caps` (bounding,
-    permitted and effective set; inheritable and ambient empty)."""
+    permitted and effective set; inheritable and ambient empty). Under COZYEBPF_TEST_CMD
+    (`make image-test`) that command enters the image first, which takes capabilities the
+    agent does not get: scripts/image-exec.sh drops them itself, after the chroot."""
+    if TEST_CMD:
+        return ["env", f"COZYEBPF_TEST_CAPS={','.join(c.lower() for c in caps)}"]
     drop = [c.lower() for c in _bounding_set() if c not in caps]
     return ["capsh", f"--drop={','.join(drop)}", "--", "-c", 'exec "$@"', "capsh-exec"]
 
@@ -120,8 +124,8 @@ def agent(lab: Lab, tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLa
 
 
 def base_cmd(env: AgentLab) -> list[str]:
-    """The agent's cozyebpf command without the capsh prefix."""
-    return env.cmd[env.cmd.index("capsh-exec") + 1 :]
+    """The agent's cozyebpf command without the prefix of `only(MINIMAL)`."""
+    return env.cmd[len(only(MINIMAL)) :]
 
 
 def run_as(env: AgentLab, caps: Sequence[str], *args: str) -> subprocess.CompletedProcess[str]:

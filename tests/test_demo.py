@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -10,8 +12,9 @@ pytestmark = pytest.mark.datapath
 
 
 def test_demo_runs_and_cleans_up(cozyebpf_cmd: list[str]) -> None:
-    python = cozyebpf_cmd[0]
-    p = subprocess.run([python, "-m", "cozyebpf.demo"], capture_output=True, text=True, timeout=180)
+    # the demo (lab, traffic) runs here; every cozyebpf command in it is `cozyebpf_cmd`
+    demo = [sys.executable, "-m", "cozyebpf.demo", "--cozyebpf-cmd", shlex.join(cozyebpf_cmd)]
+    p = subprocess.run(demo, capture_output=True, text=True, timeout=180)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     for line in (

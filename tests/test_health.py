@@ -2,41 +2,49 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from cozyebpf.agent import Agent
 from cozyebpf.datapath.fake import FakeDatapath
-from cozyebpf.errors import PermanentError, SourceError
+from cozyebpf.errors import PermanentError
 from cozyebpf.health import HealthServer, parse_address
+from cozyebpf.model import read_objects
+from cozyebpf.sources import ChangeSet
 from tests.k8s import Svc, objects
 
 
 class ListSource:
-    """A source whose objects the test sets; raises until `ready`."""
+    """A source whose objects the test sets; not ready until the first `set`."""
 
     def __init__(self) -> None:
-        self.objects: list[dict[str, Any]] = []
-        self.ready = False
-        self.version = 0
-        self.loaded = -1
+        self.objects: list[dict[str, Any]] | None = None
+        self.taken: list[dict[str, Any]] | None = None
 
     def set(self, objs: list[dict[str, Any]]) -> None:
-        self.objects, self.ready = objs, True
-        self.version += 1
+        self.objects = objs
 
-    def changed(self) -> bool:
-        return self.version != self.loaded
+    def take(self) -> ChangeSet | None:
+        if self.objects is None:
+            return None
+        if self.objects is self.taken:
+            return ChangeSet()
+        self.taken = self.objects
+        return ChangeSet(whole=read_objects(self.objects))
 
-    def load(self) -> list[dict[str, Any]]:
-        if not self.ready:
-            raise SourceError("not listed yet")
-        self.loaded = self.version
-        return list(self.objects)
+    def start(self, notify: Callable[[], None]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def alive(self) -> bool:
+        return True
 
 
 def get(url: str) -> tuple[int, str]:
@@ -50,7 +58,7 @@ def get(url: str) -> tuple[int, str]:
 @pytest.fixture
 def served() -> Iterator[tuple[Agent, ListSource, FakeDatapath, str]]:
     src, dp = ListSource(), FakeDatapath()
-    agent = Agent(src, dp, resync_interval=3600)
+    agent = Agent(src, dp, resync_interval=3600, retry_delay=0.2)
     h = HealthServer("127.0.0.1:0", agent.liveness, agent.readiness)
     h.start()
     yield agent, src, dp, f"http://{h.address}"
@@ -91,6 +99,9 @@ def test_a_failed_sync_is_retried_and_not_ready(
     dp.fail_next_apply = DatapathError("map full")
     agent.tick()
     assert get(url + "/readyz")[0] == 503
+    agent.tick()  # not in a tight loop: the retry waits (0.2 s here, 1 s by default)
+    assert get(url + "/readyz")[0] == 503 and agent.syncs == 0
+    time.sleep(0.25)
     agent.tick()  # nothing changed in the source, but the failed sync is retried
     assert get(url + "/readyz")[0] == 200
     assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10"]

@@ -193,3 +193,53 @@ def test_devices_auto_takes_the_default_route_device(env: AgentLab) -> None:
     assert "--devices auto: the default route uses uplink" in env.log()
     env.set_services(WHOLE)
     assert ping_lb(env)
+
+
+def test_sigterm_interrupts_a_large_sync(env: AgentLab, tmp_path: Path) -> None:
+    """A signal is honoured at once, in the middle of reading 30k Services too: the agent
+    exits cleanly without finishing that work, and the datapath keeps the last state."""
+    from bench import scale
+
+    env.start_agent()
+    env.set_services(WHOLE)
+    big = tmp_path / "big.yaml"
+    big.write_text(manifest(WHOLE) + "---\n" + scale.manifest_yaml(30000))
+    offset = len(env.log())
+    os.replace(big, env.manifest_path)  # seconds of parsing and programming ahead
+    wait_for(lambda: "changed, reading it" in env.log()[offset:], 10, "the agent reading")
+    assert env.proc is not None
+    t0 = time.monotonic()
+    env.proc.send_signal(signal.SIGTERM)
+    rc = env.proc.wait(timeout=20)
+    stopped = time.monotonic() - t0
+    env.proc = None
+    log = env.log()[offset:]
+    assert rc == 0 and "got SIGTERM, stopping" in log, log
+    assert "programmed:" not in log, "the large sync was interrupted, not finished"
+    assert [str(x) for x in env.maps_state().services] == [LB_WHOLE]
+    assert ping_lb(env)
+    print(f"stopped {stopped:.2f}s after SIGTERM, in the middle of a 30k-Service sync")
+
+
+def test_a_manifest_path_that_does_not_exist_is_an_error(env: AgentLab) -> None:
+    missing = env.manifest_path.parent / "nope" / "services.yaml"
+    p = env.lab.exec(
+        env.lab.node,
+        *env.cmd,
+        "run",
+        "--manifests",
+        str(missing),
+        "--devices",
+        UPLINK,
+        "--pin-dir",
+        env.pin_dir,
+        check=False,
+        timeout=30,
+    )
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"cozyebpf: error: --manifests {missing}: no such file; give the path of a YAML file "
+        "with the Services and EndpointSlices"
+    )
+    our = our_hooks(env)
+    assert our == (None, []), "nothing was attached"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,43 @@ def test_manifest_to_state(tmp_path: Path) -> None:
         allowed={AllowedPort(pod, Proto.TCP, 22), AllowedPort(pod, Proto.UDP, 53)},
     )
     assert result.problems == []
+
+
+@pytest.mark.parametrize("how", ["in-place", "rename", "configmap"])
+def test_changes_are_seen_through_inotify(tmp_path: Path, how: str) -> None:
+    """With a poll interval of an hour, a change still wakes the agent at once: an in-place
+    write, an editor's atomic rename, and a ConfigMap volume's `..data` symlink swap."""
+    import threading
+
+    woke = threading.Event()
+    if how == "configmap":  # what the kubelet's atomic writer does
+        (tmp_path / "..v1").mkdir()
+        (tmp_path / "..v1" / "m.yaml").write_text(SERVICE)
+        (tmp_path / "..data").symlink_to("..v1")
+        (tmp_path / "m.yaml").symlink_to("..data/m.yaml")
+    else:
+        (tmp_path / "m.yaml").write_text(SERVICE)
+    src = ManifestSource(tmp_path / "m.yaml", poll_interval=3600)
+    assert src.take() is not None
+    src.start(woke.set)
+    try:
+        assert src.inotify
+        (tmp_path / "other.txt").write_text("not ours")  # another file: no wake-up
+        time.sleep(0.2)
+        assert not woke.is_set()
+        if how == "in-place":
+            (tmp_path / "m.yaml").write_text(SLICE)
+        elif how == "rename":
+            (tmp_path / ".m.yaml.tmp").write_text(SLICE)
+            os.replace(tmp_path / ".m.yaml.tmp", tmp_path / "m.yaml")
+        else:
+            (tmp_path / "..v2").mkdir()
+            (tmp_path / "..v2" / "m.yaml").write_text(SLICE)
+            (tmp_path / "..data_tmp").symlink_to("..v2")
+            os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+        assert woke.wait(10), "inotify did not report the change"
+        changes = src.take()
+        assert changes is not None and changes.whole is not None
+        assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
+    finally:
+        src.stop()

@@ -271,7 +271,7 @@ def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureF
     pins have; another size is migrated with the entries copied (the flow hint is rebuilt
     from the flows)."""
     with PinnedMaps.ensure(pin_dir, max_services=16) as m:
-        assert m.capacity == {
+        assert m.sizes == {
             "addr4": 32,
             "allow4": 64,
             "flow4": 64,
@@ -288,7 +288,10 @@ def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureF
         assert reader.max_services == 16 and reader.read_state() == DUAL
     caplog.set_level(logging.WARNING)
     with PinnedMaps.ensure(pin_dir, max_services=64) as m:
-        assert m.capacity["addr4"] == 128 and m.read_state() == DUAL
+        assert m.sizes["addr4"] == 128 and m.read_state() == DUAL
+        limits = {x.map: (x.size, x.kinds) for x in m.capacity().limits}
+        assert limits["addr4"] == (128, (("services", 4), ("pods", 4)))
+        assert limits["allow6"] == (256, (("allowed", 6),))
         assert m.flows_by_pod() == {POD4: 1}
         assert m.hints_need_seed
     assert f"migrated map {pin_dir}/addr4 (max entries 32 (want 128)): 4 of 4" in caplog.text

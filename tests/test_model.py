@@ -1821,3 +1821,25 @@ def test_diff_and_apply_across_families() -> None:
         one(LB1, POD1, ports=("tcp/22", "udp/53")), one(LB2, POD2)
     )
     assert Proto(58) is Proto.ICMPV6
+
+
+def test_the_fast_ipv4_path_accepts_exactly_what_ipaddress_accepts() -> None:
+    """LB and pod IPs in canonical form skip ipaddress's parser; the shortcut must accept
+    exactly the canonical strings, and give the same address."""
+    import socket
+
+    from cozyebpf.model import _CANONICAL_V4
+
+    cases = [
+        s
+        for a in [*range(256), 300, 999]
+        for s in (f"{a}.0.0.1", f"10.{a}.2.3", f"0{a}.1.1.1", f"{a}.1.1", f"1.2.3.{a}")
+    ] + ["1.2.3.4\n", " 1.2.3.4", "1.2.3.4 ", "\u0661.2.3.4", "1.2.3.04", "1..2.3", ""]
+    for s in cases:
+        try:
+            canonical = str(IPv4Address(s)) == s
+        except ValueError:
+            canonical = False
+        assert bool(_CANONICAL_V4.fullmatch(s)) == canonical, s
+        if canonical:
+            assert IPv4Address(socket.inet_aton(s)) == IPv4Address(s)

@@ -1,20 +1,24 @@
 """The real datapath: pinned maps + the ingress (XDP or tc) and egress (tc) programs on the
-devices."""
+devices. The programs are compiled and loaded in a child process (`compiler`), so this
+process never holds bcc's LLVM."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from typing import Any
 
 from cozyebpf.datapath import attach, bpfsys, loader
+from cozyebpf.datapath.compiler import Compilation, Request
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR, PinnedMaps
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
-from cozyebpf.state import MapDiff, MapState
+from cozyebpf.state import Capacity, MapDiff, MapState
 
 log = logging.getLogger(__name__)
 
@@ -49,36 +53,66 @@ class BpfDatapath:
         self.on_foreign_xdp = on_foreign_xdp
         self.max_services = max_services
         self.maps: PinnedMaps | None = None
-        self.programs: dict[str, loader.Program] = {}
-        self._module: Any = None
+        self.programs: dict[str, loader.Program] = {}  # the instance in use, per program
+        self._spares: dict[str, list[loader.Program]] = {}  # other instances (tcx reorder)
+        self._compilation: Compilation | None = None
         self.attachments: dict[tuple[str, str], attach.Attachment] = {}  # (device, role)
 
     # -- programs ------------------------------------------------------------------------
 
-    def _program(self, name: str) -> loader.Program:
-        """Load a program once; all come from one compilation of bpf/cozyebpf.c (bcc takes
-        seconds per compilation)."""
-        if name not in self.programs:
-            if self._module is None:
-                self._module = loader.compile_source("cozyebpf.c", self.pin_dir)
-            kind = "xdp" if name == "cz_ingress" else "sched_cls"
-            self.programs[name] = loader.load_from(self._module, name, kind)
-        return self.programs[name]
+    def _requests(self) -> list[Request]:
+        """The programs this configuration can attach; tc programs twice (the second
+        instance puts ours back in front of the tcx chain, see check())."""
+        out = []
+        if self.ingress_hook in ("xdp", "auto"):
+            out.append(Request("cz_ingress", "xdp"))
+        if self.ingress_hook in ("tcx", "auto") or self.on_foreign_xdp == "tcx":
+            out.append(Request("cz_ingress_tc", "sched_cls", 2))
+        out.append(Request("cz_egress", "sched_cls", 2))
+        return out
 
-    def start(self) -> None:
-        """Maps, programs, attachments. Egress goes first on every device: the ingress program
-        trusts the flow hints, which the egress program of this layout sets; flows that older
-        programs recorded get theirs in between (PinnedMaps.seed_flow_hints)."""
+    def _program(self, name: str) -> loader.Program:
+        try:
+            return self.programs[name]
+        except KeyError:
+            raise DatapathError(
+                f"program {name} was not loaded for --ingress-hook {self.ingress_hook}"
+            ) from None
+
+    def prepare(self) -> None:
+        """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
         for dev in self.devices:
             attach.ifindex_of(dev)  # fail on a typo before touching anything
         self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services)
-        if self.ingress_hook in ("xdp", "auto"):
-            self._program("cz_ingress")
+
+    def begin(self) -> None:
+        """Start compiling and loading the programs in a child process (seconds); the maps
+        can be programmed meanwhile."""
+        self._compilation = Compilation(self.pin_dir, self._requests())
+
+    def compiled(self) -> bool:
+        """Whether finish() would not wait."""
+        return self._compilation is None or self._compilation.done()
+
+    def finish(self) -> None:
+        """Take the loaded programs from the child and attach them to every device. Egress
+        goes first on every device: the ingress program trusts the flow hints, which the egress
+        program of this layout sets; flows that older programs recorded get theirs in between
+        (PinnedMaps.seed_flow_hints). The maps of an older layout go last."""
+        assert self._compilation is not None, "begin() first"
+        compilation, self._compilation = self._compilation, None
+        for name, kind, fd in compilation.result():
+            prog = loader.Program(name, fd, None, kind)
+            if name in self.programs:
+                self._spares.setdefault(name, []).append(prog)
+            else:
+                self.programs[name] = prog
         egress = self._program("cz_egress")
         for dev in self.devices:
             self.attachments[(dev, "egress")] = attach.attach_tc(
                 egress.fd, "cz_egress", dev, self.pin_dir, "egress", self.tc_mode
             )
+        assert self.maps is not None, "prepare() first"
         if self.maps.hints_need_seed:
             n = self.maps.seed_flow_hints()
             log.info("flow hints seeded from %d flows", n)
@@ -87,6 +121,16 @@ class BpfDatapath:
         self.maps.finish_upgrade()
         order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
         self.attachments = {k: self.attachments[k] for k in order}
+
+    def start(self) -> None:
+        """prepare(), begin() and finish() in one."""
+        self.prepare()
+        self.begin()
+        self.finish()
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.attachments)
 
     def _attach_ingress(self, dev: str) -> attach.Attachment:
         """XDP where chosen and possible, else tc ingress; the other hook of ours goes."""
@@ -134,8 +178,12 @@ class BpfDatapath:
                     continue
                 log.warning("%s %s: %s; re-attaching", dev, a.hook, problem)
                 if problem == "not first":
-                    new = self.programs[a.program].load_again()
+                    spares = self._spares.get(a.program)
+                    if not spares:
+                        raise DatapathError(f"no second instance of {a.program} to move first")
+                    new = spares.pop()
                     attach.move_tcx_first(new.fd, dev, self.pin_dir, a.hook.removeprefix("tcx-"))
+                    spares.append(self.programs[a.program])
                     self.programs[a.program] = new
                     self.attachments[(dev, role)] = attach.Attachment(
                         dev, a.hook, a.program, bpfsys.prog_info(new.fd).id
@@ -180,6 +228,9 @@ class BpfDatapath:
             raise DatapathError("datapath not started")
         return self.maps
 
+    def capacity(self) -> Capacity:
+        return self._maps().capacity()
+
     def read_state(self) -> MapState:
         return self._maps().read_state()
 
@@ -190,11 +241,18 @@ class BpfDatapath:
         return dump_pinned(self.pin_dir, self._maps())
 
     def close(self) -> None:
+        """Release our descriptors (a running compilation is stopped); the pinned links keep
+        the attached programs."""
+        if self._compilation is not None:
+            self._compilation.cancel()
+            self._compilation = None
         if self.maps:
             self.maps.close()
             self.maps = None
-        self.programs = {}  # drops bcc's module; the pinned links keep the programs
-        self._module = None
+        for prog in [*self.programs.values(), *(p for ps in self._spares.values() for p in ps)]:
+            with contextlib.suppress(OSError):
+                os.close(prog.fd)
+        self.programs, self._spares = {}, {}
 
 
 def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR, maps: PinnedMaps | None = None) -> dict[str, Any]:
@@ -221,7 +279,11 @@ def cozy_proxy_table_present() -> bool:
     "no such table" (no permission, say) is an error, not an absence."""
     nft = shutil.which("nft")
     if nft is None:
-        log.debug("nft not installed: not looking for cozy-proxy's table")
+        log.warning(
+            "the nft command is not installed, so cozy-proxy's nftables table `ip cozy_proxy` "
+            "cannot be looked for: if cozy-proxy ran on this node, delete its table (it would "
+            "translate the same traffic a second time)"
+        )
         return False
     p = subprocess.run([nft, "list", "table", *COZY_PROXY_TABLE], capture_output=True, text=True)
     if p.returncode == 0:

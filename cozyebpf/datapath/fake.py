@@ -22,14 +22,18 @@ class FakeDatapath:
         self.state = state.copy() if state is not None else MapState()
         self.flows: dict[IPAddress, int] = {}
         self.fail_next_apply: Exception | None = None
+        self.reads = 0  # read_state() calls: a change must be written without one
+        self.applies: list[MapDiff] = []  # every diff applied (or refused), in order
 
     def read_state(self) -> MapState:
         """A copy of the held state."""
+        self.reads += 1
         return self.state.copy()
 
     def apply(self, diff: MapDiff) -> None:
         """Apply `diff` (in the order of `state.apply_to`), or raise `fail_next_apply` once;
         DatapathError, changing nothing, if an entry of `diff` mixes address families."""
+        self.applies.append(diff)
         if self.fail_next_apply is not None:
             exc, self.fail_next_apply = self.fail_next_apply, None
             raise exc

@@ -76,16 +76,18 @@ def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None
 
 @dataclass
 class Program:
-    """A loaded program; `bpf` keeps bcc's module (and so the program fd) alive."""
+    """A loaded program. `bpf` is bcc's module where this process compiled it (it keeps the
+    fd alive); None for a program passed by the compiler child, whose fd we own."""
 
     name: str
     fd: int
     bpf: Any
-    kind: int = 0  # bcc's program type
+    kind: int | str = 0  # bcc's program type, or "xdp"/"sched_cls"
 
     def load_again(self) -> Program:
         """A second instance of the same program (a new fd and id, no compilation): tcx
         refuses to attach one program twice to the same hook."""
+        assert self.bpf is not None, "only a program compiled in this process"
         self.bpf.funcs.pop(self.name.encode(), None)
         fn = self.bpf.load_func(self.name.encode(), self.kind)
         return Program(self.name, fn.fd, self.bpf, self.kind)
@@ -161,7 +163,7 @@ def load_from(module: Any, func: str, prog_type: str) -> Program:
 def slow_program_fd(program: Program) -> int | None:
     """The fd of an entry program's full path (SLOW_PATHS), or None."""
     slow = SLOW_PATHS.get(program.name)
-    if slow is None:
+    if slow is None or program.bpf is None:  # or passed by the compiler child: not kept
         return None
     fn = program.bpf.funcs.get(slow[0].encode())
     return None if fn is None else int(fn.fd)

@@ -61,8 +61,10 @@ from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import (
     AllowedPort,
+    Capacity,
     IPAddress,
     MapDiff,
+    MapLimit,
     MapState,
     PodEntry,
     Proto,
@@ -262,15 +264,16 @@ def _flow_key_bytes(f: Flow) -> bytes:
 
 class PinnedMaps:
     """File descriptors of every cozyebpf map under one pin directory, and the mirror of the
-    state they hold. `capacity` is each map's size (max entries): an addr map holds the LB IPs
+    state they hold. `sizes` is each map's size (max entries): an addr map holds the LB IPs
     and the pod IPs of its family (a pod IP that is also an LB IP once), an allow map the
-    allowed ports, a flow map the flows the pods opened."""
+    allowed ports, a flow map the flows the pods opened; `capacity()` says it in the model's
+    terms."""
 
     def __init__(self, pin_dir: str, fds: dict[str, int], layout: Layout) -> None:
         self.pin_dir = pin_dir
         self.fds = fds
         self.layout = layout
-        self.capacity = {
+        self.sizes = {
             s.name: s.max_entries
             for s in layout.all
             if s not in (META, STATS) and s.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
@@ -726,6 +729,21 @@ class PinnedMaps:
                 )
                 self._write_addrs(stale)
         return st
+
+    def capacity(self) -> Capacity:
+        """The maps' sizes in the model's terms: what fits (--max-services sets them)."""
+        return Capacity(
+            tuple(
+                MapLimit(spec.name, self.sizes[spec.name], kinds)
+                for spec, kinds in (
+                    # LB IPs and pod IPs share addr4 (an address that is both counts twice)
+                    (self.layout.addr4, (("services", 4), ("pods", 4))),
+                    (self.layout.allow4, (("allowed", 4),)),
+                    (self.layout.addr6, (("services", 6), ("pods", 6))),
+                    (self.layout.allow6, (("allowed", 6),)),
+                )
+            )
+        )
 
     def lookup_service(self, lb: IPAddress) -> ServiceEntry | None:
         """The entry of one LB IP, by a single lookup (no map walk): for probes and tools that

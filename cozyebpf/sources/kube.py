@@ -8,6 +8,15 @@ exponential backoff and jitter. The cache is replaced only by a *complete* list,
 API server is unreachable the last known state stays (fail-static), and the source reports
 nothing until every resource has been listed once, so an agent that starts during an outage
 does not program an empty state over the pinned one.
+
+Caches hold the model's records, not API objects: each object is read (`read_object`) when it
+arrives, in the informer's thread, and only its record is kept. An update whose record equals
+the cached one (a status heartbeat, a label the model does not read) is dropped there; a
+relist hands over only the objects whose record differs.
+
+Services are watched without a label selector: the labelled ones are ours; of the others only
+their LoadBalancer IPs are kept, so that an LB IP shared with a Service we do not manage can be
+warned about.
 """
 
 from __future__ import annotations
@@ -19,14 +28,39 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from cozyebpf.errors import SourceError
-from cozyebpf.model import LABEL_PROXY_NAME
+from cozyebpf.model import (
+    ForeignRecord,
+    Key,
+    Problem,
+    ServiceRecord,
+    SliceRecord,
+    read_object,
+)
+from cozyebpf.sources import ChangeSet
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+Record = ServiceRecord | SliceRecord | ForeignRecord
+
+#: set by the EndpointSlice controller: when the change that this version reflects happened
+TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
+def trigger_time(obj: Obj) -> float | None:
+    """The object's last-change-trigger-time, in seconds since the epoch, or None."""
+    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    value = ann.get(TRIGGER_ANNOTATION) if isinstance(ann, dict) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 class Gone(Exception):
@@ -67,19 +101,23 @@ class Resource:
 
 @dataclass
 class Informer:
-    """List + watch one resource into a cache keyed by namespace/name."""
+    """List + watch one resource into a cache of records keyed by namespace/name.
+    `read` makes an object's record (None: nothing to keep); `on_change(key, old, new)` is
+    called, under `lock`, for every object whose record changed."""
 
     resource: Resource
-    on_change: Callable[[], None]
+    read: Callable[[Obj], Record | None]
+    on_change: Callable[[Key, Record | None, Record | None, float | None], None]
+    lock: threading.Lock
+    on_synced: Callable[[], None] = lambda: None
     page_size: int = 500
     watch_timeout: int = 300
     request_timeout: float = 30.0
     backoff: Backoff = field(default_factory=Backoff)
-    cache: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    cache: dict[Key, Record] = field(default_factory=dict)
     resource_version: str | None = None
     synced: bool = False
     lists: int = 0  # complete lists so far (for tests and logs)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- HTTP ----------------------------------------------------------------------------
 
@@ -89,9 +127,17 @@ class Informer:
             kw["label_selector"] = r.label_selector
         return r.list_fn(_preload_content=False, _request_timeout=timeout, **kw)
 
-    def _list(self) -> tuple[dict[tuple[str, str], Obj], str]:
-        """A complete, consistent list (all pages at the first page's resourceVersion)."""
-        items: dict[tuple[str, str], Obj] = {}
+    def _record(self, obj: Obj) -> tuple[Key, Record | None]:
+        obj.setdefault("kind", self.resource.kind)  # list items carry no kind
+        obj.setdefault("apiVersion", self.resource.api_version)
+        m = obj.get("metadata") or {}
+        return (m.get("namespace") or "", m.get("name") or ""), self.read(obj)
+
+    def _list(self) -> tuple[dict[Key, Record], str, int]:
+        """A complete, consistent list (all pages at the first page's resourceVersion), read
+        into records; also the number of objects listed."""
+        items: dict[Key, Record] = {}
+        listed = 0
         token: str | None = None
         rv = ""
         while True:
@@ -104,13 +150,14 @@ class Informer:
             if not token:
                 rv = str(meta.get("resourceVersion") or "")
             for obj in body.get("items") or []:
-                obj.setdefault("kind", self.resource.kind)  # list items carry no kind
-                obj.setdefault("apiVersion", self.resource.api_version)
-                m = obj.get("metadata") or {}
-                items[(m.get("namespace") or "", m.get("name") or "")] = obj
+                key, rec = self._record(obj)
+                listed += 1
+                if rec is not None:
+                    items[key] = rec
+            del body
             token = meta.get("continue") or None
             if not token:
-                return items, rv
+                return items, rv, listed
 
     def _events(self) -> Iterator[Obj]:
         """Watch events from self.resource_version until the server ends the watch."""
@@ -150,19 +197,25 @@ class Informer:
             if rv:
                 self.resource_version = str(rv)
             return False
-        key = (meta.get("namespace") or "", meta.get("name") or "")
+        if kind in ("ADDED", "MODIFIED"):
+            key, rec = self._record(obj)
+        elif kind == "DELETED":
+            m = obj.get("metadata") or {}
+            key, rec = (m.get("namespace") or "", m.get("name") or ""), None
+        else:
+            log.warning("unknown watch event type %r for %ss", kind, self.resource.kind)
+            return False
         with self.lock:
-            if kind in ("ADDED", "MODIFIED"):
-                obj.setdefault("kind", self.resource.kind)
-                obj.setdefault("apiVersion", self.resource.api_version)
-                self.cache[key] = obj
-            elif kind == "DELETED":
-                self.cache.pop(key, None)
-            else:
-                log.warning("unknown watch event type %r for %ss", kind, self.resource.kind)
-                return False
             if rv:
                 self.resource_version = str(rv)
+            old = self.cache.get(key)
+            if old == rec:
+                return False
+            if rec is None:
+                del self.cache[key]
+            else:
+                self.cache[key] = rec
+            self.on_change(key, old, rec, trigger_time(obj))
         return True
 
     def run(self, stop: threading.Event) -> None:
@@ -171,20 +224,24 @@ class Informer:
         while not stop.is_set():
             try:
                 if need_list:
-                    items, rv = self._list()
+                    items, rv, listed = self._list()
                     with self.lock:
-                        self.cache = items
+                        old, self.cache = self.cache, items
+                        for key in old.keys() | items.keys():
+                            if old.get(key) != items.get(key):
+                                self.on_change(key, old.get(key), items.get(key), None)
                         self.resource_version = rv
                         self.synced = True
                         self.lists += 1
-                    log.info("listed %d %s at resourceVersion %s", len(items), what, rv)
+                    log.info(
+                        "listed %d %s at resourceVersion %s (%d kept)", listed, what, rv, len(items)
+                    )
                     need_list = False
-                    self.on_change()
+                    self.on_synced()
                 for ev in self._events():
                     if stop.is_set():
                         return
-                    if self._apply(ev):
-                        self.on_change()
+                    self._apply(ev)
                 self.backoff.reset()  # a watch that ended normally: resume at once
             except Gone as e:
                 log.info("%s: %s; listing again", what, e)
@@ -207,7 +264,7 @@ class Informer:
                 )
                 stop.wait(delay)
 
-    def snapshot(self) -> list[Obj]:
+    def snapshot(self) -> list[Record]:
         with self.lock:
             return list(self.cache.values())
 
@@ -221,11 +278,10 @@ def _describe(e: BaseException) -> str:
 
 
 class KubeSource:
-    """Services selected by the proxy-name label and all EndpointSlices, from the API server.
+    """Services and EndpointSlices from the API server, as records (see the module docstring).
 
-    Implements the agent's Source protocol: `changed()` is true when either cache changed
-    since the last `load()`, and only once both resources have been listed completely.
-    """
+    Implements the agent's Source protocol: `take()` returns what changed since the last take,
+    and None until both resources have been listed completely."""
 
     def __init__(
         self,
@@ -238,35 +294,68 @@ class KubeSource:
 
         core = client.CoreV1Api(api_client)
         discovery = client.DiscoveryV1Api(api_client)
-        self._version = 0
-        self._loaded = -1
-        self._cv = threading.Condition()
-        resources = [
-            Resource(
-                "Service",
-                "v1",
-                core.list_service_for_all_namespaces,
-                f"{LABEL_PROXY_NAME}={proxy_name}",
-            ),
-            Resource(
-                "EndpointSlice",
-                "discovery.k8s.io/v1",
-                discovery.list_endpoint_slice_for_all_namespaces,
-            ),
-        ]
+        self.proxy_name = proxy_name
+        self._lock = threading.Lock()
+        self._pending = ChangeSet()
+        self._notify: Callable[[], None] = lambda: None
         self.informers = [
-            Informer(r, self._bump, watch_timeout=watch_timeout, request_timeout=request_timeout)
-            for r in resources
+            Informer(
+                Resource("Service", "v1", core.list_service_for_all_namespaces),
+                self._read,
+                self._service_changed,
+                self._lock,
+                self._synced,
+                watch_timeout=watch_timeout,
+                request_timeout=request_timeout,
+            ),
+            Informer(
+                Resource(
+                    "EndpointSlice",
+                    "discovery.k8s.io/v1",
+                    discovery.list_endpoint_slice_for_all_namespaces,
+                ),
+                self._read,
+                self._slice_changed,
+                self._lock,
+                self._synced,
+                watch_timeout=watch_timeout,
+                request_timeout=request_timeout,
+            ),
         ]
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
-    def _bump(self) -> None:
-        with self._cv:
-            self._version += 1
-            self._cv.notify_all()
+    def _read(self, obj: Obj) -> Record | None:
+        rec = read_object(obj, 0, self.proxy_name)
+        if isinstance(rec, Problem):  # the API server never sends an object without a name
+            log.warning("ignoring an object the API server sent: %s", rec)
+            return None
+        return rec
 
-    def start(self) -> None:
+    def _service_changed(
+        self, key: Key, old: Record | None, new: Record | None, trigger: float | None
+    ) -> None:
+        p = self._pending
+        p.touch(trigger)
+        if isinstance(old, ServiceRecord) or isinstance(new, ServiceRecord):
+            p.services[key] = new if isinstance(new, ServiceRecord) else None
+        if isinstance(old, ForeignRecord) or isinstance(new, ForeignRecord):
+            p.foreign[key] = new if isinstance(new, ForeignRecord) else None
+        self._notify()
+
+    def _slice_changed(
+        self, key: Key, old: Record | None, new: Record | None, trigger: float | None
+    ) -> None:
+        self._pending.touch(trigger)
+        self._pending.slices[key] = (new,) if isinstance(new, SliceRecord) else None
+        self._notify()
+
+    def _synced(self) -> None:
+        self._notify()
+
+    def start(self, notify: Callable[[], None] | None = None) -> None:
+        if notify is not None:
+            self._notify = notify
         for inf in self.informers:
             t = threading.Thread(
                 target=inf.run, args=(self._stop,), name=f"watch-{inf.resource.kind}", daemon=True
@@ -284,22 +373,16 @@ class KubeSource:
     def alive(self) -> bool:
         return all(t.is_alive() for t in self._threads)
 
-    def wait(self, timeout: float) -> None:
-        """Block until something changes or `timeout` passes (lets the agent react at once)."""
-        with self._cv:
-            if self._version == self._loaded:
-                self._cv.wait(timeout)
+    def take(self) -> ChangeSet | None:
+        with self._lock:
+            if not self.synced:
+                return None
+            out, self._pending = self._pending, ChangeSet()
+        return out
 
-    def changed(self) -> bool:
-        return self.synced and self._version != self._loaded
-
-    def load(self) -> list[dict[str, Any]]:
-        if not self.synced:
-            waiting = [f"{i.resource.kind}s" for i in self.informers if not i.synced]
-            raise SourceError(f"not listed yet: {', '.join(waiting)}; keeping the pinned state")
-        with self._cv:
-            self._loaded = self._version
-        return [o for inf in self.informers for o in inf.snapshot()]
+    def waiting_for(self) -> str:
+        """What has not been listed yet, for logs."""
+        return ", ".join(f"{i.resource.kind}s" for i in self.informers if not i.synced)
 
 
 def api_client(kubeconfig: str | None) -> Any:

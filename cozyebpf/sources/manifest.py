@@ -1,21 +1,39 @@
 """The manifest source: Kubernetes objects from a multi-document YAML file, re-read on change.
 
 The file holds Services and EndpointSlices as `kubectl get -o yaml` prints them (one object per
-document, or one `kind: List` with `items`). The agent polls `changed()` and calls `load()` when
-it returns True; a file that cannot be read or parsed raises SourceError, and the agent keeps the
+document, or one `kind: List` with `items`). A thread watches the file's directory with inotify
+(an in-place write, an editor's atomic rename, a ConfigMap volume's `..data` swap) and, as a
+safety net or where inotify is not available, checks the file's (mtime, size, inode) every
+poll interval; a change wakes the agent, whose `take()` reads the file again, document by
+document, into the model's records, and hands over the whole set (the model keeps only what
+differs). A file that cannot be read or parsed is reported once, and the agent keeps the
 previous state programmed.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import logging
 import os
-from collections.abc import Mapping
+import select
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from cozyebpf.errors import SourceError
+from cozyebpf.model import DEFAULT_PROXY_NAME, ObjectSet, read_objects
+from cozyebpf.sources import ChangeSet, fastyaml
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FAST = "fastyaml"  # the event reader, as a loader name
 
 _KEEP = "the previous state stays programmed"
 Signature = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
@@ -45,12 +63,86 @@ def _position(data: str | bytes, offset: int) -> str:
     return f"line {line + 1}, column {offset - start + 1}"
 
 
-class ManifestSource:
-    """A YAML manifest file as a source of Kubernetes objects."""
+# inotify(7): what the watch of the directory reports
+_IN_ATTRIB = 0x004
+_IN_CLOSE_WRITE = 0x008
+_IN_MOVED_FROM = 0x040
+_IN_MOVED_TO = 0x080
+_IN_CREATE = 0x100
+_IN_DELETE = 0x200
+_IN_DELETE_SELF = 0x400
+_IN_MOVE_SELF = 0x800
+_IN_NONBLOCK = 0o4000
+_IN_CLOEXEC = 0o2000000
+_WATCH_MASK = (
+    _IN_ATTRIB
+    | _IN_CLOSE_WRITE
+    | _IN_MOVED_FROM
+    | _IN_MOVED_TO
+    | _IN_CREATE
+    | _IN_DELETE
+    | _IN_DELETE_SELF
+    | _IN_MOVE_SELF
+)
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
-    def __init__(self, path: str | Path) -> None:
+
+class _Inotify:
+    """An inotify watch of one directory; events name the entries that changed."""
+
+    def __init__(self, directory: Path) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        wd = libc.inotify_add_watch(self.fd, os.fsencode(directory), _WATCH_MASK)
+        if wd < 0:
+            err = ctypes.get_errno()
+            os.close(self.fd)
+            raise OSError(err, os.strerror(err), str(directory))
+
+    def names(self, timeout: float) -> list[str] | None:
+        """Names of the entries with events within `timeout` ("" for the directory itself);
+        None when nothing happened."""
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return None
+        out: list[str] = []
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return out
+            off = 0
+            while off + _EVENT.size <= len(buf):
+                _wd, _mask, _cookie, length = _EVENT.unpack_from(buf, off)
+                name = buf[off + _EVENT.size : off + _EVENT.size + length].split(b"\0", 1)[0]
+                out.append(os.fsdecode(name))
+                off += _EVENT.size + length
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class ManifestSource:
+    """A YAML manifest file as a source of Kubernetes objects (the agent's Source protocol:
+    `start`, `take`, `stop`, `alive`; `changed`/`load` read the file directly)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        proxy_name: str = DEFAULT_PROXY_NAME,
+        poll_interval: float = 1.0,
+    ) -> None:
         self.path = Path(path)
+        self.proxy_name = proxy_name
+        self.poll_interval = poll_interval
         self._loaded: Signature | None = None  # signature of the content last parsed
+        self._ever_read = False
+        self._last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.inotify = False  # whether changes are seen through inotify (else polling)
 
     def _signature(self) -> Signature | None:
         try:
@@ -73,6 +165,10 @@ class ManifestSource:
         A file that parsed, or failed to parse, is not reported as changed again until it is
         rewritten; a file that could not be read is.
         """
+        return self._parse(self._text())
+
+    def _text(self) -> str:
+        """The file's text; records its signature as the one last read."""
         try:
             with open(self.path, "rb") as f:
                 st = os.fstat(f.fileno())
@@ -83,40 +179,151 @@ class ManifestSource:
             raise SourceError(f"{self.path}: cannot be read: {e.strerror or e}; {_KEEP}") from e
         self._loaded = (st.st_mtime_ns, st.st_size, st.st_ino)
         try:
-            text = data.decode("utf-8-sig")
+            return data.decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise SourceError(
                 f"{self.path}: {_position(data, e.start)}: byte 0x{data[e.start]:02x} is not "
                 f"valid UTF-8; save the file as UTF-8; {_KEEP}"
             ) from None
-        return self._parse(text)
+
+    def read(self) -> ObjectSet:
+        """The file's objects as the model's records, read document by document (no parsed
+        object is kept). Raises SourceError as load() does, and then nothing was read."""
+        text = self._text()
+        return self._with_loaders(
+            lambda loader: read_objects(
+                self._documents(text, loader),
+                self.proxy_name,
+                again=functools.partial(self._documents, text, loader),
+            )
+        )
+
+    def _with_loaders(self, fn: Callable[[Any], T]) -> T:
+        """fn(loader) with the fastest loader that can read the file: the event reader
+        (fastyaml), else libyaml's CSafeLoader (anchors, tags: what fastyaml leaves out), else
+        the pure-Python SafeLoader, whose messages the errors here are written for (it also
+        says why a C loader refused a file)."""
+        fast = fastyaml.available()
+        loaders: list[Any] = [FAST, yaml.CSafeLoader] if fast else []
+        for loader in [*loaders, yaml.SafeLoader]:
+            try:
+                return fn(loader)
+            except fastyaml.Unsupported:
+                continue
+            except SourceError:
+                if loader is yaml.SafeLoader:
+                    raise
+                if loader is FAST:  # a YAML error: the precise loader names it
+                    loaders.remove(yaml.CSafeLoader)
+        raise AssertionError("unreachable: the last loader returns or raises")
+
+    # -- the Source protocol -------------------------------------------------------------
+
+    def check(self) -> None:
+        """At start, a path that does not exist is a mistake (a typo, not a file that went
+        away): SourceError naming it."""
+        if not self.path.exists():
+            raise SourceError(
+                f"--manifests {self.path}: no such file; give the path of a YAML file with "
+                "the Services and EndpointSlices"
+            )
+
+    def start(self, notify: Callable[[], None]) -> None:
+        """Watch the file (the watch exists when this returns); `notify` on every change."""
+        directory = self.path.absolute().parent
+        ino: _Inotify | None = None
+        try:
+            ino = _Inotify(directory)
+            self.inotify = True
+        except OSError as e:
+            log.warning(
+                "cannot watch %s with inotify (%s); checking %s every %.1fs instead",
+                directory,
+                e.strerror or e,
+                self.path.name,
+                self.poll_interval,
+            )
+        self._thread = threading.Thread(
+            target=self._watch, args=(ino, notify), name="watch-manifest", daemon=True
+        )
+        self._thread.start()
+
+    def _watch(self, ino: _Inotify | None, notify: Callable[[], None]) -> None:
+        try:
+            while not self._stop.is_set():
+                if ino is not None:
+                    names = ino.names(self.poll_interval)
+                    if names is not None and not any(
+                        n in ("", self.path.name) or n.startswith("..") for n in names
+                    ):
+                        continue  # other files in the directory
+                else:
+                    self._stop.wait(self.poll_interval)
+                if self.changed():
+                    notify()
+        finally:
+            if ino is not None:
+                ino.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def alive(self) -> bool:
+        return self._thread is None or self._thread.is_alive()
+
+    def take(self) -> ChangeSet | None:
+        """The whole file as a ChangeSet when it changed; an empty one when not, or when it
+        cannot be read now (reported once per problem: the programmed state stays); None
+        until it has been read once."""
+        if not self.changed():
+            return ChangeSet() if self._ever_read else None
+        t0 = time.monotonic()
+        try:
+            if self._ever_read:
+                log.info("%s changed, reading it", self.path)
+            objects = self.read()
+        except SourceError as e:
+            if str(e) != self._last_error:
+                log.error("%s", e)
+                self._last_error = str(e)
+            return ChangeSet() if self._ever_read else None
+        log.info(
+            "read %s: %d Services, %d EndpointSlices in %.2fs",
+            self.path,
+            len(objects.services),
+            sum(len(s) for s in objects.slices.values()),
+            time.monotonic() - t0,
+        )
+        self._last_error = None
+        self._ever_read = True
+        changes = ChangeSet(whole=objects)
+        changes.touch()
+        return changes
 
     def _parse(self, text: str) -> list[dict[str, Any]]:
-        """Parse with libyaml (CSafeLoader, 4-8x faster: bench/); a file it refuses is parsed
-        again with the pure-Python loader, whose messages the errors below are written for."""
-        fast = getattr(yaml, "CSafeLoader", None)
-        if fast is not None:
-            try:
-                return self._parse_with(text, fast)
-            except SourceError:
-                pass  # let the precise parser say it
-        return self._parse_with(text, yaml.SafeLoader)
+        return self._with_loaders(lambda loader: list(self._documents(text, loader)))
 
-    def _parse_with(self, text: str, loader_class: Any) -> list[dict[str, Any]]:
-        objects: list[dict[str, Any]] = []
+    def _raw(self, text: str, loader: Any) -> Iterator[tuple[Any, int]]:
+        """(document, its first line from 0) with `loader`: FAST or a PyYAML loader class."""
+        if loader is FAST:
+            yield from fastyaml.documents(text)
+            return
+        yaml_loader = loader(text)
         try:
-            loader = loader_class(text)
-        except yaml.reader.ReaderError as e:  # the reader checks every character up front
-            raise SourceError(self._reader_message(text, e)) from None
-        try:
-            number = 0
-            while loader.check_node():
-                node = loader.get_node()
+            while yaml_loader.check_node():
+                node = yaml_loader.get_node()
                 if node is None:
                     break
-                number += 1
-                doc = loader.construct_document(node)
-                where = f"document {number} (line {node.start_mark.line + 1})"
+                yield yaml_loader.construct_document(node), node.start_mark.line
+        finally:
+            yaml_loader.dispose()
+
+    def _documents(self, text: str, loader: Any) -> Iterator[dict[str, Any]]:
+        """The objects of `text`, one document at a time; SourceError on the first error
+        (fastyaml.Unsupported passes through: the caller tries the next loader)."""
+        try:
+            for number, (doc, line) in enumerate(self._raw(text, loader), start=1):
+                where = f"document {number} (line {line + 1})"
                 if doc is None:
                     continue
                 if not isinstance(doc, Mapping):
@@ -141,18 +348,15 @@ class ManifestSource:
                                 f"{self.path}: {where}: items[{i}] is {_what(item)}, not a "
                                 f"Kubernetes object; fix or remove it; {_KEEP}"
                             )
-                        objects.append(dict(item))
+                        yield dict(item)
                 else:
-                    objects.append(dict(doc))
+                    yield dict(doc)
         except yaml.MarkedYAMLError as e:
             raise SourceError(self._yaml_message(e)) from None
         except yaml.reader.ReaderError as e:
             raise SourceError(self._reader_message(text, e)) from None
         except yaml.YAMLError as e:
             raise SourceError(f"{self.path}: {e}; {_KEEP}") from None
-        finally:
-            loader.dispose()
-        return objects
 
     def _reader_message(self, text: str, e: yaml.reader.ReaderError) -> str:
         char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)

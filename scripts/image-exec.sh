@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Runs one cozyebpf command from the image, as its container would run it:
+#   bash scripts/image-exec.sh IMAGE_CONF [cozyebpf args...]
+#
+# scripts/image-test.sh writes IMAGE_CONF (the image's mounted root filesystem,
+# its Env and its Entrypoint from `podman image inspect`) and points the tests
+# at this script through COZYEBPF_TEST_CMD. No OCI runtime is used (they cannot
+# start containers on every machine, e.g. in a sandboxed VM); instead, in a
+# mount namespace of the command's own, which ends with it:
+#   - the image's root filesystem, read-only (readOnlyRootFilesystem: true);
+#   - /proc, /sys (with the host's bpffs at /sys/fs/bpf) and /dev of the host;
+#   - an empty tmpfs at /lib/modules (the DaemonSet's emptyDir), so the
+#     entrypoint links kernel headers as it does in a pod: with no /host mounts
+#     here, the image's own fallback headers;
+#   - the host's /tmp, where the tests keep the manifests and kubeconfigs they
+#     pass by path (the DaemonSet has an emptyDir there);
+# then chroot, an environment of exactly the image's Env plus the caller's
+# COZYEBPF_* variables (`docker run -e`; COZYEBPF_TEST_* excepted), and the
+# image's Entrypoint with the arguments (none: the image's Cmd). The process keeps its PID through
+# every exec, so signals reach the agent itself. The network namespace is the
+# caller's (the tests enter a lab node's with nsenter first, the DaemonSet uses
+# the host's).
+#
+# COZYEBPF_TEST_CAPS=cap_a,cap_b (set and empty: none): run with exactly these
+# capabilities (bounding, permitted and effective sets), dropped after the
+# chroot, which needs others; tests/test_capabilities.py sets it.
+set -euo pipefail
+
+die() {
+	printf 'image-exec.sh: %s\n' "$*" >&2
+	exit 125
+}
+
+if [[ ${1:-} != --in-namespace ]]; then
+	(($# >= 1)) || die "usage: image-exec.sh IMAGE_CONF [cozyebpf args...]"
+	[[ $(id -u) -eq 0 ]] || die "must run as root (mounts, chroot)"
+	exec unshare --mount --propagation private -- bash "${BASH_SOURCE[0]}" --in-namespace "$@"
+fi
+shift
+conf=$1
+shift
+
+ROOTFS="" IMAGE_ENV=() IMAGE_ENTRYPOINT=() IMAGE_CMD=() IMAGE_WORKDIR=""
+# shellcheck source=/dev/null
+source "$conf"
+[[ -d $ROOTFS/usr ]] || die "$ROOTFS is not a root filesystem (from $conf)"
+((${#IMAGE_ENTRYPOINT[@]} > 0)) || die "the image has no Entrypoint (from $conf)"
+(($# > 0)) || set -- "${IMAGE_CMD[@]}" # no arguments: the image's Cmd, as a runtime does
+
+mount --bind "$ROOTFS" "$ROOTFS"
+mount -o remount,bind,ro "$ROOTFS"
+mount -t tmpfs -o mode=0755,size=16m lib-modules "$ROOTFS/lib/modules"
+for dir in proc sys dev; do
+	mount --rbind "/$dir" "$ROOTFS/$dir"
+done
+mount --rbind /tmp "$ROOTFS/tmp"
+
+env_args=("${IMAGE_ENV[@]}")
+while IFS= read -r -d '' var; do
+	case $var in
+	COZYEBPF_TEST_*) ;;
+	COZYEBPF_*) env_args+=("$var") ;;
+	esac
+done < <(env -0)
+run=(/usr/bin/env -i "${env_args[@]}")
+[[ -z $IMAGE_WORKDIR ]] || run=(/usr/bin/env -C "$IMAGE_WORKDIR" -i "${env_args[@]}")
+run+=("${IMAGE_ENTRYPOINT[@]}" "$@")
+
+if [[ ! -v COZYEBPF_TEST_CAPS ]]; then
+	exec chroot "$ROOTFS" "${run[@]}"
+fi
+# capsh (the host's) chroots, drops the rest of the bounding set, then runs
+# the image's /bin/bash, which execs the command: for uid 0 an exec makes
+# permitted = effective = the bounding set, as with a runtime's drop: [ALL].
+keep=",${COZYEBPF_TEST_CAPS,,},"
+bounding="$(capsh --decode="$(awk '/^CapBnd:/ {print $2}' /proc/self/status)")"
+drop=()
+IFS=, read -r -a all <<<"${bounding#*=}"
+for cap in "${all[@]}"; do
+	[[ $keep == *",$cap,"* ]] || drop+=("$cap")
+done
+exec capsh --chroot="$ROOTFS" --drop="$(
+	IFS=,
+	echo "${drop[*]}"
+)" -- -c 'exec "$@"' capsh-exec "${run[@]}"

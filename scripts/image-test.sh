@@ -1,0 +1,392 @@
+#!/usr/bin/env bash
+# `make image-test`: build the DaemonSet image from the Dockerfile and run the
+# end-to-end lab tests with every cozyebpf command executed from the image.
+#
+#   sudo bash scripts/image-test.sh [options] [-- pytest args]
+#
+# 1. tools: podman and debootstrap from apt if missing; scripts/setup.sh (the
+#    tests themselves run from the repository's .venv, as in CI).
+# 2. base: a local debian:bookworm-slim, bootstrapped once with
+#    `debootstrap --variant=minbase bookworm`, slimmed as Debian's official
+#    slim image is, cached as a tarball and imported into a podman store of
+#    this script's own (vfs), both under $COZYEBPF_IMAGE_TEST_DIR.
+# 3. build: `podman build --pull=never --network host --isolation chroot` of
+#    the Dockerfile, with the machine's pip settings and CA bundle as build
+#    secrets (never stored in the image).
+# 4. the image's size and the versions inside it.
+# 5. tests: the image's root filesystem is mounted (`podman image mount`) and
+#    COZYEBPF_TEST_CMD points the tests' `cozyebpf_cmd` fixture at
+#    scripts/image-exec.sh, which runs each cozyebpf command there with the
+#    image's Env and Entrypoint (no OCI runtime needed). CI=true: a datapath
+#    test that cannot run fails instead of being skipped.
+# 6. clean-up, also on failure and Ctrl-C: the mount, the built image and
+#    whatever the build left in the store. The cached base stays (--purge
+#    removes it too).
+#
+# Options:
+#   --dockerfile FILE  build FILE instead of ./Dockerfile (the context is still
+#                      the repository)
+#   --keep-image       keep the built image (cozyebpf:image-test) in the store
+#   --refresh-base     bootstrap the base again
+#   --no-tests         stop after the versions (build and inspect only)
+#   --purge            remove $COZYEBPF_IMAGE_TEST_DIR (cache and store), then exit
+#   -- ARGS            pytest arguments instead of the default selection
+#
+# Environment:
+#   COZYEBPF_IMAGE_TEST_DIR  cache and store (default /var/lib/cozyebpf-image-test)
+#   COZYEBPF_DEBIAN_MIRROR   Debian mirror for the base (default
+#                            http://deb.debian.org/debian, as the official image)
+#
+# The default test selection covers the demo (traffic, egress, maps dump,
+# detach), the lab (whole-IP, port filter, maps dump --json), restarts, a kill
+# and an upgrade without one lost packet, detach and the lifecycle, the
+# Kubernetes source against the API double (a burst of 1,000 changes too), the
+# two capabilities, and the CLI's errors.
+
+# dpkg-query's formats below are ${Field}s of its own, not the shell's.
+# shellcheck disable=SC2016
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+
+DEFAULT_TESTS=(
+	tests/test_demo.py
+	tests/test_lab.py
+	tests/test_zero_downtime.py
+	tests/test_lifecycle.py
+	tests/test_kube_e2e.py
+	tests/test_burst.py
+	tests/test_capabilities.py
+	tests/test_cli.py
+)
+TOP="${COZYEBPF_IMAGE_TEST_DIR:-/var/lib/cozyebpf-image-test}"
+MIRROR="${COZYEBPF_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+SUITE=bookworm
+BASE_REF=localhost/debian:bookworm-slim
+IMAGE_REF=localhost/cozyebpf:image-test
+BASE_TAR="$TOP/base/debian-$SUITE-slim.tar"
+STORE="$TOP/storage"
+RUNROOT=/run/cozyebpf-image-test
+
+log() { printf '==> %s\n' "$*"; }
+die() {
+	printf 'image-test.sh: ERROR: %s\n' "$*" >&2
+	exit 1
+}
+
+DOCKERFILE="$REPO_ROOT/Dockerfile" KEEP_IMAGE=0 REFRESH_BASE=0 RUN_TESTS=1 PURGE=0
+PYTEST_ARGS=()
+while (($# > 0)); do
+	case $1 in
+	--dockerfile)
+		(($# >= 2)) || die "--dockerfile needs a file"
+		DOCKERFILE="$(realpath "$2")"
+		shift
+		;;
+	--keep-image) KEEP_IMAGE=1 ;;
+	--refresh-base) REFRESH_BASE=1 ;;
+	--no-tests) RUN_TESTS=0 ;;
+	--purge) PURGE=1 ;;
+	--)
+		shift
+		PYTEST_ARGS=("$@")
+		break
+		;;
+	-h | --help)
+		sed -n '2,/^$/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+		exit 0
+		;;
+	*) die "unknown argument $1 (see --help)" ;;
+	esac
+	shift
+done
+((${#PYTEST_ARGS[@]} > 0)) || PYTEST_ARGS=(-q "${DEFAULT_TESTS[@]}")
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (debootstrap, podman's store, mounts, BPF); try: sudo make image-test"
+[[ -f $DOCKERFILE ]] || die "no Dockerfile at $DOCKERFILE"
+
+if ((PURGE)); then
+	if [[ -d $STORE ]] && command -v podman >/dev/null; then
+		podman --root "$STORE" --runroot "$RUNROOT" --storage-driver vfs system reset --force >/dev/null 2>&1 || true
+	fi
+	rm -rf --one-file-system "$TOP" "$RUNROOT"
+	log "removed $TOP"
+	exit 0
+fi
+
+T0=$SECONDS
+PHASE_START=$SECONDS
+TIMES=()
+phase_times() {
+	local IFS=, joined
+	joined="${TIMES[*]:-}"
+	echo "${joined//,/, }"
+}
+phase_done() {
+	TIMES+=("$1 $((SECONDS - PHASE_START))s")
+	log "$1: done in $((SECONDS - PHASE_START))s"
+	PHASE_START=$SECONDS
+}
+
+PODMAN=(podman --root "$STORE" --runroot "$RUNROOT" --storage-driver vfs --events-backend file)
+podman_() { "${PODMAN[@]}" "$@"; }
+
+# --- clean-up, whatever happens --------------------------------------------------
+WORK="$(mktemp -d /tmp/cozyebpf-image-test.XXXXXX)"
+BOOTSTRAP_DIR=""
+MOUNTED=0
+BUILT=0
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	set +e
+	if ((MOUNTED)); then
+		podman_ image unmount "$IMAGE_REF" >/dev/null
+	fi
+	if ((BUILT)) && ((!KEEP_IMAGE)); then
+		podman_ rmi --force "$IMAGE_REF" >/dev/null 2>&1
+	fi
+	if [[ -d $STORE ]]; then
+		# a build that failed or was interrupted leaves its working containers
+		# (buildah's, listed with --external) and the images of its stages
+		mapfile -t leftovers < <(podman_ ps --all --external --quiet 2>/dev/null)
+		((${#leftovers[@]} == 0)) || podman_ rm --force "${leftovers[@]}" >/dev/null 2>&1
+		podman_ image prune --force >/dev/null 2>&1
+	fi
+	if [[ -n $BOOTSTRAP_DIR && -d $BOOTSTRAP_DIR ]]; then
+		# debootstrap mounts /proc and /sys inside its target: never delete
+		# through a mount
+		findmnt -rno TARGET | grep -F "$BOOTSTRAP_DIR" | sort -r | xargs -r -n1 umount -l
+		rm -rf --one-file-system "$BOOTSTRAP_DIR"
+	fi
+	rm -rf --one-file-system "$WORK"
+	if ((rc == 0)); then
+		log "image-test passed in $((SECONDS - T0))s ($(phase_times))"
+	else
+		printf 'image-test.sh: FAILED (exit %d) after %ds (%s)\n' "$rc" "$((SECONDS - T0))" "$(phase_times)" >&2
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- 1. tools --------------------------------------------------------------------
+missing=()
+command -v podman >/dev/null || missing+=(podman)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+if ((${#missing[@]} > 0)); then
+	log "installing ${missing[*]} (apt)"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get -o Acquire::Retries=3 -o DPkg::Lock::Timeout=300 update -q
+	apt-get -o Acquire::Retries=3 -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends \
+		"${missing[@]}" </dev/null
+fi
+bash scripts/setup.sh >"$WORK/setup.log" 2>&1 || {
+	cat "$WORK/setup.log" >&2
+	die "scripts/setup.sh failed"
+}
+tail -n1 "$WORK/setup.log"
+log "$(podman --version), $(debootstrap --version)"
+phase_done tools
+
+# --- 2. the base: a local debian:bookworm-slim -----------------------------------
+# As debuerreotype makes the official slim variant: no docs, man pages or
+# locales (dpkg excludes them from later installs too), apt's docker configs,
+# deb822 sources with bookworm-updates and bookworm-security.
+slim_rootfs() {
+	local root=$1
+	cat >"$root/etc/dpkg/dpkg.cfg.d/docker" <<-'EOF'
+		# as Debian's official slim images
+		path-exclude /usr/share/doc/*
+		path-include /usr/share/doc/*/copyright
+		path-exclude /usr/share/groff/*
+		path-exclude /usr/share/info/*
+		path-exclude /usr/share/linda/*
+		path-exclude /usr/share/lintian/overrides/*
+		path-exclude /usr/share/locale/*
+		path-exclude /usr/share/man/*
+	EOF
+	find "$root/usr/share/doc" -mindepth 1 -not -type d -not -name copyright -delete
+	find "$root/usr/share/doc" -mindepth 1 -type d -empty -delete
+	rm -rf "$root"/usr/share/{groff,info,linda,locale,man}/* "$root"/usr/share/lintian/overrides/*
+	cat >"$root/etc/apt/apt.conf.d/docker-clean" <<-'EOF'
+		DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+		APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+		Dir::Cache::pkgcache "";
+		Dir::Cache::srcpkgcache "";
+	EOF
+	echo 'Acquire::Languages "none";' >"$root/etc/apt/apt.conf.d/docker-no-languages"
+	echo 'Acquire::GzipIndexes "true";' >"$root/etc/apt/apt.conf.d/docker-gzip-indexes"
+	echo 'Apt::AutoRemove::SuggestsImportant "false";' >"$root/etc/apt/apt.conf.d/docker-autoremove-suggests"
+	rm -f "$root/etc/apt/sources.list"
+	cat >"$root/etc/apt/sources.list.d/debian.sources" <<-EOF
+		Types: deb
+		URIs: $MIRROR
+		Suites: $SUITE $SUITE-updates
+		Components: main
+		Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+		Types: deb
+		URIs: ${MIRROR%/debian}/debian-security
+		Suites: $SUITE-security
+		Components: main
+		Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+	EOF
+	rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/var/log/*.log \
+		"$root"/var/log/apt/* "$root"/tmp/* "$root"/var/tmp/*
+	# /etc/resolv.conf and /etc/hostname are the container runtime's
+	rm -f "$root/etc/resolv.conf" "$root/etc/hostname"
+}
+
+mkdir -p "$TOP/base" "$STORE"
+if ((REFRESH_BASE)) || [[ ! -s $BASE_TAR ]]; then
+	BOOTSTRAP_DIR="$(mktemp -d "$TOP/base/rootfs.XXXXXX")"
+	log "debootstrap --variant=minbase $SUITE from $MIRROR"
+	debootstrap --variant=minbase "$SUITE" "$BOOTSTRAP_DIR" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
+		tail -n 20 "$WORK/debootstrap.log" >&2
+		die "debootstrap failed"
+	}
+	slim_rootfs "$BOOTSTRAP_DIR"
+	chmod 0755 "$BOOTSTRAP_DIR" # the image's / (mktemp made it 0700)
+	tar --numeric-owner --xattrs -C "$BOOTSTRAP_DIR" -cf "$BASE_TAR.new" .
+	mv "$BASE_TAR.new" "$BASE_TAR"
+	rm -rf --one-file-system "$BOOTSTRAP_DIR"
+	BOOTSTRAP_DIR=""
+fi
+base_sum="$(sha256sum "$BASE_TAR" | cut -c1-64)"
+have_sum="$(podman_ image inspect --format '{{index .Config.Labels "cozyebpf.base.sha256"}}' "$BASE_REF" 2>/dev/null || true)"
+if [[ $have_sum != "$base_sum" ]]; then
+	log "importing $BASE_TAR as $BASE_REF"
+	podman_ rmi --force "$BASE_REF" >/dev/null 2>&1 || true
+	# the config of the official image: its PATH and CMD
+	podman_ import \
+		--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+		--change 'CMD ["bash"]' \
+		--change "LABEL cozyebpf.base.sha256=$base_sum" \
+		"$BASE_TAR" "$BASE_REF" >"$WORK/import.log" 2>&1 || {
+		cat "$WORK/import.log" >&2
+		die "podman import failed"
+	}
+fi
+base_size="$(podman_ image inspect --format '{{.Size}}' "$BASE_REF")"
+log "base $BASE_REF: $(((base_size + 500000) / 1000000)) MB (cached: $BASE_TAR)"
+phase_done base
+
+# --- 3. build ----------------------------------------------------------------------
+# pip inside the build reaches the package index as this machine's pip does:
+# its index settings (pip config, PIP_* variables) and the CA bundle it trusts
+# are passed as build secrets. Settings that name local paths (find-links,
+# constraint, file:// indexes) do not exist inside the build and are left out.
+SECRETS=()
+pip_keys="$(.venv/bin/python - "$WORK/pip.conf" <<-'EOF'
+	import ast, subprocess, sys
+	out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+	                     capture_output=True, text=True, check=True).stdout
+	keep = {"index-url", "extra-index-url", "trusted-host", "timeout", "default-timeout",
+	        "retries", "proxy"}
+	found: dict[str, tuple[int, str]] = {}
+	for line in out.splitlines():
+	    key, _, value = line.partition("=")
+	    scope, _, name = key.rpartition(".")
+	    if name not in keep:
+	        continue
+	    value = ast.literal_eval(value)
+	    if name.endswith("index-url"):
+	        value = " ".join(u for u in value.split() if not u.startswith("file:"))
+	        if not value:
+	            continue
+	    rank = 2 if scope == ":env:" else 1  # PIP_* variables win over files
+	    if name not in found or rank >= found[name][0]:
+	        found[name] = (rank, value)
+	with open(sys.argv[1], "w") as f:
+	    f.write("[global]\n")
+	    f.writelines(f"{k} = {v}\n" for k, (_, v) in sorted(found.items()))
+	print(", ".join(sorted(found)) or "none")
+EOF
+)"
+SECRETS+=(--secret "id=pip_conf,src=$WORK/pip.conf")
+ca_bundle=""
+for candidate in "${PIP_CERT:-}" "$(.venv/bin/python -m pip config get global.cert 2>/dev/null || true)" \
+	"${REQUESTS_CA_BUNDLE:-}" "${SSL_CERT_FILE:-}" /etc/ssl/certs/ca-certificates.crt; do
+	if [[ -n $candidate && -s $candidate ]]; then
+		ca_bundle=$candidate
+		break
+	fi
+done
+[[ -z $ca_bundle ]] || SECRETS+=(--secret "id=ca_bundle,src=$ca_bundle")
+log "pip settings for the build: $pip_keys (from pip config); CA bundle: ${ca_bundle:-none} (build secrets)"
+
+log "podman build -f ${DOCKERFILE#"$REPO_ROOT"/} -t $IMAGE_REF (a few minutes; log: $WORK/build.log)"
+BUILT=1
+build_rc=0
+nice -n 10 "${PODMAN[@]}" build --pull=never --network host --isolation chroot \
+	--layers=false --force-rm -f "$DOCKERFILE" -t "$IMAGE_REF" "${SECRETS[@]}" . \
+	>"$WORK/build.log" 2>&1 || build_rc=$?
+if ((build_rc != 0)); then
+	((build_rc < 128)) || exit "$build_rc" # interrupted: no build error to show
+	tail -n 40 "$WORK/build.log" >&2
+	die "the image did not build"
+fi
+phase_done build
+
+# --- 4. size and versions ------------------------------------------------------------
+fmt() { podman_ image inspect --format "$1" "$IMAGE_REF"; }
+size="$(fmt '{{.Size}}')"
+user="$(fmt '{{.Config.User}}')"
+[[ -z $user || $user == root || $user == 0 ]] || die "the image runs as user $user; image-exec.sh runs root only"
+ROOTFS="$(podman_ image mount "$IMAGE_REF")"
+MOUNTED=1
+{
+	printf 'ROOTFS=%q\n' "$ROOTFS"
+	printf 'IMAGE_WORKDIR=%q\n' "$(fmt '{{.Config.WorkingDir}}')"
+	for field in Env Entrypoint Cmd; do
+		printf 'IMAGE_%s=(' "${field^^}"
+		while IFS= read -r item; do
+			[[ -z $item ]] || printf '%q ' "$item"
+		done < <(fmt "{{range .Config.$field}}{{println .}}{{end}}")
+		printf ')\n'
+	done
+} >"$WORK/image.conf"
+in_image() { chroot "$ROOTFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+echo "---- $IMAGE_REF"
+printf 'size:        %d MB (%d bytes; base %d MB)\n' $(((size + 500000) / 1000000)) "$size" \
+	$(((base_size + 500000) / 1000000))
+printf 'entrypoint:  %s\n' "$(fmt '{{json .Config.Entrypoint}}') cmd $(fmt '{{json .Config.Cmd}}')"
+printf 'env:         %s\n' "$(fmt '{{json .Config.Env}}')"
+printf 'python:      %s\n' "$(in_image /opt/venv/bin/python --version 2>&1)"
+printf 'debian:      %s\n' "$(in_image dpkg-query -W -f '${Package} ${Version}, ' \
+	python3-bpfcc libbpfcc libllvm14 libclang-cpp14 nftables iproute2 | sed 's/, $//')"
+if [[ -f $ROOTFS/usr/src/cozyebpf-fallback-headers.txt ]]; then
+	printf 'headers:     %s\n' "$(paste -sd ',' "$ROOTFS/usr/src/cozyebpf-fallback-headers.txt" | sed 's/,/, /g')"
+else
+	printf 'headers:     %s\n' "$(cd "$ROOTFS/usr/src" && echo *)"
+fi
+printf 'venv:        %s\n' "$(in_image /opt/venv/bin/python -c '
+import importlib.metadata as m, sys
+print(", ".join(sorted(f"{d.name} {d.version}" for d in m.distributions(path=[p for p in sys.path if p.startswith("/opt/venv")]))))')"
+# what a build leaves behind when nothing takes it out again
+tools="$({ in_image dpkg-query -W -f '${db:Status-Abbrev} ${Package}\n' gcc-12 cpp-12 binutils \
+	make python3-pip python3-setuptools python3-venv 2>/dev/null || true; } | awk '$1 == "ii" {printf "%s ", $2}')"
+[[ ! -e $ROOTFS/opt/venv/bin/pip ]] || tools+="/opt/venv/bin/pip"
+printf 'build tools: %s\n' "${tools:-none (no gcc, binutils, make, pip, setuptools or venv)}"
+printf 'largest:     %s\n' "$(
+	cd "$ROOTFS"
+	du -s --apparent-size --block-size=1M opt/venv usr/src | awk '{printf "%s %d MB, ", $2, $1}'
+	in_image dpkg-query -W -f '${Installed-Size} ${Package}\n' | sort -rn | head -n 6 |
+		awk '{printf "%s %d MB, ", $2, $1 / 1024}' | sed 's/, $//'
+)"
+echo "----"
+phase_done inspect
+
+((RUN_TESTS)) || exit 0
+
+# --- 5. the tests, with every cozyebpf command from the image -------------------------
+EXEC=(bash "$REPO_ROOT/scripts/image-exec.sh" "$WORK/image.conf")
+log "smoke: ${EXEC[*]} --version"
+"${EXEC[@]}" --version
+export COZYEBPF_TEST_CMD="${EXEC[*]@Q}"
+log "COZYEBPF_TEST_CMD=$COZYEBPF_TEST_CMD CI=true .venv/bin/pytest ${PYTEST_ARGS[*]}"
+CI=true .venv/bin/pytest -p no:cacheprovider "${PYTEST_ARGS[@]}"
+phase_done tests
