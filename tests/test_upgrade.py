@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -36,24 +37,33 @@ FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80), ("UDP", 9104)])
 
 
 def layout1_tree(repo: Path, dest: Path) -> Path:
-    """The source tree of the last commit with map layout version 1 (the parent of the commit
-    that brought layout 2), unpacked into `dest`."""
-    pick = ["-S", "#define CZ_LAYOUT_VERSION 2", "--", "bpf/lib/types.h"]
-    log = subprocess.run(
-        ["git", "-C", str(repo), "log", "--format=%H", *pick],
+    """The source tree of the newest commit with map layout version 1 (what was running before
+    layout 2 was merged), unpacked into `dest`."""
+
+    def version_of(rev: str) -> str:
+        p = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{rev}:bpf/lib/types.h"],
+            capture_output=True,
+            text=True,
+        )
+        return p.stdout if p.returncode == 0 else ""
+
+    revs = subprocess.run(
+        ["git", "-C", str(repo), "rev-list", "--max-count=500", "HEAD"],
         capture_output=True,
         text=True,
     )
-    commits = log.stdout.split()
-    if log.returncode != 0 or not commits:
-        msg = f"no git history with layout 2's commit in {repo}: {log.stderr.strip()}"
+    old = next(
+        (r for r in revs.stdout.split() if "#define CZ_LAYOUT_VERSION 1\n" in version_of(r)),
+        None,
+    )
+    if revs.returncode != 0 or old is None:
+        msg = f"no commit with map layout 1 in the history of {repo}: {revs.stderr.strip()}"
         if IN_CI:
             pytest.fail(msg + " (CI runs in a full clone)", pytrace=False)
         pytest.skip(msg)
     archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", f"{commits[-1]}^"],
-        capture_output=True,
-        check=True,
+        ["git", "-C", str(repo), "archive", "--format=tar", old], capture_output=True, check=True
     )
     dest.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
@@ -110,10 +120,11 @@ def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
 ) -> None:
     old = layout1_tree(repo_root, tmp_path / "layout1")
     lab = env.lab
-    new_cmd = env.cmd
-    # the old agent: its own package (-P: not the current directory's) and its own bpf/
-    env.cmd = [new_cmd[0], "-P", "-m", "cozyebpf"]
-    env.env["PYTHONPATH"] = str(old)
+    new_cmd = env.cmd  # this tree's agent (or COZYEBPF_TEST_CMD's, e.g. the image's)
+    # the old agent: its own package and bpf/ with this Python (PYTHONSAFEPATH: not the current
+    # directory's package, for the compiler child it may start too)
+    env.cmd = [sys.executable, "-m", "cozyebpf"]
+    env.env.update(PYTHONPATH=str(old), PYTHONSAFEPATH="1")
     env.start_agent()  # the manifest holds WHOLE and FILT already
     wait_for(
         lambda: "now 2 services, 2 pods, 2 allowed ports" in env.log(), 10, "the old agent's sync"
@@ -138,8 +149,8 @@ def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
             s.start()
         time.sleep(1.0)
         assert env.stop_agent(signal.SIGTERM) == 0
+        del env.env["PYTHONPATH"], env.env["PYTHONSAFEPATH"]
         env.cmd = new_cmd
-        del env.env["PYTHONPATH"]
         env.start_agent()  # the upgrade
         time.sleep(1.0)
         for s in (*streams, *chats, flows):
