@@ -840,6 +840,7 @@ def _compose(
                 lb_owner[lb] = s.ref
                 kept.append(lb)
         chosen = dict(e.chosen)
+        name = f"{s.ref.namespace}/{s.ref.name}"  # whose counters its entries feed
         view = ServiceView(
             s.ref,
             tuple(kept),
@@ -868,7 +869,7 @@ def _compose(
                         for lb in lbs
                     ]
                 continue
-            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp)
+            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp, name)
             services += [(lb, entry) for lb in lbs]
             if backend in pod_owner:
                 owner, egress = pod_owner[backend]
@@ -882,7 +883,7 @@ def _compose(
                 )
             else:
                 pod_owner[backend] = (s.ref, lbs[0])
-                pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp)))
+                pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp, name)))
             if s.port_filter:
                 allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
         out[e.ref] = _Output(tuple(services), tuple(pods), tuple(allowed), tuple(problems), view)

@@ -281,6 +281,8 @@ def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureF
             "frag4": 1024,
             "frag6": 1024,
             "flowhint": 16,
+            "svcstats": 17,  # a counter slot per Service, and slot 0 (never given out)
+            "svcnames": 17,
         }
         m.apply(diff(m.read_state(), DUAL))
         m.add_flows([Flow(POD4, IPv4Address("198.51.100.1"), 40000, 443, 6)])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cozyebpf.datapath.layout import V1_REPLACED
+from cozyebpf.datapath.layout import LAYOUT_VERSION, V1_REPLACED
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, Lab
 from tests.conftest import IN_CI
 from tests.k8s import Svc, manifest
@@ -156,7 +156,9 @@ def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
         for s in (*streams, *chats, flows):
             s.stop()
     log = env.log()
-    assert "upgrading maps in" in log and "from layout version 1 to 2" in log, log[-3000:]
+    assert "upgrading maps in" in log and f"from layout version 1 to {LAYOUT_VERSION}" in log, log[
+        -3000:
+    ]
     assert "flow hints seeded from" in log
     assert f"upgrade of {env.pin_dir} finished" in log
     assert not any(os.path.exists(f"{env.pin_dir}/{s.name}") for s in V1_REPLACED)

@@ -50,6 +50,7 @@ BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_PROG_ARRAY = 3
 BPF_MAP_TYPE_PERCPU_ARRAY = 6
 BPF_MAP_TYPE_LRU_HASH = 9
+BPF_MAP_TYPE_RINGBUF = 27
 
 MAP_TYPE_NAMES = {
     BPF_MAP_TYPE_HASH: "hash",
@@ -57,7 +58,11 @@ MAP_TYPE_NAMES = {
     BPF_MAP_TYPE_PROG_ARRAY: "prog_array",
     BPF_MAP_TYPE_PERCPU_ARRAY: "percpu_array",
     BPF_MAP_TYPE_LRU_HASH: "lru_hash",
+    BPF_MAP_TYPE_RINGBUF: "ringbuf",
 }
+
+# map_create flags
+BPF_F_NO_PREALLOC = 1 << 0
 
 # attach types
 BPF_XDP = 37
