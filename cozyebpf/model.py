@@ -1027,6 +1027,29 @@ def _merge(outputs: Iterable[_Output]) -> MapState:
     return st
 
 
+def _undo(after: MapState, d: MapDiff, old: MapState) -> MapState:
+    """`after` as it was before `d` (= diff(old, new) of the Services a change touched) was
+    applied to it: a copy."""
+    st = after.copy()
+    for lb in d.services_set:
+        if lb in old.services:
+            st.services[lb] = old.services[lb]
+        else:
+            del st.services[lb]
+    for lb in d.services_del:
+        st.services[lb] = old.services[lb]
+    for pod in d.pods_set:
+        if pod in old.pods:
+            st.pods[pod] = old.pods[pod]
+        else:
+            del st.pods[pod]
+    for pod in d.pods_del:
+        st.pods[pod] = old.pods[pod]
+    st.allowed -= d.allowed_add
+    st.allowed |= d.allowed_del
+    return st
+
+
 def _tuple_add(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
     keys = index.get(at, ())
     if key not in keys:
@@ -1289,8 +1312,12 @@ class IncrementalModel:
 
         before = self.state
         over = self.capacity is not None and self.capacity.full(self._counts) is not None
+        if over and before is full:
+            # the maps held the whole state until this change, which `full` now holds too:
+            # what they hold is `full` without it
+            before = _undo(full, d, old)
         if over or before is not full:
-            d, old = self._constrain(over), before
+            d, old = self._constrain(over, before), before
         out = Delta(
             d,
             new_services=sum(1 for k in d.services_set if k not in old.services),
@@ -1302,10 +1329,9 @@ class IncrementalModel:
         self._added, self._removed = set(), set()
         return out
 
-    def _constrain(self, over: bool) -> MapDiff:
+    def _constrain(self, over: bool, before: MapState) -> MapDiff:
         """Choose what is programmed again over all Services (the capacity slow path); the
-        difference to what was programmed."""
-        before = self.state
+        difference to what was programmed (`before`)."""
         self._count(self._left_out.values(), -1)
         if over:
             assert self.capacity is not None
