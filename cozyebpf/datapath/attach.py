@@ -314,12 +314,13 @@ def _attach_legacy(prog_fd: int, program: str, device: str, ifindex: int, parent
             ) from e
 
 
-def legacy_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
-    """(priority, program name) of our (cz_*) clsact filters at `parent` on a device."""
+def legacy_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]:
+    """(priority, program name, program id) of our (cz_*) clsact filters at `parent` on a
+    device."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    out: set[tuple[int, str]] = set()
+    out: set[tuple[int, str, int]] = set()
     with IPRoute() as ipr:
         try:
             filters = ipr.get_filters(ifindex, parent=parent)
@@ -329,8 +330,13 @@ def legacy_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
             opts = f.get_attr("TCA_OPTIONS")
             name = opts.get_attr("TCA_BPF_NAME") if opts else None
             if name and name.startswith(OUR_PROGRAMS):
-                out.add((f["info"] >> 16, name.split(":")[0]))
+                out.add((f["info"] >> 16, name.split(":")[0], opts.get_attr("TCA_BPF_ID") or 0))
     return sorted(out)
+
+
+def legacy_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
+    """(priority, program name) of our (cz_*) clsact filters at `parent` on a device."""
+    return sorted({(prio, name) for prio, name, _ in legacy_programs(ifindex, parent)})
 
 
 def remove_legacy(ifindex: int, parent: int) -> list[str]:
@@ -361,8 +367,8 @@ def list_attachments(pin_dir: str) -> list[Attachment]:
         out.append(Attachment(device, hook, _prog_name(info.prog_id), info.prog_id))
     for idx, dev in socket.if_nameindex():
         for direction, (_, parent) in DIRECTIONS.items():
-            for _prio, name in legacy_filters(idx, parent):
-                out.append(Attachment(dev, f"tc-{direction}", name, 0))
+            for _prio, name, prog_id in legacy_programs(idx, parent):
+                out.append(Attachment(dev, f"tc-{direction}", name, prog_id))
     return out
 
 

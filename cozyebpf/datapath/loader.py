@@ -104,8 +104,9 @@ def has_capability(cap: int) -> bool:
     return False
 
 
-def compile_source(source: str, pin_dir: str) -> Any:
-    """Compile bpf/<source> with bcc; the bcc module. The pinned maps must exist already
+def compile_source(source: str, pin_dir: str, extra: Sequence[str] = ()) -> Any:
+    """Compile bpf/<source> with bcc (`extra`: more compiler flags, e.g. the benchmark's
+    -DCZ_NO_SVC_STATS); the bcc module. The pinned maps must exist already
     (PinnedMaps.ensure), so bcc only opens them."""
     from bcc import BPF  # imported here: the model and the CLI's help work without bcc
 
@@ -119,7 +120,7 @@ def compile_source(source: str, pin_dir: str) -> Any:
     if not path.is_file():
         raise DatapathError(f"BPF source {path} not found; set COZYEBPF_BPF_DIR")
     try:
-        return BPF(text=flatten(path).encode(), cflags=cflags(pin_dir))
+        return BPF(text=flatten(path).encode(), cflags=cflags(pin_dir, extra))
     except Exception as e:  # bcc raises bare Exception; the compiler printed the details
         raise DatapathError(
             f"compiling {path} failed ({e}); see the compiler output above. Are kernel "
@@ -169,6 +170,8 @@ def slow_program_fd(program: Program) -> int | None:
     return None if fn is None else int(fn.fd)
 
 
-def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
+def load(
+    source: str, func: str, prog_type: str, pin_dir: str, extra: Sequence[str] = ()
+) -> Program:
     """Compile bpf/<source> and load `func` from it."""
-    return load_from(compile_source(source, pin_dir), func, prog_type)
+    return load_from(compile_source(source, pin_dir, extra), func, prog_type)

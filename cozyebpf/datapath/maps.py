@@ -917,7 +917,7 @@ class PinnedMaps:
                 out[pod] = out.get(pod, 0) + 1
         return out
 
-    def _percpu(self, spec: MapSpec, key: int) -> list[bytes] | None:
+    def percpu(self, spec: MapSpec, key: int) -> list[bytes] | None:
         """The value of `key` in a per-CPU array, one bytes per possible CPU."""
         ncpu = possible_cpus()
         stride = (spec.value_size + 7) // 8 * 8
@@ -933,7 +933,7 @@ class PinnedMaps:
         self._read_slots()
         out = []
         for slot, service in self.slots.active().items():
-            per_cpu = self._percpu(self.layout.svcstats, slot)
+            per_cpu = self.percpu(self.layout.svcstats, slot)
             if per_cpu is None:
                 continue
             vals = [SvcStat.from_buffer_copy(v) for v in per_cpu]
@@ -968,7 +968,7 @@ class PinnedMaps:
     def monitor_state(self) -> MonitorState:
         ctl = MonCtl()
         bpfsys.map_lookup(self.fds[MONCTL.name], ctypes.c_uint32(0), ctl)
-        per_cpu = self._percpu(MONSTATS, 0) or []
+        per_cpu = self.percpu(MONSTATS, 0) or []
         st = [MonStat.from_buffer_copy(v) for v in per_cpu]
         return MonitorState(
             int(ctl.mode),
@@ -984,6 +984,25 @@ class PinnedMaps:
         token bucket starts full."""
         ctl = MonCtl(mode=mode, interval_ns=interval_ns, burst_ns=burst_ns, tat=0)
         bpfsys.map_update(self.fds[MONCTL.name], ctypes.c_uint32(0), ctl)
+
+    #: the maps `entries()` counts (hash maps whose fill matters)
+    COUNTED = ("addr4", "addr6", "allow4", "allow6", "flow4", "flow6", "frag4", "frag6", "svcnames")
+
+    def entries(self) -> dict[str, tuple[int, int]]:
+        """map -> (entries, capacity), for the maps in COUNTED (a batch walk per map; a
+        kernel without batch operations walks the keys)."""
+        out = {}
+        for name in self.COUNTED:
+            spec = getattr(self.layout, name)
+            fd = self.fds[name]
+            try:
+                n = bpfsys.map_count(fd, spec.key_size, spec.value_size)
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                n = len(bpfsys.map_keys(fd, spec.key_size))
+            out[name] = (n, self.sizes[name])
+        return out
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Per-reason totals, summed over CPUs."""
