@@ -517,6 +517,16 @@ class PinnedMaps:
             if reseed:
                 maps.seed_flow_hints()
                 maps.hints_need_seed = True
+            if version is not None and 1 < version < LAYOUT_VERSION:
+                log.warning(
+                    "upgrading maps in %s from layout version %d to %d: %s created beside "
+                    "the maps kept; every address gets its Service's counter slot at the "
+                    "first sync",
+                    pin_dir,
+                    version,
+                    LAYOUT_VERSION,
+                    ", ".join(n for n in created if SAME_SINCE.get(n, 0) > version),
+                )
             bpfsys.map_update(
                 fds[META.name], ctypes.c_uint32(0), MetaVal(layout_version=LAYOUT_VERSION)
             )
