@@ -199,6 +199,13 @@ def main() -> None:
     default="",
     help="HOST:PORT for Prometheus metrics at /metrics (e.g. 0.0.0.0:9811); off when empty.",
 )
+@click.option(
+    "--counted-services",
+    type=click.IntRange(min=1),
+    default=None,
+    help="How many Services get counters of their own (per-Service metrics); the others are "
+    "counted node-wide only. Each costs 96 bytes of kernel memory per CPU. Default: 4096.",
+)
 def run(
     manifests: str | None,
     devices: str,
@@ -217,6 +224,7 @@ def run(
     node_name: str,
     health_address: str,
     metrics_address: str,
+    counted_services: int | None,
 ) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -281,6 +289,7 @@ def run(
             tc_mode=tc_mode,
             ingress_hook=ingress_hook,
             on_foreign_xdp=on_foreign_xdp,
+            service_slots=counted_services,
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
         dp.prepare()

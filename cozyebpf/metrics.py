@@ -15,6 +15,7 @@ and no label carries a client's address.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -237,6 +238,10 @@ def registry_for(pin_dir: str, agent: Agent | None = None) -> CollectorRegistry:
     return registry
 
 
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class MetricsServer:
     """/metrics over HTTP (Prometheus text format), in a thread of its own."""
 
@@ -262,8 +267,9 @@ class MetricsServer:
                 log.debug("metrics: " + format, *args)
 
         host, port = parse_address(address, "--metrics-address", "0.0.0.0:9811")
+        server = _Server6 if ":" in host else ThreadingHTTPServer  # the node's IP may be IPv6
         try:
-            self.server = ThreadingHTTPServer((host, port), Handler)
+            self.server = server((host, port), Handler)
         except OSError as e:
             raise PermanentError(f"cannot serve metrics on {address}: {e}") from e
         self.server.daemon_threads = True

@@ -35,6 +35,7 @@ from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
 from tests.k8s import Svc
 from tests.labtools import AgentLab, agent_lab, wait_for
 from tests.packets import LB_FILT, LB_UNKNOWN, LB_WHOLE
+from tests.test_deploy_monitoring import CONTRACT
 
 pytestmark = pytest.mark.datapath
 
@@ -160,6 +161,11 @@ def test_metrics_count_each_services_traffic_exactly(env: AgentLab) -> None:
     for name in ("cozyebpf_sync_errors_total", "cozyebpf_monitor_events_lost_total"):
         assert (name, ()) in after
     assert value(after, "cozyebpf_problems", severity="error") == 0
+    # exactly the families of the contract (and the process collector's)
+    served = {n for (n, _) in after if n.startswith("cozyebpf_")}
+    assert served >= set(CONTRACT), set(CONTRACT) - served
+    extra = {n for n in served - set(CONTRACT) if not n.endswith(("_count", "_sum", "_created"))}
+    assert extra == set(), extra
     # no series is about an address: no label holds one
     labels = {v for (_, ls) in after for _, v in ls}
     assert not {CLIENT_IP, LB_WHOLE, LB_FILT, POD1.ip, POD2.ip} & labels

@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -314,6 +315,22 @@ def _attach_legacy(prog_fd: int, program: str, device: str, ifindex: int, parent
             ) from e
 
 
+TCA_BPF_ID = 11  # include/uapi/linux/pkt_cls.h; pyroute2 does not decode it
+
+
+def _bpf_id(opts: Any) -> int:
+    """The program id (TCA_BPF_ID) in a bpf filter's TCA_OPTIONS, from the raw attributes."""
+    data, at, end = opts.data, opts.offset + 4, opts.offset + opts.length
+    while at + 4 <= end:
+        length, kind = struct.unpack_from("=HH", data, at)
+        if length < 4:
+            break
+        if kind & 0x3FFF == TCA_BPF_ID and length >= 8:
+            return int(struct.unpack_from("=I", data, at + 4)[0])
+        at += (length + 3) & ~3
+    return 0
+
+
 def legacy_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]:
     """(priority, program name, program id) of our (cz_*) clsact filters at `parent` on a
     device."""
@@ -330,7 +347,7 @@ def legacy_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]:
             opts = f.get_attr("TCA_OPTIONS")
             name = opts.get_attr("TCA_BPF_NAME") if opts else None
             if name and name.startswith(OUR_PROGRAMS):
-                out.add((f["info"] >> 16, name.split(":")[0], opts.get_attr("TCA_BPF_ID") or 0))
+                out.add((f["info"] >> 16, name.split(":")[0], _bpf_id(opts)))
     return sorted(out)
 
 

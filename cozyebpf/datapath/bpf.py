@@ -40,6 +40,7 @@ class BpfDatapath:
         ingress_hook: str = "auto",
         on_foreign_xdp: str = "fail",
         max_services: int = DEFAULT_MAX_SERVICES,
+        service_slots: int | None = None,
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
@@ -52,6 +53,7 @@ class BpfDatapath:
         self.ingress_hook = ingress_hook
         self.on_foreign_xdp = on_foreign_xdp
         self.max_services = max_services
+        self.service_slots = service_slots
         self.maps: PinnedMaps | None = None
         self.programs: dict[str, loader.Program] = {}  # the instance in use, per program
         self._spares: dict[str, list[loader.Program]] = {}  # other instances (tcx reorder)
@@ -83,7 +85,7 @@ class BpfDatapath:
         """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
         for dev in self.devices:
             attach.ifindex_of(dev)  # fail on a typo before touching anything
-        self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services)
+        self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps

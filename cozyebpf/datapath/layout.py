@@ -28,6 +28,9 @@ PORTS_SPILL = 0xFF  # nports: more than INLINE_PORTS, all of them are in allow4/
 
 #: Services the maps hold by default (`PinnedMaps.ensure(max_services=...)`)
 DEFAULT_MAX_SERVICES = 65536
+#: Services with counters of their own, at most (`map_specs(service_slots=...)`): svcstats is
+#: a per-CPU array, allocated whole, 96 bytes per slot and possible CPU (384 KiB per CPU here)
+DEFAULT_SERVICE_SLOTS = 4096
 
 
 class CzPort(ctypes.Structure):
@@ -357,8 +360,8 @@ class Layout:
     of Services: an addr map holds each Service's LB IP and its pod's IP (2 per Service), the
     allowed-port and flow maps 4 per Service, the fragment maps 1 per 4 Services (at least
     1024), the flow hint 32 bits per Service and half (4 bits per flow-table entry of both
-    families; a power of two), the per-Service counters and names one slot per Service (and
-    slot 0, never given out)."""
+    families; a power of two), the per-Service counters and names one slot per Service, at most
+    DEFAULT_SERVICE_SLOTS unless chosen (and slot 0, never given out)."""
 
     max_services: int
     meta: MapSpec
@@ -421,11 +424,15 @@ class Layout:
         return (self.hint_words * 64).bit_length() - 1
 
 
-def map_specs(max_services: int = DEFAULT_MAX_SERVICES) -> Layout:
-    """The maps for `max_services` Services (see Layout)."""
+def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | None = None) -> Layout:
+    """The maps for `max_services` Services (see Layout), `service_slots` of them with counters
+    of their own (default: all of them, at most DEFAULT_SERVICE_SLOTS)."""
     if max_services < 1:
         raise ValueError(f"max_services must be at least 1, not {max_services}")
     s = max_services
+    slots = min(s, DEFAULT_SERVICE_SLOTS) if service_slots is None else service_slots
+    if slots < 1:
+        raise ValueError(f"service_slots must be at least 1, not {slots}")
     hash_, lru = bpfsys.BPF_MAP_TYPE_HASH, bpfsys.BPF_MAP_TYPE_LRU_HASH
     frags = max(1024, s // 4)
     u64 = ctypes.c_uint64
@@ -454,11 +461,13 @@ def map_specs(max_services: int = DEFAULT_MAX_SERVICES) -> Layout:
             bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY,
             ctypes.c_uint32,
             SvcStat,
-            s + 1,
+            slots + 1,
             "CZ_SVCSTATS_MAX",
         ),
         # user space only; entries are allocated as Services come (no preallocation)
-        MapSpec("svcnames", hash_, ctypes.c_uint32, SvcName, s + 1, "", bpfsys.BPF_F_NO_PREALLOC),
+        MapSpec(
+            "svcnames", hash_, ctypes.c_uint32, SvcName, slots + 1, "", bpfsys.BPF_F_NO_PREALLOC
+        ),
     )
 
 

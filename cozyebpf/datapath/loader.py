@@ -50,18 +50,26 @@ def flatten(path: Path, seen: set[Path] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def pinned_layout(pin_dir: str) -> Layout:
-    """The layout of the maps pinned in `pin_dir` (their sizes derive from one number of
-    Services, `PinnedMaps.ensure(max_services=...)`); the default where there are none."""
-    path = os.path.join(pin_dir, map_specs().addr4.name)
+def _pinned_size(pin_dir: str, name: str) -> int | None:
     try:
-        fd = bpfsys.obj_get(path)
+        fd = bpfsys.obj_get(os.path.join(pin_dir, name))
     except OSError:
-        return map_specs(DEFAULT_MAX_SERVICES)
+        return None
     try:
-        return map_specs(bpfsys.map_info(fd).max_entries // 2)
+        return bpfsys.map_info(fd).max_entries
     finally:
         os.close(fd)
+
+
+def pinned_layout(pin_dir: str) -> Layout:
+    """The layout of the maps pinned in `pin_dir` (their sizes derive from the number of
+    Services and of counted Services, `PinnedMaps.ensure(max_services=..., service_slots=...)`);
+    the default where there are none."""
+    addr = _pinned_size(pin_dir, "addr4")
+    if addr is None:
+        return map_specs(DEFAULT_MAX_SERVICES)
+    stats = _pinned_size(pin_dir, "svcstats")
+    return map_specs(addr // 2, None if stats is None else stats - 1)
 
 
 def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None) -> list[str]:

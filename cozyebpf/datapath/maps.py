@@ -426,7 +426,8 @@ class PinnedMaps:
                         f"of this version migrates it"
                     )
             services = bpfsys.map_info(fds["addr4"]).max_entries // 2
-            maps = cls(pin_dir, fds, map_specs(max(1, services)))
+            slots = bpfsys.map_info(fds["svcstats"]).max_entries - 1
+            maps = cls(pin_dir, fds, map_specs(max(1, services), max(1, slots)))
             maps._check_version()
             return maps
         except BaseException:
@@ -436,17 +437,21 @@ class PinnedMaps:
 
     @classmethod
     def ensure(
-        cls, pin_dir: str = DEFAULT_PIN_DIR, max_services: int = DEFAULT_MAX_SERVICES
+        cls,
+        pin_dir: str = DEFAULT_PIN_DIR,
+        max_services: int = DEFAULT_MAX_SERVICES,
+        service_slots: int | None = None,
     ) -> PinnedMaps:
         """Open the pins, creating (and pinning, mode 0600 in a 0700 dir) any that are missing,
-        every map sized for `max_services` Services (layout.map_specs).
+        every map sized for `max_services` Services, `service_slots` of them counted on their
+        own (layout.map_specs).
 
         A pin with another layout is never reused as it is: a map whose type, key and value
         sizes are unchanged since its layout version (SAME_SINCE) and whose only change is its
         size is migrated, its entries copied; any other map is rebuilt empty (the controller
         refills services, pods and ports; flows and counters start over). Maps of layout
         version 1 are upgraded in place (see the module). Each migration is logged."""
-        layout = map_specs(max_services)
+        layout = map_specs(max_services, service_slots)
         os.makedirs(pin_dir, mode=0o700, exist_ok=True)
         os.chmod(pin_dir, 0o700)
         fds: dict[str, int] = {}

@@ -126,8 +126,9 @@ class ServiceSlots:
             if slot is None:
                 if not self._warned:
                     log.warning(
-                        "no free per-Service counter slot for %s (%d slots, one per Service "
-                        "of --max-services): its traffic is counted node-wide only",
+                        "no free per-Service counter slot for %s (all %d are taken; "
+                        "--counted-services sets how many): its traffic is counted node-wide "
+                        "only, as that of every other Service without one",
                         service,
                         self.capacity,
                     )
