@@ -11,6 +11,7 @@ import ctypes
 import sys
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
@@ -28,9 +29,26 @@ PORTS_SPILL = 0xFF  # nports: more than INLINE_PORTS, all of them are in allow4/
 
 #: Services the maps hold by default (`PinnedMaps.ensure(max_services=...)`)
 DEFAULT_MAX_SERVICES = 65536
-#: Services with counters of their own, at most (`map_specs(service_slots=...)`): svcstats is
-#: a per-CPU array, allocated whole, 96 bytes per slot and possible CPU (384 KiB per CPU here)
-DEFAULT_SERVICE_SLOTS = 4096
+#: kernel memory the per-Service counters may take by default: svcstats is a per-CPU array,
+#: allocated whole, 96 bytes per slot and possible CPU; with more CPUs than this allows for
+#: every Service, fewer Services get counters of their own (`map_specs(service_slots=...)`)
+SVCSTATS_BUDGET = 64 << 20
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs: the stride of per-CPU map values."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += (int(hi) if hi else int(lo)) - int(lo) + 1
+    return n
+
+
+def default_service_slots(max_services: int) -> int:
+    """Every Service, as long as svcstats stays within SVCSTATS_BUDGET on this machine."""
+    per_slot = 96 * possible_cpus()  # sizeof(struct svc_stat) per CPU
+    return max(1, min(max_services, SVCSTATS_BUDGET // per_slot - 1))
 
 
 class CzPort(ctypes.Structure):
@@ -360,8 +378,8 @@ class Layout:
     of Services: an addr map holds each Service's LB IP and its pod's IP (2 per Service), the
     allowed-port and flow maps 4 per Service, the fragment maps 1 per 4 Services (at least
     1024), the flow hint 32 bits per Service and half (4 bits per flow-table entry of both
-    families; a power of two), the per-Service counters and names one slot per Service, at most
-    DEFAULT_SERVICE_SLOTS unless chosen (and slot 0, never given out)."""
+    families; a power of two), the per-Service counters and names one slot per Service, as many
+    as SVCSTATS_BUDGET allows on this machine unless chosen (and slot 0, never given out)."""
 
     max_services: int
     meta: MapSpec
@@ -426,11 +444,11 @@ class Layout:
 
 def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | None = None) -> Layout:
     """The maps for `max_services` Services (see Layout), `service_slots` of them with counters
-    of their own (default: all of them, at most DEFAULT_SERVICE_SLOTS)."""
+    of their own (default: default_service_slots)."""
     if max_services < 1:
         raise ValueError(f"max_services must be at least 1, not {max_services}")
     s = max_services
-    slots = min(s, DEFAULT_SERVICE_SLOTS) if service_slots is None else service_slots
+    slots = default_service_slots(s) if service_slots is None else service_slots
     if slots < 1:
         raise ValueError(f"service_slots must be at least 1, not {slots}")
     hash_, lru = bpfsys.BPF_MAP_TYPE_HASH, bpfsys.BPF_MAP_TYPE_LRU_HASH

@@ -29,7 +29,6 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
-from pathlib import Path
 from typing import NamedTuple
 
 from cozyebpf.datapath import bpfsys
@@ -64,6 +63,7 @@ from cozyebpf.datapath.layout import (
     be16,
     flow_hint_bit,
     map_specs,
+    possible_cpus,
 )
 from cozyebpf.datapath.reasons import REASONS, SVC_DROP_REASONS
 from cozyebpf.datapath.slots import ServiceSlots, decode_name, split_service
@@ -112,16 +112,6 @@ SAME_SINCE = {
 
 #: maps of a fixed size, not sized by the number of Services
 _FIXED = (META, STATS, MONCTL, MONSTATS, EVENTS, DRYRUN)
-
-
-def possible_cpus() -> int:
-    """Number of possible CPUs: the stride of per-CPU map values."""
-    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
-    n = 0
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        n += (int(hi) if hi else int(lo)) - int(lo) + 1
-    return n
 
 
 @dataclass(frozen=True)

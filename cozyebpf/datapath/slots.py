@@ -128,7 +128,8 @@ class ServiceSlots:
                     log.warning(
                         "no free per-Service counter slot for %s (all %d are taken; "
                         "--counted-services sets how many): its traffic is counted node-wide "
-                        "only, as that of every other Service without one",
+                        "only, as that of every other Service without one (this warning is "
+                        "logged once)",
                         service,
                         self.capacity,
                     )
