@@ -19,10 +19,9 @@ import ctypes
 import logging
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,6 +33,7 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS
 from cozyebpf.errors import CozyError, PermanentError
 from cozyebpf.health import parse_address
+from cozyebpf.status import read_model
 
 if TYPE_CHECKING:
     from cozyebpf.agent import Agent, SyncReport
@@ -136,20 +136,6 @@ class DatapathCollector(Collector):
         )
 
 
-T = TypeVar("T")
-
-
-def _retry(read: Callable[[], list[T]]) -> list[T]:
-    """The agent's thread changes the model while a scrape reads it: a read that meets a dict
-    changing size is tried again."""
-    for _ in range(5):
-        try:
-            return read()
-        except RuntimeError:
-            time.sleep(0.001)
-    return read()
-
-
 class AgentCollector(Collector):
     """The control plane's state at scrape time: Services by mode, problems by severity, the
     last successful write, the version."""
@@ -159,8 +145,8 @@ class AgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
-        views: list[ServiceView] = _retry(agent.model.views)
-        problems: list[Problem] = _retry(agent.model.problems)
+        views: list[ServiceView] = read_model(agent.model.views)
+        problems: list[Problem] = read_model(agent.model.problems)
         services = GaugeMetricFamily(
             "cozyebpf_services", "Services cozyebpf manages, by mode.", labels=["mode"]
         )
@@ -296,8 +282,3 @@ class MetricsServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def lines(text: str, prefix: str = "cozyebpf_") -> Iterable[str]:
-    """The sample lines of an exposition that start with `prefix` (for tests and tools)."""
-    return (ln for ln in text.splitlines() if ln.startswith(prefix))

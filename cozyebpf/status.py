@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cozyebpf import __version__
 from cozyebpf.datapath import attach
@@ -32,12 +32,24 @@ DEFAULT_AGENT = "127.0.0.1:9810"  # the DaemonSet's --health-address
 TOP = 5
 
 
+T = TypeVar("T")
+
+
+def read_model(read: Callable[[], list[T]]) -> list[T]:
+    """A read of the agent's model from another thread (an HTTP request): the agent's loop
+    changes it meanwhile, and a read that meets a dict changing size is tried again."""
+    for _ in range(5):
+        try:
+            return read()
+        except RuntimeError:
+            time.sleep(0.001)
+    return read()
+
+
 def agent_status(agent: Agent) -> dict[str, Any]:
     """The agent's side of `status`, served at /status."""
-    from cozyebpf.metrics import _retry
-
-    views = _retry(agent.model.views)
-    problems = _retry(agent.model.problems)
+    views = read_model(agent.model.views)
+    problems = read_model(agent.model.problems)
     st = agent.stats
     modes = Counter(mode_name(v.port_filter) for v in views)
     return {

@@ -277,10 +277,14 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	reason = CZ_NAT_INGRESS;
 	if (v->flags & CZ_F_PORT_FILTER)
 		reason = fast_filter4(v, pod, ip->saddr, proto, sport, dport);
+	if (reason == CZ_DROP_PORT) { /* the flood's path: every index a constant */
+		fast_count(0, CZ_DROP_PORT, v->in_slot, data_end - data);
+		fast_monitor(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
+			     sport, dport);
+		return XDP_DROP;
+	}
 	fast_count(0, reason, v->in_slot, data_end - data);
 	fast_monitor(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport);
-	if (reason == CZ_DROP_PORT)
-		return XDP_DROP;
 	if (!(v->kind & CZ_K_LB))
 		return XDP_PASS; /* sent to the pod IP directly: passed as it is */
 	if ((void *)(c + 1) > data_end)
