@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import click
 
 from cozyebpf import __version__
+from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
 from cozyebpf.errors import CozyError
 
@@ -187,6 +188,15 @@ def main() -> None:
     help="This node's name, reported in Events (the DaemonSet sets it from spec.nodeName).",
 )
 @click.option(
+    "--max-services",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_SERVICES,
+    show_default=True,
+    help="Services the maps hold (each map is sized from it; kernel memory grows with it, "
+    "see the README). Over it, the oldest Services are programmed and each one left out is "
+    "reported. A change resizes the pinned maps at the next start, entries kept.",
+)
+@click.option(
     "--health-address",
     default="",
     help="HOST:PORT for /healthz and /readyz (e.g. 127.0.0.1:9810); off when empty.",
@@ -207,6 +217,7 @@ def run(
     remove_cozy_proxy_table: bool,
     kubeconfig: str | None,
     node_name: str,
+    max_services: int,
     health_address: str,
 ) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
@@ -271,6 +282,7 @@ def run(
             tc_mode=tc_mode,
             ingress_hook=ingress_hook,
             on_foreign_xdp=on_foreign_xdp,
+            max_services=max_services,
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
         dp.prepare()
