@@ -419,6 +419,13 @@ def control_table(cp: dict[str, Any]) -> list[str]:
             f"  {x['n']:>10d} nft -f    {x['nft_f_s']:11.3f}s  (one nft add element:"
             f" {x['nft_add_element_ms']} ms)"
         )
+    for c in cp["cold_sync"]:
+        if c.get("edit_to_map"):
+            d = c["edit_to_map"]
+            lines.append(
+                f"  manifest edit -> map at {c['n']} Services: p50 {d['p50_ms']} ms, p99 "
+                f"{d['p99_ms']} ms, max {d['max_ms']} ms ({d['count']} edits)"
+            )
     for ch in cp["changes"]:
         for key, what in (
             ("slice_to_map", "EndpointSlice change -> map"),
