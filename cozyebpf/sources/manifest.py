@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -173,7 +174,8 @@ class ManifestSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.inotify = False  # whether changes are seen through inotify (else polling)
-        self._cache: dict[str, list[Read]] = {}  # a document's text -> what it reads as
+        # a document's digest (of its text) -> what it reads as
+        self._cache: dict[bytes, list[Read]] = {}
 
     def _signature(self) -> Signature | None:
         try:
@@ -259,9 +261,11 @@ class ManifestSource:
         chunks = split_documents(text)
         if chunks is None or len(chunks) < 2:
             return None
-        cache: dict[str, list[Read]] = {}
+        cache: dict[bytes, list[Read]] = {}
         results: list[Read] = []
-        new = [c for c in chunks if c not in self._cache]
+        # a 128-bit digest, not the text: the cache costs 50 bytes a document, not its size
+        digests = [hashlib.blake2b(c.encode(), digest_size=16).digest() for c in chunks]
+        new = [d for d in digests if d not in self._cache]
         parsed: dict[int, list[Read]] | None = None
         if len(new) > len(chunks) // 2:  # mostly new (a first read): one parser for all
             starts = list(itertools.accumulate((c.count("\n") for c in chunks[:-1]), initial=0))
@@ -271,8 +275,8 @@ class ManifestSource:
                 return None
             if parsed is None:
                 return None
-        for i, chunk in enumerate(chunks):
-            got = self._cache.get(chunk)
+        for i, (chunk, digest) in enumerate(zip(chunks, digests, strict=True)):
+            got = self._cache.get(digest)
             if got is None and parsed is not None:
                 got = parsed.get(i, [])
             elif got is None:
@@ -283,7 +287,7 @@ class ManifestSource:
                 got = [read_object(o, 0, self.proxy_name) for o in objs]
                 if any(isinstance(r, Problem) for r in got):
                     return None
-            cache[chunk] = got
+            cache[digest] = got
             results += got
         out, twice = gather(results)
         if twice:
