@@ -27,7 +27,7 @@ from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
 from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Problem
-from cozyebpf.sources import Notifier, Source
+from cozyebpf.sources import Notifier, Source, gc_paused
 from cozyebpf.state import Capacity
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,9 @@ class AgentStats:
     last_sync: float | None = None  # time.time() at the end of the last successful write
     last_sync_duration: float | None = None
     last_full_sync: float | None = None
+
+
+_nothing = contextlib.nullcontext
 
 
 def release_memory() -> None:
@@ -184,8 +187,9 @@ class Agent:
         if changes is None:  # never read completely: change nothing (fail-static)
             return
         self._triggers += changes.triggers
-        changes.record_into(self.model)
-        delta = self.model.flush() if self.model.pending else None
+        with gc_paused() if changes.whole is not None or len(changes) > 1000 else _nothing():
+            changes.record_into(self.model)
+            delta = self.model.flush() if self.model.pending else None
         if delta is not None:
             self._report(delta)
         if now >= self._resync_at:

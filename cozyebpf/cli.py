@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
@@ -35,13 +36,15 @@ pin_dir_option = click.option(
 
 
 def _setup_logging(level: str) -> None:
-    """Our loggers at `level`; libraries (pyroute2, ...) at WARNING whatever the level."""
+    """Our loggers at `level`; libraries (pyroute2, ...) at WARNING whatever the level. Times
+    in UTC with milliseconds (a change takes milliseconds)."""
     logging.basicConfig(
         level=logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
+        format="%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S",
         stream=sys.stderr,
     )
+    logging.Formatter.converter = time.gmtime
     logging.getLogger("cozyebpf").setLevel(getattr(logging, level.upper()))
 
 

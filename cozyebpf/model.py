@@ -1235,6 +1235,8 @@ class IncrementalModel:
     def _component(self, seeds: set[Key], addresses: set[IPAddress]) -> set[Key]:
         """`seeds` and every Service linked to them through shared addresses, transitively."""
         comp = set(seeds)
+        if comp >= self._evals.keys():
+            return comp  # everything (a first read): nothing to look for
         frontier = list(addresses)
         for key in seeds:
             if key in self._evals:

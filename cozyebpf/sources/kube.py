@@ -40,7 +40,7 @@ from cozyebpf.model import (
     SliceRecord,
     read_object,
 )
-from cozyebpf.sources import ChangeSet
+from cozyebpf.sources import ChangeSet, gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,8 @@ class Informer:
         while not stop.is_set():
             try:
                 if need_list:
-                    items, rv, listed = self._list()
+                    with gc_paused():
+                        items, rv, listed = self._list()
                     with self.lock:
                         old, self.cache = self.cache, items
                         for key in old.keys() | items.keys():

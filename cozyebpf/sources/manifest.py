@@ -40,7 +40,7 @@ from cozyebpf.model import (
     read_object,
     read_objects,
 )
-from cozyebpf.sources import ChangeSet, fastyaml
+from cozyebpf.sources import ChangeSet, fastyaml, gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,8 @@ class ManifestSource:
         try:
             if self._ever_read:
                 log.info("%s changed, reading it", self.path)
-            objects = self.read()
+            with gc_paused():
+                objects = self.read()
         except SourceError as e:
             if str(e) != self._last_error:
                 log.error("%s", e)
