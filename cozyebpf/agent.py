@@ -61,9 +61,6 @@ class AgentStats:
     last_full_sync: float | None = None
 
 
-_nothing = contextlib.nullcontext
-
-
 def release_memory() -> None:
     """Give memory freed by a large piece of work (the first list or file, the first sync)
     back to the system: a collection, then glibc's malloc_trim, which returns the free pages
@@ -112,27 +109,23 @@ class Agent:
     def _done(self, kind: str, started: float, ok: bool, wrote: bool = True) -> None:
         """Account for one write (`wrote`: False for changes that needed none) or failure,
         and tell the observers."""
-        now = time.monotonic()
-        duration = now - started
+        duration = time.monotonic() - started
         latencies: tuple[float, ...] = ()
         st = self.stats
         if ok:
             wall = time.time()
             latencies = tuple(max(0.0, wall - t) for t in self._triggers)
             self._triggers = []
-            if not wrote:
-                if latencies:
-                    report = SyncReport(kind, duration, latencies, ok)
-                    for fn in self.on_sync:
-                        self._tell(fn, report)
-                return
-            st.syncs += 1
-            st.last_sync, st.last_sync_duration = wall, duration
-            if kind == "full":
-                st.full_syncs += 1
-                st.last_full_sync = wall
+            if wrote:
+                st.syncs += 1
+                st.last_sync, st.last_sync_duration = wall, duration
+                if kind == "full":
+                    st.full_syncs += 1
+                    st.last_full_sync = wall
         else:
             st.sync_errors += 1
+        if ok and not wrote and not latencies:
+            return
         report = SyncReport(kind, duration, latencies, ok)
         for fn in self.on_sync:
             self._tell(fn, report)
@@ -187,7 +180,8 @@ class Agent:
         if changes is None:  # never read completely: change nothing (fail-static)
             return
         self._triggers += changes.triggers
-        with gc_paused() if changes.whole is not None or len(changes) > 1000 else _nothing():
+        big = changes.whole is not None or len(changes) > 1000
+        with gc_paused() if big else contextlib.nullcontext():
             changes.record_into(self.model)
             delta = self.model.flush() if self.model.pending else None
         if delta is not None:
