@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
@@ -19,6 +20,7 @@ from typing import Any, NoReturn
 import click
 
 from cozyebpf import __version__
+from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
 from cozyebpf.errors import CozyError
 
@@ -34,13 +36,15 @@ pin_dir_option = click.option(
 
 
 def _setup_logging(level: str) -> None:
-    """Our loggers at `level`; libraries (pyroute2, ...) at WARNING whatever the level."""
+    """Our loggers at `level`; libraries (pyroute2, ...) at WARNING whatever the level. Times
+    in UTC with milliseconds (a change takes milliseconds)."""
     logging.basicConfig(
         level=logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
+        format="%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S",
         stream=sys.stderr,
     )
+    logging.Formatter.converter = time.gmtime
     logging.getLogger("cozyebpf").setLevel(getattr(logging, level.upper()))
 
 
@@ -189,6 +193,15 @@ def main() -> None:
     help="This node's name, reported in Events (the DaemonSet sets it from spec.nodeName).",
 )
 @click.option(
+    "--max-services",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_SERVICES,
+    show_default=True,
+    help="Services the maps hold (each map is sized from it; kernel memory grows with it, "
+    "see the README). Over it, the oldest Services are programmed and each one left out is "
+    "reported. A change resizes the pinned maps at the next start, entries kept.",
+)
+@click.option(
     "--health-address",
     default="",
     help="HOST:PORT for /healthz, /readyz and /status (the agent's part of `cozyebpf status`), "
@@ -223,6 +236,7 @@ def run(
     remove_cozy_proxy_table: bool,
     kubeconfig: str | None,
     node_name: str,
+    max_services: int,
     health_address: str,
     metrics_address: str,
     counted_services: int | None,
@@ -291,6 +305,7 @@ def run(
             ingress_hook=ingress_hook,
             on_foreign_xdp=on_foreign_xdp,
             service_slots=counted_services,
+            max_services=max_services,
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
         dp.prepare()

@@ -660,21 +660,16 @@ class ObjectSet:
     problems: list[Problem] = field(default_factory=list)  # objects that cannot be named
 
 
-def read_objects(
-    objects: Iterable[object],
-    proxy_name: str = DEFAULT_PROXY_NAME,
-    again: Callable[[], Iterable[object]] | None = None,
-) -> ObjectSet:
-    """Read every object (`read_object`), in one pass that keeps only records. A Service
-    defined more than once counts only when every copy is the same object: when that happens
-    the copies are compared in a second pass over `again()` (the same objects again; by default
-    `objects` itself, which must then be a list or tuple)."""
+#: what read_object makes of one object
+Read = ServiceRecord | SliceRecord | ForeignRecord | Problem | None
+
+
+def gather(results: Iterable[Read]) -> tuple[ObjectSet, set[Key]]:
+    """The records of a source's objects, in order, as an ObjectSet (a Service's first copy
+    counts), and the keys of Services defined more than once (see read_objects)."""
     out = ObjectSet()
     copies: dict[Key, int] = {}
-    for index, obj in enumerate(objects, start=1):
-        if obj is None:
-            continue
-        rec = read_object(obj, index, proxy_name)
+    for rec in results:
         if isinstance(rec, ServiceRecord):
             key = (rec.ref.namespace, rec.ref.name)
             copies[key] = copies.get(key, 0) + 1
@@ -686,7 +681,23 @@ def read_objects(
             out.foreign[(rec.ref.namespace, rec.ref.name)] = rec
         elif isinstance(rec, Problem):
             out.problems.append(rec)
-    twice = {key for key, n in copies.items() if n > 1}
+    return out, {key for key, n in copies.items() if n > 1}
+
+
+def read_objects(
+    objects: Iterable[object],
+    proxy_name: str = DEFAULT_PROXY_NAME,
+    again: Callable[[], Iterable[object]] | None = None,
+) -> ObjectSet:
+    """Read every object (`read_object`), in one pass that keeps only records. A Service
+    defined more than once counts only when every copy is the same object: when that happens
+    the copies are compared in a second pass over `again()` (the same objects again; by default
+    `objects` itself, which must then be a list or tuple)."""
+    out, twice = gather(
+        read_object(obj, index, proxy_name)
+        for index, obj in enumerate(objects, start=1)
+        if obj is not None
+    )
     if not twice:
         return out
     if again is None:
@@ -1248,6 +1259,8 @@ class IncrementalModel:
     def _component(self, seeds: set[Key], addresses: set[IPAddress]) -> set[Key]:
         """`seeds` and every Service linked to them through shared addresses, transitively."""
         comp = set(seeds)
+        if comp >= self._evals.keys():
+            return comp  # everything (a first read): nothing to look for
         frontier = list(addresses)
         for key in seeds:
             if key in self._evals:

@@ -34,3 +34,36 @@ def test_a_pin_dir_that_is_not_ours_is_one_line_of_error(
     assert message in errors[0] and str(tmp_path) in errors[0], p.stderr
     assert p.stdout == "", p.stdout
     assert tmp_path.is_dir(), "a directory that is not ours is never removed"
+
+
+@pytest.mark.datapath
+def test_run_refuses_a_pin_dir_off_bpffs_and_changes_nothing(
+    cozyebpf_cmd: list[str], tmp_path: Path
+) -> None:
+    """`run --pin-dir /tmp`-like mistakes: an error naming the directory, before anything is
+    created, attached or chmod'ed (the directory keeps its mode)."""
+    tmp_path.chmod(0o1777)
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text("")
+    p = subprocess.run(
+        [
+            "unshare",  # a network namespace of its own: its lo is the only device
+            "--net",
+            *cozyebpf_cmd,
+            "run",
+            "--manifests",
+            str(manifest),
+            "--devices",
+            "lo",
+            "--pin-dir",
+            str(tmp_path / "pins"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"cozyebpf: error: --pin-dir {tmp_path / 'pins'} is not on a bpf"), last
+    assert tmp_path.stat().st_mode & 0o7777 == 0o1777
+    assert not (tmp_path / "pins").exists()

@@ -367,8 +367,10 @@ def test_second_diff_round_trips(
 
 
 def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Allowed ports of both families are added first and deleted last; services and pods of
-    one address are one addr value; each write goes to the map of its family."""
+    """Addresses that go away entirely are deleted first (nothing that stays uses them),
+    allowed ports of both families are added before the values that need them and deleted
+    last; services and pods of one address are one addr value; each write goes to the map of
+    its family."""
     maps.apply(diff(maps.read_state(), DUAL))
     names = {fd: name for name, fd in maps.fds.items()}
     calls: list[tuple[str, str]] = []
@@ -392,12 +394,12 @@ def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.Mo
     )
     maps.apply(diff(maps.read_state(), desired))
     assert calls == [
+        ("delete", "addr4"),  # addresses that go away entirely: room in a full map
+        ("delete", "addr6"),
         ("update", "allow4"),
         ("update", "allow6"),
         ("update", "addr4"),
         ("update", "addr6"),
-        ("delete", "addr4"),
-        ("delete", "addr6"),
         ("delete", "allow4"),
         ("delete", "allow6"),
     ]  # one batch per map and step

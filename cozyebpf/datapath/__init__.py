@@ -16,8 +16,9 @@ class Datapath(Protocol):
         ...
 
     def apply(self, diff: MapDiff) -> None:
-        """Apply `diff`: allowed ports first, then services and pods, then removals of
-        services and pods, then removals of allowed ports. Raises DatapathError."""
+        """Apply `diff` without opening a hole: addresses that go away entirely first (room
+        in a full map), allowed ports before the entries that need them, removals of allowed
+        ports last. Raises DatapathError."""
         ...
 
     def dump(self) -> dict[str, Any]:

@@ -349,6 +349,22 @@ def _flow_key_bytes(f: Flow) -> bytes:
     return f.pod_ip.packed + f.remote_ip.packed + struct.pack("!HHB3x", *f[2:])
 
 
+def _check_bpffs(pin_dir: str) -> None:
+    """The pin directory, or where it will be made, must be on a bpf filesystem: pins cannot
+    live anywhere else, and nothing is created or changed (no mkdir, no chmod) elsewhere."""
+    from cozyebpf.datapath.attach import on_bpffs
+
+    existing = os.path.abspath(pin_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not on_bpffs(existing):
+        raise DatapathError(
+            f"--pin-dir {pin_dir} is not on a bpf filesystem ({existing} is not); give a "
+            f"directory under a bpffs mount such as {DEFAULT_PIN_DIR} (mount -t bpf bpf "
+            "/sys/fs/bpf)"
+        )
+
+
 class PinnedMaps:
     """File descriptors of every cozyebpf map under one pin directory, and the mirror of the
     state they hold. `sizes` is each map's size (max entries): an addr map holds the LB IPs
@@ -442,6 +458,7 @@ class PinnedMaps:
         refills services, pods and ports; flows and counters start over). Maps of layout
         version 1 are upgraded in place (see the module). Each migration is logged."""
         layout = map_specs(max_services, service_slots)
+        _check_bpffs(pin_dir)
         os.makedirs(pin_dir, mode=0o700, exist_ok=True)
         os.chmod(pin_dir, 0o700)
         fds: dict[str, int] = {}
@@ -1045,13 +1062,13 @@ class PinnedMaps:
 
     def apply(self, d: MapDiff) -> None:
         """Apply `d` in an order that never opens a hole: counter slots given to the Services
-        that come (slots.py), allowed ports added, then every addr value that changes
-        (services, pods and the inline ports of the addresses whose pod's allowed ports change)
-        written, addresses that are neither LB nor pod IP any more deleted, allowed ports
-        deleted, the slots of Services that went parked; one BPF_MAP_UPDATE_BATCH /
-        DELETE_BATCH per map and step (a kernel without batch operations gets one call per
-        entry). A diff that mixes families in an entry is refused before anything is
-        written."""
+        that come (slots.py), addresses that are neither LB nor pod IP any more deleted (nothing
+        that stays uses them, and a full map then has room for what comes), allowed ports added,
+        then every addr value that changes (services, pods and the inline ports of the addresses
+        whose pod's allowed ports change) written, allowed ports deleted, the slots of Services
+        that went parked; one BPF_MAP_UPDATE_BATCH / DELETE_BATCH per map and step (a kernel
+        without batch operations gets one call per entry). A diff that mixes families in an
+        entry is refused before anything is written."""
         errors = d.family_errors()
         if errors:
             raise DatapathError(
@@ -1111,10 +1128,10 @@ class PinnedMaps:
         services = sorted(n for n in named if n)
         try:
             self.slots.activate(n for n in services if n in m.refs)
+            self._delete_addrs(dels)
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
             self._write_addrs(sets)
-            self._delete_addrs(dels)
             self._delete_allowed(d.allowed_del)
             self.slots.park(n for n in services if n not in m.refs)
             if self._legacy:
