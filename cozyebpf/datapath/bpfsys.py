@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -517,11 +518,11 @@ def map_delete_batch(fd: int, keys: bytes, key_size: int) -> int:
     return deleted
 
 
-def map_items_batch(
-    fd: int, key_size: int, value_size: int, chunk: int = 4096
-) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of a hash map with BPF_MAP_LOOKUP_BATCH. Not for per-CPU maps."""
-    out: list[tuple[bytes, bytes]] = []
+def _lookup_batches(
+    fd: int, key_size: int, value_size: int, chunk: int
+) -> Iterator[tuple[bytes, bytes, int]]:
+    """BPF_MAP_LOOKUP_BATCH over a whole hash map: (keys, values, count) per chunk, the
+    buffers' raw bytes with `count` entries at their start."""
     kbuf = ctypes.create_string_buffer(key_size * chunk)
     vbuf = ctypes.create_string_buffer(value_size * chunk)
     tok_in = ctypes.create_string_buffer(max(key_size, 8))
@@ -543,40 +544,25 @@ def map_items_batch(
             if e.errno != errno.ENOENT:  # ENOENT: that was the last chunk
                 raise
             done = True
-        kr, vr = kbuf.raw, vbuf.raw
-        out += [
-            (kr[i * key_size : (i + 1) * key_size], vr[i * value_size : (i + 1) * value_size])
-            for i in range(attr.count)
-        ]
+        yield kbuf.raw, vbuf.raw, int(attr.count)
         if done:
-            return out
+            return
         ctypes.memmove(tok_in, tok_out, len(tok_out))
         first = False
+
+
+def map_items_batch(
+    fd: int, key_size: int, value_size: int, chunk: int = 4096
+) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of a hash map with BPF_MAP_LOOKUP_BATCH. Not for per-CPU maps."""
+    return [
+        (kr[i * key_size : (i + 1) * key_size], vr[i * value_size : (i + 1) * value_size])
+        for kr, vr, count in _lookup_batches(fd, key_size, value_size, chunk)
+        for i in range(count)
+    ]
 
 
 def map_count(fd: int, key_size: int, value_size: int, chunk: int = 8192) -> int:
     """How many entries a hash map holds (BPF_MAP_LOOKUP_BATCH, the entries not kept): for
     metrics, which must not build Python objects for every flow of a full table."""
-    kbuf = ctypes.create_string_buffer(key_size * chunk)
-    vbuf = ctypes.create_string_buffer(value_size * chunk)
-    tok_in = ctypes.create_string_buffer(max(key_size, 8))
-    tok_out = ctypes.create_string_buffer(max(key_size, 8))
-    first, total = True, 0
-    while True:
-        attr = _MapBatch(
-            in_batch=0 if first else _ptr(tok_in),
-            out_batch=_ptr(tok_out),
-            keys=_ptr(kbuf),
-            values=_ptr(vbuf),
-            count=chunk,
-            map_fd=fd,
-        )
-        try:
-            _sys_bpf(BPF_MAP_LOOKUP_BATCH, attr, "map lookup batch")
-        except BpfError as e:
-            if e.errno != errno.ENOENT:
-                raise
-            return total + int(attr.count)
-        total += int(attr.count)
-        ctypes.memmove(tok_in, tok_out, len(tok_out))
-        first = False
+    return sum(count for _, _, count in _lookup_batches(fd, key_size, value_size, chunk))

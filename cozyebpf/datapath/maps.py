@@ -561,8 +561,8 @@ class PinnedMaps:
         return maps
 
     @staticmethod
-    def _create(spec: MapSpec, path: str) -> int:
-        fd = bpfsys.map_create(
+    def _new_map(spec: MapSpec) -> int:
+        return bpfsys.map_create(
             spec.map_type,
             spec.key_size,
             spec.value_size,
@@ -570,6 +570,10 @@ class PinnedMaps:
             f"cz_{spec.name}",
             spec.flags,
         )
+
+    @classmethod
+    def _create(cls, spec: MapSpec, path: str) -> int:
+        fd = cls._new_map(spec)
         bpfsys.obj_pin(fd, path)
         os.chmod(path, 0o600)
         return fd
@@ -589,14 +593,7 @@ class PinnedMaps:
         old map's fd is closed unless `keep_old`."""
         ringbuf = info.type == bpfsys.BPF_MAP_TYPE_RINGBUF  # no keys
         keys = [] if ringbuf else bpfsys.map_keys(old_fd, info.key_size)
-        new_fd = bpfsys.map_create(
-            spec.map_type,
-            spec.key_size,
-            spec.value_size,
-            spec.max_entries,
-            f"cz_{spec.name}",
-            spec.flags,
-        )
+        new_fd = cls._new_map(spec)
         copied = cls._copy_entries(spec, old_fd, new_fd, keys) if copy else 0
         if not keep_old:
             os.close(old_fd)
