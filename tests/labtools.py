@@ -170,6 +170,18 @@ class AgentLab:
         self.lab.down()
 
 
+def read_line_with(stream: Any, text: str, lines: int = 5) -> str:
+    """The first of a process's next `lines` output lines that contains `text` (lines before it,
+    such as the image entrypoint's log, are skipped), or all of them when none does."""
+    seen = []
+    for _ in range(lines):
+        line = stream.readline()
+        if text in line or not line:
+            return str(line)
+        seen.append(line)
+    return "".join(seen)
+
+
 @contextlib.contextmanager
 def agent_lab(
     tag: str,

@@ -42,7 +42,7 @@ import yaml
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.conftest import IN_CI, TEST_CMD, unique_prefix
 from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, serve, tcp_echo, tcp_talk, wait_for
+from tests.labtools import AgentLab, read_line_with, serve, tcp_echo, tcp_talk, wait_for
 from tests.packets import LB_WHOLE
 
 pytestmark = pytest.mark.datapath
@@ -203,7 +203,8 @@ def assert_tools_work(env: AgentLab, hook: str) -> None:
         stderr=subprocess.PIPE,
     )
     assert mon.stderr is not None
-    assert "monitoring counted packets" in mon.stderr.readline()
+    text = "monitoring counted packets"
+    assert text in read_line_with(mon.stderr, text)
     assert ping(env)
     mon.send_signal(signal.SIGINT)
     out, err = mon.communicate(timeout=10)

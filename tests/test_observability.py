@@ -33,7 +33,7 @@ from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_OFF
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
 from tests.k8s import Svc
-from tests.labtools import AgentLab, agent_lab, wait_for
+from tests.labtools import AgentLab, agent_lab, read_line_with, wait_for
 from tests.packets import LB_FILT, LB_UNKNOWN, LB_WHOLE
 from tests.test_deploy_monitoring import CONTRACT
 
@@ -296,7 +296,8 @@ def test_monitor_shows_drops_while_they_happen_and_stops_cleanly(env: AgentLab) 
     )
     try:
         assert proc.stderr is not None
-        assert "monitoring dropped packets" in proc.stderr.readline()
+        text = "monitoring dropped packets"
+        assert text in read_line_with(proc.stderr, text)
         send(env, [client_frame(LB_WHOLE, "udp", SINK_PORT, 0)])  # passes: no event
         send(env, [client_frame(LB_FILT, "tcp", 443, i) for i in range(3)])
         events = read_events(proc, 3, 5)
@@ -349,7 +350,8 @@ def test_a_killed_monitors_switch_is_turned_off_by_the_agent(env: AgentLab) -> N
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    assert proc.stderr is not None and "monitoring" in proc.stderr.readline()
+    assert proc.stderr is not None
+    assert "monitoring" in read_line_with(proc.stderr, "monitoring")
     busy = cli(env, "monitor", check=False)
     assert busy.returncode == 1 and "another `cozyebpf monitor`" in busy.stderr
     with PinnedMaps.open(env.pin_dir) as m:
