@@ -347,6 +347,7 @@ class ControlBench:
             os.replace(full, path)
             t_full, maps = _wait_maps(agent.pin, agent, st, 120 + n * 0.002)
             res["file_to_maps_s"] = round(t_full - t0, 3)
+            res["edit_to_map"] = self.manifest_edits(path, cl, maps, 20)
         finally:
             if maps:
                 maps.close()
@@ -354,9 +355,25 @@ class ControlBench:
         log(
             f"cold sync manifest n={n}: {res['file_to_maps_s']}s from the file's arrival (ready "
             f"agent, parse included), {res['start_to_maps_s']}s from start; RSS tree "
-            f"{res['rss_tree_mb']} MB"
+            f"{res['rss_tree_mb']} MB; one edit -> map p99 {res['edit_to_map']['p99_ms']} ms"
         )
         return res
+
+    def manifest_edits(self, path: Path, cl: Cluster, maps: Maps, count: int) -> dict[str, Any]:
+        """`count` edits of one EndpointSlice each in the whole file (rewritten and renamed
+        in, as an editor does): file -> map written."""
+        lat = []
+        for k in range(count):
+            i = (k * 7919 + 3) % cl.n
+            cl.gens[i] = cl.gens.get(i, 0) ^ 1
+            want = IPv4Address(scale.pod_ip(i, cl.gens[i]))
+            lb = IPv4Address(scale.lb_ip(i))
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(scale.manifest_yaml_objects(cl.objects()))
+            t0 = time.monotonic()
+            os.replace(tmp, path)
+            lat.append(maps.wait(lambda lb=lb, w=want: maps.svc_pod(lb) == w, t0, "edit"))
+        return _ms(lat)
 
     def api_run(self, n: int, out: dict[str, Any]) -> None:
         """Cold sync from the API double; then single changes and churn where asked."""

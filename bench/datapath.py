@@ -43,18 +43,23 @@ SERVICES = (
 )
 
 # path -> variants measured on it (in this order, rotated per repetition)
+# cz-xdp-nosvc / cz-xdp-mon: cz-xdp without per-Service counters (-DCZ_NO_SVC_STATS), and
+# with a monitor running (--type all: every packet asks the token bucket)
+_CZ = ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon", "cz-tcx")
 PATHS: dict[str, tuple[str, ...]] = {
-    "whole-ip": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
-    "port-allowed": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
-    "port-drop": ("gen-only", "xdp-drop", "nft", "nft-noct", "min-xdp", "cz-xdp", "cz-tcx"),
-    "reply": ("plain", "xdp-pass", "nft", "cz-xdp", "cz-tcx"),
-    "egress-snat": ("plain", "tc-next", "nft", "nft-noct", "cz-xdp", "cz-tcx"),
+    "whole-ip": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", *_CZ),
+    "port-allowed": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", *_CZ),
+    "port-drop": ("gen-only", "xdp-drop", "nft", "nft-noct", "min-xdp", *_CZ),
+    "reply": ("plain", "xdp-pass", "nft", *_CZ),
+    "egress-snat": ("plain", "tc-next", "nft", "nft-noct", *_CZ),
 }
 VARIANT_LABELS = {
     "plain": "plain routing (no NAT)",
     "nft": "cozy-proxy nftables (as shipped)",
     "nft-noct": "cozy-proxy nftables without conntrack",
     "cz-xdp": "cozyebpf, XDP ingress",
+    "cz-xdp-nosvc": "cozyebpf, XDP ingress, built without per-Service counters",
+    "cz-xdp-mon": "cozyebpf, XDP ingress, with `cozyebpf monitor --type all` running",
     "cz-tcx": "cozyebpf, tcx ingress",
     "gen-only": "generator floor (gen alone, XDP_DROP)",
     "xdp-drop": "bare XDP_DROP on the node device",
@@ -178,10 +183,16 @@ class DatapathBench:
         state = build_state([o for s in SERVICES for o in objects(s)], "cozy-proxy").state
         self.maps.apply(diff(self.maps.read_state(), state))
         self.state = state
-        log("compiling cozyebpf's programs (bcc)")
+        log("compiling cozyebpf's programs (bcc), with and without per-Service counters")
+        # the build without first: each load puts its full paths into the pinned prog arrays,
+        # and the product's should be there (the bench's frames all take the fast paths)
+        nosvc = ["-DCZ_NO_SVC_STATS"]
+        self.nosvc_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin, nosvc)
+        self.nosvc_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin, nosvc)
         self.cz_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin)
         self.cz_ingress_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin)
         self.cz_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin)
+        self.monitor: Any = None
         self.minimal = progs.MinimalNat.load()
         self.minimal.seed(
             {str(lb): (str(e.pod_ip), e.port_filter) for lb, e in state.services.items()},
@@ -215,14 +226,19 @@ class DatapathBench:
                 self.nft_mappings, self.nft_allowed, self.nft_filtered, conntrack=v == "nft"
             )
             lab.exec(lab.node, "nft", "-f", "-", input=rules)
-        elif v == "cz-xdp":
-            lab.in_ns(lab.node, lambda: attach.attach_xdp(self.cz_ingress.fd, UPLINK, pin))
+        elif v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"):
+            ing, eg = (
+                (self.nosvc_ingress, self.nosvc_egress)
+                if v == "cz-xdp-nosvc"
+                else (self.cz_ingress, self.cz_egress)
+            )
+            lab.in_ns(lab.node, lambda: attach.attach_xdp(ing.fd, UPLINK, pin))
             lab.in_ns(
                 lab.node,
-                lambda: attach.attach_tc(
-                    self.cz_egress.fd, "cz_egress", UPLINK, pin, "egress", "tcx"
-                ),
+                lambda: attach.attach_tc(eg.fd, "cz_egress", UPLINK, pin, "egress", "tcx"),
             )
+            if v == "cz-xdp-mon":
+                self.monitor = _RunningMonitor(pin)
         elif v == "cz-tcx":
             lab.in_ns(
                 lab.node,
@@ -253,7 +269,10 @@ class DatapathBench:
         lab = self.lab
         if v in ("nft", "nft-noct"):
             lab.exec(lab.node, "nft", "delete", "table", "ip", "cozy_proxy", check=False)
-        elif v in ("cz-xdp", "cz-tcx"):
+        elif v.startswith("cz-"):
+            if self.monitor is not None:
+                self.monitor.stop()
+                self.monitor = None
             for hook in ("xdp", "tcx-ingress", "tcx-egress"):
                 attach.detach_link(attach.link_pin(self.pin, hook, UPLINK))
         elif v in ("xdp-drop", "xdp-pass", "min-xdp", "tc-next") and self._variant_fd is not None:
@@ -363,13 +382,12 @@ class DatapathBench:
                 for v in variants:
                     if not v.startswith("cz-"):
                         continue
-                    prog = (
-                        self.cz_egress
-                        if path == "egress-snat"
-                        else self.cz_ingress
-                        if v == "cz-xdp"
-                        else self.cz_ingress_tc
-                    )
+                    if v == "cz-xdp-nosvc":
+                        prog = self.nosvc_egress if path == "egress-snat" else self.nosvc_ingress
+                    elif path == "egress-snat":
+                        prog = self.cz_egress
+                    else:
+                        prog = self.cz_ingress_tc if v == "cz-tcx" else self.cz_ingress
                     with self.variant(v):
                         if path == "reply":
                             self._seed_reply_flow()
@@ -382,6 +400,33 @@ class DatapathBench:
         finally:
             os.close(fd)
         return res
+
+
+class _RunningMonitor:
+    """`cozyebpf monitor --type all` at its default rate, in a thread: the events switched on
+    and read from the ring buffer while a variant is measured."""
+
+    def __init__(self, pin: str) -> None:
+        import threading
+
+        from cozyebpf.monitor import Monitor
+
+        self.mon = Monitor(pin, "all")
+        self.mon.start()
+        self.events = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            self.events += len(self.mon.poll(0.1))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        _, lost = self.mon.stop()
+        log(f"monitor: {self.events} events read, {lost}")
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

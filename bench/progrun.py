@@ -19,7 +19,7 @@ from typing import Any
 from bench import bpfx, progs
 from bench.common import Params, log, median, pin_dir
 from bench.frames import udp_frame
-from cozyebpf.datapath import attach, bpfsys, loader
+from cozyebpf.datapath import attach, bpfsys, layout, loader
 from cozyebpf.datapath.maps import Flow, PinnedMaps
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 
@@ -94,6 +94,24 @@ CASES: dict[str, tuple[str, bytes, int, str]] = {
     "part/rewrite": ("part-rewrite", _ingress(LB_F, 53, 40000), 2, "IPv4 daddr + checksum"),
     "floor/tc": ("tc-floor", _ingress(LB_W, 1000, 5000), -1, "return TCX_NEXT"),
 }
+# the same paths without the per-Service counters (built with -DCZ_NO_SVC_STATS), and with a
+# monitor running (`--type all`: every packet asks the token bucket; 1,000 events/s get out)
+_SVC_CASES = (
+    "xdp/whole-ip",
+    "xdp/port-allowed",
+    "xdp/port-drop",
+    "xdp/reply",
+    "tc/whole-ip",
+    "tc/port-drop",
+    "egress/whole-ip",
+    "egress/port-filter",
+)
+for _name in _SVC_CASES:
+    _prog, _frame, _want, _what = CASES[_name]
+    CASES[f"nosvc/{_name}"] = (f"{_prog}-nosvc", _frame, _want, "without per-Service counters")
+for _name in ("xdp/whole-ip", "xdp/port-drop", "tc/whole-ip", "egress/port-filter"):
+    _prog, _frame, _want, _what = CASES[_name]
+    CASES[f"mon/{_name}"] = (_prog, _frame, _want, "with a monitor running (--type all)")
 
 
 @dataclass
@@ -106,14 +124,22 @@ class ProgRunBench:
         self.maps.apply(diff(self.maps.read_state(), SEED))
         # the reply flow, for both sides of the flip (with its flow-hint bit, as egress sets it)
         self.maps.add_flows(Flow(A(pod), A(CLIENT), 40000, 53, 17) for pod in (POD_F, LB_F))
-        log("compiling cozyebpf's programs (bcc)")
+        log("compiling cozyebpf's programs (bcc), with and without per-Service counters")
+        nosvc = ["-DCZ_NO_SVC_STATS"]
+        # first: each load puts its full paths into the pinned prog arrays, and the product's
+        # should be the ones there (no case here takes a full path, though)
+        self.nosvc = {
+            "xdp-nosvc": loader.load("ingress.c", "cz_ingress", "xdp", self.pin, nosvc),
+            "tc-nosvc": loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin, nosvc),
+            "egress-nosvc": loader.load("egress.c", "cz_egress", "sched_cls", self.pin, nosvc),
+        }
         self.progs = {
             "xdp": loader.load("ingress.c", "cz_ingress", "xdp", self.pin),
             "tc": loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin),
             "egress": loader.load("egress.c", "cz_egress", "sched_cls", self.pin),
         }
         self.sinks = progs.Sinks.load()
-        self.fds = {k: p.fd for k, p in self.progs.items()}
+        self.fds = {k: p.fd for k, p in (*self.progs.items(), *self.nosvc.items())}
         self.minimal = progs.MinimalNat.load()
         self.minimal.seed(
             {str(lb): (str(e.pod_ip), e.port_filter) for lb, e in SEED.services.items()},
@@ -131,6 +157,13 @@ class ProgRunBench:
             self.maps.close()
         attach.detach_all(self.pin)
 
+    def _monitor(self, name: str) -> None:
+        """The monitor's switch on (every packet an event candidate) for the mon/ cases."""
+        if name.startswith("mon/"):
+            self.maps.set_monitor(layout.MON_ALL, 1_000_000, 100_000_000)  # 1000/s, burst 100
+        else:
+            self.maps.set_monitor(layout.MON_OFF)
+
     def run(self) -> dict[str, Any]:
         p = self.params
         res: dict[str, list[float]] = {k: [] for k in CASES}
@@ -138,6 +171,7 @@ class ProgRunBench:
         for rep in range(p.progrun_reps):
             for name, (prog, frame, want, _) in CASES.items():
                 fd = self.fds[prog]
+                self._monitor(name)
                 r = bpfsys.prog_test_run(fd, frame, repeat=1)
                 if r.retval != want:
                     raise RuntimeError(f"{name}: verdict {r.retval}, want {want}")
@@ -147,6 +181,7 @@ class ProgRunBench:
             try:
                 for name, (prog, frame, _, _) in CASES.items():
                     fd = self.fds[prog]
+                    self._monitor(name)
                     s0 = bpfx.prog_run_stats(fd)
                     bpfsys.prog_test_run(fd, frame, repeat=p.progrun_repeat)
                     s1 = bpfx.prog_run_stats(fd)
@@ -154,12 +189,15 @@ class ProgRunBench:
                     stats[name].append((s1.run_time_ns - s0.run_time_ns) / max(1, runs))
             finally:
                 os.close(sfd)
+                self.maps.set_monitor(layout.MON_OFF)
             log(f"progrun rep {rep + 1}/{p.progrun_reps} done")
         out: dict[str, Any] = {"repeat": p.progrun_repeat, "cases": {}}
         floor = {"xdp": median(res["floor/xdp"]), "tc": median(res["floor/tc"])}
         for name, (prog, _, _, what) in CASES.items():
             ns = median(res[name])
             base = floor["xdp"] if prog.startswith(("xdp", "min", "part")) else floor["tc"]
+            if name.startswith(("nosvc/", "mon/")):
+                what = f"{CASES[name.split('/', 1)[1]][3]}; {what}"
             out["cases"][name] = {
                 "ns": round(ns, 1),
                 "ns_above_floor": round(ns - base, 1),

@@ -9,6 +9,7 @@
  * cz_ingress_slow by a tail call (lib/tail.h).
  */
 #include <uapi/linux/bpf.h>
+#include "lib/account.h"
 #include "lib/fast.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
@@ -30,7 +31,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_e
 	}
 	if (reason == CZ_NOT_OURS)
 		return XDP_PASS;
-	cz_count(reason, data_end - data);
+	fast_count(0, reason, f.slot, data_end - data);
+	fast_monitor(ctx, 1, 0, reason, f.slot, data_end - data, 1, f.proto, ip6, f.sport, f.dport);
 	if (reason == CZ_DROP_PORT)
 		return XDP_DROP;
 	if (f.rewrite)
@@ -47,7 +49,7 @@ int cz_ingress(struct xdp_md *ctx)
 
 	if (!ip)
 		return ingress6(ctx, data, data_end);
-	verdict = fast_xdp4(data, data_end, ip);
+	verdict = fast_xdp4(ctx, data, data_end, ip);
 	if (cz_unlikely(verdict == CZ_FAST_SLOW)) {
 		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
 		return XDP_PASS; /* not reached: the loader fills the array before attaching */
@@ -64,22 +66,24 @@ int cz_ingress_slow(struct xdp_md *ctx)
 	struct pkt p = {};
 	struct inner in = {};
 	struct ip6 pod = {};
+	__u32 reason, slot = 0;
 	int rewrite;
-	__u32 reason;
 
+	cz_dry_begin(cz_dry_nonce_xdp(ctx));
 	p.frame_len = data_end - data;
-	if (parse_frame(&nh, data, data_end, &p) < 0)
+	if (parse_frame(&nh, data, data_end, &p) < 0) {
+		slow_not_ours(ctx, 1);
 		return XDP_PASS;
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite);
-	if (reason == CZ_NOT_OURS)
+	}
+	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot);
+	if (reason == CZ_NOT_OURS) {
+		slow_not_ours(ctx, 1);
 		return XDP_PASS;
-	cz_count(reason, data_end - data);
-	if (cz_is_drop(reason))
-		return XDP_DROP;
-	if (rewrite) {
+	}
+	if (rewrite && !cz_is_drop(reason)) {
 		if (p.icmp_error && in.rewrite)
 			nat_inner(&p, &in, data_end, 1, &pod);
 		nat_xdp(&p, data_end, 1, &pod);
 	}
-	return XDP_PASS;
+	return slow_finish(ctx, 1, 0, &p, reason, slot, data_end - data, 0);
 }

@@ -6,6 +6,7 @@
  * cz_ingress_tc decides the common frame; every other frame goes on to cz_ingress_tc_slow.
  */
 #include <uapi/linux/bpf.h>
+#include "lib/account.h"
 #include "lib/fast.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
@@ -29,15 +30,16 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	}
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
+	fast_monitor(skb, 0, 0, reason, f.slot, skb->len, f.v6, f.proto, f.l3, f.sport, f.dport);
 	if (reason == CZ_DROP_PORT) {
-		cz_count(reason, skb->len);
+		fast_count(0, reason, f.slot, skb->len);
 		return CZ_TC_DROP;
 	}
 	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {
-		cz_count(CZ_DROP_MALFORMED, skb->len);
+		fast_count(0, CZ_DROP_MALFORMED, f.slot, skb->len);
 		return CZ_TC_DROP;
 	}
-	cz_count(reason, skb->len);
+	fast_count(0, reason, f.slot, skb->len);
 	return CZ_TC_NEXT;
 }
 
@@ -50,25 +52,25 @@ int cz_ingress_tc_slow(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct inner in = {};
 	struct ip6 pod = {};
+	__u32 reason, slot = 0;
 	int rewrite;
-	__u32 reason;
 
+	cz_dry_begin(cz_dry_nonce_tc(skb));
 	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
-	if (parse_frame(&nh, data, data_end, &p) < 0)
+	if (parse_frame(&nh, data, data_end, &p) < 0) {
+		slow_not_ours(skb, 0);
 		return CZ_TC_NEXT;
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite);
-	if (reason == CZ_NOT_OURS)
+	}
+	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot);
+	if (reason == CZ_NOT_OURS) {
+		slow_not_ours(skb, 0);
 		return CZ_TC_NEXT;
-	cz_count(reason, skb->len);
-	if (cz_is_drop(reason))
-		return CZ_TC_DROP;
-	if (rewrite) {
+	}
+	if (!cz_is_drop(reason) && rewrite) {
 		if (p.icmp_error && in.rewrite)
 			nat_inner(&p, &in, data_end, 1, &pod); /* direct writes first */
-		if (nat_skb_helpers(skb, &p, data, 1, &pod) < 0) {
-			cz_count(CZ_DROP_MALFORMED, skb->len);
-			return CZ_TC_DROP;
-		}
+		if (nat_skb_helpers(skb, &p, data, 1, &pod) < 0)
+			reason = CZ_DROP_MALFORMED;
 	}
-	return CZ_TC_NEXT;
+	return slow_finish(skb, 0, 0, &p, reason, slot, skb->len, 0);
 }

@@ -27,7 +27,7 @@ from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
 from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Problem
-from cozyebpf.sources import Notifier, Source
+from cozyebpf.sources import Notifier, Source, gc_paused
 from cozyebpf.state import Capacity
 
 log = logging.getLogger(__name__)
@@ -109,27 +109,23 @@ class Agent:
     def _done(self, kind: str, started: float, ok: bool, wrote: bool = True) -> None:
         """Account for one write (`wrote`: False for changes that needed none) or failure,
         and tell the observers."""
-        now = time.monotonic()
-        duration = now - started
+        duration = time.monotonic() - started
         latencies: tuple[float, ...] = ()
         st = self.stats
         if ok:
             wall = time.time()
             latencies = tuple(max(0.0, wall - t) for t in self._triggers)
             self._triggers = []
-            if not wrote:
-                if latencies:
-                    report = SyncReport(kind, duration, latencies, ok)
-                    for fn in self.on_sync:
-                        self._tell(fn, report)
-                return
-            st.syncs += 1
-            st.last_sync, st.last_sync_duration = wall, duration
-            if kind == "full":
-                st.full_syncs += 1
-                st.last_full_sync = wall
+            if wrote:
+                st.syncs += 1
+                st.last_sync, st.last_sync_duration = wall, duration
+                if kind == "full":
+                    st.full_syncs += 1
+                    st.last_full_sync = wall
         else:
             st.sync_errors += 1
+        if ok and not wrote and not latencies:
+            return
         report = SyncReport(kind, duration, latencies, ok)
         for fn in self.on_sync:
             self._tell(fn, report)
@@ -184,8 +180,10 @@ class Agent:
         if changes is None:  # never read completely: change nothing (fail-static)
             return
         self._triggers += changes.triggers
-        changes.record_into(self.model)
-        delta = self.model.flush() if self.model.pending else None
+        big = changes.whole is not None or len(changes) > 1000
+        with gc_paused() if big else contextlib.nullcontext():
+            changes.record_into(self.model)
+            delta = self.model.flush() if self.model.pending else None
         if delta is not None:
             self._report(delta)
         if now >= self._resync_at:

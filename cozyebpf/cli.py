@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
@@ -35,13 +36,15 @@ pin_dir_option = click.option(
 
 
 def _setup_logging(level: str) -> None:
-    """Our loggers at `level`; libraries (pyroute2, ...) at WARNING whatever the level."""
+    """Our loggers at `level`; libraries (pyroute2, ...) at WARNING whatever the level. Times
+    in UTC with milliseconds (a change takes milliseconds)."""
     logging.basicConfig(
         level=logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
+        format="%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S",
         stream=sys.stderr,
     )
+    logging.Formatter.converter = time.gmtime
     logging.getLogger("cozyebpf").setLevel(getattr(logging, level.upper()))
 
 
@@ -83,7 +86,9 @@ def main() -> None:
     \b
     Examples:
       cozyebpf run --manifests examples/services.yaml --devices eth0
-      cozyebpf maps dump
+      cozyebpf status
+      cozyebpf explain --from 198.51.100.2 --to 203.0.113.10:443
+      cozyebpf monitor --type drop
       cozyebpf maps dump --json
       cozyebpf detach
     """
@@ -199,7 +204,21 @@ def main() -> None:
 @click.option(
     "--health-address",
     default="",
-    help="HOST:PORT for /healthz and /readyz (e.g. 127.0.0.1:9810); off when empty.",
+    help="HOST:PORT for /healthz, /readyz and /status (the agent's part of `cozyebpf status`), "
+    "e.g. 127.0.0.1:9810; off when empty.",
+)
+@click.option(
+    "--metrics-address",
+    default="",
+    help="HOST:PORT for Prometheus metrics at /metrics (e.g. 0.0.0.0:9811); off when empty.",
+)
+@click.option(
+    "--counted-services",
+    type=click.IntRange(min=1),
+    default=None,
+    help="How many Services get counters of their own (per-Service metrics); the others are "
+    "counted node-wide only. Each costs 96 bytes of kernel memory per CPU. Default: every "
+    "Service the maps hold, within 64 MiB (65,536 with up to 10 CPUs, 7,280 with 96).",
 )
 def run(
     manifests: str | None,
@@ -219,6 +238,8 @@ def run(
     node_name: str,
     max_services: int,
     health_address: str,
+    metrics_address: str,
+    counted_services: int | None,
 ) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -231,6 +252,7 @@ def run(
     Examples:
       cozyebpf run --manifests examples/services.yaml --devices eth0,eth1
       cozyebpf run --kubeconfig ~/.kube/config --devices auto --health-address 127.0.0.1:9810
+      cozyebpf run --devices auto --metrics-address 0.0.0.0:9811
     """
     _setup_logging(log_level)
     _fewer_malloc_arenas()
@@ -282,6 +304,7 @@ def run(
             tc_mode=tc_mode,
             ingress_hook=ingress_hook,
             on_foreign_xdp=on_foreign_xdp,
+            service_slots=counted_services,
             max_services=max_services,
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
@@ -300,10 +323,23 @@ def run(
         stoppers.insert(0, source.stop)
         if health_address:
             from cozyebpf.health import HealthServer
+            from cozyebpf.status import agent_status
 
-            health = HealthServer(health_address, agent.liveness, agent.readiness)
+            running = agent
+            health = HealthServer(
+                health_address,
+                agent.liveness,
+                agent.readiness,
+                status=lambda: agent_status(running),
+            )
             health.start()
             stoppers.append(health.stop)
+        if metrics_address:
+            from cozyebpf.metrics import MetricsServer, registry_for
+
+            metrics = MetricsServer(metrics_address, registry_for(pin_dir, agent))
+            metrics.start()
+            stoppers.append(metrics.stop)
         while not stop.is_set() and not dp.attached:
             agent.tick()
             if dp.compiled():
@@ -354,6 +390,151 @@ def maps_dump(pin_dir: str, as_json: bool) -> None:
         _fail(e)
         return
     click.echo(json.dumps(d, indent=2) if as_json else render_dump(d))
+
+
+@main.command()
+@pin_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--agent",
+    "agent_address",
+    envvar=["COZYEBPF_STATUS_AGENT", "COZYEBPF_RUN_HEALTH_ADDRESS"],
+    default="127.0.0.1:9810",
+    show_default=True,
+    help="HOST:PORT of the agent's --health-address, for its last sync and problems "
+    "(default: COZYEBPF_RUN_HEALTH_ADDRESS, as the DaemonSet sets it).",
+)
+def status(pin_dir: str, as_json: bool, agent_address: str) -> None:
+    """The node at a glance: attachments, map layout, Services by mode, the last sync, open
+    problems, whether a monitor runs, the top drop reasons.
+
+    \b
+    Examples:
+      cozyebpf status
+      kubectl -n cozy-system exec ds/cozyebpf -- cozyebpf status --json
+    """
+    from cozyebpf.status import gather, render
+
+    d = gather(pin_dir, agent_address)
+    click.echo(json.dumps(d, indent=2) if as_json else render(d))
+
+
+@main.command()
+@click.option(
+    "--from",
+    "src",
+    required=True,
+    metavar="IP[:PORT]",
+    help="The sender: for ingress a client, for egress the pod. Default source port 40000.",
+)
+@click.option(
+    "--to",
+    "dst",
+    required=True,
+    metavar="IP[:PORT]",
+    help="The destination: for ingress the LB IP (or a pod IP), for egress the peer; the port "
+    "is needed for tcp, udp and sctp. IPv6 with a port: [IP]:PORT.",
+)
+@click.option(
+    "--proto",
+    default="tcp",
+    show_default=True,
+    metavar="tcp|udp|sctp|icmp|icmpv6|N",
+    help="The protocol; icmp and icmpv6 send an echo request, a number a bare payload.",
+)
+@click.option(
+    "--direction",
+    type=click.Choice(["ingress", "egress"]),
+    default="ingress",
+    show_default=True,
+    help="ingress: arriving on the device (XDP or tc ingress); egress: a pod's packet leaving.",
+)
+@click.option("--device", help="The device whose program runs; not needed with one device.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pin_dir_option
+def explain(
+    src: str,
+    dst: str,
+    proto: str,
+    direction: str,
+    device: str | None,
+    as_json: bool,
+    pin_dir: str,
+) -> None:
+    """What the datapath does with one packet, and why: verdict, reason, Service, the packet as
+    it would leave, and what to change.
+
+    It runs the program attached to the device with BPF_PROG_RUN against the live maps. It
+    sends nothing and changes nothing: no counter, flow or fragment entry, no monitor event.
+
+    \b
+    Examples:
+      cozyebpf explain --from 198.51.100.2 --to 203.0.113.10:443
+      cozyebpf explain --from 198.51.100.2 --to 203.0.113.20 --proto icmp
+      cozyebpf explain --from 10.244.1.20:40000 --to 198.51.100.2:53 --proto udp \\
+          --direction egress --json
+    """
+    from cozyebpf.explain import explain as run_explain
+
+    e, given = run_explain(pin_dir, src, dst, proto, direction, device)
+    click.echo(json.dumps(e.as_dict()) if as_json else e.text(given))
+
+
+@main.command()
+@click.option(
+    "--type",
+    "kind",
+    type=click.Choice(["drop", "all"]),
+    default="drop",
+    show_default=True,
+    help="drop: dropped packets; all: every packet counted for a managed address.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event and line.")
+@click.option(
+    "--rate",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="At most this many events per second on this node (a token bucket in BPF); the "
+    "events over it are counted as lost.",
+)
+@pin_dir_option
+def monitor(kind: str, as_json: bool, rate: int, pin_dir: str) -> None:
+    """Live events from the running datapath, until interrupted: time, device, direction,
+    reason, protocol, source and destination as received, ports, Service and length.
+
+    Events flow only while a monitor runs (the programs read a switch; without it they cost
+    nothing), through a BPF ring buffer; events lost to the rate limit or a full buffer are
+    counted and reported. One monitor at a time per node.
+
+    \b
+    Examples:
+      cozyebpf monitor
+      cozyebpf monitor --type all --json | jq 'select(.service == "default/vm1")'
+    """
+    from cozyebpf.monitor import run_monitor
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    def emit(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    run_monitor(
+        pin_dir,
+        kind,
+        rate,
+        emit,
+        lambda note: click.echo(f"cozyebpf monitor: {note}", err=True),
+        as_json,
+        stop.is_set,
+    )
 
 
 @main.command()

@@ -7,9 +7,12 @@ case), IPv4 entries first; the table's columns are as wide as their longest cell
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cozyebpf.state import IPAddress, MapState, address_key
+
+if TYPE_CHECKING:
+    from cozyebpf.datapath.maps import ServiceCounters
 
 
 def mode_name(port_filter: bool) -> str:
@@ -22,9 +25,12 @@ def build_dump(
     counters: Mapping[str, Mapping[str, int]] | None = None,
     attachments: Sequence[Mapping[str, Any]] = (),
     pin_dir: str = "",
+    service_counters: Sequence[ServiceCounters] = (),
 ) -> dict[str, Any]:
     """JSON-ready dump. Services are sorted by LB IP and pods by pod IP, IPv4 before IPv6;
-    ports as "tcp/22", sorted by protocol number and port."""
+    ports as "tcp/22", sorted by protocol number and port; `service` names the Service an
+    address counts for (null: none); the per-Service counters by Service, drops by reason
+    (those that counted any)."""
     flows_by_pod = flows_by_pod or {}
     ports_by_pod: dict[IPAddress, list[str]] = {}
     for a in sorted(state.allowed):
@@ -37,6 +43,7 @@ def build_dump(
             "allow_icmp": svc.allow_icmp,
             "allowed_ports": ports_by_pod.get(svc.pod_ip, []) if svc.port_filter else [],
             "flows": flows_by_pod.get(svc.pod_ip, 0),
+            "service": svc.service or None,
         }
         for lb, svc in sorted(state.services.items(), key=lambda kv: address_key(kv[0]))
     ]
@@ -46,6 +53,7 @@ def build_dump(
             "lb_ip": str(entry.lb_ip),
             "mode": mode_name(entry.port_filter),
             "allow_icmp": entry.allow_icmp,
+            "service": entry.service or None,
         }
         for pod, entry in sorted(state.pods.items(), key=lambda kv: address_key(kv[0]))
     ]
@@ -56,6 +64,16 @@ def build_dump(
         "pods": pods,
         "flows": sum(flows_by_pod.values()),
         "counters": {k: dict(v) for k, v in (counters or {}).items()},
+        "service_counters": [
+            {
+                "service": c.service,
+                "slot": c.slot,
+                "ingress": {"packets": c.in_packets, "bytes": c.in_bytes},
+                "egress": {"packets": c.out_packets, "bytes": c.out_bytes},
+                "drops": {r: n for r, n in c.drops.items() if n},
+            }
+            for c in sorted(service_counters, key=lambda c: c.service)
+        ],
     }
 
 
@@ -89,6 +107,7 @@ def render_dump(d: Mapping[str, Any]) -> str:
             (
                 s["lb_ip"],
                 s["pod_ip"],
+                s.get("service") or "-",
                 s["mode"],
                 _yes(s["allow_icmp"]),
                 ",".join(s["allowed_ports"]) or "-",
@@ -98,7 +117,9 @@ def render_dump(d: Mapping[str, Any]) -> str:
         ]
         out += [
             "  " + line
-            for line in _table(["LB IP", "POD IP", "MODE", "ICMP", "PORTS", "FLOWS"], rows)
+            for line in _table(
+                ["LB IP", "POD IP", "SERVICE", "MODE", "ICMP", "PORTS", "FLOWS"], rows
+            )
         ]
     lonely = [p for p in d["pods"] if p["lb_ip"] not in {s["lb_ip"] for s in d["services"]}]
     if lonely:
@@ -119,6 +140,26 @@ def render_dump(d: Mapping[str, Any]) -> str:
             for line in _table(
                 ["REASON", "PACKETS", "BYTES"],
                 [(k, v["packets"], v["bytes"]) for k, v in sorted(nonzero.items())],
+            )
+        ]
+    per = d.get("service_counters", [])
+    if per:
+        out.append("per Service:")
+        out += [
+            "  " + line
+            for line in _table(
+                ["SERVICE", "IN PACKETS", "IN BYTES", "OUT PACKETS", "OUT BYTES", "DROPS"],
+                [
+                    (
+                        c["service"],
+                        c["ingress"]["packets"],
+                        c["ingress"]["bytes"],
+                        c["egress"]["packets"],
+                        c["egress"]["bytes"],
+                        ",".join(f"{r}={n}" for r, n in c["drops"].items()) or "-",
+                    )
+                    for c in per
+                ],
             )
         ]
     return "\n".join(out)

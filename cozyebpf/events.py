@@ -58,9 +58,9 @@ class EventRecorder:
     """Queue Problems as Events; create each once, then patch its count on repeats."""
 
     def __init__(self, api_client: Any, node: str, max_queue: int = 1000) -> None:
-        from kubernetes import client
+        from cozyebpf.sources.kube import KubeRest
 
-        self.core = client.CoreV1Api(api_client)
+        self.rest = KubeRest(api_client)
         self.node = node
         self.queue: queue.Queue[Problem | None] = queue.Queue(max_queue)
         self.counts: dict[tuple[str, str], int] = {}
@@ -100,19 +100,22 @@ class EventRecorder:
         body = event_body(p, self.node)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         key = (ns, name)
+        events = f"/api/v1/namespaces/{ns}/events"
         if key not in self.counts:
             try:
-                self.core.create_namespaced_event(ns, body)  # type: ignore[arg-type]
+                self.rest.json("POST", events, body=body, content_type="application/json")
                 self.counts[key] = 1
                 return
             except Exception as e:
                 if getattr(e, "status", None) != 409:
                     raise
-                existing = self.core.read_namespaced_event(name, ns)
-                self.counts[key] = int(getattr(existing, "count", None) or 1)
+                existing = self.rest.json("GET", f"{events}/{name}")
+                self.counts[key] = int(existing.get("count") or 1)
         self.counts[key] += 1
         patch = {"count": self.counts[key], "lastTimestamp": _now(), "message": p.message}
-        self.core.patch_namespaced_event(name, ns, patch)
+        self.rest.json(
+            "PATCH", f"{events}/{name}", body=patch, content_type="application/merge-patch+json"
+        )
 
 
 def _short(e: BaseException) -> str:

@@ -767,21 +767,16 @@ class ObjectSet:
     problems: list[Problem] = field(default_factory=list)  # objects that cannot be named
 
 
-def read_objects(
-    objects: Iterable[object],
-    proxy_name: str = DEFAULT_PROXY_NAME,
-    again: Callable[[], Iterable[object]] | None = None,
-) -> ObjectSet:
-    """Read every object (`read_object`), in one pass that keeps only records. A Service
-    defined more than once counts only when every copy is the same object: when that happens
-    the copies are compared in a second pass over `again()` (the same objects again; by default
-    `objects` itself, which must then be a list or tuple)."""
+#: what read_object makes of one object
+Read = ServiceRecord | SliceRecord | ForeignRecord | Problem | None
+
+
+def gather(results: Iterable[Read]) -> tuple[ObjectSet, set[Key]]:
+    """The records of a source's objects, in order, as an ObjectSet (a Service's first copy
+    counts), and the keys of Services defined more than once (see read_objects)."""
     out = ObjectSet()
     copies: dict[Key, int] = {}
-    for index, obj in enumerate(objects, start=1):
-        if obj is None:
-            continue
-        rec = read_object(obj, index, proxy_name)
+    for rec in results:
         if isinstance(rec, ServiceRecord):
             key = (rec.ref.namespace, rec.ref.name)
             copies[key] = copies.get(key, 0) + 1
@@ -793,7 +788,23 @@ def read_objects(
             out.foreign[(rec.ref.namespace, rec.ref.name)] = rec
         elif isinstance(rec, Problem):
             out.problems.append(rec)
-    twice = {key for key, n in copies.items() if n > 1}
+    return out, {key for key, n in copies.items() if n > 1}
+
+
+def read_objects(
+    objects: Iterable[object],
+    proxy_name: str = DEFAULT_PROXY_NAME,
+    again: Callable[[], Iterable[object]] | None = None,
+) -> ObjectSet:
+    """Read every object (`read_object`), in one pass that keeps only records. A Service
+    defined more than once counts only when every copy is the same object: when that happens
+    the copies are compared in a second pass over `again()` (the same objects again; by default
+    `objects` itself, which must then be a list or tuple)."""
+    out, twice = gather(
+        read_object(obj, index, proxy_name)
+        for index, obj in enumerate(objects, start=1)
+        if obj is not None
+    )
     if not twice:
         return out
     if again is None:
@@ -970,6 +981,7 @@ def _compose(
                 lb_owner[lb] = s.ref
                 kept.append(lb)
         chosen = dict(e.chosen)
+        name = f"{s.ref.namespace}/{s.ref.name}"  # whose counters its entries feed
         view = ServiceView(
             s.ref,
             tuple(kept),
@@ -999,7 +1011,7 @@ def _compose(
                         for lb in lbs
                     ]
                 continue
-            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp)
+            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp, name)
             services += [(lb, entry) for lb in lbs]
             ranges.append((backend, s.ranges_of(version)))
             if backend in pod_owner:
@@ -1014,7 +1026,7 @@ def _compose(
                 )
             else:
                 pod_owner[backend] = (s.ref, lbs[0])
-                pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp)))
+                pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp, name)))
             if s.port_filter:
                 allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
         out[e.ref] = _Output(
@@ -1168,6 +1180,29 @@ class Delta:
 
 def _merge(outputs: Iterable[_Output]) -> MapState:
     return _state_of(outputs)
+
+
+def _undo(after: MapState, d: MapDiff, old: MapState) -> MapState:
+    """`after` as it was before `d` (= diff(old, new) of the Services a change touched) was
+    applied to it: a copy."""
+    st = after.copy()
+    for lb in d.services_set:
+        if lb in old.services:
+            st.services[lb] = old.services[lb]
+        else:
+            del st.services[lb]
+    for lb in d.services_del:
+        st.services[lb] = old.services[lb]
+    for pod in d.pods_set:
+        if pod in old.pods:
+            st.pods[pod] = old.pods[pod]
+        else:
+            del st.pods[pod]
+    for pod in d.pods_del:
+        st.pods[pod] = old.pods[pod]
+    st.allowed -= d.allowed_add
+    st.allowed |= d.allowed_del
+    return st
 
 
 def _tuple_add(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
@@ -1368,6 +1403,8 @@ class IncrementalModel:
     def _component(self, seeds: set[Key], addresses: set[IPAddress]) -> set[Key]:
         """`seeds` and every Service linked to them through shared addresses, transitively."""
         comp = set(seeds)
+        if comp >= self._evals.keys():
+            return comp  # everything (a first read): nothing to look for
         frontier = list(addresses)
         for key in seeds:
             if key in self._evals:
@@ -1436,8 +1473,12 @@ class IncrementalModel:
 
         before = self.state
         over = self.capacity is not None and self.capacity.full(self._counts) is not None
+        if over and before is full:
+            # the maps held the whole state until this change, which `full` now holds too:
+            # what they hold is `full` without it
+            before = _undo(full, d, old)
         if over or before is not full:
-            d, old = self._constrain(over), before
+            d, old = self._constrain(over, before), before
         out = Delta(
             d,
             new_services=sum(1 for k in d.services_set if k not in old.services),
@@ -1449,10 +1490,9 @@ class IncrementalModel:
         self._added, self._removed = set(), set()
         return out
 
-    def _constrain(self, over: bool) -> MapDiff:
+    def _constrain(self, over: bool, before: MapState) -> MapDiff:
         """Choose what is programmed again over all Services (the capacity slow path); the
-        difference to what was programmed."""
-        before = self.state
+        difference to what was programmed (`before`)."""
         self._count(self._left_out.values(), -1)
         if over:
             assert self.capacity is not None

@@ -73,11 +73,14 @@ PORT_PROTOS = (Proto.TCP, Proto.UDP, Proto.SCTP)
 @dataclass(frozen=True, slots=True)
 class ServiceEntry:
     """Value of the LB-IP map: where packets to the LB IP go, and how they are filtered.
-    `pod_ip` is of the LB IP's family."""
+    `pod_ip` is of the LB IP's family. `service` names the Service whose counters the LB IP's
+    traffic feeds ("namespace/name", "" for none): it is not part of equality (two entries that
+    forward alike are equal), but `diff()` compares it, so a new owner is written."""
 
     pod_ip: IPAddress
     port_filter: bool  # False: whole-IP (every port and protocol passes)
     allow_icmp: bool  # only meaningful with port_filter
+    service: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         _check_address("ServiceEntry", "pod_ip", self.pod_ip)
@@ -100,11 +103,14 @@ class ServiceEntry:
 @dataclass(frozen=True, slots=True)
 class PodEntry:
     """Value of the pod-IP map: the LB IP the pod's egress is rewritten to, and its filter.
-    `lb_ip` is of the pod IP's family."""
+    `lb_ip` is of the pod IP's family. `service` names the Service whose counters the pod's
+    egress (and traffic sent to the pod IP directly) feeds: the Service of `lb_ip`; as in
+    ServiceEntry, outside equality and compared by `diff()`."""
 
     lb_ip: IPAddress
     port_filter: bool
     allow_icmp: bool
+    service: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         _check_address("PodEntry", "lb_ip", self.lb_ip)
@@ -264,15 +270,21 @@ class MapDiff:
         )
 
 
+def _changed(old: ServiceEntry | PodEntry | None, new: ServiceEntry | PodEntry) -> bool:
+    """Whether `new` must be written over `old`: another value, or another Service."""
+    return old != new or old is None or old.service != new.service
+
+
 def diff(live: MapState, desired: MapState) -> MapDiff:
-    """The changes that turn `live` into `desired`; unchanged entries are not touched."""
+    """The changes that turn `live` into `desired`; unchanged entries (the same value and
+    Service) are not touched."""
     d = MapDiff()
     for lb, svc in desired.services.items():
-        if live.services.get(lb) != svc:
+        if _changed(live.services.get(lb), svc):
             d.services_set[lb] = svc
     d.services_del = set(live.services) - set(desired.services)
     for pod, entry in desired.pods.items():
-        if live.pods.get(pod) != entry:
+        if _changed(live.pods.get(pod), entry):
             d.pods_set[pod] = entry
     d.pods_del = set(live.pods) - set(desired.pods)
     d.allowed_add = desired.allowed - live.allowed

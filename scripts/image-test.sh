@@ -41,7 +41,8 @@
 # detach), the lab (whole-IP, port filter, maps dump --json), restarts, a kill
 # and an upgrade without one lost packet, detach and the lifecycle, the
 # Kubernetes source against the API double (a burst of 1,000 changes too), the
-# two capabilities, and the CLI's errors.
+# two capabilities (explain, status and monitor with them too), the metrics,
+# explain, monitor and status against known traffic, and the CLI's errors.
 
 # dpkg-query's formats below are ${Field}s of its own, not the shell's.
 # shellcheck disable=SC2016
@@ -58,6 +59,7 @@ DEFAULT_TESTS=(
 	tests/test_kube_e2e.py
 	tests/test_burst.py
 	tests/test_capabilities.py
+	tests/test_observability.py
 	tests/test_cli.py
 )
 TOP="${COZYEBPF_IMAGE_TEST_DIR:-/var/lib/cozyebpf-image-test}"

@@ -175,6 +175,42 @@ def assert_traffic_flows(env: AgentLab) -> None:
     assert answer == f"{CLIENT_IP} caps".encode()
 
 
+def assert_tools_work(env: AgentLab, hook: str) -> None:
+    """explain (through the program of `hook`), status and monitor with exactly MINIMAL."""
+    pin = ("--pin-dir", env.pin_dir)
+    if hook == "xdp":
+        args = ["--from", CLIENT_IP, "--to", f"{LB_WHOLE}:22"]
+        want = ("nat_ingress", POD1.ip)
+    else:
+        args = ["--direction", "egress", "--from", f"{POD1.ip}:22", "--to", f"{CLIENT_IP}:4000"]
+        want = ("nat_egress", CLIENT_IP)
+    p = run_as(env, MINIMAL, "explain", "--json", *args, *pin)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert (got["reason"], got["dst"], got["service"]) == (*want, "default/vm-caps")
+    p = run_as(env, MINIMAL, "status", "--json", *pin)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["datapath"]["services"]["whole-ip"] == 1
+    mon = env.lab.popen(
+        env.lab.node,
+        *only(MINIMAL),
+        *base_cmd(env),
+        "monitor",
+        "--type",
+        "all",
+        *pin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert mon.stderr is not None
+    assert "monitoring counted packets" in mon.stderr.readline()
+    assert ping(env)
+    mon.send_signal(signal.SIGINT)
+    out, err = mon.communicate(timeout=10)
+    assert mon.returncode == 0 and "stopped; 0 events lost" in err, err
+    assert f"{CLIENT_IP} -> {LB_WHOLE} default/vm-caps" in out, out
+
+
 def test_the_daemonset_adds_exactly_the_minimal_set(repo_root: Path) -> None:
     for path in ("deploy/daemonset.yaml", "deploy/uninstall/uninstall.yaml"):
         (ds,) = yaml.safe_load_all((repo_root / path).read_text())
@@ -222,6 +258,9 @@ def test_the_agent_runs_with_exactly_the_minimal_set(agent: AgentLab) -> None:
     bare = attachments(dump(agent, ()))
     assert bare == {k: ("(unknown)", v[1]) for k, v in after.items()}
 
+    # the tools run where the agent runs (kubectl exec), with its capabilities
+    assert_tools_work(agent, "xdp")
+
     assert agent.stop_agent() == 0
     out = run_as(agent, MINIMAL, "detach", "--pin-dir", agent.pin_dir)
     assert out.returncode == 0 and "detached:" in out.stdout, out.stderr
@@ -234,6 +273,7 @@ def test_the_legacy_egress_hook_runs_with_the_minimal_set(agent: AgentLab) -> No
     agent.start_agent("--tc-mode", "legacy")
     agent.set_services(WHOLE)
     assert_traffic_flows(agent)  # the replies leave through the legacy filter (SNAT)
+    assert_tools_work(agent, "tc-egress")
     assert agent.stop_agent() == 0
     out = run_as(agent, MINIMAL, "detach", "--pin-dir", agent.pin_dir)
     assert out.returncode == 0 and "clsact filter cz_egress" in out.stdout, out.stderr

@@ -33,7 +33,9 @@ def desired() -> MapState:
     )
 
 
-def svc(lb: str, pod: str, mode: str, icmp: bool, ports: list[str]) -> dict[str, Any]:
+def svc(
+    lb: str, pod: str, mode: str, icmp: bool, ports: list[str], service: str | None = None
+) -> dict[str, Any]:
     return {
         "lb_ip": lb,
         "pod_ip": pod,
@@ -41,11 +43,12 @@ def svc(lb: str, pod: str, mode: str, icmp: bool, ports: list[str]) -> dict[str,
         "allow_icmp": icmp,
         "allowed_ports": ports,
         "flows": 0,
+        "service": service,
     }
 
 
-def pod(pod_ip: str, lb: str, mode: str, icmp: bool) -> dict[str, Any]:
-    return {"pod_ip": pod_ip, "lb_ip": lb, "mode": mode, "allow_icmp": icmp}
+def pod(pod_ip: str, lb: str, mode: str, icmp: bool, service: str | None = None) -> dict[str, Any]:
+    return {"pod_ip": pod_ip, "lb_ip": lb, "mode": mode, "allow_icmp": icmp, "service": service}
 
 
 def dump(services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, Any]:
@@ -56,6 +59,7 @@ def dump(services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str
         "pods": pods,
         "flows": 0,
         "counters": {},
+        "service_counters": [],
     }
 
 
@@ -321,9 +325,10 @@ def test_manifest_objects_to_dump(
     result = build_state(objects)
     assert ctl.log_problems(result.problems) == []
     ctl.sync(result.state)
+    vm1 = "tenant-a/vm1"  # the Service the addresses count for
     assert fake.dump() == dump(
-        [svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"])],
-        [pod("10.244.0.5", "192.0.2.10", "port-filter", True)],
+        [svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], vm1)],
+        [pod("10.244.0.5", "192.0.2.10", "port-filter", True, vm1)],
     )
 
 
@@ -663,13 +668,14 @@ def test_dual_stack_manifest_objects_to_dump(
         "family); check that the pod has an IPv6 address and is ready, or remove the IPv6 LB IP"
     ]
     ctl.sync(result.state)
+    vm1 = "tenant-a/vm1"
     assert fake.dump() == dump(
         [
-            svc("192.0.2.10", "10.244.0.5", "port-filter", False, ["tcp/22"]),
-            svc("2001:db8::10", "fd00:10:244::5", "port-filter", False, ["tcp/22"]),
+            svc("192.0.2.10", "10.244.0.5", "port-filter", False, ["tcp/22"], vm1),
+            svc("2001:db8::10", "fd00:10:244::5", "port-filter", False, ["tcp/22"], vm1),
         ],
         [
-            pod("10.244.0.5", "192.0.2.10", "port-filter", False),
-            pod("fd00:10:244::5", "2001:db8::10", "port-filter", False),
+            pod("10.244.0.5", "192.0.2.10", "port-filter", False, vm1),
+            pod("fd00:10:244::5", "2001:db8::10", "port-filter", False, vm1),
         ],
     )

@@ -47,8 +47,8 @@ from scapy.packet import Packet, Raw
 
 from cozyebpf.datapath import bpfsys, layout, loader
 from cozyebpf.datapath.layout import FLOW4, FLOW6, FRAG4, FRAG6, MapSpec
-from cozyebpf.datapath.maps import Flow, PinnedMaps
-from cozyebpf.datapath.reasons import REASONS
+from cozyebpf.datapath.maps import Flow, PinnedMaps, possible_cpus
+from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS, SVC_DROP_REASONS
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests import refmodel as rm
 from tests.packets import (
@@ -816,6 +816,21 @@ class Datapath:
     def counters(self) -> dict[str, tuple[int, int]]:
         return {r: (v["packets"], v["bytes"]) for r, v in self.maps.counters().items()}
 
+    @functools.cached_property
+    def _svc0(self) -> tuple[int, ctypes.Array[ctypes.c_char], struct.Struct, int]:
+        ncpu = possible_cpus()
+        size = ctypes.sizeof(layout.SvcStat)
+        return ncpu, ctypes.create_string_buffer(size * ncpu), struct.Struct(f"={size // 8}Q"), size
+
+    def unnamed(self) -> tuple[int, ...]:
+        """svcstats slot 0: the counters of every packet's Service here (the seeds name none);
+        in_packets, in_bytes, out_packets, out_bytes, drops[]."""
+        ncpu, buf, fmt, size = self._svc0
+        assert bpfsys.map_lookup(self.maps.fds["svcstats"], ctypes.c_uint32(0), buf)
+        raw = buf.raw
+        per_cpu = [fmt.unpack_from(raw, c * size) for c in range(ncpu)]
+        return tuple(sum(col) for col in zip(*per_cpu, strict=True))
+
     def run(self, prog: str, frame: bytes) -> tuple[int, bytes]:
         r = bpfsys.prog_test_run(self.fds[prog], frame)
         self.runs += 1
@@ -946,9 +961,26 @@ def tc_can_run(frame: bytes) -> bool:
     return len(frame) >= 14 + need
 
 
+def per_service(counts: dict[str, tuple[int, int]], egress: bool) -> tuple[int, ...]:
+    """What a frame's counts add to its Service's counters (svc_stat): the packets and bytes it
+    accepted in its direction, or its drops by reason; flow-table events are not packets."""
+    out = [0] * (4 + layout.SVC_DROPS)
+    for reason, (packets, nbytes) in counts.items():
+        if reason in EVENT_REASONS:
+            continue
+        if reason in SVC_DROP_REASONS:
+            out[4 + SVC_DROP_REASONS.index(reason)] += packets
+        else:
+            at = 2 if egress else 0
+            out[at] += packets
+            out[at + 1] += nbytes
+    return tuple(out)
+
+
 def check_frame(dp: Datapath, state: RefState, frame: bytes, egress: bool) -> Result:
-    """Run `frame` through the program(s) of its direction; assert they match the model.
-    Returns the model's result (not yet applied to `state`)."""
+    """Run `frame` through the program(s) of its direction; assert they match the model, and
+    that the per-Service counters of the address (slot 0 here) count it once. Returns the
+    model's result (not yet applied to `state`)."""
     now = time.monotonic_ns()
     dp.frames += 1
     if egress:
@@ -960,13 +992,20 @@ def check_frame(dp: Datapath, state: RefState, frame: bytes, egress: bool) -> Re
     for prog, code in runs:
         if prog != "xdp" and not tc_can_run(frame):
             continue
-        before = dp.counters()
+        before, svc_before = dp.counters(), dp.unnamed()
         got_code, got = dp.run(prog, frame)
         problem = mismatch(
             prog, frame, state, want, code, got_code, got, _delta(dp.counters(), before)
         )
         if problem:
             pytest.fail(problem)
+        svc = tuple(a - b for a, b in zip(dp.unnamed(), svc_before, strict=True))
+        if svc != per_service(want.counts, egress):
+            pytest.fail(
+                f"{prog}: per-Service counters (in packets, bytes, out packets, bytes, drops "
+                f"{SVC_DROP_REASONS}) {svc}, want {per_service(want.counts, egress)} for "
+                f"{want.counts}\nframe: {scapy_command(frame)}"
+            )
     return want
 
 

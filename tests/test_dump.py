@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cozyebpf.datapath.maps import ServiceCounters
 from cozyebpf.dump import build_dump, render_dump
 from cozyebpf.state import AllowedPort, IPAddress, MapState, PodEntry, Proto, ServiceEntry
 
@@ -36,20 +37,21 @@ IPV4 = MapState(
 
 # dual-stack vm1 (port filter), IPv4 whole-IP vm2, two IPv6-only Services (one with long
 # addresses), and a pods entry whose LB IP has no service entry
+VM1, VM2 = "default/vm1", "tenant-a/vm2"
 DUAL = MapState(
     services={
         ip(LONG_LB): ServiceEntry(ip(LONG_POD), False, False),
-        ip("2001:db8::10"): ServiceEntry(ip("fd00:10:244::5"), True, True),
-        ip("192.0.2.10"): ServiceEntry(ip("10.244.0.5"), True, True),
+        ip("2001:db8::10"): ServiceEntry(ip("fd00:10:244::5"), True, True, VM1),
+        ip("192.0.2.10"): ServiceEntry(ip("10.244.0.5"), True, True, VM1),
         ip("2001:db8::9"): ServiceEntry(ip("fd00:10:244::9"), True, False),
-        ip("192.0.2.9"): ServiceEntry(ip("10.244.0.7"), False, False),
+        ip("192.0.2.9"): ServiceEntry(ip("10.244.0.7"), False, False, VM2),
     },
     pods={
         ip("fd00:10:244::9"): PodEntry(ip("2001:db8::9"), True, False),
         ip(LONG_POD): PodEntry(ip(LONG_LB), False, False),
-        ip("fd00:10:244::5"): PodEntry(ip("2001:db8::10"), True, True),
-        ip("10.244.0.5"): PodEntry(ip("192.0.2.10"), True, True),
-        ip("10.244.0.7"): PodEntry(ip("192.0.2.9"), False, False),
+        ip("fd00:10:244::5"): PodEntry(ip("2001:db8::10"), True, True, VM1),
+        ip("10.244.0.5"): PodEntry(ip("192.0.2.10"), True, True, VM1),
+        ip("10.244.0.7"): PodEntry(ip("192.0.2.9"), False, False, VM2),
         ip("fd00::99"): PodEntry(ip("2001:db8::99"), True, False),
     },
     allowed={
@@ -70,9 +72,33 @@ ATTACHMENTS = [
     {"device": "eth0", "hook": "xdp", "program": "cz_ingress", "prog_id": 42},
     {"device": "eth0", "hook": "tcx-egress", "program": "cz_egress", "prog_id": 43},
 ]
+NO_DROPS = {
+    r: 0
+    for r in (
+        "drop_port",
+        "drop_icmp",
+        "drop_proto",
+        "drop_malformed",
+        "drop_fragment",
+        "drop_frag_orphan",
+        "drop_icmp_inner",
+    )
+}
+PER_SERVICE = [
+    ServiceCounters(VM2, 2, 3, 180, 0, 0, NO_DROPS),
+    ServiceCounters(VM1, 1, 7, 1234, 2, 120, {**NO_DROPS, "drop_port": 5, "drop_icmp": 1}),
+]
 
 
-def svc(lb: str, pod: str, mode: str, icmp: bool, ports: list[str], flows: int) -> dict[str, Any]:
+def svc(
+    lb: str,
+    pod: str,
+    mode: str,
+    icmp: bool,
+    ports: list[str],
+    flows: int,
+    service: str | None = None,
+) -> dict[str, Any]:
     return {
         "lb_ip": lb,
         "pod_ip": pod,
@@ -80,40 +106,63 @@ def svc(lb: str, pod: str, mode: str, icmp: bool, ports: list[str], flows: int) 
         "allow_icmp": icmp,
         "allowed_ports": ports,
         "flows": flows,
+        "service": service,
     }
 
 
-def pod(pod_ip: str, lb: str, mode: str, icmp: bool) -> dict[str, Any]:
-    return {"pod_ip": pod_ip, "lb_ip": lb, "mode": mode, "allow_icmp": icmp}
+def pod(pod_ip: str, lb: str, mode: str, icmp: bool, service: str | None = None) -> dict[str, Any]:
+    return {"pod_ip": pod_ip, "lb_ip": lb, "mode": mode, "allow_icmp": icmp, "service": service}
 
 
 DUAL_JSON: dict[str, Any] = {
     "pin_dir": "/sys/fs/bpf/cozyebpf",
     "attachments": ATTACHMENTS,
     "services": [
-        svc("192.0.2.9", "10.244.0.7", "whole-ip", False, [], 0),
-        svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], 2),
+        svc("192.0.2.9", "10.244.0.7", "whole-ip", False, [], 0, VM2),
+        svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], 2, VM1),
         svc("2001:db8::9", "fd00:10:244::9", "port-filter", False, [], 0),
         svc(
-            "2001:db8::10", "fd00:10:244::5", "port-filter", True, ["tcp/22", "udp/53", "sctp/9"], 5
+            "2001:db8::10",
+            "fd00:10:244::5",
+            "port-filter",
+            True,
+            ["tcp/22", "udp/53", "sctp/9"],
+            5,
+            VM1,
         ),
         svc(LONG_LB, LONG_POD, "whole-ip", False, [], 0),
     ],
     "pods": [
-        pod("10.244.0.5", "192.0.2.10", "port-filter", True),
-        pod("10.244.0.7", "192.0.2.9", "whole-ip", False),
+        pod("10.244.0.5", "192.0.2.10", "port-filter", True, VM1),
+        pod("10.244.0.7", "192.0.2.9", "whole-ip", False, VM2),
         pod("fd00::99", "2001:db8::99", "port-filter", False),
-        pod("fd00:10:244::5", "2001:db8::10", "port-filter", True),
+        pod("fd00:10:244::5", "2001:db8::10", "port-filter", True, VM1),
         pod("fd00:10:244::9", "2001:db8::9", "port-filter", False),
         pod(LONG_POD, LONG_LB, "whole-ip", False),
     ],
     "flows": 8,
     "counters": COUNTERS,
+    "service_counters": [
+        {
+            "service": VM1,
+            "slot": 1,
+            "ingress": {"packets": 7, "bytes": 1234},
+            "egress": {"packets": 2, "bytes": 120},
+            "drops": {"drop_port": 5, "drop_icmp": 1},
+        },
+        {
+            "service": VM2,
+            "slot": 2,
+            "ingress": {"packets": 3, "bytes": 180},
+            "egress": {"packets": 0, "bytes": 0},
+            "drops": {},
+        },
+    ],
 }
 
 
 def test_dual_stack_json() -> None:
-    d = build_dump(DUAL, DUAL_FLOWS, COUNTERS, ATTACHMENTS, "/sys/fs/bpf/cozyebpf")
+    d = build_dump(DUAL, DUAL_FLOWS, COUNTERS, ATTACHMENTS, "/sys/fs/bpf/cozyebpf", PER_SERVICE)
     assert d == DUAL_JSON
     assert json.loads(json.dumps(d)) == d
 
@@ -125,12 +174,12 @@ attached:
   eth0    xdp         cz_ingress  42
   eth0    tcx-egress  cz_egress   43
 services (5):
-  LB IP                                   POD IP                             MODE         ICMP  PORTS                 FLOWS
-  192.0.2.9                               10.244.0.7                         whole-ip     no    -                     0
-  192.0.2.10                              10.244.0.5                         port-filter  yes   tcp/22,udp/53         2
-  2001:db8::9                             fd00:10:244::9                     port-filter  no    -                     0
-  2001:db8::10                            fd00:10:244::5                     port-filter  yes   tcp/22,udp/53,sctp/9  5
-  2001:db8:ffff:ffff:ffff:ffff:ffff:fe11  fd00:10:244:0:1234:5678:9abc:def0  whole-ip     no    -                     0
+  LB IP                                   POD IP                             SERVICE       MODE         ICMP  PORTS                 FLOWS
+  192.0.2.9                               10.244.0.7                         tenant-a/vm2  whole-ip     no    -                     0
+  192.0.2.10                              10.244.0.5                         default/vm1   port-filter  yes   tcp/22,udp/53         2
+  2001:db8::9                             fd00:10:244::9                     -             port-filter  no    -                     0
+  2001:db8::10                            fd00:10:244::5                     default/vm1   port-filter  yes   tcp/22,udp/53,sctp/9  5
+  2001:db8:ffff:ffff:ffff:ffff:ffff:fe11  fd00:10:244:0:1234:5678:9abc:def0  -             whole-ip     no    -                     0
 pods whose LB IP has no service entry:
   POD IP    LB IP         MODE         ICMP
   fd00::99  2001:db8::99  port-filter  no
@@ -138,20 +187,24 @@ flows: 8
 counters:
   REASON       PACKETS  BYTES
   nat_ingress  3        180
-  pass_port    7        1234"""  # noqa: E501 (the table is as wide as its longest addresses)
+  pass_port    7        1234
+per Service:
+  SERVICE       IN PACKETS  IN BYTES  OUT PACKETS  OUT BYTES  DROPS
+  default/vm1   7           1234      2            120        drop_port=5,drop_icmp=1
+  tenant-a/vm2  3           180       0            0          -"""  # noqa: E501 (the table is as wide as its longest addresses)
 
 IPV4_TABLE = """\
 services (2):
-  LB IP       POD IP      MODE         ICMP  PORTS          FLOWS
-  192.0.2.9   10.244.0.7  whole-ip     no    -              0
-  192.0.2.10  10.244.0.5  port-filter  yes   tcp/22,udp/53  1
+  LB IP       POD IP      SERVICE  MODE         ICMP  PORTS          FLOWS
+  192.0.2.9   10.244.0.7  -        whole-ip     no    -              0
+  192.0.2.10  10.244.0.5  -        port-filter  yes   tcp/22,udp/53  1
 flows: 1
 counters: (all zero)"""
 
 IPV6_ONLY_TABLE = """\
 services (1):
-  LB IP         POD IP          MODE         ICMP  PORTS          FLOWS
-  2001:db8::10  fd00:10:244::5  port-filter  yes   tcp/22,udp/53  5
+  LB IP         POD IP          SERVICE  MODE         ICMP  PORTS          FLOWS
+  2001:db8::10  fd00:10:244::5  -        port-filter  yes   tcp/22,udp/53  5
 flows: 5
 counters: (all zero)"""
 
@@ -165,6 +218,7 @@ TABLES: list[tuple[str, dict[str, Any], str]] = [
             "counters": COUNTERS,
             "attachments": ATTACHMENTS,
             "pin_dir": "/sys/fs/bpf/cozyebpf",
+            "service_counters": PER_SERVICE,
         },
         DUAL_TABLE,
     ),
@@ -211,4 +265,5 @@ def test_ipv4_json_is_unchanged_by_ipv6_support() -> None:
         ],
         "flows": 0,
         "counters": {},
+        "service_counters": [],
     }

@@ -26,6 +26,12 @@ MIRRORS = {
     "frag4_key": layout.Frag4Key,
     "frag6_key": layout.Frag6Key,
     "frag_val": layout.FragVal,
+    "svc_stat": layout.SvcStat,
+    "svc_name": layout.SvcName,
+    "mon_ctl": layout.MonCtl,
+    "mon_stat": layout.MonStat,
+    "cz_event": layout.CzEvent,
+    "dry_res": layout.DryRes,
 }
 
 
@@ -111,6 +117,12 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "flowhint": 1024,  # 2 halves of 512 words (a power of two >= 500)
         "tail_xdp": 4,  # prog arrays: not Service-related
         "tail_tc": 4,
+        "svcstats": 1001,  # a counter slot per Service, and slot 0 (never given out)
+        "svcnames": 1001,
+        "monctl": 1,  # the monitor and explain: not Service-related
+        "monstats": 1,
+        "events": layout.EVENTS_SIZE,
+        "dryrun": 1,
     }
     assert lay.hint_words == 512 and lay.hint_log2 == 15
     assert layout.map_specs().addr4.max_entries == 2 * layout.DEFAULT_MAX_SERVICES

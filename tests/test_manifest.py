@@ -343,3 +343,39 @@ def test_changes_are_seen_through_inotify(tmp_path: Path, how: str) -> None:
         assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
     finally:
         src.stop()
+
+
+def test_unchanged_documents_are_not_parsed_again(tmp_path: Path) -> None:
+    """A file read again after an edit gives exactly what a fresh read gives, and only the
+    documents whose text changed are parsed (the others' records are reused)."""
+    import yaml as y
+
+    from cozyebpf.sources.manifest import split_documents
+    from tests.k8s import Svc, objects
+
+    docs = [
+        o
+        for i in range(50)
+        for o in objects(Svc(f"vm{i}", f"192.0.2.{i + 1}", f"10.244.0.{i + 1}"))
+    ]
+    path = tmp_path / "m.yaml"
+    path.write_text(y.safe_dump_all(docs))
+    src = ManifestSource(path)
+    first = src.read()
+    assert len(first.services) == 50 and len(src._cache) == 100
+    docs[21]["endpoints"][0]["addresses"] = ["10.244.9.9"]  # vm10's EndpointSlice
+    path.write_text(y.safe_dump_all(docs))
+    parsed: list[str] = []
+    real = src._document_list
+    src._document_list = lambda text, loader: parsed.append(text) or real(text, loader)  # type: ignore[method-assign]
+    second = src.read()
+    assert len(parsed) == 1 and "10.244.9.9" in parsed[0]
+    assert second == ManifestSource(path).read() != first
+    # what a piece cannot say alone goes through a whole read: directives, an alias, an error
+    assert split_documents("%YAML 1.1\n---\na: 1\n") is None
+    assert split_documents("a: 1\n...\n---\nb: 2\n") is None
+    assert split_documents("a: 1\n---\nb: 2\n--- c\n") == ["a: 1\n", "---\nb: 2\n", "--- c\n"]
+    path.write_text(
+        y.safe_dump_all(docs) + "---\nkind: List\nitems:\n- &x {kind: ConfigMap}\n- *x\n"
+    )
+    assert ManifestSource(path).read() == second

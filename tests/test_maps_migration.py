@@ -24,6 +24,7 @@ from cozyebpf.datapath.layout import (
     FLOW6,
     FRAG4,
     FRAG6,
+    LAYOUT_VERSION,
     META,
     STATS,
     V1_REPLACED,
@@ -80,7 +81,7 @@ def test_old_layouts_are_migrated_or_rebuilt(
     bpfsys.map_update(old_addr, ctypes.c_uint32(1), ctypes.c_uint32(2))
     # the layout version is current
     meta = pin_map(f"{pin_dir}/meta", META.map_type, META.key_size, META.value_size, 1)
-    bpfsys.map_update(meta, ctypes.c_uint32(0), MetaVal(layout_version=2))
+    bpfsys.map_update(meta, ctypes.c_uint32(0), MetaVal(layout_version=LAYOUT_VERSION))
     for fd in (old_flows, old_addr, meta):
         os.close(fd)
 
@@ -110,14 +111,16 @@ def test_another_layout_version_rebuilds_everything(
     with PinnedMaps.ensure(pin_dir) as maps:
         bpfsys.map_update(maps.fds["flow4"], flow(1), Flow4Val(last_seen_ns=1))
         bpfsys.map_update(maps.fds["meta"], ctypes.c_uint32(0), MetaVal(layout_version=0))
-    with pytest.raises(DatapathError, match="layout version 0, this cozyebpf uses 2"):
+    with pytest.raises(
+        DatapathError, match=f"layout version 0, this cozyebpf uses {LAYOUT_VERSION}"
+    ):
         PinnedMaps.open(pin_dir)
     caplog.set_level(logging.WARNING)
     with PinnedMaps.ensure(pin_dir) as maps:
         assert maps.flows_by_pod() == {}
     assert (
-        f"rebuilt map {pin_dir}/flow4 (layout version 0 (want 2)): 1 old entries dropped"
-        in caplog.text
+        f"rebuilt map {pin_dir}/flow4 (layout version 0 (want {LAYOUT_VERSION})): 1 old "
+        "entries dropped" in caplog.text
     )
 
 
@@ -216,7 +219,7 @@ def test_layout_1_is_upgraded_in_place(pin_dir: str, caplog: pytest.LogCaptureFi
         maps.finish_upgrade()
         assert not maps.upgrading
         assert not any(os.path.exists(f"{pin_dir}/{s.name}") for s in V1_REPLACED)
-    assert "from layout version 1 to 2: 2 services and 2 pods moved" in caplog.text
+    assert f"from layout version 1 to {LAYOUT_VERSION}: 2 services and 2 pods moved" in caplog.text
     assert "removed pod4, pod6, svc4, svc6" in caplog.text
     with PinnedMaps.open(pin_dir) as reader:
         assert reader.read_state() == later

@@ -1,10 +1,16 @@
-"""The upgrade from map layout version 1 (svc4/pod4/svc6/pod6, the layout of the commit before
-layout 2) to this layout, in place and under live traffic: an agent of that commit runs the
-datapath, it stops, and this tree's agent takes over the pinned maps and links. Not one packet
-is lost: UDP streams each way, TCP connections to a whole-IP VM and from a port-filter pod (its
-replies pass by the flow it opened), and a port-filter pod that opens a new UDP flow every few
-milliseconds and needs every answer (flows recorded by the old egress program during the
-takeover must be in the new flow hints before the new ingress program trusts them)."""
+"""In-place upgrades of the map layout under live traffic: an agent of an older layout runs
+the datapath (the newest commit with that layout, `git archive`d, with its own package and
+compiler child), it stops, and this tree's agent takes over the pinned maps and links. Not one
+packet is lost: UDP streams each way, TCP connections to a whole-IP VM and from a port-filter
+pod (its replies pass by the flow it opened), and a port-filter pod that opens a new UDP flow
+every few milliseconds and needs every answer (flows recorded by the old egress program during
+the takeover must be in the new flow hints before the new ingress program trusts them).
+
+- layout 1 (svc4/pod4/svc6/pod6) -> this layout: new address maps filled beside the old ones;
+- layout 2 (no per-Service counters) -> this layout: the maps stay, the new ones (svcstats,
+  svcnames, the monitor's, dryrun) are created, every address gets its Service's slot at the
+  first sync, and the counters count from then on.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from cozyebpf.datapath.layout import V1_REPLACED
+from cozyebpf.datapath.layout import LAYOUT_VERSION, V1_REPLACED
+from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, Lab
 from tests.conftest import IN_CI
 from tests.k8s import Svc, manifest
@@ -36,9 +43,10 @@ WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
 FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80), ("UDP", 9104)])
 
 
-def layout1_tree(repo: Path, dest: Path) -> Path:
-    """The source tree of the newest commit with map layout version 1 (what was running before
-    layout 2 was merged), unpacked into `dest`."""
+def layout_tree(repo: Path, dest: Path, version: int) -> Path:
+    """The source tree of the newest commit with map layout `version` (what was running before
+    the next layout was merged), unpacked into `dest`."""
+    define = f"#define CZ_LAYOUT_VERSION {version}\n"
 
     def version_of(rev: str) -> str:
         p = subprocess.run(
@@ -54,11 +62,11 @@ def layout1_tree(repo: Path, dest: Path) -> Path:
         text=True,
     )
     old = next(
-        (r for r in revs.stdout.split() if "#define CZ_LAYOUT_VERSION 1\n" in version_of(r)),
+        (r for r in revs.stdout.split() if define in version_of(r)),
         None,
     )
     if revs.returncode != 0 or old is None:
-        msg = f"no commit with map layout 1 in the history of {repo}: {revs.stderr.strip()}"
+        msg = f"no commit with map layout {version} in the history of {repo}: {revs.stderr.strip()}"
         if IN_CI:
             pytest.fail(msg + " (CI runs in a full clone)", pytrace=False)
         pytest.skip(msg)
@@ -67,7 +75,7 @@ def layout1_tree(repo: Path, dest: Path) -> Path:
     )
     dest.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-    assert "#define CZ_LAYOUT_VERSION 1\n" in (dest / "bpf/lib/types.h").read_text()
+    assert define in (dest / "bpf/lib/types.h").read_text()
     return dest
 
 
@@ -115,10 +123,31 @@ def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
         yield env
 
 
-def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
-    env: AgentLab, tmp_path: Path, repo_root: Path
-) -> None:
-    old = layout1_tree(repo_root, tmp_path / "layout1")
+@dataclass
+class Traffic:
+    """Everything that must not lose a packet while the agents change."""
+
+    lab: Lab
+    streams: list[UdpStream]
+    chats: list[TcpChat]
+    flows: NewFlows
+
+    def all(self) -> list[UdpStream | TcpChat | NewFlows]:
+        return [*self.streams, *self.chats, self.flows]
+
+    def check(self) -> None:
+        for stream in self.streams:
+            assert stream.sent > 1000 and stream.lost() == [], stream.dst
+        assert self.streams[1].peers == {LB_FILT}  # translated all along
+        for chat in self.chats:
+            assert chat.error is None and chat.rounds > 50
+        flows = self.flows
+        assert flows.sent > 200 and flows.lost == [], f"{len(flows.lost)} of {flows.sent} lost"
+
+
+def upgrade_under_traffic(env: AgentLab, old: Path, old_pins: str) -> Traffic:
+    """Run the agent of the tree `old` (its maps: the pin `old_pins` is there), start the
+    traffic, replace the agent by this tree's, stop the traffic."""
     lab = env.lab
     new_cmd = env.cmd  # this tree's agent (or COZYEBPF_TEST_CMD's, e.g. the image's)
     # the old agent: its own package and bpf/ with this Python (PYTHONSAFEPATH: not the current
@@ -129,23 +158,27 @@ def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
     wait_for(
         lambda: "now 2 services, 2 pods, 2 allowed ports" in env.log(), 10, "the old agent's sync"
     )
-    assert os.path.exists(f"{env.pin_dir}/svc4"), "the old agent pins layout 1's maps"
-    streams = [
-        UdpStream(lab, lab.client, lab.pod_ns(POD1), (LB_WHOLE, 9100), 9100),
-        UdpStream(lab, lab.pod_ns(POD2), lab.client, (CLIENT_IP, 9101), 9101),
-        UdpStream(lab, lab.client, lab.pod_ns(POD2), (LB_FILT, 9104), 9104),  # allowed port
-    ]
+    assert os.path.exists(f"{env.pin_dir}/{old_pins}"), "the old agent pins its layout's maps"
+    t = Traffic(
+        lab,
+        [
+            UdpStream(lab, lab.client, lab.pod_ns(POD1), (LB_WHOLE, 9100), 9100),
+            UdpStream(lab, lab.pod_ns(POD2), lab.client, (CLIENT_IP, 9101), 9101),
+            UdpStream(lab, lab.client, lab.pod_ns(POD2), (LB_FILT, 9104), 9104),  # allowed port
+        ],
+        [],
+        NewFlows(lab, lab.pod_ns(POD2), (CLIENT_IP, 9105)),
+    )
     with (
         serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 9102, line_echo),
         serve(lab, lab.client, socket.SOCK_STREAM, 9103, line_echo),
         serve(lab, lab.client, socket.SOCK_DGRAM, 9105, udp_echo),
     ):
-        chats = [
+        t.chats = [
             TcpChat(lab, lab.client, (LB_WHOLE, 9102)),  # to the whole-IP VM
             TcpChat(lab, lab.pod_ns(POD2), (CLIENT_IP, 9103)),  # a filtered pod's own
         ]
-        flows = NewFlows(lab, lab.pod_ns(POD2), (CLIENT_IP, 9105))
-        for s in (*streams, *chats, flows):
+        for s in t.all():
             s.start()
         time.sleep(1.0)
         assert env.stop_agent(signal.SIGTERM) == 0
@@ -153,17 +186,42 @@ def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
         env.cmd = new_cmd
         env.start_agent()  # the upgrade
         time.sleep(1.0)
-        for s in (*streams, *chats, flows):
+        for s in t.all():
             s.stop()
+    return t
+
+
+def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    old = layout_tree(repo_root, tmp_path / "layout1", 1)
+    traffic = upgrade_under_traffic(env, old, "svc4")
     log = env.log()
-    assert "upgrading maps in" in log and "from layout version 1 to 2" in log, log[-3000:]
+    assert "upgrading maps in" in log and f"from layout version 1 to {LAYOUT_VERSION}" in log, log[
+        -3000:
+    ]
     assert "flow hints seeded from" in log
     assert f"upgrade of {env.pin_dir} finished" in log
     assert not any(os.path.exists(f"{env.pin_dir}/{s.name}") for s in V1_REPLACED)
-    for stream in streams:
-        assert stream.sent > 1000 and stream.lost() == [], stream.dst
-    assert streams[1].peers == {LB_FILT}  # translated all along
-    for chat in chats:
-        assert chat.error is None and chat.rounds > 50
-    assert flows.sent > 200 and flows.lost == [], f"{len(flows.lost)} of {flows.sent} lost"
+    traffic.check()
     env.set_services(WHOLE)  # and the new agent programs the maps
+
+
+def test_layout_2_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    old = layout_tree(repo_root, tmp_path / "layout2", 2)
+    traffic = upgrade_under_traffic(env, old, "addr4")
+    log = env.log()
+    assert f"upgrading maps in {env.pin_dir} from layout version 2 to {LAYOUT_VERSION}" in log, log[
+        -3000:
+    ]
+    traffic.check()
+    # the addresses carry their Services' slots, and the traffic after the upgrade counted
+    with PinnedMaps.open(env.pin_dir) as m:
+        names = {str(k): v.service for k, v in m.read_state().services.items()}
+        assert names == {LB_WHOLE: "default/vm1", LB_FILT: "default/vm2"}
+        counted = {c.service: c for c in m.service_counters()}
+    assert counted["default/vm1"].in_packets > 0 and counted["default/vm1"].out_packets > 0
+    assert counted["default/vm2"].in_packets > 0 and counted["default/vm2"].out_packets > 0
+    env.set_services(WHOLE)

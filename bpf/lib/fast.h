@@ -15,11 +15,13 @@
 #include "filter.h"
 #include "tc.h"
 #include "lookup.h"
+#include "monitor.h"
 #include "parse.h"
 #include "stats.h"
 
 #define CZ_SLOW 0xfffffffe /* not decided here: take the full path */
 #define cz_unlikely(x) __builtin_expect(!!(x), 0)
+#define cz_likely(x) __builtin_expect(!!(x), 1)
 
 /* What the fast parse found; the L4 header is TCP or UDP and valid. */
 struct cz_fast {
@@ -28,10 +30,50 @@ struct cz_fast {
 	__u32 csum_off; /* its offset in the frame (tc helpers) */
 	__be16 sport;
 	__be16 dport;
+	__u32 slot; /* the Service's svcstats slot (ingress: in_slot) */
 	__u8 proto;
 	__u8 v6;
 	__u8 rewrite; /* ingress: the destination is an LB IP (CZ_K_LB) */
 };
+
+/* A packet a fast path decided: counted under its reason and for its Service (slot; dir 0
+ * ingress, 1 egress). */
+static __always_inline void fast_count(int dir, __u32 reason, __u32 slot, __u32 len)
+{
+	cz_count(reason, len);
+	if (reason == CZ_DROP_PORT || reason == CZ_DROP_MALFORMED)
+		cz_svc_drop(slot, reason);
+	else
+		cz_svc_pass(slot, dir, len);
+}
+
+/*
+ * And shown to a running monitor, with its addresses and ports as received (`l3`, before any
+ * rewrite). Without a monitor that is one load of the switch.
+ */
+static __always_inline void fast_monitor(void *ctx, int is_xdp, int dir, __u32 reason, __u32 slot,
+					 __u32 len, __u8 v6, __u8 proto, void *l3, __be16 sport,
+					 __be16 dport)
+{
+	struct mon_ctl *mc = cz_mon_ctl();
+	__u32 ifindex;
+
+	if (cz_likely(!mc || mc->mode == CZ_MON_OFF) || !cz_mon_wants(mc, reason))
+		return;
+	ifindex = is_xdp ? ((struct xdp_md *)ctx)->ingress_ifindex
+			 : ((struct __sk_buff *)ctx)->ifindex;
+	if (v6) {
+		struct ipv6hdr *ip6 = l3;
+
+		cz_mon_event(mc, ifindex, dir, reason, slot, len, 1, proto,
+			     (struct ip6 *)&ip6->saddr, (struct ip6 *)&ip6->daddr, sport, dport);
+	} else {
+		struct iphdr *ip = l3;
+
+		cz_mon_event4(mc, ifindex, dir, reason, slot, len, proto, ip->saddr, ip->daddr,
+			      sport, dport);
+	}
+}
 
 /* The TCP or UDP header at `l4` with `len` bytes of IP payload: 0 when valid (the checks of
  * parse_l4 for a packet that is not a fragment), -1 otherwise (the full path decides). */
@@ -215,7 +257,8 @@ static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 fr
  * on the stack but map keys, so that the code and data a packet touches stay few cache lines.
  * An XDP verdict, or CZ_FAST_SLOW.
  */
-static __always_inline int fast_xdp4(void *data, void *data_end, struct iphdr *ip)
+static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_end,
+				     struct iphdr *ip)
 {
 	struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
 	__be16 sport, dport;
@@ -234,9 +277,14 @@ static __always_inline int fast_xdp4(void *data, void *data_end, struct iphdr *i
 	reason = CZ_NAT_INGRESS;
 	if (v->flags & CZ_F_PORT_FILTER)
 		reason = fast_filter4(v, pod, ip->saddr, proto, sport, dport);
-	cz_count(reason, data_end - data);
-	if (reason == CZ_DROP_PORT)
+	if (reason == CZ_DROP_PORT) { /* the flood's path: every index a constant */
+		fast_count(0, CZ_DROP_PORT, v->in_slot, data_end - data);
+		fast_monitor(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
+			     sport, dport);
 		return XDP_DROP;
+	}
+	fast_count(0, reason, v->in_slot, data_end - data);
+	fast_monitor(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport);
 	if (!(v->kind & CZ_K_LB))
 		return XDP_PASS; /* sent to the pod IP directly: passed as it is */
 	if ((void *)(c + 1) > data_end)
@@ -280,6 +328,7 @@ static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 fra
 	if (fast_check6(f, ip6, data, data_end, frame_len) < 0)
 		return CZ_SLOW;
 	f->rewrite = v->kind & CZ_K_LB;
+	f->slot = v->in_slot;
 	if (f->rewrite)
 		*to = v->pod_ip;
 	else
@@ -309,6 +358,7 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 		if (fast_check4(f, ip, data, data_end, frame_len) < 0)
 			return CZ_SLOW;
 		f->rewrite = v->kind & CZ_K_LB;
+		f->slot = v->in_slot;
 		pod = f->rewrite ? v->pod_ip : ip->daddr;
 		to->a[0] = pod;
 		if (!(v->flags & CZ_F_PORT_FILTER))
@@ -448,6 +498,7 @@ static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void 
 	__u64 flags = BPF_F_PSEUDO_HDR | 4;
 	__be16 sport, dport;
 	__be32 from, to;
+	__u32 slot;
 	__u16 *c;
 
 	if (!v || !(v->kind & CZ_K_POD))
@@ -456,17 +507,19 @@ static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void 
 		return CZ_FAST_SLOW;
 	from = ip->saddr;
 	to = v->lb_ip;
+	slot = v->out_slot;
 	if (v->pod_flags & CZ_F_PORT_FILTER)
 		fast_flow_record4(from, ip->daddr, sport, dport, ip->protocol);
+	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, 0, ip->protocol, ip, sport, dport);
 	if (ip->protocol == IPPROTO_UDP)
 		flags |= BPF_F_MARK_MANGLED_0;
 	ip->saddr = to;
 	ip->check = cz_csum_replace32(ip->check, from, to);
 	if (bpf_l4_csum_replace(skb, (void *)c - data, from, to, flags) < 0) {
-		cz_count(CZ_DROP_MALFORMED, skb->len);
+		fast_count(1, CZ_DROP_MALFORMED, slot, skb->len);
 		return CZ_TC_DROP;
 	}
-	cz_count(CZ_NAT_EGRESS, skb->len);
+	fast_count(1, CZ_NAT_EGRESS, slot, skb->len);
 	return CZ_TC_NEXT;
 }
 

@@ -11,23 +11,6 @@
 #include "lookup.h"
 #include "stats.h"
 
-#define CZ_NOT_OURS 0xffffffff /* not for a managed address: passed untouched, not counted */
-
-static __always_inline int cz_is_drop(__u32 reason)
-{
-	switch (reason) {
-	case CZ_DROP_PORT:
-	case CZ_DROP_ICMP:
-	case CZ_DROP_PROTO:
-	case CZ_DROP_MALFORMED:
-	case CZ_DROP_FRAGMENT:
-	case CZ_DROP_FRAG_ORPHAN:
-	case CZ_DROP_ICMP_INNER:
-		return 1;
-	}
-	return 0;
-}
-
 /* Is this ICMP error about a flow of the pod that the filter allows? */
 static __always_inline int is_related(struct pkt *p, struct inner *in, const struct ip6 *pod)
 {

@@ -20,12 +20,13 @@ static __always_inline int cz_is_ndp(struct pkt *p)
 
 /*
  * Returns CZ_NOT_OURS, or the cz_reason of the verdict. On a pass to an LB IP, *pod is the new
- * destination and *rewrite is 1; a pass to a pod IP sent directly has *rewrite 0. For ICMP
- * errors, `in` describes the embedded packet; in->rewrite says its source must change too. In
- * port-filter mode a first fragment's verdict is recorded for the fragments after it.
+ * destination and *rewrite is 1; a pass to a pod IP sent directly has *rewrite 0. *slot is the
+ * Service's svcstats slot. For ICMP errors, `in` describes the embedded packet; in->rewrite says
+ * its source must change too. A first fragment's verdict in port-filter mode is noted for the
+ * end of the full path, which records it for the fragments after it (account.h).
  */
 static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, struct inner *in,
-				     struct ip6 *pod, int *rewrite)
+				     struct ip6 *pod, int *rewrite, __u32 *slot)
 {
 	struct cz_entry e = {};
 	__u32 reason;
@@ -33,6 +34,7 @@ static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, 
 	*rewrite = 0;
 	if (!lookup_addr(p->v6, &p->dst, &e))
 		return CZ_NOT_OURS;
+	*slot = e.in_slot;
 	if (e.kind & CZ_K_LB) {
 		*rewrite = 1;
 		*pod = e.pod;
@@ -53,7 +55,7 @@ static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, 
 		return CZ_NAT_INGRESS;
 	reason = filter(p, in, pod, &e);
 	if (p->first_frag && p->more_frags)
-		frag_add(p, pod, !cz_is_drop(reason));
+		cz_done_frag(p); /* its verdict is recorded at the end (account.h) */
 	return reason;
 }
 

@@ -22,6 +22,8 @@
 struct cz_entry {
 	struct ip6 pod; /* CZ_K_LB: the pod IP */
 	struct ip6 lb;	/* CZ_K_POD: the LB IP */
+	__u32 in_slot;	/* ingress: the Service's svcstats slot */
+	__u32 out_slot; /* egress: the Service's svcstats slot */
 	__u8 kind;	/* CZ_K_* */
 	__u8 flags;	/* ingress: CZ_F_* */
 	__u8 pod_flags; /* egress: CZ_F_* */
@@ -36,6 +38,8 @@ static __always_inline int lookup_addr(int v6, const struct ip6 *addr, struct cz
 			return 0;
 		e->pod = v->pod_ip;
 		e->lb = v->lb_ip;
+		e->in_slot = v->in_slot;
+		e->out_slot = v->out_slot;
 		e->kind = v->kind;
 		e->flags = v->flags;
 		e->pod_flags = v->pod_flags;
@@ -47,6 +51,8 @@ static __always_inline int lookup_addr(int v6, const struct ip6 *addr, struct cz
 			return 0;
 		cz_ip4_set(&e->pod, v->pod_ip);
 		cz_ip4_set(&e->lb, v->lb_ip);
+		e->in_slot = v->in_slot;
+		e->out_slot = v->out_slot;
 		e->kind = v->kind;
 		e->flags = v->flags;
 		e->pod_flags = v->pod_flags;
@@ -181,6 +187,39 @@ static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct 
 		return cz_flow4.update(&k, &v);
 	}
 }
+/*
+ * Egress: remember (refresh at most once a second) a flow the pod opens: TCP, UDP, SCTP by
+ * ports, an ICMP or ICMPv6 echo request by its identifier (pod_port; remote_port is then
+ * ignored); other ICMP types and protocols are not recorded. flow_new counts a new entry,
+ * flow_error an insert that failed.
+ */
+static __always_inline void flow_record(int v6, const struct ip6 *pod, const struct ip6 *remote,
+					__be16 pod_port, __be16 remote_port, __u8 proto,
+					__u8 icmp_type)
+{
+	struct flow4_val *v;
+	__u64 now;
+
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6) {
+		if (icmp_type != (v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO))
+			return;
+		remote_port = 0;
+	} else if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP) {
+		return;
+	}
+	now = bpf_ktime_get_coarse_ns();
+	v = flow_find(v6, pod, remote, pod_port, remote_port, proto);
+	if (v) {
+		if (now - v->last_seen_ns > CZ_FLOW_REFRESH_NS)
+			v->last_seen_ns = now;
+		return;
+	}
+	if (flow_add(v6, pod, remote, pod_port, remote_port, proto, now) == 0)
+		cz_count(CZ_FLOW_NEW, 0);
+	else
+		cz_count(CZ_FLOW_ERROR, 0);
+}
+
 /* The verdict recorded for a fragmented datagram, or NULL. */
 static __always_inline struct frag_val *frag_find(struct pkt *p, const struct ip6 *pod)
 {
@@ -203,27 +242,28 @@ static __always_inline struct frag_val *frag_find(struct pkt *p, const struct ip
 	}
 }
 
-static __always_inline void frag_add(struct pkt *p, const struct ip6 *pod, int passed)
+static __always_inline void frag_add(int v6, const struct ip6 *remote, const struct ip6 *pod,
+				     __be32 id, __u8 proto, int passed)
 {
 	struct frag_val v = {};
 
 	v.seen_ns = bpf_ktime_get_ns();
 	v.passed = passed;
-	if (p->v6) {
+	if (v6) {
 		struct frag6_key k = {};
 
-		k.remote_ip = p->src;
+		k.remote_ip = *remote;
 		k.pod_ip = *pod;
-		k.id = p->frag_id;
-		k.proto = p->proto;
+		k.id = id;
+		k.proto = proto;
 		cz_frag6.update(&k, &v);
 	} else {
 		struct frag4_key k = {};
 
-		k.remote_ip = p->src.a[0];
+		k.remote_ip = remote->a[0];
 		k.pod_ip = pod->a[0];
-		k.id = (__be16)p->frag_id;
-		k.proto = p->proto;
+		k.id = (__be16)id;
+		k.proto = proto;
 		cz_frag4.update(&k, &v);
 	}
 }

@@ -25,6 +25,29 @@ BPF_TABLE_PINNED("lru_hash", struct frag6_key, struct frag_val, cz_frag6, CZ_FRA
 /* CZ_FLOWHINT_MAX == 2 * CZ_FLOWHINT_WORDS; CZ_FLOWHINT_WORDS * 64 == 1 << CZ_FLOWHINT_LOG2 */
 BPF_TABLE_PINNED("array", __u32, __u64, cz_flowhint, CZ_FLOWHINT_MAX, CZ_PIN_DIR "/flowhint");
 
+/* per-Service counters (stats.h), the monitor (monitor.h) and explain's dry runs (dryrun.h) */
+BPF_TABLE_PINNED("percpu_array", __u32, struct svc_stat, cz_svcstats, CZ_SVCSTATS_MAX,
+		 CZ_PIN_DIR "/svcstats");
+BPF_TABLE_PINNED("array", __u32, struct mon_ctl, cz_monctl, 1, CZ_PIN_DIR "/monctl");
+BPF_TABLE_PINNED("percpu_array", __u32, struct mon_stat, cz_monstats, 1, CZ_PIN_DIR "/monstats");
+BPF_TABLE_PINNED("percpu_array", __u32, struct dry_res, cz_dryrun, 1, CZ_PIN_DIR "/dryrun");
+
+/* bcc's BPF_RINGBUF_OUTPUT, opening a pinned ring buffer (that user space created) */
+#define CZ_RINGBUF_PINNED(_name, _size, _pinned)                                                   \
+	struct _name##_table_t {                                                                   \
+		int key;                                                                           \
+		u32 leaf;                                                                          \
+		int (*ringbuf_output)(void *, u64, u64);                                           \
+		void *(*ringbuf_reserve)(u64);                                                     \
+		void (*ringbuf_discard)(void *, u64);                                              \
+		void (*ringbuf_submit)(void *, u64);                                               \
+		u32 max_entries;                                                                   \
+	};                                                                                         \
+	__attribute__((section("maps/ringbuf:" _pinned))) struct _name##_table_t _name = {         \
+		.max_entries = (_size)}
+
+CZ_RINGBUF_PINNED(cz_events, CZ_EVENTS_SIZE, CZ_PIN_DIR "/events");
+
 #include "stats.h"
 
 #endif

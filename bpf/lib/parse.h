@@ -95,6 +95,24 @@ struct inner {
  * and the paths merge: without this, each combination of tags and extension headers is
  * verified separately through all the code that follows, beyond the verifier's limit.
  */
+/* What a full path decided about a packet, for the code at its end (account.h). */
+struct cz_done {
+	struct ip6 src; /* as received */
+	struct ip6 dst;
+	__u32 reason; /* enum cz_reason */
+	__u32 slot;   /* the Service's svcstats slot */
+	__u32 len;    /* frame length */
+	__be16 sport;
+	__be16 dport;
+	__u8 v6;
+	__u8 proto;
+	__u8 flow;	/* egress: a flow the pod opens, to record (port filter, L4 header) */
+	__u8 icmp_type; /* with flow: the ICMP type (only echo requests are recorded) */
+	__u8 frag;	/* ingress: a first fragment's verdict to record (port filter) */
+	__u8 pad[3];
+	__be32 frag_id; /* with frag: its identification */
+};
+
 struct cz_scratch {
 	__u32 off;	 /* a header offset from the start of the frame */
 	__u32 end;	 /* the end of the IP packet, from the start of the frame */
@@ -102,7 +120,8 @@ struct cz_scratch {
 	__u8 proto;	 /* the L4 protocol */
 	__u8 first_frag; /* fragment offset 0 */
 	__u8 more_frags; /* M flag */
-	__u8 pad;
+	__u8 dry;	 /* this run is explain's dry run (dryrun.h) */
+	struct cz_done done;
 };
 
 BPF_PERCPU_ARRAY(cz_scratch, struct cz_scratch, 1);
@@ -180,6 +199,30 @@ static __always_inline int launder_pos(struct hdr_cursor *nh, void *data, void *
 	cz_barrier_var(pos);
 	nh->pos = pos;
 	return 0;
+}
+
+/* The addresses as received, for the end of a full path (account.h): stored while few ways
+ * through the parser lead here, not at the end, which many reach. */
+static __always_inline void cz_done_addrs(struct pkt *p)
+{
+	struct cz_scratch *s = cz_scratch_slot();
+
+	if (s) {
+		s->done.src = p->src;
+		s->done.dst = p->dst;
+		s->done.v6 = p->v6;
+	}
+}
+
+/* A first fragment (port filter): its verdict is to be recorded at the end (account.h). */
+static __always_inline void cz_done_frag(struct pkt *p)
+{
+	struct cz_scratch *s = cz_scratch_slot();
+
+	if (s) {
+		s->done.frag = 1;
+		s->done.frag_id = p->frag_id;
+	}
 }
 
 /* The addresses of an IPv4 header; -1 when the frame cannot hold 20 bytes of it. */

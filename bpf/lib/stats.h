@@ -27,6 +27,8 @@ enum cz_reason {
 	CZ_REASON_MAX
 };
 
+#define CZ_NOT_OURS 0xffffffff /* not for a managed address: passed untouched, not counted */
+
 BPF_TABLE_PINNED("percpu_array", __u32, struct stat_val, cz_stats, CZ_STATS_MAX,
 		 CZ_PIN_DIR "/stats");
 
@@ -38,6 +40,69 @@ static __always_inline void cz_count(__u32 reason, __u64 bytes)
 		v->packets++;
 		v->bytes += bytes;
 	}
+}
+
+static __always_inline int cz_is_drop(__u32 reason)
+{
+	switch (reason) {
+	case CZ_DROP_PORT:
+	case CZ_DROP_ICMP:
+	case CZ_DROP_PROTO:
+	case CZ_DROP_MALFORMED:
+	case CZ_DROP_FRAGMENT:
+	case CZ_DROP_FRAG_ORPHAN:
+	case CZ_DROP_ICMP_INNER:
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * Per Service (types.h, struct svc_stat): a packet accepted for the Service in `slot` (dir 0:
+ * ingress, 1: egress), or dropped for it. CZ_NO_SVC_STATS compiles them out (the benchmark's
+ * "without per-Service counters").
+ */
+static __always_inline void cz_svc_pass(__u32 slot, int dir, __u64 bytes)
+{
+#ifndef CZ_NO_SVC_STATS
+	struct svc_stat *s = cz_svcstats.lookup(&slot);
+
+	if (!s)
+		return;
+	if (dir) {
+		s->out_packets++;
+		s->out_bytes += bytes;
+	} else {
+		s->in_packets++;
+		s->in_bytes += bytes;
+	}
+#endif
+}
+
+/* drops[] of a drop reason: drop_port..drop_malformed 0-3, drop_fragment..drop_icmp_inner 4-6 */
+static __always_inline __u32 cz_drop_index(__u32 reason)
+{
+	return reason >= CZ_DROP_FRAGMENT ? reason - CZ_DROP_FRAGMENT + 4 : reason - CZ_DROP_PORT;
+}
+
+static __always_inline void cz_svc_drop(__u32 slot, __u32 reason)
+{
+#ifndef CZ_NO_SVC_STATS
+	struct svc_stat *s = cz_svcstats.lookup(&slot);
+	__u32 i = cz_drop_index(reason) & (CZ_SVC_DROPS - 1); /* a drop reason: 0-6 */
+
+	if (s)
+		s->drops[i]++;
+#endif
+}
+
+/* Both: the reason decides. */
+static __always_inline void cz_svc_count(__u32 slot, __u32 reason, int dir, __u64 bytes)
+{
+	if (cz_is_drop(reason))
+		cz_svc_drop(slot, reason);
+	else
+		cz_svc_pass(slot, dir, bytes);
 }
 
 #endif

@@ -9,7 +9,7 @@
 
 #include <linux/types.h>
 
-#define CZ_LAYOUT_VERSION 2
+#define CZ_LAYOUT_VERSION 3
 
 /* addr4_val.flags, .pod_flags */
 #define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
@@ -45,7 +45,9 @@ struct addr4_val {
 	__u8 nports;	/* ports[] used; CZ_PORTS_SPILL: all of them are in allow4 instead */
 	__be32 lb_ip;	/* CZ_K_POD: the source after translation on egress */
 	struct cz_port ports[CZ_INLINE_PORTS]; /* the ingress pod IP's allowed ports, sorted */
-	__u32 reserved[3];		       /* zero; room for a Service index, source ranges */
+	__u32 in_slot; /* svcstats slot of ingress: the LB IP's Service, else the pod's (0: none) */
+	__u32 out_slot; /* svcstats slot of egress (CZ_K_POD): the Service of lb_ip (0: none) */
+	__u32 reserved; /* zero; room for source ranges */
 };
 
 /* allow4: a set; value __u8 (1). Every allowed port of every pod, also those inline in addr4 */
@@ -94,7 +96,9 @@ struct addr6_val {
 	__u8 nports;	   /* ports[] used, or CZ_PORTS_SPILL */
 	struct ip6 lb_ip;  /* CZ_K_POD: the source after translation on egress */
 	struct cz_port ports[CZ_INLINE_PORTS];
-	__u32 reserved[3]; /* zero */
+	__u32 in_slot;	/* as addr4_val */
+	__u32 out_slot; /* as addr4_val */
+	__u32 reserved; /* zero */
 };
 
 /* allow6: a set; value __u8 (1) */
@@ -142,6 +146,91 @@ struct frag_val {
 struct stat_val {
 	__u64 packets;
 	__u64 bytes;
+};
+
+/*
+ * svcstats: per-CPU array indexed by a Service's slot, which the control plane allocates and
+ * writes into the addr values of the Service's addresses (in_slot, out_slot); svcnames (user
+ * space only: hash, slot -> struct svc_name) names it. Slot 0 is never allocated: traffic of an
+ * address without a slot is counted there, and nothing reads it. Every packet counted under a
+ * reason (stats.h) is counted here once more for its Service: accepted ones by direction,
+ * dropped ones by reason.
+ */
+#define CZ_SVC_DROPS 8 /* drops[]: cz_drop_index() of each drop reason, one spare */
+
+struct svc_stat {
+	__u64 in_packets; /* accepted on ingress: translated or passed by the port filter */
+	__u64 in_bytes;
+	__u64 out_packets; /* translated on egress */
+	__u64 out_bytes;
+	__u64 drops[CZ_SVC_DROPS]; /* dropped packets, by cz_drop_index(reason) */
+};
+
+/* svcnames: key __u32 slot; strings NUL-padded */
+struct svc_name {
+	char ns[64];   /* the Service's namespace */
+	char name[64]; /* its name */
+	__u32 active;  /* 1: its addresses carry the slot; 0: parked (kept for the same Service) */
+	__u32 reserved;
+};
+
+/*
+ * monctl: array of one. The monitor's switch, which every counted packet reads, and the token
+ * bucket that limits the events (GCRA: one event per interval_ns, bursts of burst_ns). tat is
+ * written on every event: 64 bytes away from the switch, on another cache line.
+ */
+#define CZ_MON_OFF 0
+#define CZ_MON_DROPS 1 /* events for dropped packets */
+#define CZ_MON_ALL 2   /* events for every counted packet */
+
+struct mon_ctl {
+	__u32 mode; /* CZ_MON_* */
+	__u32 reserved0;
+	__u64 interval_ns;  /* nanoseconds per event at the sustained rate */
+	__u64 burst_ns;	    /* how far tat may run ahead of the clock: the burst */
+	__u64 reserved1[5]; /* zero */
+	__u64 tat;	    /* theoretical arrival time (CLOCK_MONOTONIC_COARSE, ns) */
+	__u64 reserved2[7]; /* zero */
+};
+
+/* monstats: per-CPU array of one */
+struct mon_stat {
+	__u64 events;	  /* events written to the ring buffer */
+	__u64 lost_limit; /* events the token bucket refused */
+	__u64 lost_full;  /* events that found the ring buffer full */
+	__u64 reserved;
+};
+
+/* events: ring buffer of struct cz_event, one per counted packet the monitor wants */
+struct cz_event {
+	__u64 time_ns; /* bpf_ktime_get_ns() */
+	__u32 ifindex; /* the device */
+	__u32 slot;    /* the Service's svcstats slot (0: none) */
+	__u32 len;     /* frame length */
+	__u8 reason;   /* enum cz_reason */
+	__u8 dir;      /* 0 ingress, 1 egress */
+	__u8 proto;    /* IPPROTO_* */
+	__u8 v6;       /* 1: IPv6 addresses */
+	__be16 sport;  /* ports (ICMP echo: the identifier), 0 without an L4 header */
+	__be16 dport;
+	__u32 reserved; /* zero */
+	struct ip6 src; /* as received, before translation (IPv4: a[0]) */
+	struct ip6 dst;
+};
+
+/*
+ * dryrun: per-CPU array of one. `cozyebpf explain` runs the attached program with
+ * BPF_PROG_RUN on a frame carrying a marker that real traffic cannot carry (XDP: 16 bytes of
+ * metadata before the frame; tc: skb->cb[0..3]) and an 802.1Q tag (a frame the fast path leaves
+ * to the full path). The full path then changes nothing (no counter, flow, fragment entry or
+ * event) and writes its decision here instead, with the marker's nonce.
+ */
+#define CZ_DRY_MAGIC 0x31757279647a6363ULL /* "ccdzyru1", the marker's first 8 bytes */
+
+struct dry_res {
+	__u64 nonce;  /* the marker's second 8 bytes */
+	__u32 reason; /* enum cz_reason, or 0xffffffff: not for a managed address */
+	__u32 slot;   /* the Service's slot (0: none) */
 };
 
 #endif

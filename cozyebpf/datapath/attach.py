@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath import bpfsys, rtnl
 from cozyebpf.errors import DatapathError
 
 log = logging.getLogger(__name__)
@@ -76,19 +76,7 @@ def resolve_devices(spec: str) -> list[str]:
         if not names:
             raise DatapathError("--devices is empty: name the uplink devices, or use auto")
         return names
-    from pyroute2 import IPRoute
-
-    found: list[str] = []
-    with IPRoute() as ipr:
-        for route in ipr.get_default_routes(family=socket.AF_INET):
-            oifs = [route.get_attr("RTA_OIF")]
-            for hop in route.get_attr("RTA_MULTIPATH") or []:
-                oifs.append(hop["oif"])
-            for oif in oifs:
-                if oif:
-                    name = socket.if_indextoname(oif)
-                    if name not in found:
-                        found.append(name)
+    found = [socket.if_indextoname(i) for i in rtnl.default_route_devices()]
     if not found:
         raise DatapathError(
             "--devices auto: this network namespace has no default IPv4 route; name the "
@@ -105,21 +93,18 @@ def _prog_name(prog_id: int) -> str:
         return "(unknown)"
 
 
+#: how netlink says an XDP program is attached (IFLA_XDP_ATTACHED)
+XDP_ATTACH_MODES = {1: "xdp", 2: "xdpgeneric", 3: "xdpoffload", 4: "xdpmulti"}
+
+
 def current_xdp(ifindex: int) -> tuple[int, str] | None:
     """(program id, attach mode as netlink reports it: "xdp", "xdpgeneric", ...) of the XDP
     program on a device, or None."""
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        links = ipr.get_links(ifindex)
-    xdp = links[0].get_attr("IFLA_XDP") if links else None
-    if not xdp:
+    found = rtnl.xdp_program(ifindex)
+    if found is None:
         return None
-    attrs = dict(xdp.get("attrs", []))
-    prog_id = attrs.get("IFLA_XDP_PROG_ID")
-    if not prog_id:
-        return None
-    return int(prog_id), str(attrs.get("IFLA_XDP_ATTACHED") or "")
+    prog_id, mode = found
+    return prog_id, XDP_ATTACH_MODES.get(mode, str(mode))
 
 
 def _replace_pinned(path: str, ifindex: int, prog_fd: int) -> bool:
@@ -314,31 +299,31 @@ def _attach_legacy(prog_fd: int, program: str, device: str, ifindex: int, parent
             ) from e
 
 
-def legacy_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
-    """(priority, program name) of our (cz_*) clsact filters at `parent` on a device."""
-    from pyroute2 import IPRoute
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    out: set[tuple[int, str]] = set()
-    with IPRoute() as ipr:
-        try:
-            filters = ipr.get_filters(ifindex, parent=parent)
-        except NetlinkError:
-            return []
-        for f in filters:
-            opts = f.get_attr("TCA_OPTIONS")
-            name = opts.get_attr("TCA_BPF_NAME") if opts else None
-            if name and name.startswith(OUR_PROGRAMS):
-                out.add((f["info"] >> 16, name.split(":")[0]))
+def legacy_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]:
+    """(priority, program name, program id) of our (cz_*) clsact filters at `parent` on a
+    device."""
+    out = {
+        (prio, name.split(":")[0], prog_id)
+        for prio, name, prog_id in rtnl.bpf_filter_programs(ifindex, parent)
+        if name.startswith(OUR_PROGRAMS)
+    }
     return sorted(out)
 
 
+def legacy_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
+    """(priority, program name) of our (cz_*) clsact filters at `parent` on a device."""
+    return sorted({(prio, name) for prio, name, _ in legacy_programs(ifindex, parent)})
+
+
 def remove_legacy(ifindex: int, parent: int) -> list[str]:
+    ours = legacy_filters(ifindex, parent)
+    if not ours:
+        return []  # the common case: pyroute2 is not even imported
     from pyroute2 import IPRoute
 
     removed = []
     with IPRoute() as ipr:
-        for prio, name in legacy_filters(ifindex, parent):
+        for prio, name in ours:
             ipr.tc("del-filter", "bpf", ifindex, parent=parent, prio=prio)
             removed.append(f"clsact filter {name} prio {prio}")
     return removed
@@ -361,8 +346,8 @@ def list_attachments(pin_dir: str) -> list[Attachment]:
         out.append(Attachment(device, hook, _prog_name(info.prog_id), info.prog_id))
     for idx, dev in socket.if_nameindex():
         for direction, (_, parent) in DIRECTIONS.items():
-            for _prio, name in legacy_filters(idx, parent):
-                out.append(Attachment(dev, f"tc-{direction}", name, 0))
+            for _prio, name, prog_id in legacy_programs(idx, parent):
+                out.append(Attachment(dev, f"tc-{direction}", name, prog_id))
     return out
 
 

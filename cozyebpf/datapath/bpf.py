@@ -40,6 +40,7 @@ class BpfDatapath:
         ingress_hook: str = "auto",
         on_foreign_xdp: str = "fail",
         max_services: int = DEFAULT_MAX_SERVICES,
+        service_slots: int | None = None,
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
@@ -52,6 +53,7 @@ class BpfDatapath:
         self.ingress_hook = ingress_hook
         self.on_foreign_xdp = on_foreign_xdp
         self.max_services = max_services
+        self.service_slots = service_slots
         self.maps: PinnedMaps | None = None
         self.programs: dict[str, loader.Program] = {}  # the instance in use, per program
         self._spares: dict[str, list[loader.Program]] = {}  # other instances (tcx reorder)
@@ -83,7 +85,7 @@ class BpfDatapath:
         """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
         for dev in self.devices:
             attach.ifindex_of(dev)  # fail on a typo before touching anything
-        self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services)
+        self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps
@@ -169,8 +171,11 @@ class BpfDatapath:
 
     def check(self) -> list[str]:
         """Verify every attachment is in place and our tcx programs run first; repair and
-        report what was wrong (one line each)."""
+        report what was wrong (one line each). A monitor's events left on by a monitor that is
+        gone (killed) are turned off."""
         repaired: list[str] = []
+        if self._monitor_left_on():
+            repaired.append("monitor events: on without a monitor")
         for (dev, role), a in list(self.attachments.items()):
             try:
                 problem = self._check_one(a)
@@ -204,6 +209,26 @@ class BpfDatapath:
                 log.error("%s %s: cannot repair: %s", dev, a.hook, e)
                 repaired.append(f"{dev} {a.hook}: {e}")
         return repaired
+
+    def _monitor_left_on(self) -> bool:
+        """Turn the monitor's events off when they are on and no monitor holds them (its lock
+        on the pin directory went with it); True when it did."""
+        from cozyebpf.datapath.layout import MON_OFF
+        from cozyebpf.monitor import monitor_running
+
+        if self.maps is None:
+            return False
+        try:
+            if self.maps.monitor_state().mode == MON_OFF or monitor_running(self.pin_dir):
+                return False
+            self.maps.set_monitor(MON_OFF)
+        except OSError as e:
+            log.error("checking the monitor's switch failed: %s", e)
+            return False
+        log.warning(
+            "the monitor's events were on without a monitor (one that was killed?): turned off"
+        )
+        return True
 
     def _check_one(self, a: attach.Attachment) -> str | None:
         ifindex = attach.ifindex_of(a.device)
@@ -265,6 +290,7 @@ def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR, maps: PinnedMaps | None = None) 
             m.counters(),
             [a.as_dict() for a in attach.list_attachments(pin_dir)],
             pin_dir,
+            m.service_counters(),
         )
     finally:
         if maps is None:

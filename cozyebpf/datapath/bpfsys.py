@@ -50,6 +50,7 @@ BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_PROG_ARRAY = 3
 BPF_MAP_TYPE_PERCPU_ARRAY = 6
 BPF_MAP_TYPE_LRU_HASH = 9
+BPF_MAP_TYPE_RINGBUF = 27
 
 MAP_TYPE_NAMES = {
     BPF_MAP_TYPE_HASH: "hash",
@@ -57,7 +58,11 @@ MAP_TYPE_NAMES = {
     BPF_MAP_TYPE_PROG_ARRAY: "prog_array",
     BPF_MAP_TYPE_PERCPU_ARRAY: "percpu_array",
     BPF_MAP_TYPE_LRU_HASH: "lru_hash",
+    BPF_MAP_TYPE_RINGBUF: "ringbuf",
 }
+
+# map_create flags
+BPF_F_NO_PREALLOC = 1 << 0
 
 # attach types
 BPF_XDP = 37
@@ -440,11 +445,14 @@ class TestRunResult:
 
 
 def prog_test_run(
-    prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 4096
+    prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 4096, ctx: bytes | None = None
 ) -> TestRunResult:
-    """BPF_PROG_TEST_RUN: run a loaded program on `data` (a frame from its Ethernet header)."""
+    """BPF_PROG_TEST_RUN: run a loaded program on `data` (a frame from its Ethernet header;
+    for XDP with metadata, the metadata first), with the context `ctx` (struct xdp_md or
+    struct __sk_buff, possibly shorter: the rest is zero) if given."""
     din = ctypes.create_string_buffer(data, len(data))
     dout = ctypes.create_string_buffer(out_size)
+    cin = ctypes.create_string_buffer(ctx, len(ctx)) if ctx is not None else None
     attr = _TestRun(
         prog_fd=prog_fd,
         data_size_in=len(data),
@@ -452,6 +460,8 @@ def prog_test_run(
         data_in=_ptr(din),
         data_out=_ptr(dout),
         repeat=repeat,
+        ctx_size_in=len(ctx) if ctx is not None else 0,
+        ctx_in=_ptr(cin),
     )
     _sys_bpf(BPF_PROG_TEST_RUN, attr, "test run")
     return TestRunResult(
@@ -540,5 +550,33 @@ def map_items_batch(
         ]
         if done:
             return out
+        ctypes.memmove(tok_in, tok_out, len(tok_out))
+        first = False
+
+
+def map_count(fd: int, key_size: int, value_size: int, chunk: int = 8192) -> int:
+    """How many entries a hash map holds (BPF_MAP_LOOKUP_BATCH, the entries not kept): for
+    metrics, which must not build Python objects for every flow of a full table."""
+    kbuf = ctypes.create_string_buffer(key_size * chunk)
+    vbuf = ctypes.create_string_buffer(value_size * chunk)
+    tok_in = ctypes.create_string_buffer(max(key_size, 8))
+    tok_out = ctypes.create_string_buffer(max(key_size, 8))
+    first, total = True, 0
+    while True:
+        attr = _MapBatch(
+            in_batch=0 if first else _ptr(tok_in),
+            out_batch=_ptr(tok_out),
+            keys=_ptr(kbuf),
+            values=_ptr(vbuf),
+            count=chunk,
+            map_fd=fd,
+        )
+        try:
+            _sys_bpf(BPF_MAP_LOOKUP_BATCH, attr, "map lookup batch")
+        except BpfError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            return total + int(attr.count)
+        total += int(attr.count)
         ctypes.memmove(tok_in, tok_out, len(tok_out))
         first = False

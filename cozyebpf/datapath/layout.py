@@ -11,12 +11,13 @@ import ctypes
 import sys
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
 
 #: bump with CZ_LAYOUT_VERSION in bpf/lib/types.h whenever a layout below changes
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 F_PORT_FILTER = 0x01
 F_ALLOW_ICMP = 0x02
@@ -28,6 +29,26 @@ PORTS_SPILL = 0xFF  # nports: more than INLINE_PORTS, all of them are in allow4/
 
 #: Services the maps hold by default (`PinnedMaps.ensure(max_services=...)`)
 DEFAULT_MAX_SERVICES = 65536
+#: kernel memory the per-Service counters may take by default: svcstats is a per-CPU array,
+#: allocated whole, 96 bytes per slot and possible CPU; with more CPUs than this allows for
+#: every Service, fewer Services get counters of their own (`map_specs(service_slots=...)`)
+SVCSTATS_BUDGET = 64 << 20
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs: the stride of per-CPU map values."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += (int(hi) if hi else int(lo)) - int(lo) + 1
+    return n
+
+
+def default_service_slots(max_services: int) -> int:
+    """Every Service, as long as svcstats stays within SVCSTATS_BUDGET on this machine."""
+    per_slot = 96 * possible_cpus()  # sizeof(struct svc_stat) per CPU
+    return max(1, min(max_services, SVCSTATS_BUDGET // per_slot - 1))
 
 
 class CzPort(ctypes.Structure):
@@ -47,7 +68,9 @@ class Addr4Val(ctypes.Structure):
         ("nports", ctypes.c_uint8),
         ("lb_ip", ctypes.c_uint32),
         ("ports", CzPort * INLINE_PORTS),
-        ("reserved", ctypes.c_uint32 * 3),
+        ("in_slot", ctypes.c_uint32),
+        ("out_slot", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 
@@ -111,7 +134,9 @@ class Addr6Val(ctypes.Structure):
         ("nports", ctypes.c_uint8),
         ("lb_ip", Ip6),
         ("ports", CzPort * INLINE_PORTS),
-        ("reserved", ctypes.c_uint32 * 3),
+        ("in_slot", ctypes.c_uint32),
+        ("out_slot", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 
@@ -183,6 +208,90 @@ class MetaVal(ctypes.Structure):
     _fields_ = [("layout_version", ctypes.c_uint32), ("reserved", ctypes.c_uint32 * 3)]
 
 
+SVC_DROPS = 8  # CZ_SVC_DROPS: svc_stat.drops[]
+
+
+class SvcStat(ctypes.Structure):
+    """svcstats (per CPU): one Service's counters."""
+
+    _fields_ = [
+        ("in_packets", ctypes.c_uint64),
+        ("in_bytes", ctypes.c_uint64),
+        ("out_packets", ctypes.c_uint64),
+        ("out_bytes", ctypes.c_uint64),
+        ("drops", ctypes.c_uint64 * SVC_DROPS),
+    ]
+
+
+NAME_LEN = 64  # svc_name.ns, .name: a Kubernetes namespace or Service name (63) and a NUL
+
+
+class SvcName(ctypes.Structure):
+    """svcnames: slot -> the Service (user space only)."""
+
+    _fields_ = [
+        ("ns", ctypes.c_char * NAME_LEN),
+        ("name", ctypes.c_char * NAME_LEN),
+        ("active", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+MON_OFF, MON_DROPS, MON_ALL = 0, 1, 2  # mon_ctl.mode
+
+
+class MonCtl(ctypes.Structure):
+    _fields_ = [
+        ("mode", ctypes.c_uint32),
+        ("reserved0", ctypes.c_uint32),
+        ("interval_ns", ctypes.c_uint64),
+        ("burst_ns", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint64 * 5),
+        ("tat", ctypes.c_uint64),
+        ("reserved2", ctypes.c_uint64 * 7),
+    ]
+
+
+class MonStat(ctypes.Structure):
+    _fields_ = [
+        ("events", ctypes.c_uint64),
+        ("lost_limit", ctypes.c_uint64),
+        ("lost_full", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64),
+    ]
+
+
+class CzEvent(ctypes.Structure):
+    """A record of the `events` ring buffer."""
+
+    _fields_ = [
+        ("time_ns", ctypes.c_uint64),
+        ("ifindex", ctypes.c_uint32),
+        ("slot", ctypes.c_uint32),
+        ("len", ctypes.c_uint32),
+        ("reason", ctypes.c_uint8),
+        ("dir", ctypes.c_uint8),
+        ("proto", ctypes.c_uint8),
+        ("v6", ctypes.c_uint8),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("reserved", ctypes.c_uint32),
+        ("src", Ip6),
+        ("dst", Ip6),
+    ]
+
+
+DRY_MAGIC = 0x31757279647A6363  # CZ_DRY_MAGIC: a dry run's marker (bpf/lib/dryrun.h)
+
+
+class DryRes(ctypes.Structure):
+    _fields_ = [
+        ("nonce", ctypes.c_uint64),
+        ("reason", ctypes.c_uint32),
+        ("slot", ctypes.c_uint32),
+    ]
+
+
 def be32(ip: IPv4Address) -> int:
     """The c_uint32 whose memory holds `ip` in network byte order."""
     return int.from_bytes(ip.packed, sys.byteorder)
@@ -215,10 +324,11 @@ class MapSpec:
 
     name: str  # pin file name and (with the cz_ prefix) the kernel's map name
     map_type: int
-    key: type[ctypes._SimpleCData] | type[ctypes.Structure]  # type: ignore[type-arg]
-    value: type[ctypes._SimpleCData] | type[ctypes.Structure]  # type: ignore[type-arg]
+    key: type[ctypes._SimpleCData] | type[ctypes.Structure] | type[ctypes.Array]  # type: ignore[type-arg]
+    value: type[ctypes._SimpleCData] | type[ctypes.Structure] | type[ctypes.Array]  # type: ignore[type-arg]
     max_entries: int
     macro: str  # -D name of the size in bpf/lib/maps.h, "" where C does not need it
+    flags: int = 0  # map_create flags
 
     @property
     def key_size(self) -> int:
@@ -250,6 +360,16 @@ TAIL_XDP = MapSpec(
 TAIL_TC = MapSpec(
     "tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, ctypes.c_uint32, ctypes.c_uint32, 4, ""
 )
+#: the monitor (bpf/lib/monitor.h): its switch and token bucket, its counters, its ring buffer
+MONCTL = MapSpec("monctl", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, MonCtl, 1, "")
+MONSTATS = MapSpec("monstats", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, MonStat, 1, "")
+EVENTS_SIZE = 256 * 1024  # bytes: about 3,600 events
+_NOTHING = ctypes.c_uint8 * 0  # a ring buffer has no key or value
+EVENTS = MapSpec(
+    "events", bpfsys.BPF_MAP_TYPE_RINGBUF, _NOTHING, _NOTHING, EVENTS_SIZE, "CZ_EVENTS_SIZE"
+)
+#: explain's dry runs (bpf/lib/dryrun.h)
+DRYRUN = MapSpec("dryrun", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, DryRes, 1, "")
 
 
 @dataclass(frozen=True)
@@ -258,7 +378,8 @@ class Layout:
     of Services: an addr map holds each Service's LB IP and its pod's IP (2 per Service), the
     allowed-port and flow maps 4 per Service, the fragment maps 1 per 4 Services (at least
     1024), the flow hint 32 bits per Service and half (4 bits per flow-table entry of both
-    families; a power of two)."""
+    families; a power of two), the per-Service counters and names one slot per Service, as many
+    as SVCSTATS_BUDGET allows on this machine unless chosen (and slot 0, never given out)."""
 
     max_services: int
     meta: MapSpec
@@ -272,8 +393,14 @@ class Layout:
     frag4: MapSpec
     frag6: MapSpec
     flowhint: MapSpec
+    svcstats: MapSpec
+    svcnames: MapSpec
     tail_xdp: MapSpec = TAIL_XDP
     tail_tc: MapSpec = TAIL_TC
+    monctl: MapSpec = MONCTL
+    monstats: MapSpec = MONSTATS
+    events: MapSpec = EVENTS
+    dryrun: MapSpec = DRYRUN
 
     @property
     def all(self) -> tuple[MapSpec, ...]:
@@ -291,7 +418,18 @@ class Layout:
             self.flowhint,
             self.tail_xdp,
             self.tail_tc,
+            self.svcstats,
+            self.svcnames,
+            self.monctl,
+            self.monstats,
+            self.events,
+            self.dryrun,
         )
+
+    @property
+    def slots(self) -> int:
+        """Per-Service counter slots (slot 0 is never given to a Service)."""
+        return self.svcstats.max_entries - 1
 
     @property
     def hint_words(self) -> int:
@@ -304,11 +442,15 @@ class Layout:
         return (self.hint_words * 64).bit_length() - 1
 
 
-def map_specs(max_services: int = DEFAULT_MAX_SERVICES) -> Layout:
-    """The maps for `max_services` Services (see Layout)."""
+def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | None = None) -> Layout:
+    """The maps for `max_services` Services (see Layout), `service_slots` of them with counters
+    of their own (default: default_service_slots)."""
     if max_services < 1:
         raise ValueError(f"max_services must be at least 1, not {max_services}")
     s = max_services
+    slots = default_service_slots(s) if service_slots is None else service_slots
+    if slots < 1:
+        raise ValueError(f"service_slots must be at least 1, not {slots}")
     hash_, lru = bpfsys.BPF_MAP_TYPE_HASH, bpfsys.BPF_MAP_TYPE_LRU_HASH
     frags = max(1024, s // 4)
     u64 = ctypes.c_uint64
@@ -331,6 +473,18 @@ def map_specs(max_services: int = DEFAULT_MAX_SERVICES) -> Layout:
             u64,
             2 * _pow2(max(1, s // 2)),
             "CZ_FLOWHINT_MAX",
+        ),
+        MapSpec(
+            "svcstats",
+            bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY,
+            ctypes.c_uint32,
+            SvcStat,
+            slots + 1,
+            "CZ_SVCSTATS_MAX",
+        ),
+        # user space only; entries are allocated as Services come (no preallocation)
+        MapSpec(
+            "svcnames", hash_, ctypes.c_uint32, SvcName, slots + 1, "", bpfsys.BPF_F_NO_PREALLOC
         ),
     )
 

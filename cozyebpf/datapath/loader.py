@@ -50,18 +50,26 @@ def flatten(path: Path, seen: set[Path] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def pinned_layout(pin_dir: str) -> Layout:
-    """The layout of the maps pinned in `pin_dir` (their sizes derive from one number of
-    Services, `PinnedMaps.ensure(max_services=...)`); the default where there are none."""
-    path = os.path.join(pin_dir, map_specs().addr4.name)
+def _pinned_size(pin_dir: str, name: str) -> int | None:
     try:
-        fd = bpfsys.obj_get(path)
+        fd = bpfsys.obj_get(os.path.join(pin_dir, name))
     except OSError:
-        return map_specs(DEFAULT_MAX_SERVICES)
+        return None
     try:
-        return map_specs(bpfsys.map_info(fd).max_entries // 2)
+        return bpfsys.map_info(fd).max_entries
     finally:
         os.close(fd)
+
+
+def pinned_layout(pin_dir: str) -> Layout:
+    """The layout of the maps pinned in `pin_dir` (their sizes derive from the number of
+    Services and of counted Services, `PinnedMaps.ensure(max_services=..., service_slots=...)`);
+    the default where there are none."""
+    addr = _pinned_size(pin_dir, "addr4")
+    if addr is None:
+        return map_specs(DEFAULT_MAX_SERVICES)
+    stats = _pinned_size(pin_dir, "svcstats")
+    return map_specs(addr // 2, None if stats is None else stats - 1)
 
 
 def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None) -> list[str]:
@@ -104,8 +112,9 @@ def has_capability(cap: int) -> bool:
     return False
 
 
-def compile_source(source: str, pin_dir: str) -> Any:
-    """Compile bpf/<source> with bcc; the bcc module. The pinned maps must exist already
+def compile_source(source: str, pin_dir: str, extra: Sequence[str] = ()) -> Any:
+    """Compile bpf/<source> with bcc (`extra`: more compiler flags, e.g. the benchmark's
+    -DCZ_NO_SVC_STATS); the bcc module. The pinned maps must exist already
     (PinnedMaps.ensure), so bcc only opens them."""
     from bcc import BPF  # imported here: the model and the CLI's help work without bcc
 
@@ -119,7 +128,7 @@ def compile_source(source: str, pin_dir: str) -> Any:
     if not path.is_file():
         raise DatapathError(f"BPF source {path} not found; set COZYEBPF_BPF_DIR")
     try:
-        return BPF(text=flatten(path).encode(), cflags=cflags(pin_dir))
+        return BPF(text=flatten(path).encode(), cflags=cflags(pin_dir, extra))
     except Exception as e:  # bcc raises bare Exception; the compiler printed the details
         raise DatapathError(
             f"compiling {path} failed ({e}); see the compiler output above. Are kernel "
@@ -169,6 +178,8 @@ def slow_program_fd(program: Program) -> int | None:
     return None if fn is None else int(fn.fd)
 
 
-def load(source: str, func: str, prog_type: str, pin_dir: str) -> Program:
+def load(
+    source: str, func: str, prog_type: str, pin_dir: str, extra: Sequence[str] = ()
+) -> Program:
     """Compile bpf/<source> and load `func` from it."""
-    return load_from(compile_source(source, pin_dir), func, prog_type)
+    return load_from(compile_source(source, pin_dir, extra), func, prog_type)

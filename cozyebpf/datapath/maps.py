@@ -26,14 +26,16 @@ import errno
 import logging
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
-from pathlib import Path
 from typing import NamedTuple
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
     DEFAULT_MAX_SERVICES,
+    DRYRUN,
+    EVENTS,
     F_ALLOW_ICMP,
     F_PORT_FILTER,
     INLINE_PORTS,
@@ -41,6 +43,8 @@ from cozyebpf.datapath.layout import (
     K_POD,
     LAYOUT_VERSION,
     META,
+    MONCTL,
+    MONSTATS,
     PORTS_SPILL,
     STATS,
     V1_POD4,
@@ -52,12 +56,17 @@ from cozyebpf.datapath.layout import (
     Layout,
     MapSpec,
     MetaVal,
+    MonCtl,
+    MonStat,
     StatVal,
+    SvcStat,
     be16,
     flow_hint_bit,
     map_specs,
+    possible_cpus,
 )
-from cozyebpf.datapath.reasons import REASONS
+from cozyebpf.datapath.reasons import REASONS, SVC_DROP_REASONS
+from cozyebpf.datapath.slots import ServiceSlots, decode_name, split_service
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import (
     AllowedPort,
@@ -90,17 +99,53 @@ SAME_SINCE = {
     "stats": 1,
     "tail_xdp": 2,
     "tail_tc": 2,
+    # layout 3: per-Service counters (addr values name their slots in what was reserved, and
+    # a zero there means "not counted per Service": values of layout 2 are valid as they are),
+    # the monitor and explain's dry runs
+    "svcstats": 3,
+    "svcnames": 3,
+    "monctl": 3,
+    "monstats": 3,
+    "events": 3,
+    "dryrun": 3,
 }
 
+#: maps of a fixed size, not sized by the number of Services
+_FIXED = (META, STATS, MONCTL, MONSTATS, EVENTS, DRYRUN)
 
-def possible_cpus() -> int:
-    """Number of possible CPUs: the stride of per-CPU map values."""
-    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
-    n = 0
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        n += (int(hi) if hi else int(lo)) - int(lo) + 1
-    return n
+
+@dataclass(frozen=True)
+class ServiceCounters:
+    """One Service's counters (svcstats, summed over CPUs): packets and bytes accepted per
+    direction, and dropped packets per reason (every drop reason, zeros included)."""
+
+    service: str  # "namespace/name"
+    slot: int
+    in_packets: int
+    in_bytes: int
+    out_packets: int
+    out_bytes: int
+    drops: dict[str, int]
+
+    @property
+    def namespace(self) -> str:
+        return split_service(self.service)[0]
+
+    @property
+    def name(self) -> str:
+        return split_service(self.service)[1]
+
+
+@dataclass(frozen=True)
+class MonitorState:
+    """The monitor's switch and rate (monctl) and its counters (monstats, summed over CPUs)."""
+
+    mode: int  # layout.MON_*
+    interval_ns: int
+    burst_ns: int
+    events: int
+    lost_limit: int
+    lost_full: int
 
 
 class Flow(NamedTuple):
@@ -129,7 +174,6 @@ def _ip(raw: bytes) -> IPAddress:
 _ALLOW_TAIL = struct.Struct("!BBH")  # allow4/6 keys after the pod IP: proto, reserved, port
 _PORT = struct.Struct("!BBH")  # struct cz_port
 _FLAG_BYTES = [bytes([f, 0, 0, 0]) for f in range(256)]  # v1 svc/pod values: flags, reserved
-_ADDR_TAIL = bytes(12)  # addr values: reserved[3]
 
 
 def _allow_bytes(a: AllowedPort) -> bytes:
@@ -151,61 +195,99 @@ def _ports_bytes(ports: Iterable[bytes]) -> tuple[int, bytes]:
 
 
 _ZERO = {4: bytes(4), 16: bytes(16)}
+_SLOTS = struct.Struct("=III")  # addr values' tail: in_slot, out_slot, reserved
 
 
 class _Mirror:
     """What the maps hold, keyed by packed addresses (cheap to hash, unlike ipaddress objects):
-    enough to encode any addr value without reading the maps."""
+    enough to encode any addr value without reading the maps. Each role (an LB IP, a pod IP)
+    names the Service it is counted for; `refs` says how many roles name each Service (those
+    named by none give their counter slot back)."""
 
     def __init__(self) -> None:
-        self.svc: dict[bytes, tuple[bytes, int]] = {}  # LB IP -> (pod IP, flags)
-        self.pod: dict[bytes, tuple[bytes, int]] = {}  # pod IP -> (LB IP, flags)
+        self.svc: dict[bytes, tuple[bytes, int, str]] = {}  # LB IP -> (pod IP, flags, Service)
+        self.pod: dict[bytes, tuple[bytes, int, str]] = {}  # pod IP -> (LB IP, flags, Service)
         self.ports: dict[bytes, set[bytes]] = {}  # pod IP -> its allowed ports (cz_port)
         self.lbs_of: dict[bytes, set[bytes]] = {}  # pod IP -> LB IPs whose Service goes there
         self.enc: dict[bytes, tuple[int, bytes]] = {}  # pod IP -> its encoded ports (a cache)
+        self.refs: dict[str, int] = {}  # Service -> roles that name it
 
     @classmethod
     def of(cls, st: MapState) -> _Mirror:
         m = cls()
         for lb, s in st.services.items():
-            m.link(lb.packed, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp))
+            m.link(lb.packed, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp), s.service)
         for p, e in st.pods.items():
-            m.pod[p.packed] = (e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp))
+            m.set_pod(p.packed, e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp), e.service)
         for a in st.allowed:
             m.ports.setdefault(a.pod_ip.packed, set()).add(_port_bytes(a))
         return m
 
-    def link(self, lb: bytes, pod: bytes, flags: int) -> None:
+    def _ref(self, service: str, step: int) -> None:
+        if service:
+            n = self.refs.get(service, 0) + step
+            if n:
+                self.refs[service] = n
+            else:
+                del self.refs[service]
+
+    def link(self, lb: bytes, pod: bytes, flags: int, service: str) -> None:
         self.unlink(lb)
-        self.svc[lb] = (pod, flags)
+        self.svc[lb] = (pod, flags, service)
+        self._ref(service, 1)
         self.lbs_of.setdefault(pod, set()).add(lb)
 
-    def unlink(self, lb: bytes) -> None:
+    def unlink(self, lb: bytes) -> str | None:
+        """Remove the LB role of `lb`; the Service it named, if any."""
         old = self.svc.pop(lb, None)
-        if old is not None:
-            lbs = self.lbs_of.get(old[0])
-            if lbs is not None:
-                lbs.discard(lb)
-                if not lbs:
-                    del self.lbs_of[old[0]]
+        if old is None:
+            return None
+        self._ref(old[2], -1)
+        lbs = self.lbs_of.get(old[0])
+        if lbs is not None:
+            lbs.discard(lb)
+            if not lbs:
+                del self.lbs_of[old[0]]
+        return old[2]
 
-    def value(self, addr: bytes) -> bytes | None:
-        """The addr value of `addr` (bpf/lib/types.h); None when it is neither an LB IP nor a
-        pod IP."""
+    def set_pod(self, pod: bytes, lb: bytes, flags: int, service: str) -> None:
+        self.del_pod(pod)
+        self.pod[pod] = (lb, flags, service)
+        self._ref(service, 1)
+
+    def del_pod(self, pod: bytes) -> str | None:
+        """Remove the pod role of `pod`; the Service it named, if any."""
+        old = self.pod.pop(pod, None)
+        if old is None:
+            return None
+        self._ref(old[2], -1)
+        return old[2]
+
+    def value(self, addr: bytes, slot_of: Callable[[str], int]) -> bytes | None:
+        """The addr value of `addr` (bpf/lib/types.h), with the counter slots `slot_of` gives
+        its Services; None when it is neither an LB IP nor a pod IP."""
         svc, pod = self.svc.get(addr), self.pod.get(addr)
         if svc is None and pod is None:
             return None
         zero = _ZERO[len(addr)]
-        lb, pod_flags = pod if pod is not None else (zero, 0)
+        lb, pod_flags, pod_svc = pod if pod is not None else (zero, 0, "")
+        out_slot = slot_of(pod_svc) if pod_svc else 0
         if svc is not None:  # ingress uses the LB role
-            (to, flags), in_pod = svc, svc[0]
-        else:  # traffic to the pod IP directly: no rewrite, the pod's flags
-            to, flags, in_pod = zero, pod_flags, addr
+            to, flags, in_svc = svc
+            in_pod, in_slot = to, slot_of(in_svc) if in_svc else 0
+        else:  # traffic to the pod IP directly: no rewrite, the pod's flags and Service
+            to, flags, in_pod, in_slot = zero, pod_flags, addr, out_slot
         kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
         enc = self.enc.get(in_pod)
         if enc is None:
             enc = self.enc[in_pod] = _ports_bytes(self.ports.get(in_pod, ()))
-        return to + bytes((kind, flags, pod_flags, enc[0])) + lb + enc[1] + _ADDR_TAIL
+        return (
+            to
+            + bytes((kind, flags, pod_flags, enc[0]))
+            + lb
+            + enc[1]
+            + _SLOTS.pack(in_slot, out_slot, 0)
+        )
 
 
 def _read_version(fd: int) -> int | None:
@@ -233,6 +315,11 @@ def _size_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
 def _lb_at(n: int) -> int:
     """Offset of lb_ip in an addr value whose addresses have n bytes (bpf/lib/types.h)."""
     return n + 4
+
+
+def _slots_at(n: int) -> int:
+    """Offset of in_slot (then out_slot) in an addr value whose addresses have n bytes."""
+    return 2 * n + 4 + 4 * INLINE_PORTS
 
 
 class _Addr(NamedTuple):
@@ -292,8 +379,11 @@ class PinnedMaps:
         self.sizes = {
             s.name: s.max_entries
             for s in layout.all
-            if s not in (META, STATS) and s.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
+            if s not in _FIXED and s.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
         }
+        self.slots = ServiceSlots(
+            fds[layout.svcnames.name], fds[layout.svcstats.name], layout.slots, possible_cpus()
+        )
         self._no_batch = False  # set when the kernel refuses batch operations
         self._m: _Mirror | None = None  # the mirror; None: read the maps before the next apply
         self._repair = False  # read_state rewrites addr values that disagree (the agent's)
@@ -342,7 +432,8 @@ class PinnedMaps:
                         f"of this version migrates it"
                     )
             services = bpfsys.map_info(fds["addr4"]).max_entries // 2
-            maps = cls(pin_dir, fds, map_specs(max(1, services)))
+            slots = bpfsys.map_info(fds["svcstats"]).max_entries - 1
+            maps = cls(pin_dir, fds, map_specs(max(1, services), max(1, slots)))
             maps._check_version()
             return maps
         except BaseException:
@@ -352,17 +443,21 @@ class PinnedMaps:
 
     @classmethod
     def ensure(
-        cls, pin_dir: str = DEFAULT_PIN_DIR, max_services: int = DEFAULT_MAX_SERVICES
+        cls,
+        pin_dir: str = DEFAULT_PIN_DIR,
+        max_services: int = DEFAULT_MAX_SERVICES,
+        service_slots: int | None = None,
     ) -> PinnedMaps:
         """Open the pins, creating (and pinning, mode 0600 in a 0700 dir) any that are missing,
-        every map sized for `max_services` Services (layout.map_specs).
+        every map sized for `max_services` Services, `service_slots` of them counted on their
+        own (layout.map_specs).
 
         A pin with another layout is never reused as it is: a map whose type, key and value
         sizes are unchanged since its layout version (SAME_SINCE) and whose only change is its
         size is migrated, its entries copied; any other map is rebuilt empty (the controller
         refills services, pods and ports; flows and counters start over). Maps of layout
         version 1 are upgraded in place (see the module). Each migration is logged."""
-        layout = map_specs(max_services)
+        layout = map_specs(max_services, service_slots)
         _check_bpffs(pin_dir)
         os.makedirs(pin_dir, mode=0o700, exist_ok=True)
         os.chmod(pin_dir, 0o700)
@@ -434,6 +529,16 @@ class PinnedMaps:
             if reseed:
                 maps.seed_flow_hints()
                 maps.hints_need_seed = True
+            if version is not None and 1 < version < LAYOUT_VERSION:
+                log.warning(
+                    "upgrading maps in %s from layout version %d to %d: %s created beside "
+                    "the maps kept; every address gets its Service's counter slot at the "
+                    "first sync",
+                    pin_dir,
+                    version,
+                    LAYOUT_VERSION,
+                    ", ".join(n for n in created if SAME_SINCE.get(n, 0) > version),
+                )
             bpfsys.map_update(
                 fds[META.name], ctypes.c_uint32(0), MetaVal(layout_version=LAYOUT_VERSION)
             )
@@ -458,7 +563,12 @@ class PinnedMaps:
     @staticmethod
     def _create(spec: MapSpec, path: str) -> int:
         fd = bpfsys.map_create(
-            spec.map_type, spec.key_size, spec.value_size, spec.max_entries, f"cz_{spec.name}"
+            spec.map_type,
+            spec.key_size,
+            spec.value_size,
+            spec.max_entries,
+            f"cz_{spec.name}",
+            spec.flags,
         )
         bpfsys.obj_pin(fd, path)
         os.chmod(path, 0o600)
@@ -477,9 +587,15 @@ class PinnedMaps:
     ) -> int:
         """Replace the pin at `path` by a map with our layout, copying entries if `copy`. The
         old map's fd is closed unless `keep_old`."""
-        keys = bpfsys.map_keys(old_fd, info.key_size)
+        ringbuf = info.type == bpfsys.BPF_MAP_TYPE_RINGBUF  # no keys
+        keys = [] if ringbuf else bpfsys.map_keys(old_fd, info.key_size)
         new_fd = bpfsys.map_create(
-            spec.map_type, spec.key_size, spec.value_size, spec.max_entries, f"cz_{spec.name}"
+            spec.map_type,
+            spec.key_size,
+            spec.value_size,
+            spec.max_entries,
+            f"cz_{spec.name}",
+            spec.flags,
         )
         copied = cls._copy_entries(spec, old_fd, new_fd, keys) if copy else 0
         if not keep_old:
@@ -692,24 +808,30 @@ class PinnedMaps:
         return self._raw_items(self.fds[spec.name], spec.key_size, spec.value_size)
 
     def _read_addrs(self, m: _Mirror) -> tuple[MapState, dict[bytes, bytes]]:
-        """services and pods from addr4/addr6 (into `m` too), and the raw values by key."""
+        """services and pods from addr4/addr6 (into `m` too), and the raw values by key. The
+        Service of each role is the one svcnames names its slot for ("" without one)."""
         st = MapState()
         raw: dict[bytes, bytes] = {}
+        name = self.slots.name
         for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
-            lb_at = _lb_at(n)
+            lb_at, slots_at = _lb_at(n), _slots_at(n)
             for kraw, vraw in self._items(spec):
                 addr = _ip(kraw)
                 kind = vraw[n]
+                in_slot, out_slot, _ = _SLOTS.unpack_from(vraw, slots_at)
                 if kind & K_LB:
-                    pod, flags = vraw[:n], vraw[n + 1]
-                    m.link(kraw, pod, flags)
-                    st.services[addr] = ServiceEntry(_ip(pod), *_entry_flags(flags))
+                    pod, flags, svc = vraw[:n], vraw[n + 1], name(in_slot)
+                    m.link(kraw, pod, flags, svc)
+                    st.services[addr] = ServiceEntry(_ip(pod), *_entry_flags(flags), svc)
                 if kind & K_POD:
-                    lb, flags = vraw[lb_at : lb_at + n], vraw[n + 2]
-                    m.pod[kraw] = (lb, flags)
-                    st.pods[addr] = PodEntry(_ip(lb), *_entry_flags(flags))
+                    lb, flags, svc = vraw[lb_at : lb_at + n], vraw[n + 2], name(out_slot)
+                    m.set_pod(kraw, lb, flags, svc)
+                    st.pods[addr] = PodEntry(_ip(lb), *_entry_flags(flags), svc)
                 raw[kraw] = vraw
         return st, raw
+
+    def _read_slots(self) -> None:
+        self.slots.load(self._items(self.layout.svcnames))
 
     def _read_allowed(self, m: _Mirror | None = None) -> tuple[set[AllowedPort], _Mirror | None]:
         """The allowed ports (into `m` too)."""
@@ -733,12 +855,18 @@ class PinnedMaps:
         """Everything in addr4/addr6 and allow4/allow6, as one MapState; it refreshes the
         mirror. The agent's maps (ensure) also rewrite here any addr value that disagrees with
         the state (its inline ports are not part of a MapState, so no diff would repair them)."""
+        self._read_slots()
         m = _Mirror()
         st, raw = self._read_addrs(m)
         st.allowed = self._read_allowed(m)[0]
         self._m = m
         if self._repair:
-            stale = [k for k, v in raw.items() if m.value(k) not in (v, None)]
+            # a write that stopped half way: the slots that addresses carry are active, the
+            # others parked
+            active = set(self.slots.active().values())
+            self.slots.activate(sorted(set(m.refs) - active))
+            self.slots.park(sorted(active - set(m.refs)))
+            stale = [k for k, v in raw.items() if m.value(k, self.slots.slot) not in (v, None)]
             if stale:
                 log.warning(
                     "%d addr entries disagreed with the allowed ports (edited by hand?): rewritten",
@@ -768,16 +896,24 @@ class PinnedMaps:
         vraw = self._lookup_addr(lb)
         if vraw is None:
             return None
-        v = _decode_addr(vraw, len(lb.packed))
-        return ServiceEntry(_ip(v.pod_ip), *_entry_flags(v.flags)) if v.kind & K_LB else None
+        n = len(lb.packed)
+        v = _decode_addr(vraw, n)
+        if not v.kind & K_LB:
+            return None
+        svc = self.service_of_slot(_SLOTS.unpack_from(vraw, _slots_at(n))[0])
+        return ServiceEntry(_ip(v.pod_ip), *_entry_flags(v.flags), svc)
 
     def lookup_pod(self, pod: IPAddress) -> PodEntry | None:
         """The entry of one pod IP, by a single lookup."""
         vraw = self._lookup_addr(pod)
         if vraw is None:
             return None
-        v = _decode_addr(vraw, len(pod.packed))
-        return PodEntry(_ip(v.lb_ip), *_entry_flags(v.pod_flags)) if v.kind & K_POD else None
+        n = len(pod.packed)
+        v = _decode_addr(vraw, n)
+        if not v.kind & K_POD:
+            return None
+        svc = self.service_of_slot(_SLOTS.unpack_from(vraw, _slots_at(n))[1])
+        return PodEntry(_ip(v.lb_ip), *_entry_flags(v.pod_flags), svc)
 
     def _lookup_addr(self, addr: IPAddress) -> bytes | None:
         spec = self.layout.addr4 if addr.version == 4 else self.layout.addr6
@@ -801,6 +937,93 @@ class PinnedMaps:
             for raw in bpfsys.map_keys(self.fds[spec.name], spec.key_size):
                 pod = _ip(raw[:n])
                 out[pod] = out.get(pod, 0) + 1
+        return out
+
+    def percpu(self, spec: MapSpec, key: int) -> list[bytes] | None:
+        """The value of `key` in a per-CPU array, one bytes per possible CPU."""
+        ncpu = possible_cpus()
+        stride = (spec.value_size + 7) // 8 * 8
+        buf = ctypes.create_string_buffer(stride * ncpu)
+        if not bpfsys.map_lookup(self.fds[spec.name], ctypes.c_uint32(key), buf):
+            return None
+        raw = buf.raw
+        return [raw[c * stride : c * stride + spec.value_size] for c in range(ncpu)]
+
+    def service_counters(self) -> list[ServiceCounters]:
+        """The counters of every Service with an active slot (one whose addresses carry it),
+        sorted by Service."""
+        self._read_slots()
+        out = []
+        for slot, service in self.slots.active().items():
+            per_cpu = self.percpu(self.layout.svcstats, slot)
+            if per_cpu is None:
+                continue
+            vals = [SvcStat.from_buffer_copy(v) for v in per_cpu]
+            drops = {r: sum(int(v.drops[i]) for v in vals) for i, r in enumerate(SVC_DROP_REASONS)}
+            out.append(
+                ServiceCounters(
+                    service,
+                    slot,
+                    sum(int(v.in_packets) for v in vals),
+                    sum(int(v.in_bytes) for v in vals),
+                    sum(int(v.out_packets) for v in vals),
+                    sum(int(v.out_bytes) for v in vals),
+                    drops,
+                )
+            )
+        return sorted(out, key=lambda c: c.service)
+
+    def service_of_slot(self, slot: int) -> str:
+        """The Service named for `slot` in svcnames (active or parked), or "" (one lookup)."""
+        if slot <= 0:
+            return ""
+        raw = ctypes.create_string_buffer(self.layout.svcnames.value_size)
+        if not bpfsys.map_lookup(self.fds[self.layout.svcnames.name], ctypes.c_uint32(slot), raw):
+            return ""
+        return decode_name(raw.raw).service
+
+    def service_names(self) -> dict[int, str]:
+        """slot -> Service, for every active slot."""
+        self._read_slots()
+        return self.slots.active()
+
+    def monitor_state(self) -> MonitorState:
+        ctl = MonCtl()
+        bpfsys.map_lookup(self.fds[MONCTL.name], ctypes.c_uint32(0), ctl)
+        per_cpu = self.percpu(MONSTATS, 0) or []
+        st = [MonStat.from_buffer_copy(v) for v in per_cpu]
+        return MonitorState(
+            int(ctl.mode),
+            int(ctl.interval_ns),
+            int(ctl.burst_ns),
+            sum(int(v.events) for v in st),
+            sum(int(v.lost_limit) for v in st),
+            sum(int(v.lost_full) for v in st),
+        )
+
+    def set_monitor(self, mode: int, interval_ns: int = 0, burst_ns: int = 0) -> None:
+        """Switch the monitor's events on (layout.MON_DROPS, MON_ALL) at a rate, or off; the
+        token bucket starts full."""
+        ctl = MonCtl(mode=mode, interval_ns=interval_ns, burst_ns=burst_ns, tat=0)
+        bpfsys.map_update(self.fds[MONCTL.name], ctypes.c_uint32(0), ctl)
+
+    #: the maps `entries()` counts (hash maps whose fill matters)
+    COUNTED = ("addr4", "addr6", "allow4", "allow6", "flow4", "flow6", "frag4", "frag6", "svcnames")
+
+    def entries(self) -> dict[str, tuple[int, int]]:
+        """map -> (entries, capacity), for the maps in COUNTED (a batch walk per map; a
+        kernel without batch operations walks the keys)."""
+        out = {}
+        for name in self.COUNTED:
+            spec = getattr(self.layout, name)
+            fd = self.fds[name]
+            try:
+                n = bpfsys.map_count(fd, spec.key_size, spec.value_size)
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                n = len(bpfsys.map_keys(fd, spec.key_size))
+            out[name] = (n, self.sizes[name])
         return out
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -827,7 +1050,7 @@ class PinnedMaps:
         assert self._m is not None
         for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
             mine = [a for a in addrs if len(a) == n]
-            values = [self._m.value(a) for a in mine]
+            values = [self._m.value(a, self.slots.slot) for a in mine]
             assert all(v is not None for v in values), "an address without a value"
             self._update_batch(spec, mine, values)  # type: ignore[arg-type]
 
@@ -838,13 +1061,14 @@ class PinnedMaps:
     # -- programming ---------------------------------------------------------------------
 
     def apply(self, d: MapDiff) -> None:
-        """Apply `d` in an order that never opens a hole: addresses that are neither LB nor pod
-        IP any more deleted first (nothing that stays uses them, and a full map then has room
-        for what comes), allowed ports added, then every addr value that changes (services,
-        pods and the inline ports of the addresses whose pod's allowed ports change) written,
-        allowed ports deleted; one BPF_MAP_UPDATE_BATCH / DELETE_BATCH per map and step (a
-        kernel without batch operations gets one call per entry). A diff that mixes families
-        in an entry is refused before anything is written."""
+        """Apply `d` in an order that never opens a hole: counter slots given to the Services
+        that come (slots.py), addresses that are neither LB nor pod IP any more deleted (nothing
+        that stays uses them, and a full map then has room for what comes), allowed ports added,
+        then every addr value that changes (services, pods and the inline ports of the addresses
+        whose pod's allowed ports change) written, allowed ports deleted, the slots of Services
+        that went parked; one BPF_MAP_UPDATE_BATCH / DELETE_BATCH per map and step (a kernel
+        without batch operations gets one call per entry). A diff that mixes families in an
+        entry is refused before anything is written."""
         errors = d.family_errors()
         if errors:
             raise DatapathError(
@@ -857,6 +1081,7 @@ class PinnedMaps:
         assert m is not None
         touched: set[bytes] = set()
         ported: set[bytes] = set()
+        named: set[str | None] = set()  # the Services of roles that change
         # the mirror first (in apply_to's order), then the values it gives
         add_keys: dict[int, list[bytes]] = {4: [], 16: []}
         for a in d.allowed_add:
@@ -867,19 +1092,23 @@ class PinnedMaps:
             ported.add(pod)
         for lb, s in d.services_set.items():
             key = lb.packed
-            m.link(key, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp))
+            named.add(m.unlink(key))
+            m.link(key, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp), s.service)
+            named.add(s.service)
             touched.add(key)
         for p, e in d.pods_set.items():
             key = p.packed
-            m.pod[key] = (e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp))
+            named.add(m.del_pod(key))
+            m.set_pod(key, e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp), e.service)
+            named.add(e.service)
             touched.add(key)
         for lb in d.services_del:
             key = lb.packed
-            m.unlink(key)
+            named.add(m.unlink(key))
             touched.add(key)
         for p in d.pods_del:
             key = p.packed
-            m.pod.pop(key, None)
+            named.add(m.del_pod(key))
             touched.add(key)
         for a in d.allowed_del:
             pod = a.pod_ip.packed
@@ -896,12 +1125,15 @@ class PinnedMaps:
                 touched.add(pod)
         sets = [a for a in touched if a in m.svc or a in m.pod]
         dels = [a for a in touched if a not in m.svc and a not in m.pod]
+        services = sorted(n for n in named if n)
         try:
+            self.slots.activate(n for n in services if n in m.refs)
             self._delete_addrs(dels)
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
             self._write_addrs(sets)
             self._delete_allowed(d.allowed_del)
+            self.slots.park(n for n in services if n not in m.refs)
             if self._legacy:
                 self._apply_legacy(d)
         except bpfsys.BpfError as e:
@@ -990,7 +1222,9 @@ __all__ = [
     "DEFAULT_MAX_SERVICES",
     "DEFAULT_PIN_DIR",
     "Flow",
+    "MonitorState",
     "PinnedMaps",
+    "ServiceCounters",
     "be16",
     "possible_cpus",
 ]

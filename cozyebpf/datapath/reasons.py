@@ -40,3 +40,17 @@ DESCRIPTIONS: dict[str, str] = {
     "drop_frag_orphan": "port filter: non-first fragment whose first one was not seen",
     "drop_icmp_inner": "ICMP error with a truncated, invalid or nested inner packet",
 }
+
+#: the drop reasons in the order of svc_stat.drops[] (cz_drop_index in bpf/lib/stats.h: the
+#: drop reasons in the order of their values)
+SVC_DROP_REASONS: tuple[str, ...] = tuple(r for r in REASONS if r.startswith("drop_"))
+
+
+def drop_index(reason: int) -> int:
+    """cz_drop_index(): where a drop reason (its enum value) counts in svc_stat.drops[]."""
+    fragment = REASONS.index("drop_fragment")
+    return reason - fragment + 4 if reason >= fragment else reason - REASONS.index("drop_port")
+
+
+#: reasons that are not packets but events (flow-table insertions): no Service counts them
+EVENT_REASONS = ("flow_new", "flow_error")

@@ -5,9 +5,11 @@ look at the whole cluster for one change."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,6 +60,21 @@ class ChangeSet:
         for key, recs in self.slices.items():
             n += model.set_slices(key, recs)
         return n
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: for large batches of allocations (a whole
+    manifest, a first list, a first model), where the collector's passes over every live
+    object cost about as much as the work (0.2 of 0.44 s for 10k Services' model here). The
+    objects made are mostly acyclic and freed by reference counting anyway."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Notifier:

@@ -26,7 +26,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -40,7 +40,7 @@ from cozyebpf.model import (
     SliceRecord,
     read_object,
 )
-from cozyebpf.sources import ChangeSet
+from cozyebpf.sources import ChangeSet, gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,61 @@ def trigger_time(obj: Obj) -> float | None:
 
 class Gone(Exception):
     """410 Gone: the resourceVersion is too old; list again."""
+
+
+class KubeRest:
+    """Requests through the official client's ApiClient: its configuration, TLS, credentials
+    (token refresh and exec plugins included) and its errors (ApiException with `status`),
+    without its generated API classes. Importing CoreV1Api's module alone keeps 22 MB
+    resident for the life of the agent, and the agent needs three paths of it."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.client = api_client
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: Iterable[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: Any = None,
+    ) -> Any:
+        """The raw urllib3 response (not read yet) of a 2xx answer; ApiException otherwise."""
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        req = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.client.call_api(*req, _request_timeout=timeout)
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.response
+
+    def json(
+        self,
+        method: str,
+        path: str,
+        query: Iterable[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: Any = None,
+    ) -> Any:
+        """The decoded JSON of a 2xx answer."""
+        resp = self.request(method, path, query, body, content_type, timeout)
+        try:
+            return json.loads(resp.data)
+        finally:
+            resp.release_conn()
 
 
 @dataclass
@@ -95,7 +150,8 @@ class Resource:
 
     kind: str
     api_version: str
-    list_fn: Callable[..., Any]  # e.g. CoreV1Api.list_service_for_all_namespaces
+    rest: KubeRest
+    path: str  # e.g. /api/v1/services: every namespace
     label_selector: str | None = None
 
 
@@ -121,11 +177,16 @@ class Informer:
 
     # -- HTTP ----------------------------------------------------------------------------
 
-    def _call(self, timeout: Any, **kw: Any) -> Any:
+    def _call(self, timeout: Any, **query: Any) -> Any:
         r = self.resource
         if r.label_selector:
-            kw["label_selector"] = r.label_selector
-        return r.list_fn(_preload_content=False, _request_timeout=timeout, **kw)
+            query["labelSelector"] = r.label_selector
+        q = [
+            (k, str(v).lower() if isinstance(v, bool) else str(v))
+            for k, v in query.items()
+            if v is not None
+        ]
+        return r.rest.request("GET", r.path, q, timeout=timeout)
 
     def _record(self, obj: Obj) -> tuple[Key, Record | None]:
         obj.setdefault("kind", self.resource.kind)  # list items carry no kind
@@ -143,9 +204,12 @@ class Informer:
         while True:
             kw: dict[str, Any] = {"limit": self.page_size}
             if token:
-                kw["_continue"] = token
+                kw["continue"] = token
             resp = self._call(self.request_timeout, **kw)
-            body = json.loads(resp.data)
+            try:
+                body = json.loads(resp.data)
+            finally:
+                resp.release_conn()
             meta = body.get("metadata") or {}
             if not token:
                 rv = str(meta.get("resourceVersion") or "")
@@ -164,9 +228,9 @@ class Informer:
         resp = self._call(
             (self.request_timeout, self.watch_timeout + self.request_timeout),
             watch=True,
-            resource_version=self.resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.watch_timeout,
+            resourceVersion=self.resource_version,
+            allowWatchBookmarks=True,
+            timeoutSeconds=self.watch_timeout,
         )
         try:
             buf = b""
@@ -224,7 +288,8 @@ class Informer:
         while not stop.is_set():
             try:
                 if need_list:
-                    items, rv, listed = self._list()
+                    with gc_paused():
+                        items, rv, listed = self._list()
                     with self.lock:
                         old, self.cache = self.cache, items
                         for key in old.keys() | items.keys():
@@ -290,17 +355,14 @@ class KubeSource:
         watch_timeout: int = 300,
         request_timeout: float = 30.0,
     ) -> None:
-        from kubernetes import client
-
-        core = client.CoreV1Api(api_client)
-        discovery = client.DiscoveryV1Api(api_client)
+        rest = KubeRest(api_client)
         self.proxy_name = proxy_name
         self._lock = threading.Lock()
         self._pending = ChangeSet()
         self._notify: Callable[[], None] = lambda: None
         self.informers = [
             Informer(
-                Resource("Service", "v1", core.list_service_for_all_namespaces),
+                Resource("Service", "v1", rest, "/api/v1/services"),
                 self._read,
                 self._service_changed,
                 self._lock,
@@ -312,7 +374,8 @@ class KubeSource:
                 Resource(
                     "EndpointSlice",
                     "discovery.k8s.io/v1",
-                    discovery.list_endpoint_slice_for_all_namespaces,
+                    rest,
+                    "/apis/discovery.k8s.io/v1/endpointslices",
                 ),
                 self._read,
                 self._slice_changed,

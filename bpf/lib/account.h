@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The end of a full path (ingress.c, ingress_tc.c, egress.c): a packet for a managed address is
+ * counted under its reason and for its Service and shown to a running monitor, or, in
+ * explain's dry run (dryrun.h), only its decision is recorded; then the verdict.
+ *
+ * Everything the end needs goes through the per-CPU scratch (parse.h, struct cz_done) and is
+ * read back as values the verifier does not follow: the end is then verified once or twice,
+ * not once for every way through the parser and the decision (which are many: without this the
+ * tc ingress full path took half as many instructions again).
+ */
+#ifndef COZYEBPF_ACCOUNT_H
+#define COZYEBPF_ACCOUNT_H
+
+#include "dryrun.h"
+#include "lookup.h"
+#include "monitor.h"
+#include "parse.h"
+#include "stats.h"
+#include "tc.h"
+
+/* The context's device and dry-run nonce, for XDP (is_xdp, a constant) or tc programs. */
+static __always_inline __u32 cz_ctx_ifindex(void *ctx, int is_xdp)
+{
+	return is_xdp ? ((struct xdp_md *)ctx)->ingress_ifindex
+		      : ((struct __sk_buff *)ctx)->ifindex;
+}
+
+static __always_inline __u64 cz_ctx_nonce(void *ctx, int is_xdp)
+{
+	return is_xdp ? cz_dry_nonce_xdp(ctx) : cz_dry_nonce_tc(ctx);
+}
+
+/* A frame the full path leaves alone: a dry run records that. */
+static __always_inline void slow_not_ours(void *ctx, int is_xdp)
+{
+	if (cz_dry())
+		cz_dry_record(cz_ctx_nonce(ctx, is_xdp), CZ_NOT_OURS, 0);
+}
+
+/* The verdict of a reason. */
+static __always_inline int cz_verdict(int is_xdp, __u32 reason)
+{
+	if (cz_is_drop(reason))
+		return is_xdp ? XDP_DROP : CZ_TC_DROP;
+	return is_xdp ? XDP_PASS : CZ_TC_NEXT;
+}
+
+/* A first fragment's verdict, for the fragments after it (keyed by the pod IP: the
+ * destination's, found again, or the destination itself). */
+static __always_inline void done_frag(struct cz_done *d, int passed)
+{
+	struct cz_entry e = {};
+	struct ip6 pod = d->dst;
+
+	if (lookup_addr(d->v6, &d->dst, &e) && (e.kind & CZ_K_LB))
+		pod = e.pod;
+	frag_add(d->v6, &d->src, &pod, d->frag_id, d->proto, passed);
+}
+
+/* The end, on what the scratch holds. */
+static __always_inline int slow_end(void *ctx, int is_xdp, int dir, struct cz_done *d)
+{
+	__u32 reason = d->reason, slot = d->slot, len = d->len;
+	struct mon_ctl *mc;
+
+	if (cz_dry()) {
+		cz_dry_record(cz_ctx_nonce(ctx, is_xdp), reason, slot);
+		return cz_verdict(is_xdp, reason);
+	}
+	if (dir && d->flow)
+		flow_record(d->v6, &d->src, &d->dst, d->sport, d->dport, d->proto, d->icmp_type);
+	if (!dir && d->frag)
+		done_frag(d, !cz_is_drop(reason));
+	cz_count(reason, len);
+	cz_svc_count(slot, reason, dir, len);
+	mc = cz_mon_ctl();
+	if (mc && mc->mode != CZ_MON_OFF && cz_mon_wants(mc, reason))
+		cz_mon_event(mc, cz_ctx_ifindex(ctx, is_xdp), dir, reason, slot, len, d->v6,
+			     d->proto, &d->src, &d->dst, d->sport, d->dport);
+	return cz_verdict(is_xdp, reason);
+}
+
+/*
+ * A packet the full path decided (dir 0 ingress, 1 egress), of the Service in `slot`, after
+ * its rewrite: count, tell, return the verdict. Egress records the pod's flow first (`flow`),
+ * ingress the verdict of a first fragment (cz_done_frag).
+ */
+static __always_inline int slow_finish(void *ctx, int is_xdp, int dir, struct pkt *p, __u32 reason,
+				       __u32 slot, __u32 len, int flow)
+{
+	struct cz_scratch *s = cz_scratch_slot();
+
+	if (!s)
+		return cz_verdict(is_xdp, reason);
+	s->done.reason = reason;
+	s->done.slot = slot;
+	s->done.len = len;
+	s->done.proto = p->proto;
+	s->done.sport = p->sport;
+	s->done.dport = p->dport;
+	if (dir) { /* egress: src, dst, v6 were stored after the parse (cz_done_addrs) */
+		s->done.flow = flow;
+		s->done.icmp_type = p->icmp_type;
+	} else { /* ingress: frag, frag_id, pod by cz_done_frag(), for a first fragment */
+		s->done.v6 = p->v6;
+		s->done.src = p->src;
+		s->done.dst = p->dst;
+	}
+	cz_barrier(); /* read it all back from the map */
+	return slow_end(ctx, is_xdp, dir, &s->done);
+}
+
+#endif

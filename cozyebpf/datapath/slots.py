@@ -1,0 +1,180 @@
+"""Per-Service counter slots: which Service counts where.
+
+Every Service with entries in the maps has a slot: an index into the per-CPU array `svcstats`
+(bpf/lib/types.h, struct svc_stat) that the addr values of its addresses carry (`in_slot` for
+ingress, `out_slot` for egress), so that a packet reaches its Service's counters without a
+lookup more. The pinned hash `svcnames` says which Service each slot belongs to, so that any
+process (the agent's metrics, `maps dump`, `explain`, `monitor`, `status`) can name it and a
+new agent (a restart, an upgrade) keeps every Service's slot and counters.
+
+A slot is *active* while an address carries it. When a Service's last address goes (it is
+deleted, or has no ready endpoint for a while), its slot is *parked*: name and counters stay,
+its series are no longer exported, and the same Service gets the slot back, counters going on,
+should it return. A Service that needs a new slot gets one that was never named, else the slot
+parked longest; either starts from zero (its counters are cleared before any address carries
+it). A slot is given out only at the start of a write and parked only at its end, so a slot
+freed by one write is never reused within it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.layout import NAME_LEN, SvcName, SvcStat
+
+log = logging.getLogger(__name__)
+
+
+def split_service(service: str) -> tuple[str, str]:
+    """("namespace", "name") of "namespace/name"."""
+    ns, _, name = service.partition("/")
+    return ns, name
+
+
+@dataclass(frozen=True)
+class SlotName:
+    """One entry of svcnames."""
+
+    service: str  # "namespace/name"
+    active: bool
+
+
+def decode_name(raw: bytes) -> SlotName:
+    v = SvcName.from_buffer_copy(raw)
+    ns = v.ns.decode(errors="replace")
+    name = v.name.decode(errors="replace")
+    return SlotName(f"{ns}/{name}", bool(v.active))
+
+
+def encode_name(service: str, active: bool) -> SvcName:
+    ns, name = split_service(service)
+    bns, bname = ns.encode(), name.encode()
+    if len(bns) >= NAME_LEN or len(bname) >= NAME_LEN:
+        raise ValueError(f"Service name {service!r} is longer than Kubernetes allows")
+    return SvcName(ns=bns, name=bname, active=int(active))
+
+
+class ServiceSlots:
+    """The slots of one pin directory: loaded from svcnames, given out and parked by
+    PinnedMaps.apply() (which keeps the addr values in step)."""
+
+    def __init__(self, names_fd: int, stats_fd: int, capacity: int, ncpu: int) -> None:
+        self.names_fd = names_fd
+        self.stats_fd = stats_fd
+        self.capacity = capacity  # slots 1..capacity
+        self.ncpu = ncpu
+        self._slot: dict[str, int] = {}  # Service -> its slot (active or parked)
+        self._name: dict[int, str] = {}  # slot -> Service
+        self._active: set[int] = set()
+        self._parked: dict[int, None] = {}  # parked slots, parked longest first
+        self._free: list[int] = []  # a heap of slots below _next that nobody holds
+        self._next = 1  # every slot from here on was never named
+        self._warned = False
+
+    # -- reading -------------------------------------------------------------------------
+
+    def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Take the state from svcnames' (key, value) pairs."""
+        self._slot, self._name, self._active, self._parked = {}, {}, set(), {}
+        for kraw, vraw in entries:
+            slot = int.from_bytes(kraw, "little")
+            if not 0 < slot <= self.capacity:
+                continue  # not one we give out (a smaller map after a resize): ignored
+            entry = decode_name(vraw)
+            self._slot[entry.service] = slot
+            self._name[slot] = entry.service
+            if entry.active:
+                self._active.add(slot)
+            else:
+                self._parked[slot] = None
+        self._next = max(self._name, default=0) + 1
+        self._free = [s for s in range(1, self._next) if s not in self._name]
+        heapq.heapify(self._free)
+
+    def slot(self, service: str) -> int:
+        """The active slot of `service`, or 0 (none: its traffic is not counted per Service)."""
+        slot = self._slot.get(service, 0)
+        return slot if slot in self._active else 0
+
+    def name(self, slot: int) -> str:
+        """The Service `slot` is named for (active or parked), or ""."""
+        return self._name.get(slot, "")
+
+    def active(self) -> dict[int, str]:
+        """slot -> Service, for the active slots."""
+        return {s: self._name[s] for s in sorted(self._active)}
+
+    # -- changing ------------------------------------------------------------------------
+
+    def activate(self, services: Iterable[str]) -> None:
+        """Give each of `services` its slot (its parked one, else a new one, cleared) before
+        any address carries it. Without a free slot a Service is not counted (logged once)."""
+        for service in services:
+            slot = self._slot.get(service)
+            if slot is not None:
+                if slot not in self._active:
+                    self._write(slot, service, True)
+                    self._parked.pop(slot, None)
+                    self._active.add(slot)
+                continue
+            slot = self._take()
+            if slot is None:
+                if not self._warned:
+                    log.warning(
+                        "no free per-Service counter slot for %s (all %d are taken; "
+                        "--counted-services sets how many): its traffic is counted node-wide "
+                        "only, as that of every other Service without one (this warning is "
+                        "logged once)",
+                        service,
+                        self.capacity,
+                    )
+                    self._warned = True
+                continue
+            old = self._name.pop(slot, None)
+            if old is not None:
+                del self._slot[old]
+            self._clear(slot)
+            self._write(slot, service, True)
+            self._slot[service] = slot
+            self._name[slot] = service
+            self._active.add(slot)
+
+    def park(self, services: Iterable[str]) -> None:
+        """Park the slots of `services` (no address carries them any more)."""
+        for service in services:
+            slot = self._slot.get(service)
+            if slot is None or slot not in self._active:
+                continue
+            self._write(slot, service, False)
+            self._active.discard(slot)
+            self._parked[slot] = None
+
+    def _take(self) -> int | None:
+        """A slot for a new Service: never named, else the one parked longest."""
+        while self._free:
+            slot = heapq.heappop(self._free)
+            if slot not in self._name:
+                return slot
+        if self._next <= self.capacity:
+            self._next += 1
+            return self._next - 1
+        if self._parked:
+            slot = next(iter(self._parked))
+            del self._parked[slot]
+            return slot
+        return None
+
+    def _write(self, slot: int, service: str, active: bool) -> None:
+        bpfsys.map_update(self.names_fd, ctypes.c_uint32(slot), encode_name(service, active))
+
+    def _clear(self, slot: int) -> None:
+        """Zero the slot's counters on every CPU: a slot given to a Service starts from zero."""
+        stride = (ctypes.sizeof(SvcStat) + 7) // 8 * 8
+        bpfsys.map_update(
+            self.stats_fd, ctypes.c_uint32(slot), ctypes.create_string_buffer(stride * self.ncpu)
+        )

@@ -1,0 +1,203 @@
+"""`cozyebpf status`: the node at a glance.
+
+The datapath's part comes from the pins, as `maps dump` reads them (attachments, layout
+version, Services by mode, the monitor, the top drop reasons); the agent's part (its last sync,
+open problems) from the running agent, which serves it as JSON at /status next to /healthz
+(`--health-address`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from cozyebpf import __version__
+from cozyebpf.datapath import attach
+from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_ALL, MON_DROPS
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.dump import mode_name
+from cozyebpf.errors import CozyError
+from cozyebpf.monitor import monitor_running
+
+if TYPE_CHECKING:
+    from cozyebpf.agent import Agent
+
+DEFAULT_AGENT = "127.0.0.1:9810"  # the DaemonSet's --health-address
+TOP = 5
+
+
+T = TypeVar("T")
+
+
+def read_model(read: Callable[[], list[T]]) -> list[T]:
+    """A read of the agent's model from another thread (an HTTP request): the agent's loop
+    changes it meanwhile, and a read that meets a dict changing size is tried again."""
+    for _ in range(5):
+        try:
+            return read()
+        except RuntimeError:
+            time.sleep(0.001)
+    return read()
+
+
+def agent_status(agent: Agent) -> dict[str, Any]:
+    """The agent's side of `status`, served at /status."""
+    views = read_model(agent.model.views)
+    problems = read_model(agent.model.problems)
+    st = agent.stats
+    modes = Counter(mode_name(v.port_filter) for v in views)
+    return {
+        "version": __version__,
+        "pid": os.getpid(),
+        "synced": agent.synced_once,
+        "last_sync": st.last_sync,
+        "last_sync_duration": st.last_sync_duration,
+        "last_full_sync": st.last_full_sync,
+        "syncs": st.syncs,
+        "full_syncs": st.full_syncs,
+        "sync_errors": st.sync_errors,
+        "services": {m: modes.get(m, 0) for m in ("whole-ip", "port-filter")},
+        "problems": [
+            {"severity": p.severity, "object": str(p.ref), "message": p.message} for p in problems
+        ],
+    }
+
+
+def fetch_agent(address: str, timeout: float = 2.0) -> dict[str, Any]:
+    """GET http://ADDRESS/status; {"error": ...} when the agent cannot be reached."""
+    url = f"http://{address}/status"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            data: dict[str, Any] = json.load(r)
+            return data
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        return {"error": f"cannot reach the agent at {url}: {e}"}
+
+
+def datapath_status(pin_dir: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"pin_dir": pin_dir}
+    try:
+        out["attachments"] = [a.as_dict() for a in attach.list_attachments(pin_dir)]
+    except (OSError, CozyError) as e:
+        out["attachments"] = []
+        out["attachments_error"] = str(e)
+    try:
+        maps = PinnedMaps.open(pin_dir)
+    except CozyError as e:
+        out["error"] = str(e)
+        return out
+    with maps:
+        state = maps.read_state()
+        counters = maps.counters()
+        mon = maps.monitor_state()
+        slots = maps.service_counters()
+        entries = maps.entries()
+    out["layout_version"] = LAYOUT_VERSION
+    services: dict[str, set[str]] = {"whole-ip": set(), "port-filter": set()}
+    for lb, entry in state.services.items():
+        services[mode_name(entry.port_filter)].add(entry.service or f"(unnamed) {lb}")
+    out["services"] = {m: len(s) for m, s in services.items()}
+    out["lb_ips"] = len(state.services)
+    out["pods"] = len(state.pods)
+    running = monitor_running(pin_dir)
+    out["monitor"] = {
+        "running": running,
+        "type": {MON_DROPS: "drop", MON_ALL: "all"}.get(mon.mode),
+        "rate": round(1e9 / mon.interval_ns) if mon.mode and mon.interval_ns else None,
+        "stale": bool(mon.mode) and not running,
+        "events": mon.events,
+        "lost": mon.lost_limit + mon.lost_full,
+    }
+    drops = sorted(
+        ((r, v["packets"]) for r, v in counters.items() if r.startswith("drop_") and v["packets"]),
+        key=lambda x: (-x[1], x[0]),
+    )
+    out["top_drops"] = [{"reason": r, "packets": n} for r, n in drops[:TOP]]
+    by_service = sorted(
+        ((c.service, sum(c.drops.values())) for c in slots if sum(c.drops.values())),
+        key=lambda x: (-x[1], x[0]),
+    )
+    out["top_dropping_services"] = [{"service": s, "packets": n} for s, n in by_service[:TOP]]
+    out["maps"] = {name: {"entries": n, "capacity": cap} for name, (n, cap) in entries.items()}
+    return out
+
+
+def gather(pin_dir: str, agent_address: str) -> dict[str, Any]:
+    return {"datapath": datapath_status(pin_dir), "agent": fetch_agent(agent_address)}
+
+
+def _ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "never"
+    s = max(0.0, now - t)
+    when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t))
+    return f"{when} ({s:.0f}s ago)"
+
+
+def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
+    dp, ag = d["datapath"], d["agent"]
+    out = [f"pin dir: {dp['pin_dir']}"]
+    if dp.get("attachments"):
+        out.append(
+            "attached: "
+            + ", ".join(f"{a['device']} {a['hook']} ({a['program']})" for a in dp["attachments"])
+        )
+    else:
+        out.append("attached: nothing")
+    if "error" in dp:
+        out.append(f"maps: {dp['error']}")
+    else:
+        svc = dp["services"]
+        out.append(f"map layout: {dp['layout_version']}")
+        out.append(
+            f"services: {svc['whole-ip']} whole-IP, {svc['port-filter']} port-filter "
+            f"({dp['lb_ips']} LB IPs, {dp['pods']} pods)"
+        )
+        m = dp["monitor"]
+        if m["running"]:
+            out.append(f"monitor: running (--type {m['type']}, {m['rate']} events/s)")
+        elif m["stale"]:
+            out.append("monitor: none, but its events are on (the agent turns them off)")
+        else:
+            out.append("monitor: not running")
+        out.append(f"events lost (monitor): {m['lost']}")
+        full = [
+            f"{name} {v['entries']}/{v['capacity']}"
+            for name, v in dp["maps"].items()
+            if v["capacity"] and v["entries"] / v["capacity"] >= 0.8
+        ]
+        if full:
+            out.append("maps 80% full or more: " + ", ".join(full))
+        if dp["top_drops"]:
+            out.append(
+                "top drop reasons: "
+                + ", ".join(f"{x['reason']} {x['packets']}" for x in dp["top_drops"])
+            )
+        else:
+            out.append("top drop reasons: none")
+        if dp["top_dropping_services"]:
+            out.append(
+                "most drops: "
+                + ", ".join(f"{x['service']} {x['packets']}" for x in dp["top_dropping_services"])
+            )
+    if "error" in ag:
+        out.append(f"agent: {ag['error']}")
+        return "\n".join(out)
+    t = now()
+    out.append(f"agent: cozyebpf {ag['version']}, pid {ag['pid']}, synced: {ag['synced']}")
+    dur = ag.get("last_sync_duration")
+    out.append(
+        f"last sync: {_ago(ag.get('last_sync'), t)}"
+        + (f", took {dur * 1000:.1f} ms" if dur is not None else "")
+        + f"; {ag['syncs']} syncs ({ag['full_syncs']} full), {ag['sync_errors']} errors"
+    )
+    problems = ag.get("problems", [])
+    out.append(f"problems: {len(problems)}")
+    out += [f"  {p['severity']}: {p['object']}: {p['message']}" for p in problems]
+    return "\n".join(out)
