@@ -1574,6 +1574,10 @@ def test_verifier_instruction_counts(dp: Datapath, capsys: pytest.CaptureFixture
         slow = loader.slow_program_fd(prog)
         assert slow is not None, f"{name} has no full path"
         counts[f"{name} full path"] = bpfsys.prog_info(slow)
+        for more, _, _ in loader.MORE_PATHS.get(prog.name, ()):
+            fd = loader.slow_program_fd(prog, more)
+            assert fd is not None, f"{name} has no {more}"
+            counts[f"{name} {more}"] = bpfsys.prog_info(fd)
     with capsys.disabled():
         print()
         for name, info in counts.items():

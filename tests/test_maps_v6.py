@@ -283,6 +283,8 @@ def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureF
             "flowhint": 16,
             "svcstats": 17,  # a counter slot per Service, and slot 0 (never given out)
             "svcnames": 17,
+            "range4": 64,
+            "range6": 64,
         }
         m.apply(diff(m.read_state(), DUAL))
         m.add_flows([Flow(POD4, IPv4Address("198.51.100.1"), 40000, 443, 6)])
