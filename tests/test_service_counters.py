@@ -17,8 +17,8 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
 from cozyebpf.datapath import bpfsys, loader
-from cozyebpf.datapath.maps import PinnedMaps, ServiceCounters
 from cozyebpf.datapath.layout import SVC_DROPS
+from cozyebpf.datapath.maps import PinnedMaps, ServiceCounters
 from cozyebpf.datapath.reasons import REASONS, SVC_DROP_REASONS, drop_index
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests.packets import CLIENT, LB_FILT, LB_WHOLE, MAC_A, MAC_B, POD_FILT, POD_WHOLE

@@ -187,6 +187,21 @@ class FlowEntry:
         """Seconds since the pod last sent on the flow (refreshed at most once a second)."""
         return max(0, now_ns - self.last_seen_ns) / 1e9
 
+    def as_dict(self, now_ns: int) -> dict[str, object]:
+        """For `maps dump`."""
+        f = self.flow
+        return {
+            "pod_ip": str(f.pod_ip),
+            "remote_ip": str(f.remote_ip),
+            "pod_port": f.pod_port,
+            "remote_port": f.remote_port,
+            "proto": {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp"}.get(
+                f.proto, str(f.proto)
+            ),
+            "age_s": round(self.age_s(now_ns), 1),
+            "closing": self.closing,
+        }
+
 
 def coarse_now_ns() -> int:
     """The programs' clock for flows (bpf_ktime_get_coarse_ns)."""
