@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from cozyebpf.datapath.maps import ServiceCounters
 
 
+#: flows the table lists (the JSON lists them all)
+FLOW_ROWS = 100
+
+
 def mode_name(port_filter: bool) -> str:
     return "port-filter" if port_filter else "whole-ip"
 
@@ -167,10 +171,12 @@ def render_dump(d: Mapping[str, Any]) -> str:
                         f"{f['age_s']:.0f}",
                         "closing" if f["closing"] else "open",
                     )
-                    for f in entries
+                    for f in entries[:FLOW_ROWS]
                 ],
             )
         ]
+        if len(entries) > FLOW_ROWS:
+            out.append(f"  ... {len(entries) - FLOW_ROWS} more flows (--json lists them all)")
     nonzero = {k: v for k, v in d["counters"].items() if v.get("packets")}
     out.append("counters:" + ("" if nonzero else " (all zero)"))
     if nonzero:

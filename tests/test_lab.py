@@ -322,4 +322,6 @@ def test_maps_dump_reads_the_pins_from_another_process(
     }
     assert d["counters"]["nat_ingress"]["packets"] > 0
     table = lab.exec(lab.node, *cozyebpf_cmd, "maps", "dump", "--pin-dir", services.pin_dir).stdout
-    assert "203.0.113.20  10.244.1.20  port-filter  no    tcp/80,udp/53" in table
+    assert (
+        "203.0.113.20  10.244.1.20  default/vm-filt  port-filter  no    tcp/80,udp/53  any" in table
+    )
