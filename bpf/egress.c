@@ -107,5 +107,7 @@ int cz_egress_slow(struct __sk_buff *skb)
 	}
 	/* with a port filter, the flow is recorded at the end (account.h) */
 	flow = reason == CZ_NAT_EGRESS && (e.pod_flags & CZ_F_FLOWS) && p.has_l4;
+	if (flow && p.proto == IPPROTO_TCP) /* the flags byte: only here, not in the shared parse */
+		bpf_skb_load_bytes(skb, p.l4_off + 13, &p.tcp_flags, 1);
 	return slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow);
 }

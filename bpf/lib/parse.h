@@ -69,7 +69,7 @@ struct pkt {
 	__u8 more_frags; /* IPv4 MF / IPv6 M */
 	__u8 icmp_type;
 	__u8 icmp_error; /* an ICMP/ICMPv6 error message */
-	__u8 tcp_flags;	 /* TCP: the flags byte (FIN, SYN, RST, ...) */
+	__u8 tcp_flags;	 /* egress, TCP: the flags byte (FIN, SYN, RST; egress.c reads it) */
 };
 
 /* The embedded packet of an ICMP error. */
@@ -304,7 +304,6 @@ static __always_inline int parse_l4(struct pkt *p, void *data_end)
 			return CZ_BAD;
 		p->sport = th->source;
 		p->dport = th->dest;
-		p->tcp_flags = ((__u8 *)th)[13];
 		break;
 	}
 	case IPPROTO_UDP: {
