@@ -99,6 +99,12 @@ CASES: dict[str, tuple[str, bytes, int, str]] = {
         1,
         "outside the ranges: LPM miss, flow hint 0, drop_source",
     ),
+    "xdp/port-drop-stale-hint": (
+        "xdp",
+        _ingress(LB_F, 1000, 9998),
+        1,
+        "as xdp/port-drop, its flow-hint bit set by a flow that is gone: a flow4 miss",
+    ),
     "tc/whole-ip": ("tc", _ingress(LB_W, 1000, 5000), -1, "as xdp/whole-ip, skb helpers"),
     "tc/whole-ip-ranges": ("tc", _ingress(LB_RW, 1000, 5000), -1, "as xdp/whole-ip-ranges"),
     "tc/port-allowed": ("tc", _ingress(LB_F, 1000, 80), -1, "as xdp/port-allowed"),
@@ -168,6 +174,8 @@ class ProgRunBench:
         self.maps.add_flows(
             Flow(A(pod), A(CLIENT), 40000, 53, 17) for pod in (POD_F, LB_F, POD_RW, LB_RW)
         )
+        # a stale hint: the bit of a flow that expired or was evicted (bits are never cleared)
+        self.maps._set_hints([Flow(A(POD_F), A(CLIENT), 9998, 1000, 17)])
         log("compiling cozyebpf's programs (bcc), with and without per-Service counters")
         nosvc = ["-DCZ_NO_SVC_STATS"]
         # first: each load puts its full paths into the pinned prog arrays, and the product's
