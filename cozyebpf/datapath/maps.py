@@ -919,13 +919,21 @@ class PinnedMaps:
         return st, raw, restricted
 
     def _read_ranges(self, restricted: set[bytes]) -> dict[IPAddress, Ranges]:
-        """The source ranges: of every pod an addr value marks restricted (none: no source),
-        and of any pod with range entries (left behind: the diff removes them)."""
+        """The source ranges of every pod an addr value marks restricted (none: no source).
+        Entries of a pod that no value marks (a write that stopped half way) are never looked
+        at by the programs; the agent's maps (ensure) delete them here."""
         nets: dict[bytes, set[IPv4Network | IPv6Network]] = {p: set() for p in restricted}
+        stray: list[bytes] = []
         for spec in (self.layout.range4, self.layout.range6):
             for raw in bpfsys.map_keys(self.fds[spec.name], spec.key_size):
                 pod, net = _range_of(raw)
-                nets.setdefault(pod, set()).add(net)
+                if pod in nets:
+                    nets[pod].add(net)
+                else:
+                    stray.append(raw)
+        if stray and self._repair:
+            log.warning("%d source-range entries of unrestricted pods: deleted", len(stray))
+            self._write_ranges(stray, delete=True)
         return {_ip(p): frozenset(v) for p, v in nets.items()}
 
     def _read_slots(self) -> None:
