@@ -115,6 +115,9 @@ class Agent:
             "3600",
             "--log-level",
             "info",
+            # as deployed: the DaemonSet serves metrics (prometheus_client is in the RSS)
+            "--metrics-address",
+            "127.0.0.1:9811",
         ]
         if self.max_services != DEFAULT_CAPACITY:
             cmd += ["--max-services", str(self.max_services)]

@@ -23,7 +23,7 @@ def test_demo_runs_and_cleans_up(cozyebpf_cmd: list[str]) -> None:
         "curl: (28) Connection timed out",  # port 8081 of the filtered Service
         "client saw a connection from 203.0.113.10 (pod1 is 10.244.1.10)",
         "client saw a connection from 203.0.113.20 (pod2 is 10.244.1.20)",
-        "203.0.113.20  10.244.1.20  port-filter  yes   tcp/80",
+        "203.0.113.20  10.244.1.20  tenant-demo/vm-filtered  port-filter  yes   tcp/80",
         "lab removed, datapath detached",
     ):
         assert line in out, f"missing {line!r} in the demo output:\n{out}"
