@@ -1202,6 +1202,13 @@ def _undo(after: MapState, d: MapDiff, old: MapState) -> MapState:
         st.pods[pod] = old.pods[pod]
     st.allowed -= d.allowed_add
     st.allowed |= d.allowed_del
+    for pod in d.ranges_set:
+        if pod in old.ranges:
+            st.ranges[pod] = old.ranges[pod]
+        else:
+            del st.ranges[pod]
+    for pod in d.ranges_del:
+        st.ranges[pod] = old.ranges[pod]
     return st
 
 
