@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from ipaddress import ip_network
 from typing import Any
 
 from bench import bpfx, progs
@@ -45,7 +46,8 @@ SERVICES = (
 # path -> variants measured on it (in this order, rotated per repetition)
 # cz-xdp-nosvc / cz-xdp-mon: cz-xdp without per-Service counters (-DCZ_NO_SVC_STATS), and
 # with a monitor running (--type all: every packet asks the token bucket)
-_CZ = ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon", "cz-tcx")
+# cz-xdp-ranges: cz-xdp with loadBalancerSourceRanges on both Services (the client inside)
+_CZ = ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon", "cz-xdp-ranges", "cz-tcx")
 PATHS: dict[str, tuple[str, ...]] = {
     "whole-ip": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", *_CZ),
     "port-allowed": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", *_CZ),
@@ -60,6 +62,7 @@ VARIANT_LABELS = {
     "cz-xdp": "cozyebpf, XDP ingress",
     "cz-xdp-nosvc": "cozyebpf, XDP ingress, built without per-Service counters",
     "cz-xdp-mon": "cozyebpf, XDP ingress, with `cozyebpf monitor --type all` running",
+    "cz-xdp-ranges": "cozyebpf, XDP ingress, both Services with source ranges (client inside)",
     "cz-tcx": "cozyebpf, tcx ingress",
     "gen-only": "generator floor (gen alone, XDP_DROP)",
     "xdp-drop": "bare XDP_DROP on the node device",
@@ -183,6 +186,10 @@ class DatapathBench:
         state = build_state([o for s in SERVICES for o in objects(s)], "cozy-proxy").state
         self.maps.apply(diff(self.maps.read_state(), state))
         self.state = state
+        # cz-xdp-ranges: the same Services with source ranges (the client's network among a few)
+        self.ranged = state.copy()
+        nets = frozenset(ip_network(n) for n in ("198.51.100.0/24", "192.0.2.128/25", "10.0.0.0/8"))
+        self.ranged.ranges = {e.pod_ip: nets for e in state.services.values()}
         log("compiling cozyebpf's programs (bcc), with and without per-Service counters")
         # the build without first: each load puts its full paths into the pinned prog arrays,
         # and the product's should be there (the bench's frames all take the fast paths)
@@ -226,7 +233,9 @@ class DatapathBench:
                 self.nft_mappings, self.nft_allowed, self.nft_filtered, conntrack=v == "nft"
             )
             lab.exec(lab.node, "nft", "-f", "-", input=rules)
-        elif v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"):
+        elif v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon", "cz-xdp-ranges"):
+            if v == "cz-xdp-ranges":
+                self.maps.apply(diff(self.maps.read_state(), self.ranged))
             ing, eg = (
                 (self.nosvc_ingress, self.nosvc_egress)
                 if v == "cz-xdp-nosvc"
@@ -273,6 +282,8 @@ class DatapathBench:
             if self.monitor is not None:
                 self.monitor.stop()
                 self.monitor = None
+            if v == "cz-xdp-ranges":
+                self.maps.apply(diff(self.maps.read_state(), self.state))
             for hook in ("xdp", "tcx-ingress", "tcx-egress"):
                 attach.detach_link(attach.link_pin(self.pin, hook, UPLINK))
         elif v in ("xdp-drop", "xdp-pass", "min-xdp", "tc-next") and self._variant_fd is not None:

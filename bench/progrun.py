@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from ipaddress import IPv4Address as A
+from ipaddress import IPv4Network as N
 from typing import Any
 
 from bench import bpfx, progs
@@ -28,6 +29,11 @@ LB_W, POD_W = "203.0.113.10", "10.244.1.10"
 LB_F, POD_F = "203.0.113.20", "10.244.1.20"
 POD_D = "10.244.1.40"  # a pod IP only: traffic sent to the pod IP directly
 UNKNOWN = "203.0.113.99"
+# with loadBalancerSourceRanges (CLIENT inside, OUTSIDER not): whole-IP and port filter
+LB_RW, POD_RW = "203.0.113.50", "10.244.1.50"
+LB_RF, POD_RF = "203.0.113.60", "10.244.1.60"
+OUTSIDER = "192.0.2.5"
+RANGES = frozenset({N("198.51.100.0/24"), N("192.0.2.128/25"), N("10.0.0.0/8")})
 M1, M2 = "02:00:00:00:aa:01", "02:00:00:00:aa:02"
 
 # flipping seeds: a rewritten packet comes back to the same path on the next run
@@ -37,6 +43,10 @@ SEED = MapState(
         A(POD_W): ServiceEntry(A(LB_W), False, False),
         A(LB_F): ServiceEntry(A(POD_F), True, False),
         A(POD_F): ServiceEntry(A(LB_F), True, False),
+        A(LB_RW): ServiceEntry(A(POD_RW), False, False),
+        A(POD_RW): ServiceEntry(A(LB_RW), False, False),
+        A(LB_RF): ServiceEntry(A(POD_RF), True, False),
+        A(POD_RF): ServiceEntry(A(LB_RF), True, False),
     },
     pods={
         A(POD_W): PodEntry(A(LB_W), False, False),
@@ -44,11 +54,18 @@ SEED = MapState(
         A(POD_F): PodEntry(A(LB_F), True, False),
         A(LB_F): PodEntry(A(POD_F), True, False),
         A(POD_D): PodEntry(A("203.0.113.40"), False, False),
+        A(POD_RW): PodEntry(A(LB_RW), False, False),
+        A(LB_RW): PodEntry(A(POD_RW), False, False),
+        A(POD_RF): PodEntry(A(LB_RF), True, False),
+        A(LB_RF): PodEntry(A(POD_RF), True, False),
     },
     allowed={
         AllowedPort(A(POD_F), Proto.UDP, 80),
         AllowedPort(A(LB_F), Proto.UDP, 80),
+        AllowedPort(A(POD_RF), Proto.UDP, 80),
+        AllowedPort(A(LB_RF), Proto.UDP, 80),
     },
+    ranges={A(a): RANGES for a in (POD_RW, LB_RW, POD_RF, LB_RF)},
 )
 
 
@@ -64,7 +81,32 @@ CASES: dict[str, tuple[str, bytes, int, str]] = {
     "xdp/port-allowed": ("xdp", _ingress(LB_F, 1000, 80), 2, "addr4, inline port hit, rewrite"),
     "xdp/port-drop": ("xdp", _ingress(LB_F, 1000, 9999), 1, "addr4, inline ports, flow hint 0"),
     "xdp/reply": ("xdp", _ingress(LB_F, 53, 40000), 2, "addr4, inline ports, hint, flow4 hit"),
+    "xdp/whole-ip-ranges": (
+        "xdp",
+        _ingress(LB_RW, 1000, 5000),
+        2,
+        "as xdp/whole-ip, with source ranges: an LPM lookup",
+    ),
+    "xdp/port-allowed-ranges": (
+        "xdp",
+        _ingress(LB_RF, 1000, 80),
+        2,
+        "as xdp/port-allowed, with source ranges",
+    ),
+    "xdp/source-drop": (
+        "xdp",
+        udp_frame(M1, M2, OUTSIDER, LB_RW, 1000, 5000),
+        1,
+        "outside the ranges: LPM miss, flow hint 0, drop_source",
+    ),
+    "xdp/port-drop-stale-hint": (
+        "xdp",
+        _ingress(LB_F, 1000, 9998),
+        1,
+        "as xdp/port-drop, its flow-hint bit set by a flow that is gone: a flow4 miss",
+    ),
     "tc/whole-ip": ("tc", _ingress(LB_W, 1000, 5000), -1, "as xdp/whole-ip, skb helpers"),
+    "tc/whole-ip-ranges": ("tc", _ingress(LB_RW, 1000, 5000), -1, "as xdp/whole-ip-ranges"),
     "tc/port-allowed": ("tc", _ingress(LB_F, 1000, 80), -1, "as xdp/port-allowed"),
     "tc/port-drop": ("tc", _ingress(LB_F, 1000, 9999), 2, "as xdp/port-drop"),
     "tc/reply": ("tc", _ingress(LB_F, 53, 40000), -1, "as xdp/reply"),
@@ -80,6 +122,12 @@ CASES: dict[str, tuple[str, bytes, int, str]] = {
         udp_frame(M1, M2, POD_F, CLIENT, 40000, 53),
         -1,
         "addr4, flow4 hit (refresh), SNAT",
+    ),
+    "egress/whole-ip-ranges": (
+        "egress",
+        udp_frame(M1, M2, POD_RW, CLIENT, 40000, 53),
+        -1,
+        "a restricted whole-IP pod: its flows recorded (flow4 hit), SNAT",
     ),
     "min/whole-ip": ("min", _ingress(LB_W, 1000, 5000), 2, "minimal NAT: svc hit, rewrite"),
     "min/port-allowed": ("min", _ingress(LB_F, 1000, 80), 2, "minimal NAT: svc, allow hit"),
@@ -123,7 +171,11 @@ class ProgRunBench:
         self.maps = PinnedMaps.ensure(self.pin)
         self.maps.apply(diff(self.maps.read_state(), SEED))
         # the reply flow, for both sides of the flip (with its flow-hint bit, as egress sets it)
-        self.maps.add_flows(Flow(A(pod), A(CLIENT), 40000, 53, 17) for pod in (POD_F, LB_F))
+        self.maps.add_flows(
+            Flow(A(pod), A(CLIENT), 40000, 53, 17) for pod in (POD_F, LB_F, POD_RW, LB_RW)
+        )
+        # a stale hint: the bit of a flow that expired or was evicted (bits are never cleared)
+        self.maps._set_hints([Flow(A(POD_F), A(CLIENT), 9998, 1000, 17)])
         log("compiling cozyebpf's programs (bcc), with and without per-Service counters")
         nosvc = ["-DCZ_NO_SVC_STATS"]
         # first: each load puts its full paths into the pinned prog arrays, and the product's
@@ -212,6 +264,10 @@ class ProgRunBench:
             slow = loader.slow_program_fd(prog)
             if slow is not None:
                 out["verified_insns"][f"{k}-full-path"] = bpfsys.prog_info(slow).verified_insns
+            for more, _, _ in loader.MORE_PATHS.get(prog.name, ()):
+                fd = loader.slow_program_fd(prog, more)
+                if fd is not None:
+                    out["verified_insns"][f"{k}-outside"] = bpfsys.prog_info(fd).verified_insns
         return out
 
 

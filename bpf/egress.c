@@ -2,9 +2,10 @@
 /*
  * Egress, tcx (or clsact) egress on each uplink device: a packet from a managed pod IP (IPv4 or
  * IPv6) gets source := LB IP; an ICMP error the pod sends about a packet it received gets its
- * embedded packet's destination translated too. In port-filter mode the flow is recorded (before
- * the packet leaves) so that replies pass ingress. Passes with TCX_NEXT (== TC_ACT_UNSPEC), so
- * programs after us (Cilium's) still run. docs/datapath-semantics.md, "Egress".
+ * embedded packet's destination translated too. In port-filter mode, or with source ranges, the
+ * flow is recorded (before the packet leaves) so that replies pass ingress. Passes with TCX_NEXT
+ * (== TC_ACT_UNSPEC), so programs after us (Cilium's) still run. docs/datapath-semantics.md,
+ * "Egress".
  *
  * cz_egress decides the common frame (lib/fast.h); every other frame goes on to cz_egress_slow
  * by a tail call (lib/tail.h).
@@ -45,9 +46,9 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 			return CZ_TC_SLOW;
 		lb = v->lb_ip;
 		f.slot = v->out_slot;
-		if (v->pod_flags & CZ_F_PORT_FILTER)
+		if (v->pod_flags & CZ_F_FLOWS)
 			flow_record(1, (struct ip6 *)&ip6->saddr, (struct ip6 *)&ip6->daddr,
-				    f.sport, f.dport, f.proto, 0);
+				    f.sport, f.dport, f.proto, 0, f.tcp_flags);
 		fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, f.slot, skb->len, 1, f.proto, ip6, f.sport,
 			     f.dport);
 	}
@@ -105,6 +106,8 @@ int cz_egress_slow(struct __sk_buff *skb)
 			reason = CZ_DROP_MALFORMED;
 	}
 	/* with a port filter, the flow is recorded at the end (account.h) */
-	flow = reason == CZ_NAT_EGRESS && (e.pod_flags & CZ_F_PORT_FILTER) && p.has_l4;
+	flow = reason == CZ_NAT_EGRESS && (e.pod_flags & CZ_F_FLOWS) && p.has_l4;
+	if (flow && p.proto == IPPROTO_TCP) /* the flags byte: only here, not in the shared parse */
+		bpf_skb_load_bytes(skb, p.l4_off + 13, &p.tcp_flags, 1);
 	return slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow);
 }

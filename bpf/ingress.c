@@ -15,6 +15,16 @@
 #include "lib/nat.h"
 #include "lib/tail.h"
 
+/* A frame the fast path does not take: to the outside program or the full path. */
+static __always_inline int ingress_slow(struct xdp_md *ctx, void *data, void *data_end)
+{
+	if (fast_outside(data, data_end))
+		cz_tail_xdp.call(ctx, CZ_OUTSIDE_INGRESS);
+	else
+		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
+	return XDP_PASS; /* not reached: the loader fills the array before attaching */
+}
+
 /* IPv6 (and what is neither): the fast path through struct cz_fast, else the full path. */
 static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_end)
 {
@@ -25,15 +35,13 @@ static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_e
 
 	if (ip6)
 		reason = fast_ingress6(data, data_end, data_end - data, ip6, &f, &to);
-	if (reason == CZ_SLOW) {
-		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
-		return XDP_PASS; /* not reached: the loader fills the array before attaching */
-	}
+	if (reason == CZ_SLOW)
+		return ingress_slow(ctx, data, data_end);
 	if (reason == CZ_NOT_OURS)
 		return XDP_PASS;
 	fast_count(0, reason, f.slot, data_end - data);
 	fast_monitor(ctx, 1, 0, reason, f.slot, data_end - data, 1, f.proto, ip6, f.sport, f.dport);
-	if (reason == CZ_DROP_PORT)
+	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE)
 		return XDP_DROP;
 	if (f.rewrite)
 		fast_nat_xdp(&f, data_end, &to);
@@ -50,15 +58,17 @@ int cz_ingress(struct xdp_md *ctx)
 	if (!ip)
 		return ingress6(ctx, data, data_end);
 	verdict = fast_xdp4(ctx, data, data_end, ip);
-	if (cz_unlikely(verdict == CZ_FAST_SLOW)) {
-		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
-		return XDP_PASS; /* not reached: the loader fills the array before attaching */
-	}
+	if (cz_unlikely(verdict == CZ_FAST_SLOW))
+		return ingress_slow(ctx, data, data_end);
 	return verdict;
 }
 
-/* Every frame the fast path does not take: the full parse and decision. */
-int cz_ingress_slow(struct xdp_md *ctx)
+/*
+ * The full parse and decision; `outside` (a constant): the decision for a packet from outside
+ * the pod's source ranges, which the full path hands to a program of its own (so that neither
+ * program's verification follows both decisions).
+ */
+static __always_inline int ingress_full(struct xdp_md *ctx, int outside)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -75,7 +85,7 @@ int cz_ingress_slow(struct xdp_md *ctx)
 		slow_not_ours(ctx, 1);
 		return XDP_PASS;
 	}
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot);
+	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot, outside);
 	if (reason == CZ_NOT_OURS) {
 		slow_not_ours(ctx, 1);
 		return XDP_PASS;
@@ -86,4 +96,16 @@ int cz_ingress_slow(struct xdp_md *ctx)
 		nat_xdp(&p, data_end, 1, &pod);
 	}
 	return slow_finish(ctx, 1, 0, &p, reason, slot, data_end - data, 0);
+}
+
+/* Every frame the fast path does not take. */
+int cz_ingress_slow(struct xdp_md *ctx)
+{
+	return ingress_full(ctx, 0);
+}
+
+/* A frame from outside the source ranges of a restricted pod. */
+int cz_ingress_outside(struct xdp_md *ctx)
+{
+	return ingress_full(ctx, 1);
 }

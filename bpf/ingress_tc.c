@@ -25,13 +25,16 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	data_end = (void *)(long)skb->data_end;
 	reason = fast_ingress(data, data_end, skb->len, &f, &to);
 	if (reason == CZ_SLOW) {
-		cz_tail_tc.call(skb, CZ_SLOW_INGRESS_TC);
+		if (fast_outside(data, data_end))
+			cz_tail_tc.call(skb, CZ_OUTSIDE_INGRESS_TC);
+		else
+			cz_tail_tc.call(skb, CZ_SLOW_INGRESS_TC);
 		return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
 	}
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
 	fast_monitor(skb, 0, 0, reason, f.slot, skb->len, f.v6, f.proto, f.l3, f.sport, f.dport);
-	if (reason == CZ_DROP_PORT) {
+	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE) {
 		fast_count(0, reason, f.slot, skb->len);
 		return CZ_TC_DROP;
 	}
@@ -43,8 +46,8 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	return CZ_TC_NEXT;
 }
 
-/* Every frame the fast path does not take: the full parse and decision. */
-int cz_ingress_tc_slow(struct __sk_buff *skb)
+/* The full parse and decision; `outside` as in ingress.c. */
+static __always_inline int ingress_tc_full(struct __sk_buff *skb, int outside)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -61,7 +64,7 @@ int cz_ingress_tc_slow(struct __sk_buff *skb)
 		slow_not_ours(skb, 0);
 		return CZ_TC_NEXT;
 	}
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot);
+	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot, outside);
 	if (reason == CZ_NOT_OURS) {
 		slow_not_ours(skb, 0);
 		return CZ_TC_NEXT;
@@ -73,4 +76,16 @@ int cz_ingress_tc_slow(struct __sk_buff *skb)
 			reason = CZ_DROP_MALFORMED;
 	}
 	return slow_finish(skb, 0, 0, &p, reason, slot, skb->len, 0);
+}
+
+/* Every frame the fast path does not take. */
+int cz_ingress_tc_slow(struct __sk_buff *skb)
+{
+	return ingress_tc_full(skb, 0);
+}
+
+/* A frame from outside the source ranges of a restricted pod. */
+int cz_ingress_tc_outside(struct __sk_buff *skb)
+{
+	return ingress_tc_full(skb, 1);
 }

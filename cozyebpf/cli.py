@@ -220,6 +220,36 @@ def main() -> None:
     "counted node-wide only. Each costs 96 bytes of kernel memory per CPU. Default: every "
     "Service the maps hold, within 64 MiB (65,536 with up to 10 CPUs, 7,280 with 96).",
 )
+@click.option(
+    "--flow-timeout-udp",
+    type=click.FloatRange(min=0),
+    default=120,
+    show_default=True,
+    help="Seconds a UDP flow the pod opened admits replies after the pod's last datagram "
+    "(port-filter mode and pods with loadBalancerSourceRanges); 0: never expires.",
+)
+@click.option(
+    "--flow-timeout-icmp",
+    type=click.FloatRange(min=0),
+    default=30,
+    show_default=True,
+    help="Seconds an ICMP echo the pod sent admits its replies; 0: never.",
+)
+@click.option(
+    "--flow-timeout-tcp",
+    type=click.FloatRange(min=0),
+    default=432000,
+    show_default=True,
+    help="Seconds an established TCP (and SCTP) flow admits replies after the pod's last "
+    "segment (5 days, as Linux conntrack); 0: never.",
+)
+@click.option(
+    "--flow-timeout-tcp-closing",
+    type=click.FloatRange(min=0),
+    default=10,
+    show_default=True,
+    help="Seconds a TCP flow admits replies once the pod sent a FIN or RST; 0: never.",
+)
 def run(
     manifests: str | None,
     devices: str,
@@ -240,6 +270,10 @@ def run(
     health_address: str,
     metrics_address: str,
     counted_services: int | None,
+    flow_timeout_udp: float,
+    flow_timeout_icmp: float,
+    flow_timeout_tcp: float,
+    flow_timeout_tcp_closing: float,
 ) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -306,6 +340,12 @@ def run(
             on_foreign_xdp=on_foreign_xdp,
             service_slots=counted_services,
             max_services=max_services,
+            flow_timeouts={
+                "udp": flow_timeout_udp,
+                "icmp": flow_timeout_icmp,
+                "tcp": flow_timeout_tcp,
+                "tcp_closing": flow_timeout_tcp_closing,
+            },
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
         dp.prepare()

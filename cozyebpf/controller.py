@@ -38,10 +38,14 @@ def summarize(live: MapState, d: MapDiff, desired: MapState) -> str:
 
 
 def _summary(d: MapDiff, s_new: int, p_new: int, desired: MapState) -> str:
+    ranges = ""
+    if d.ranges_set or d.ranges_del:
+        ranges = f", pods with source ranges ~{len(d.ranges_set)} -{len(d.ranges_del)}"
     return (
         f"programmed: services +{s_new} ~{len(d.services_set) - s_new} -{len(d.services_del)}, "
         f"pods +{p_new} ~{len(d.pods_set) - p_new} -{len(d.pods_del)}, "
-        f"allowed ports +{len(d.allowed_add)} -{len(d.allowed_del)}; now {_counts(desired)}"
+        f"allowed ports +{len(d.allowed_add)} -{len(d.allowed_del)}{ranges}; "
+        f"now {_counts(desired)}"
     )
 
 

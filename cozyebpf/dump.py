@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from cozyebpf.datapath.maps import ServiceCounters
 
 
+#: flows the table lists (the JSON lists them all)
+FLOW_ROWS = 100
+
+
 def mode_name(port_filter: bool) -> str:
     return "port-filter" if port_filter else "whole-ip"
 
@@ -26,11 +30,14 @@ def build_dump(
     attachments: Sequence[Mapping[str, Any]] = (),
     pin_dir: str = "",
     service_counters: Sequence[ServiceCounters] = (),
+    flow_entries: Sequence[Mapping[str, Any]] = (),
+    flow_timeouts: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """JSON-ready dump. Services are sorted by LB IP and pods by pod IP, IPv4 before IPv6;
     ports as "tcp/22", sorted by protocol number and port; `service` names the Service an
     address counts for (null: none); the per-Service counters by Service, drops by reason
-    (those that counted any)."""
+    (those that counted any); `source_ranges` of a Service's pod (null: every source); the
+    flows with their age in seconds (`flow_entries`, as FlowEntry.as_dict) and the timeouts."""
     flows_by_pod = flows_by_pod or {}
     ports_by_pod: dict[IPAddress, list[str]] = {}
     for a in sorted(state.allowed):
@@ -44,6 +51,7 @@ def build_dump(
             "allowed_ports": ports_by_pod.get(svc.pod_ip, []) if svc.port_filter else [],
             "flows": flows_by_pod.get(svc.pod_ip, 0),
             "service": svc.service or None,
+            "source_ranges": _ranges(state, svc.pod_ip),
         }
         for lb, svc in sorted(state.services.items(), key=lambda kv: address_key(kv[0]))
     ]
@@ -63,6 +71,8 @@ def build_dump(
         "services": services,
         "pods": pods,
         "flows": sum(flows_by_pod.values()),
+        "flow_timeouts": dict(flow_timeouts or {}),
+        "flow_entries": list(flow_entries),
         "counters": {k: dict(v) for k, v in (counters or {}).items()},
         "service_counters": [
             {
@@ -75,6 +85,13 @@ def build_dump(
             for c in sorted(service_counters, key=lambda c: c.service)
         ],
     }
+
+
+def _ranges(state: MapState, pod: IPAddress) -> list[str] | None:
+    nets = state.ranges.get(pod)
+    if nets is None:
+        return None
+    return [str(n) for n in sorted(nets, key=lambda n: (int(n.network_address), n.prefixlen))]
 
 
 def _yes(flag: bool) -> str:
@@ -111,6 +128,7 @@ def render_dump(d: Mapping[str, Any]) -> str:
                 s["mode"],
                 _yes(s["allow_icmp"]),
                 ",".join(s["allowed_ports"]) or "-",
+                "any" if s.get("source_ranges") is None else ",".join(s["source_ranges"]) or "none",
                 s["flows"],
             )
             for s in d["services"]
@@ -118,7 +136,7 @@ def render_dump(d: Mapping[str, Any]) -> str:
         out += [
             "  " + line
             for line in _table(
-                ["LB IP", "POD IP", "SERVICE", "MODE", "ICMP", "PORTS", "FLOWS"], rows
+                ["LB IP", "POD IP", "SERVICE", "MODE", "ICMP", "PORTS", "SOURCES", "FLOWS"], rows
             )
         ]
     lonely = [p for p in d["pods"] if p["lb_ip"] not in {s["lb_ip"] for s in d["services"]}]
@@ -132,6 +150,33 @@ def render_dump(d: Mapping[str, Any]) -> str:
             )
         ]
     out.append(f"flows: {d['flows']}")
+    if d.get("flow_timeouts"):
+        out.append(
+            "  idle timeouts (s, 0 never): "
+            + ", ".join(f"{k} {v:g}" for k, v in d["flow_timeouts"].items())
+        )
+    entries = d.get("flow_entries", [])
+    if entries:
+        out += [
+            "  " + line
+            for line in _table(
+                ["POD IP", "POD PORT", "REMOTE", "REMOTE PORT", "PROTO", "AGE (s)", "STATE"],
+                [
+                    (
+                        f["pod_ip"],
+                        f["pod_port"],
+                        f["remote_ip"],
+                        f["remote_port"],
+                        f["proto"],
+                        f"{f['age_s']:.0f}",
+                        "closing" if f["closing"] else "open",
+                    )
+                    for f in entries[:FLOW_ROWS]
+                ],
+            )
+        ]
+        if len(entries) > FLOW_ROWS:
+            out.append(f"  ... {len(entries) - FLOW_ROWS} more flows (--json lists them all)")
     nonzero = {k: v for k, v in d["counters"].items() if v.get("packets")}
     out.append("counters:" + ("" if nonzero else " (all zero)"))
     if nonzero:

@@ -31,7 +31,7 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address, IPv6Address, ip_network
 from typing import Any, Literal, NamedTuple
 
 from cozyebpf.state import (
@@ -39,10 +39,12 @@ from cozyebpf.state import (
     AllowedPort,
     Capacity,
     IPAddress,
+    IPNetwork,
     MapDiff,
     MapState,
     PodEntry,
     Proto,
+    Ranges,
     ServiceEntry,
     diff,
     family_name,
@@ -52,6 +54,8 @@ LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 DEFAULT_PROXY_NAME = "cozy-proxy"
 ANN_WHOLE_IP = "networking.cozystack.io/wholeIP"
 ANN_ALLOW_ICMP = "networking.cozystack.io/allowICMP"
+#: the older way to give loadBalancerSourceRanges (comma-separated); the spec field wins
+ANN_SOURCE_RANGES = "service.beta.kubernetes.io/load-balancer-source-ranges"
 #: The label that ties an EndpointSlice to its Service.
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 
@@ -120,6 +124,8 @@ class ServiceView:
     port_filter: bool
     allow_icmp: bool
     ports: tuple[PortSpec, ...]
+    #: the valid loadBalancerSourceRanges (both families); None: every source may connect
+    source_ranges: tuple[IPNetwork, ...] | None = None
 
     def pod_for(self, lb: IPAddress) -> IPAddress | None:
         """The backend `lb` is translated to: the pod IP of its family, or None."""
@@ -166,6 +172,8 @@ class ServiceView:
             mode += " icmp" if self.allow_icmp else ""
         else:
             mode = "whole-ip"
+        if self.source_ranges is not None:
+            mode += " from " + (",".join(map(str, self.source_ranges)) or "(no source)")
         return f"{self.ref}: {self._target()} {mode}"
 
 
@@ -200,6 +208,13 @@ class ParsedService:
     lb_ips: tuple[IPAddress, ...]
     ports: tuple[PortSpec, ...]
     problems: tuple[Problem, ...]
+    source_ranges: tuple[IPNetwork, ...] | None = None  # None: no restriction
+
+    def ranges_of(self, version: int) -> Ranges | None:
+        """The source ranges that apply to addresses of one family (None: every source)."""
+        if self.source_ranges is None:
+            return None
+        return frozenset(n for n in self.source_ranges if n.version == version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,9 +493,101 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
                 problems.append(Problem(ref, e.message, e.severity))
                 continue
             ports.add(PortSpec(_PROTOS[proto], port))
+    source_ranges = _source_ranges(spec, ann, problems, ref)
     return ParsedService(
-        ref, created, port_filter, allow_icmp, tuple(lb_ips), tuple(sorted(ports)), tuple(problems)
+        ref,
+        created,
+        port_filter,
+        allow_icmp,
+        tuple(lb_ips),
+        tuple(sorted(ports)),
+        tuple(problems),
+        source_ranges,
     )
+
+
+def _parse_cidr(value: object, where: str) -> IPNetwork:
+    """A CIDR of either family (host bits allowed and cleared, as Kubernetes accepts them),
+    or _Invalid (a warning: the other ranges still apply)."""
+    fix = "it is ignored, the other ranges still apply; fix it"
+    if not isinstance(value, str):
+        raise _Invalid(f"{where} must be a string but is {_describe(value)}; {fix}", "warning")
+    if "/" not in value:
+        raise _Invalid(
+            f"{where} {_q(value)} is not a CIDR (no prefix length, e.g. {value}/32); {fix}",
+            "warning",
+        )
+    try:
+        return ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise _Invalid(f"{where} {_q(value)} is not a valid CIDR; {fix}", "warning") from None
+
+
+def _source_ranges(
+    spec: Mapping[str, Any], ann: Mapping[str, Any], problems: list[Problem], ref: ObjectRef
+) -> tuple[IPNetwork, ...] | None:
+    """The valid loadBalancerSourceRanges, from the spec field or else the annotation (as
+    Kubernetes reads them); None when there are none (every source may connect). Invalid ones
+    are reported and left out; a list in which none is valid lets no source in: never wider
+    than asked."""
+    field_value = spec.get("loadBalancerSourceRanges")
+    items: list[tuple[str, object]] = []
+    what = "spec.loadBalancerSourceRanges"
+    if field_value not in (None, [], ()):
+        if not isinstance(field_value, list | tuple):
+            problems.append(
+                Problem(
+                    ref,
+                    f"{what} must be a list but is {_describe(field_value)}, so no source may "
+                    "connect; fix the field",
+                    "error",
+                )
+            )
+            return ()
+        items = [(f"{what}[{i}]", v) for i, v in enumerate(field_value)]
+        if ann.get(ANN_SOURCE_RANGES) is not None:
+            problems.append(
+                Problem(
+                    ref,
+                    f"annotation {ANN_SOURCE_RANGES} is ignored because {what} is set (the "
+                    "field wins, as in Kubernetes); remove one of them",
+                )
+            )
+    else:
+        value = ann.get(ANN_SOURCE_RANGES)
+        if value is None:
+            return None
+        what = f"annotation {ANN_SOURCE_RANGES}"
+        if not isinstance(value, str):
+            problems.append(
+                Problem(
+                    ref,
+                    f"{what} must be a comma-separated string but is {_describe(value)}, so no "
+                    "source may connect; fix the annotation",
+                    "error",
+                )
+            )
+            return ()
+        parts = [p.strip() for p in value.split(",")]
+        items = [(f"{what} item {n}", p) for n, p in enumerate(parts, start=1) if p]
+        if not items:
+            return None
+    nets: set[IPNetwork] = set()
+    for where, v in items:
+        try:
+            nets.add(_parse_cidr(v, where))
+        except _Invalid as e:
+            problems.append(Problem(ref, e.message, e.severity))
+    if not nets:
+        problems.append(
+            Problem(
+                ref,
+                f"none of the {len(items)} source ranges in {what} is valid, so no source may "
+                "connect (never wider than asked); fix them",
+                "error",
+            )
+        )
+    return tuple(sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen)))
 
 
 def _ready_addresses(
@@ -791,6 +898,28 @@ class _Output:
     allowed: tuple[AllowedPort, ...] = ()
     problems: tuple[Problem, ...] = ()
     view: ServiceView | None = None
+    #: for each pod its LB IPs reach: the sources it lets in (None: every source)
+    ranges: tuple[tuple[IPAddress, Ranges | None], ...] = ()
+
+
+def _state_of(outputs: Iterable[_Output]) -> MapState:
+    """The desired state the outputs make together. A pod's source ranges are the union of
+    its Services' (a pod behind a Service without ranges accepts every source, as its allowed
+    ports are the union of its Services')."""
+    st = MapState()
+    contrib: dict[IPAddress, list[Ranges | None]] = {}
+    for o in outputs:
+        st.services.update(o.services)
+        st.pods.update(o.pods)
+        st.allowed.update(o.allowed)
+        for pod, r in o.ranges:
+            contrib.setdefault(pod, []).append(r)
+    st.ranges = {
+        pod: frozenset().union(*rs)  # type: ignore[arg-type]
+        for pod, rs in contrib.items()
+        if None not in rs
+    }
+    return st
 
 
 def _shared_problem(ref: ObjectRef, lb: IPAddress, other: ForeignRecord) -> Problem:
@@ -835,6 +964,7 @@ def _compose(
         services: list[tuple[IPAddress, ServiceEntry]] = []
         pods: list[tuple[IPAddress, PodEntry]] = []
         allowed: set[AllowedPort] = set()
+        ranges: list[tuple[IPAddress, Ranges | None]] = []
         kept: list[IPAddress] = []
         for lb in s.lb_ips:
             for other in sorted(foreign.get(lb, ()), key=lambda f: f.ref):
@@ -859,6 +989,7 @@ def _compose(
             s.port_filter,
             s.allow_icmp,
             s.ports,
+            s.source_ranges,
         )
         for version in FAMILIES:
             lbs = [lb for lb in kept if lb.version == version]
@@ -882,6 +1013,7 @@ def _compose(
                 continue
             entry = ServiceEntry(backend, s.port_filter, s.allow_icmp, name)
             services += [(lb, entry) for lb in lbs]
+            ranges.append((backend, s.ranges_of(version)))
             if backend in pod_owner:
                 owner, egress = pod_owner[backend]
                 problems.append(
@@ -897,7 +1029,9 @@ def _compose(
                 pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp, name)))
             if s.port_filter:
                 allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
-        out[e.ref] = _Output(tuple(services), tuple(pods), tuple(allowed), tuple(problems), view)
+        out[e.ref] = _Output(
+            tuple(services), tuple(pods), tuple(allowed), tuple(problems), view, tuple(ranges)
+        )
     return out
 
 
@@ -907,6 +1041,7 @@ def _kind_counts(state: MapState) -> dict[tuple[str, int], int]:
         ("services", state.services),
         ("pods", state.pods),
         ("allowed", [a.pod_ip for a in state.allowed]),
+        ("ranges", [pod for pod, nets in state.ranges.items() for _ in nets]),
     ):
         for ip in keys:
             counts[(kind, ip.version)] = counts.get((kind, ip.version), 0) + 1
@@ -918,18 +1053,32 @@ def _admit(
 ) -> tuple[MapState, dict[ObjectRef, Problem]]:
     """Over capacity: the outputs in the order given (oldest Service first) are programmed
     while all their entries fit; each Service that does not fit is left out whole and gets a
-    Problem naming the full map."""
-    state = MapState()
+    Problem naming the full map. (A pod's source ranges are counted as its Services add them:
+    an upper bound of what the union holds.)"""
     counts: dict[tuple[str, int], int] = {}
     left_out: dict[ObjectRef, Problem] = {}
+    admitted: list[_Output] = []
+    services: set[IPAddress] = set()
+    pods: set[IPAddress] = set()
+    allowed: set[AllowedPort] = set()
+    ranges: dict[IPAddress, set[IPNetwork]] = {}
     for o in outputs:
         if o.view is None:
             continue
         new: dict[tuple[str, int], int] = {}
         for kind, keys in (
-            ("services", [k for k, _ in o.services if k not in state.services]),
-            ("pods", [k for k, _ in o.pods if k not in state.pods]),
-            ("allowed", [a.pod_ip for a in o.allowed if a not in state.allowed]),
+            ("services", [k for k, _ in o.services if k not in services]),
+            ("pods", [k for k, _ in o.pods if k not in pods]),
+            ("allowed", [a.pod_ip for a in o.allowed if a not in allowed]),
+            (
+                "ranges",
+                [
+                    pod
+                    for pod, r in o.ranges
+                    for net in (r or ())
+                    if net not in ranges.get(pod, set())
+                ],
+            ),
         ):
             for ip in keys:
                 new[(kind, ip.version)] = new.get((kind, ip.version), 0) + 1
@@ -945,10 +1094,13 @@ def _admit(
             )
             continue
         counts = after
-        state.services.update(o.services)
-        state.pods.update(o.pods)
-        state.allowed.update(o.allowed)
-    return state, left_out
+        admitted.append(o)
+        services.update(k for k, _ in o.services)
+        pods.update(k for k, _ in o.pods)
+        allowed.update(o.allowed)
+        for pod, r in o.ranges:
+            ranges.setdefault(pod, set()).update(r or ())
+    return _state_of(admitted), left_out
 
 
 def _age_order(outputs: Mapping[ObjectRef, _Output], evals: Mapping[Key, _Eval]) -> list[_Output]:
@@ -984,11 +1136,8 @@ def compose(objects: ObjectSet, capacity: Capacity | None = None) -> ModelResult
     evals = {key: _evaluate(rec, by_service.get(key, ())) for key, rec in objects.services.items()}
     outputs = _compose(evals.values(), foreign_by_ip(objects.foreign.values()))
     problems = list(objects.problems)
-    state = MapState()
+    state = _state_of(outputs.values())
     for o in outputs.values():
-        state.services.update(o.services)
-        state.pods.update(o.pods)
-        state.allowed.update(o.allowed)
         problems += o.problems
     if capacity is not None and capacity.full(_kind_counts(state)) is not None:
         state, left_out = _admit(_age_order(outputs, evals), capacity)
@@ -1030,12 +1179,7 @@ class Delta:
 
 
 def _merge(outputs: Iterable[_Output]) -> MapState:
-    st = MapState()
-    for o in outputs:
-        st.services.update(o.services)
-        st.pods.update(o.pods)
-        st.allowed.update(o.allowed)
-    return st
+    return _state_of(outputs)
 
 
 def _undo(after: MapState, d: MapDiff, old: MapState) -> MapState:
@@ -1058,6 +1202,13 @@ def _undo(after: MapState, d: MapDiff, old: MapState) -> MapState:
         st.pods[pod] = old.pods[pod]
     st.allowed -= d.allowed_add
     st.allowed |= d.allowed_del
+    for pod in d.ranges_set:
+        if pod in old.ranges:
+            st.ranges[pod] = old.ranges[pod]
+        else:
+            del st.ranges[pod]
+    for pod in d.ranges_del:
+        st.ranges[pod] = old.ranges[pod]
     return st
 
 
@@ -1283,6 +1434,7 @@ class IncrementalModel:
             ("services", st.services),
             ("pods", st.pods),
             ("allowed", [a.pod_ip for a in st.allowed]),
+            ("ranges", [pod for pod, nets in st.ranges.items() for _ in nets]),
         ):
             for ip in ips:
                 k = (kind, ip.version)
@@ -1322,6 +1474,9 @@ class IncrementalModel:
         full.pods.update(d.pods_set)
         full.allowed -= d.allowed_del
         full.allowed |= d.allowed_add
+        for pod in d.ranges_del:
+            del full.ranges[pod]
+        full.ranges.update(d.ranges_set)
 
         before = self.state
         over = self.capacity is not None and self.capacity.full(self._counts) is not None

@@ -22,11 +22,16 @@ import enum
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import TypeAlias
 
 #: An address of either family.
 IPAddress: TypeAlias = IPv4Address | IPv6Address
+#: A network (a CIDR) of either family.
+IPNetwork: TypeAlias = IPv4Network | IPv6Network
+#: The sources a pod accepts connections from (loadBalancerSourceRanges), all of the pod's
+#: family; empty: none at all.
+Ranges: TypeAlias = frozenset[IPNetwork]
 
 #: The address families, as `IPv4Address.version` / `IPv6Address.version` name them.
 FAMILIES = (4, 6)
@@ -151,7 +156,11 @@ class AllowedPort:
         return self._key() < other._key()
 
 
-def _mixed(services: dict[IPAddress, ServiceEntry], pods: dict[IPAddress, PodEntry]) -> list[str]:
+def _mixed(
+    services: dict[IPAddress, ServiceEntry],
+    pods: dict[IPAddress, PodEntry],
+    ranges: Mapping[IPAddress, Ranges] | None = None,
+) -> list[str]:
     """One line per entry whose key and value are of different families."""
     out = [
         f"service {lb} -> pod {s.pod_ip}"
@@ -162,6 +171,12 @@ def _mixed(services: dict[IPAddress, ServiceEntry], pods: dict[IPAddress, PodEnt
         f"pod {p} -> LB IP {e.lb_ip}"
         for p, e in sorted(pods.items(), key=lambda kv: address_key(kv[0]))
         if p.version != e.version
+    ]
+    out += [
+        f"source ranges of pod {p}: {net}"
+        for p, nets in sorted((ranges or {}).items(), key=lambda kv: address_key(kv[0]))
+        for net in sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
+        if net.version != p.version
     ]
     return out
 
@@ -184,13 +199,16 @@ class MapState:
     services: dict[IPAddress, ServiceEntry] = field(default_factory=dict)
     pods: dict[IPAddress, PodEntry] = field(default_factory=dict)
     allowed: set[AllowedPort] = field(default_factory=set)
+    #: pods that accept only some sources (loadBalancerSourceRanges): pod IP -> the networks
+    #: (empty: no source at all); a pod without an entry accepts every source
+    ranges: dict[IPAddress, Ranges] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.check()
 
     def family_errors(self) -> list[str]:
         """Entries whose key and value are of different families, one line each."""
-        return _mixed(self.services, self.pods)
+        return _mixed(self.services, self.pods, self.ranges)
 
     def check(self) -> None:
         """Raise ValueError naming every entry whose key and value are of different families."""
@@ -202,10 +220,11 @@ class MapState:
             {k: v for k, v in self.services.items() if k.version == version},
             {k: v for k, v in self.pods.items() if k.version == version},
             {a for a in self.allowed if a.version == version},
+            {k: v for k, v in self.ranges.items() if k.version == version},
         )
 
     def copy(self) -> MapState:
-        return MapState(dict(self.services), dict(self.pods), set(self.allowed))
+        return MapState(dict(self.services), dict(self.pods), set(self.allowed), dict(self.ranges))
 
 
 @dataclass
@@ -224,13 +243,15 @@ class MapDiff:
     pods_del: set[IPAddress] = field(default_factory=set)
     allowed_add: set[AllowedPort] = field(default_factory=set)
     allowed_del: set[AllowedPort] = field(default_factory=set)
+    ranges_set: dict[IPAddress, Ranges] = field(default_factory=dict)  # a pod's sources, whole
+    ranges_del: set[IPAddress] = field(default_factory=set)  # pods that accept every source
 
     def __post_init__(self) -> None:
         self.check()
 
     def family_errors(self) -> list[str]:
         """Entries to set whose key and value are of different families, one line each."""
-        return _mixed(self.services_set, self.pods_set)
+        return _mixed(self.services_set, self.pods_set, self.ranges_set)
 
     def check(self) -> None:
         """Raise ValueError naming every entry whose key and value are of different families."""
@@ -244,6 +265,8 @@ class MapDiff:
             or self.pods_del
             or self.allowed_add
             or self.allowed_del
+            or self.ranges_set
+            or self.ranges_del
         )
 
 
@@ -266,6 +289,10 @@ def diff(live: MapState, desired: MapState) -> MapDiff:
     d.pods_del = set(live.pods) - set(desired.pods)
     d.allowed_add = desired.allowed - live.allowed
     d.allowed_del = live.allowed - desired.allowed
+    for pod, nets in desired.ranges.items():
+        if live.ranges.get(pod) != nets:
+            d.ranges_set[pod] = nets
+    d.ranges_del = set(live.ranges) - set(desired.ranges)
     return d
 
 
@@ -275,6 +302,7 @@ def apply_to(state: MapState, d: MapDiff) -> MapState:
     d.check()
     out = state.copy()
     out.allowed |= d.allowed_add
+    out.ranges.update(d.ranges_set)
     out.services.update(d.services_set)
     out.pods.update(d.pods_set)
     for lb in d.services_del:
@@ -282,13 +310,16 @@ def apply_to(state: MapState, d: MapDiff) -> MapState:
     for pod in d.pods_del:
         out.pods.pop(pod, None)
     out.allowed -= d.allowed_del
+    for pod in d.ranges_del:
+        out.ranges.pop(pod, None)
     return out
 
 
 @dataclass(frozen=True)
 class MapLimit:
     """One map of the datapath and what it holds: at most `size` entries of the kinds listed,
-    ("services" | "pods" | "allowed", address family) counted together."""
+    ("services" | "pods" | "allowed" | "ranges", address family) counted together ("ranges"
+    counts networks)."""
 
     map: str
     size: int

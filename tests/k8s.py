@@ -20,6 +20,7 @@ class Svc:
     created: str = "2026-01-01T00:00:00Z"
     lb_ip6: str | None = None  # dual-stack: an IPv6 LB IP too
     pod_ip6: str | None = None  # and an IPv6 EndpointSlice
+    source_ranges: list[str] | None = None  # spec.loadBalancerSourceRanges
 
 
 def objects(svc: Svc) -> list[dict[str, object]]:
@@ -46,6 +47,11 @@ def objects(svc: Svc) -> list[dict[str, object]]:
             ]
             # a LoadBalancer Service needs a port; port 1 stands in where a test names none
             or [{"name": "placeholder", "protocol": "TCP", "port": 1}],
+            **(
+                {"loadBalancerSourceRanges": svc.source_ranges}
+                if svc.source_ranges is not None
+                else {}
+            ),
         },
         "status": {
             "loadBalancer": {

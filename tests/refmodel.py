@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import NamedTuple, TypeAlias
 
 Addr: TypeAlias = IPv4Address | IPv6Address
+Net: TypeAlias = IPv4Network | IPv6Network
 
 # -- constants of the contract -----------------------------------------------------------
 
@@ -43,6 +44,15 @@ XDP_DROP, XDP_PASS = 1, 2
 TCX_NEXT, TCX_DROP = -1, 2
 
 FRAG_LIFETIME_NS = 30 * 1_000_000_000
+FLOW_REFRESH_NS = 1_000_000_000  # egress rewrites a flow's time at most once a second
+#: the flows' idle timeouts by default (ns): UDP, ICMP echo, TCP/SCTP, TCP after FIN or RST
+TIMEOUTS = {
+    "udp": 120 * 10**9,
+    "icmp": 30 * 10**9,
+    "tcp": 432000 * 10**9,
+    "tcp_closing": 10 * 10**9,
+}
+TCP_FIN, TCP_SYN, TCP_RST = 0x01, 0x02, 0x04
 
 TCP, UDP, SCTP, ICMP, ICMPV6 = 6, 17, 132, 1, 58
 PORT_PROTOS = (TCP, UDP, SCTP)
@@ -105,6 +115,13 @@ class FlowKey(NamedTuple):
     proto: int
 
 
+class FlowVal(NamedTuple):
+    """When the pod last sent on the flow, and whether it sent a FIN or RST."""
+
+    seen_ns: int
+    closing: bool = False
+
+
 class FragKey(NamedTuple):
     remote_ip: Addr
     pod_ip: Addr
@@ -126,12 +143,38 @@ class RefState:
     allow: set[AllowKey] = field(default_factory=set)
     flow: set[FlowKey] = field(default_factory=set)
     frag: dict[FragKey, Frag] = field(default_factory=dict)
+    #: restricted pods (loadBalancerSourceRanges): pod IP -> the sources it accepts
+    ranges: dict[Addr, frozenset[Net]] = field(default_factory=dict)
+    #: a flow's value; a flow without one was last seen "now" (never expired), not closing
+    flow_val: dict[FlowKey, FlowVal] = field(default_factory=dict)
+    timeouts: dict[str, int] = field(default_factory=lambda: dict(TIMEOUTS))
 
     def apply(self, result: Result, now_ns: int) -> None:
-        """Record the entries `result` created, as the datapath does."""
+        """Record the entries `result` created or refreshed, as the datapath does."""
         self.flow |= result.new_flows
+        self.flow_val.update(result.flow_vals)
         for key, passed in result.frags.items():
             self.frag[key] = Frag(now_ns, passed)
+
+    def live(self, key: FlowKey, now_ns: int) -> bool:
+        """Does the flow exist and still admit replies (idle no longer than its timeout)?"""
+        if key not in self.flow:
+            return False
+        val = self.flow_val.get(key)
+        if val is None:
+            return True
+        if key.proto == UDP:
+            timeout = self.timeouts["udp"]
+        elif key.proto in (TCP, SCTP):
+            timeout = self.timeouts["tcp_closing" if val.closing else "tcp"]
+        else:
+            timeout = self.timeouts["icmp"]
+        return now_ns - val.seen_ns <= timeout
+
+    def outside(self, pod_ip: Addr, src: Addr) -> bool:
+        """Is `src` outside the source ranges of a restricted pod?"""
+        nets = self.ranges.get(pod_ip)
+        return nets is not None and not any(src in n for n in nets)
 
 
 @dataclass(frozen=True)
@@ -143,6 +186,7 @@ class Result:
     counts: dict[str, tuple[int, int]]  # reason -> (packets, bytes) added to the counters
     new_flows: frozenset[FlowKey] = frozenset()
     frags: dict[FragKey, bool] = field(default_factory=dict)  # recorded: key -> passed
+    flow_vals: dict[FlowKey, FlowVal] = field(default_factory=dict)  # flows written (egress)
 
 
 def _untouched(frame: bytes) -> Result:
@@ -430,7 +474,9 @@ def _echo_id(frame: bytes, l4: int) -> int:
     return _u16(frame, l4 + 4)
 
 
-def _related(state: RefState, frame: bytes, family: int, pod_ip: Addr, inner: Inner) -> bool:
+def _related(
+    state: RefState, frame: bytes, family: int, pod_ip: Addr, inner: Inner, now_ns: int
+) -> bool:
     """Is the ICMP error about a packet of an allowed flow of the pod? `inner.src` is the
     inner source after the inner translation."""
     if inner.src != pod_ip:
@@ -440,12 +486,12 @@ def _related(state: RefState, frame: bytes, family: int, pod_ip: Addr, inner: In
     if inner.proto in PORT_PROTOS:
         sport, dport = _ports(frame, inner)
         return (
-            FlowKey(pod_ip, inner.dst, sport, dport, inner.proto) in state.flow
+            state.live(FlowKey(pod_ip, inner.dst, sport, dport, inner.proto), now_ns)
             or AllowKey(pod_ip, inner.proto, sport) in state.allow
         )
     if inner.proto == icmp_proto(family) and frame[inner.l4] == ECHO_REQUEST[family]:
         key = FlowKey(pod_ip, inner.dst, _echo_id(frame, inner.l4), 0, inner.proto)
-        return key in state.flow
+        return state.live(key, now_ns)
     return False
 
 
@@ -457,8 +503,15 @@ def _filter(
     flags: int,
     inner: Inner | None,
     now_ns: int,
+    out: bool = False,
 ) -> str:
-    """The port filter's verdict reason (the table of the spec)."""
+    """The port filter's verdict reason (the table of the spec); with `out` (a source outside
+    the pod's ranges, either mode) only replies and related errors pass, and the drop is
+    drop_source."""
+
+    def drop(reason: str) -> str:
+        return "drop_source" if out else reason
+
     if p.frag == "later":
         entry = state.frag.get(FragKey(p.src, pod_ip, p.frag_id, p.proto))
         # Reading: an entry 30 s old or older is no entry, whether it says pass or drop.
@@ -467,24 +520,24 @@ def _filter(
         return "pass_fragment" if entry.passed else "drop_fragment"
     if p.proto in PORT_PROTOS:
         sport, dport = _ports(frame, p)
-        if AllowKey(pod_ip, p.proto, dport) in state.allow:
+        if not out and AllowKey(pod_ip, p.proto, dport) in state.allow:
             return "pass_port"
-        if FlowKey(pod_ip, p.src, dport, sport, p.proto) in state.flow:
+        if state.live(FlowKey(pod_ip, p.src, dport, sport, p.proto), now_ns):
             return "pass_reply"
-        return "drop_port"
+        return drop("drop_port")
     icmp_type = p.icmp_type(frame)
     if icmp_type is None:
-        return "drop_proto"
-    allow_icmp = bool(flags & ALLOW_ICMP)
+        return drop("drop_proto")
+    allow_icmp = bool(flags & ALLOW_ICMP) and not out
     if icmp_type == ECHO_REPLY[p.family]:
         if allow_icmp:
             return "pass_icmp"
-        if FlowKey(pod_ip, p.src, _echo_id(frame, p.l4), 0, p.proto) in state.flow:
+        if state.live(FlowKey(pod_ip, p.src, _echo_id(frame, p.l4), 0, p.proto), now_ns):
             return "pass_reply"
-        return "drop_icmp"
-    if inner is not None and _related(state, frame, p.family, pod_ip, inner):
+        return drop("drop_icmp")
+    if inner is not None and _related(state, frame, p.family, pod_ip, inner, now_ns):
         return "pass_related"
-    return "pass_icmp" if allow_icmp else "drop_icmp"
+    return "pass_icmp" if allow_icmp else drop("drop_icmp")
 
 
 def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
@@ -513,11 +566,13 @@ def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
     # the pod's own packet left with the LB IP as its source: it gets the pod IP back
     inner_new = pod_ip if svc is not None and inner is not None and inner.src == dst else None
     frags = {}
+    # source ranges: keyed on the pod IP, like the port filter, in either mode
+    out = state.outside(pod_ip, p.src)
     if is_error and inner is None:
         reason = "drop_icmp_inner"  # whatever the mode
-    elif flags & PORT_FILTER:
+    elif flags & PORT_FILTER or out:
         translated = replace(inner, src=inner_new) if inner and inner_new else inner
-        reason = _filter(state, frame, p, pod_ip, flags, translated, now_ns)
+        reason = _filter(state, frame, p, pod_ip, flags, translated, now_ns, out)
         # Reading: what is recorded is the port filter's verdict; packets refused before it
         # (drop_malformed, drop_icmp_inner) record nothing.
         if p.frag == "first":
@@ -533,7 +588,6 @@ def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
 
 def egress(state: RefState, frame: bytes, now_ns: int) -> Result:
     """tc `cz_egress`."""
-    del now_ns  # egress does not look at time (flow timestamps are not modelled)
     where = _locate_ip(frame)
     if where is None:
         return _untouched(frame)
@@ -547,19 +601,33 @@ def egress(state: RefState, frame: bytes, now_ns: int) -> Result:
         return _counted(frame, DROP, "drop_malformed")
     counts = {"nat_egress": (1, len(frame))}
     new_flows: set[FlowKey] = set()
+    flow_vals: dict[FlowKey, FlowVal] = {}
     icmp_type = p.icmp_type(frame)
-    if pod.flags & PORT_FILTER and p.has_l4:
+    # a port-filter pod's flows, and a restricted pod's (whole-IP too), so that replies pass
+    if (pod.flags & PORT_FILTER or src in state.ranges) and p.has_l4:
         key = None
         if p.proto in PORT_PROTOS:
             sport, dport = _ports(frame, p)
             key = FlowKey(src, dst, sport, dport, p.proto)
         elif icmp_type == ECHO_REQUEST[family]:
             key = FlowKey(src, dst, _echo_id(frame, p.l4), 0, p.proto)
-        if key is not None and key not in state.flow:
-            new_flows.add(key)
-            # Reading: an event counts one packet and no bytes.
-            counts["flow_new"] = (1, 0)
+        if key is not None:
+            old = state.flow_val.get(key, FlowVal(now_ns)) if key in state.flow else None
+            closing = old.closing if old is not None else False
+            if p.proto == TCP:
+                tcp_flags = frame[p.l4 + 13]
+                if tcp_flags & (TCP_FIN | TCP_RST):
+                    closing = True
+                elif tcp_flags & TCP_SYN:
+                    closing = False
+            if old is None:
+                new_flows.add(key)
+                flow_vals[key] = FlowVal(now_ns, closing)
+                # Reading: an event counts one packet and no bytes.
+                counts["flow_new"] = (1, 0)
+            elif closing != old.closing or now_ns - old.seen_ns > FLOW_REFRESH_NS:
+                flow_vals[key] = FlowVal(now_ns, closing)
     inner = _inner(frame, p) if icmp_type in ICMP_ERRORS[family] else None
     inner_new = pod.lb_ip if inner is not None and inner.dst == src else None
     out = _translate(frame, p, "src", pod.lb_ip, inner, inner_new)
-    return Result(PASS, out, counts, frozenset(new_flows))
+    return Result(PASS, out, counts, frozenset(new_flows), flow_vals=flow_vals)

@@ -44,6 +44,7 @@ def svc(
         "allowed_ports": ports,
         "flows": 0,
         "service": service,
+        "source_ranges": None,
     }
 
 
@@ -58,6 +59,8 @@ def dump(services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str
         "services": services,
         "pods": pods,
         "flows": 0,
+        "flow_timeouts": {},
+        "flow_entries": [],
         "counters": {},
         "service_counters": [],
     }

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address, IPv6Address, ip_network
 from typing import Any, TypeVar
 
 import pytest
@@ -70,8 +70,10 @@ from tests.refmodel import (
     Addr,
     AllowKey,
     FlowKey,
+    FlowVal,
     Frag,
     FragKey,
+    Net,
     Pod,
     RefState,
     Result,
@@ -93,6 +95,8 @@ FEATURES: frozenset[str] = frozenset(
         "fragments",  # first, middle, last and orphan fragments; the fragment table
         "cross-family-icmp",  # protocol 1 in IPv6 and 58 in IPv4: not ICMP, outside or inside
         "ipv6-ext-after-fragment",  # an extension header after the fragment header
+        "ranges",  # loadBalancerSourceRanges of several lengths, none at all, both families
+        "expiry",  # flows idle for longer than their protocol's timeout, TCP closing
     }
 )
 # Disabled classes, and why: none. (To narrow a run down: CZ_DIFF_FEATURES=ipv4,vlan,...)
@@ -169,6 +173,40 @@ FRAG_IDS = (1, 2)
 GRE_PROTO, OTHER_PROTO = 47, 253
 MAC = bytes.fromhex("0200000000aa") + bytes.fromhex("0200000000bb")
 
+#: source ranges a pod may get: of several lengths, covering both, one or none of the remotes
+#: (and the empty set: no source at all)
+RANGE_SETS: dict[int, tuple[frozenset[Net], ...]] = {
+    fam: tuple(frozenset(ip_network(n) for n in nets) for nets in sets)
+    for fam, sets in (
+        (
+            4,
+            (
+                ["198.51.100.1/32"],
+                ["198.51.100.0/24"],
+                ["198.51.100.2/31", "192.0.2.0/24"],
+                ["192.0.2.0/24"],
+                [],
+                ["198.51.100.1/32", "198.51.100.2/32", "10.0.0.0/8"],
+            ),
+        ),
+        (
+            6,
+            (
+                ["2001:db8:c::1/128"],
+                ["2001:db8:c::/64"],
+                ["2001:db8:c::2/127", "2001:db8:ff::/48"],
+                ["2001:db8:ff::/48"],
+                [],
+            ),
+        ),
+    )
+}
+#: the programs' flow timeouts here (s), and the ages a seeded flow gets: fresh, idle longer
+#: than the closing timeout only, idle longer than every timeout (margins of 15 s and more, so
+#: that the seconds a run takes change nothing)
+DIFF_TIMEOUTS = {"udp": 60, "icmp": 60, "tcp": 600, "tcp_closing": 30}
+FLOW_AGES = (0, 45, 700)
+
 # -- map states ------------------------------------------------------------------------------
 
 
@@ -191,6 +229,8 @@ class Seed:
     allow: tuple[AllowKey, ...] = ()
     flows: tuple[FlowKey, ...] = ()
     frags: tuple[tuple[FragKey, bool, bool], ...] = ()  # key, passed, expired
+    ranges: tuple[tuple[Addr, frozenset[Net]], ...] = ()  # restricted pods
+    flow_ages: tuple[tuple[FlowKey, int, bool], ...] = ()  # key, age (s), closing
 
     @functools.cached_property
     def maps(self) -> RefState:
@@ -199,7 +239,10 @@ class Seed:
 
     def state(self, now_ns: int) -> RefState:
         """The maps; fragment entries are 1 s old, or 60 s (expired) at `now_ns`."""
-        state = RefState(allow=set(self.allow), flow=set(self.flows))
+        state = RefState(allow=set(self.allow), flow=set(self.flows), ranges=dict(self.ranges))
+        state.timeouts = {k: v * 1_000_000_000 for k, v in DIFF_TIMEOUTS.items()}
+        for key, age, closing in self.flow_ages:
+            state.flow_val[key] = FlowVal(max(0, now_ns - age * 1_000_000_000), closing)
         for p in self.pairs:
             if p.in_svc:
                 state.svc[p.lb] = Svc(p.pod, p.flags)
@@ -249,6 +292,16 @@ def seeds(draw: st.DrawFn) -> Seed:
         else:
             ident = pick(draw, ECHO_IDS)
             flows.append(FlowKey(pod, remote, ident, 0, rm.icmp_proto(pod.version)))
+    ages: list[tuple[FlowKey, int, bool]] = []
+    if "expiry" in FEATURES:
+        for f in flows:
+            closing = f.proto == rm.TCP and pick(draw, (False, True))
+            ages.append((f, pick(draw, FLOW_AGES), closing))
+    ranges: dict[Addr, frozenset[Net]] = {}
+    if "ranges" in FEATURES:
+        for pod in sorted(set(pods), key=lambda a: (a.version, int(a))):
+            if pick(draw, (False, True)):
+                ranges[pod] = pick(draw, RANGE_SETS[pod.version])
     frags: list[tuple[FragKey, bool, bool]] = []
     if "fragments" in FEATURES:
         for _ in range(draw(_index(4))):
@@ -257,7 +310,14 @@ def seeds(draw: st.DrawFn) -> Seed:
             remote = pick(draw, POOLS[pod.version].remotes)
             key = FragKey(remote, pod, pick(draw, FRAG_IDS), proto)
             frags.append((key, pick(draw, (False, True)), pick(draw, (False, True))))
-    return Seed(tuple(pairs), tuple(allow), tuple(flows), tuple(frags))
+    return Seed(
+        tuple(pairs),
+        tuple(allow),
+        tuple(flows),
+        tuple(frags),
+        tuple(ranges.items()),
+        tuple(ages),
+    )
 
 
 # -- frames ----------------------------------------------------------------------------------
@@ -756,6 +816,7 @@ def map_state(state: RefState) -> MapState:
             for p, e in state.pod.items()
         },
         {AllowedPort(a.pod_ip, Proto(a.proto), a.port) for a in state.allow},
+        dict(state.ranges),
     )
 
 
@@ -782,7 +843,9 @@ class Datapath:
 
     def seed(self, state: RefState, now_ns: int) -> None:
         self.maps.apply(diff(MapState(), map_state(state)))
-        self.maps.add_flows((Flow(*f) for f in state.flow), now_ns)
+        for f in state.flow:
+            v = state.flow_val.get(f, FlowVal(now_ns))
+            self.maps.add_flows([Flow(*f)], v.seen_ns, v.closing)
         for k, v in state.frag.items():
             if k.pod_ip.version == 4:
                 gkey: ctypes.Structure = layout.Frag4Key(
@@ -796,8 +859,9 @@ class Datapath:
                 self._fd(FRAG4 if k.pod_ip.version == 4 else FRAG6), gkey, layout.FragVal(*v)
             )
 
-    def flows(self) -> set[FlowKey]:
-        return {FlowKey(*f) for f in self.maps.flows()}
+    def flows(self) -> dict[FlowKey, bool]:
+        """The flows, and whether each is closing."""
+        return {FlowKey(*e.flow): e.closing for e in self.maps.flow_entries()}
 
     def frags(self) -> dict[FragKey, bool]:
         out = {}
@@ -852,6 +916,7 @@ def dp(request: pytest.FixtureRequest) -> Iterator[Datapath]:
 
     pin_dir = f"/sys/fs/bpf/{unique_prefix('diff')}"
     maps = PinnedMaps.ensure(pin_dir)
+    maps.set_flow_timeouts(**DIFF_TIMEOUTS)
     started = time.monotonic()
     try:
         progs = {name: loader.load(*spec, pin_dir) for name, spec in PROGRAMS.items()}
@@ -907,7 +972,8 @@ def describe_state(state: RefState) -> str:
         return repr(xs).replace("IPv4Address", "A").replace("IPv6Address", "A")
 
     return "\n".join(
-        f"  {name}: {fmt(getattr(state, name))}" for name in ("svc", "pod", "allow", "flow", "frag")
+        f"  {name}: {fmt(getattr(state, name))}"
+        for name in ("svc", "pod", "allow", "flow", "frag", "ranges", "flow_val")
     )
 
 
@@ -1012,12 +1078,13 @@ def check_frame(dp: Datapath, state: RefState, frame: bytes, egress: bool) -> Re
 def check_tables(dp: Datapath, state: RefState, context: str) -> None:
     """The kernel's flow and fragment tables hold what the model's do."""
     flows, frags = dp.flows(), dp.frags()
+    want_flows = {k: state.flow_val.get(k, FlowVal(0)).closing for k in state.flow}
     want_frags = {k: v.passed for k, v in state.frag.items()}
-    if flows != state.flow or frags != want_frags:
+    if flows != want_flows or frags != want_frags:
         pytest.fail(
-            f"{context}: the tables differ from the model's\n"
-            f"flows only in the kernel: {flows - state.flow}\n"
-            f"flows only in the model: {state.flow - flows}\n"
+            f"{context}: the tables differ from the model's (flow -> closing)\n"
+            f"flows only in the kernel: {set(flows.items()) - set(want_flows.items())}\n"
+            f"flows only in the model: {set(want_flows.items()) - set(flows.items())}\n"
             f"frags in the kernel: {frags}\nfrags in the model: {want_frags}"
         )
 
@@ -1044,9 +1111,19 @@ def test_programs_match_the_model(dp: Datapath, scenario: Scenario) -> None:
         frame = build(f)
         result = check_frame(dp, state, frame, f.egress)
         state.apply(result, time.monotonic_ns())
-        if result.new_flows or result.frags:
+        if result.new_flows or result.frags or result.flow_vals:
             check_tables(dp, state, f"after frame {i}: {scapy_command(frame)}")
     check_tables(dp, state, "after the batch")
+
+
+def test_the_run_met_source_ranges_and_expired_flows(dp: Datapath) -> None:
+    """The generated states exercised what they are for: drops from outside a pod's ranges,
+    and replies of flows (some expired)."""
+    if not {"ranges", "expiry"} <= FEATURES or dp.frames == 0:
+        pytest.skip("ranges or expiry not generated in this run")
+    counts = dp.counters()
+    assert counts.get("drop_source", (0, 0))[0] > 0, counts
+    assert counts.get("pass_reply", (0, 0))[0] > 0, counts
 
 
 # -- hand-written regression cases -------------------------------------------------------------
@@ -1055,6 +1132,10 @@ CLIENT6 = "2001:db8:c::100"
 ROUTER, ROUTER6 = "192.0.2.1", "2001:db8:ff::1"
 LB6_WHOLE, POD6_WHOLE = "2001:db8:1b::10", "fd00:10:244::10"
 LB6_FILT, POD6_FILT = "2001:db8:1b::20", "fd00:10:244::20"
+# a whole-IP Service whose pod accepts CLIENT only (loadBalancerSourceRanges), both families
+LB_RANGED, POD_RANGED = "203.0.113.40", "10.244.1.50"
+LB6_RANGED, POD6_RANGED = "2001:db8:1b::40", "fd00:10:244::40"
+OTHER_CLIENT6 = "2001:db8:c::200"
 
 REG_SEED = Seed(
     pairs=(
@@ -1063,6 +1144,8 @@ REG_SEED = Seed(
         Pair(_a(LB_ICMP), _a(POD_ICMP), PORT_FILTER | ALLOW_ICMP),
         Pair(_a(LB6_WHOLE), _a(POD6_WHOLE), 0),
         Pair(_a(LB6_FILT), _a(POD6_FILT), PORT_FILTER),
+        Pair(_a(LB_RANGED), _a(POD_RANGED), 0),
+        Pair(_a(LB6_RANGED), _a(POD6_RANGED), 0),
     ),
     allow=(
         AllowKey(_a(POD_FILT), rm.TCP, 80),
@@ -1073,11 +1156,23 @@ REG_SEED = Seed(
         FlowKey(_a(POD_FILT), _a(CLIENT), 34000, 443, rm.TCP),
         FlowKey(_a(POD_FILT), _a(CLIENT), 77, 0, rm.ICMP),
         FlowKey(_a(POD6_FILT), _a(CLIENT6), 34000, 443, rm.TCP),
+        FlowKey(_a(POD_RANGED), _a(OTHER_CLIENT), 36000, 443, rm.TCP),  # the pod's own
+        FlowKey(_a(POD6_RANGED), _a(OTHER_CLIENT6), 36000, 443, rm.TCP),
+        FlowKey(_a(POD_FILT), _a(CLIENT), 35053, 53, rm.UDP),  # idle too long (flow_ages)
+        FlowKey(_a(POD_FILT), _a(CLIENT), 35080, 80, rm.TCP),  # closed 45 s ago
     ),
     frags=(
         (FragKey(_a(CLIENT), _a(POD_FILT), 1, rm.UDP), True, False),
         (FragKey(_a(CLIENT), _a(POD_FILT), 2, rm.UDP), False, False),
         (FragKey(_a(CLIENT), _a(POD_FILT), 3, rm.UDP), True, True),  # expired
+    ),
+    ranges=(
+        (_a(POD_RANGED), frozenset({ip_network(f"{CLIENT}/32")})),
+        (_a(POD6_RANGED), frozenset({ip_network("2001:db8:c::100/127")})),
+    ),
+    flow_ages=(
+        (FlowKey(_a(POD_FILT), _a(CLIENT), 35053, 53, rm.UDP), 700, False),
+        (FlowKey(_a(POD_FILT), _a(CLIENT), 35080, 80, rm.TCP), 45, True),
     ),
 )
 
@@ -1137,6 +1232,76 @@ def icmp_error(outer_dst: str, inner: Packet, src: str = ROUTER, code: int = 4) 
 
 
 REGRESSIONS = [
+    # source ranges (whole-IP; the pod IP is held to them too) and expiring flows
+    case(
+        "a source inside the ranges is translated",
+        Step(v4(LB_RANGED) / TCP_SYN, ("nat_ingress",), v4(POD_RANGED) / TCP_SYN),
+    ),
+    case(
+        "a source outside the ranges is dropped, to the LB IP and to the pod IP",
+        Step(v4(LB_RANGED, src=OTHER_CLIENT) / TCP_SYN, ("drop_source",)),
+        Step(v4(POD_RANGED, src=OTHER_CLIENT) / UDP(dport=53), ("drop_source",)),
+        Step(v4(LB_RANGED, src=OTHER_CLIENT) / ICMP(), ("drop_source",)),
+    ),
+    case(
+        "a reply of the pod's own flow from outside the ranges passes",
+        Step(
+            v4(LB_RANGED, src=OTHER_CLIENT) / TCP(sport=443, dport=36000, flags="A"),
+            ("pass_reply",),
+            v4(POD_RANGED, src=OTHER_CLIENT) / TCP(sport=443, dport=36000, flags="A"),
+        ),
+        Step(
+            v6(LB6_RANGED, src=OTHER_CLIENT6) / TCP(sport=443, dport=36000, flags="A"),
+            ("pass_reply",),
+            v6(POD6_RANGED, src=OTHER_CLIENT6) / TCP(sport=443, dport=36000, flags="A"),
+        ),
+        Step(v6(LB6_RANGED, src=OTHER_CLIENT6) / TCP_SYN, ("drop_source",)),
+        Step(v6(LB6_RANGED) / TCP_SYN, ("nat_ingress",), v6(POD6_RANGED) / TCP_SYN),
+    ),
+    case(
+        "a restricted whole-IP pod's egress records its flows, and the reply then passes",
+        Step(
+            v4(OTHER_CLIENT, src=POD_RANGED) / UDP(sport=5353, dport=53),
+            ("nat_egress", "flow_new"),
+            v4(OTHER_CLIENT, src=LB_RANGED) / UDP(sport=5353, dport=53),
+            egress=True,
+        ),
+        Step(
+            v4(LB_RANGED, src=OTHER_CLIENT) / UDP(sport=53, dport=5353),
+            ("pass_reply",),
+            v4(POD_RANGED, src=OTHER_CLIENT) / UDP(sport=53, dport=5353),
+        ),
+    ),
+    case(
+        "replies after the idle timeout are dropped like an unlisted port",
+        Step(v4(LB_FILT) / UDP(sport=53, dport=35053), ("drop_port",)),
+        Step(v4(LB_FILT) / TCP(sport=80, dport=35080, flags="A"), ("drop_port",)),
+    ),
+    case(
+        "the pod's next packet revives an expired flow; a SYN clears the closing mark",
+        Step(
+            v4(CLIENT, src=POD_FILT) / UDP(sport=35053, dport=53),
+            ("nat_egress",),
+            v4(CLIENT, src=LB_FILT) / UDP(sport=35053, dport=53),
+            egress=True,
+        ),
+        Step(
+            v4(LB_FILT) / UDP(sport=53, dport=35053),
+            ("pass_reply",),
+            v4(POD_FILT) / UDP(sport=53, dport=35053),
+        ),
+        Step(
+            v4(CLIENT, src=POD_FILT) / TCP(sport=35080, dport=80, flags="S"),
+            ("nat_egress",),
+            v4(CLIENT, src=LB_FILT) / TCP(sport=35080, dport=80, flags="S"),
+            egress=True,
+        ),
+        Step(
+            v4(LB_FILT) / TCP(sport=80, dport=35080, flags="SA"),
+            ("pass_reply",),
+            v4(POD_FILT) / TCP(sport=80, dport=35080, flags="SA"),
+        ),
+    ),
     # Ethernet, VLAN, IPv4 header
     case(
         "padding after the IPv4 total length is kept",
@@ -1574,6 +1739,10 @@ def test_verifier_instruction_counts(dp: Datapath, capsys: pytest.CaptureFixture
         slow = loader.slow_program_fd(prog)
         assert slow is not None, f"{name} has no full path"
         counts[f"{name} full path"] = bpfsys.prog_info(slow)
+        for more, _, _ in loader.MORE_PATHS.get(prog.name, ()):
+            fd = loader.slow_program_fd(prog, more)
+            assert fd is not None, f"{name} has no {more}"
+            counts[f"{name} {more}"] = bpfsys.prog_info(fd)
     with capsys.disabled():
         print()
         for name, info in counts.items():

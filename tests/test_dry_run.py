@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address as A
+from ipaddress import ip_network
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from tests.packets import (
     LB_WHOLE,
     MAC_A,
     MAC_B,
+    OTHER_CLIENT,
     POD_FILT,
     POD_WHOLE,
     assert_frame,
@@ -34,17 +36,21 @@ from tests.packets import (
 
 pytestmark = pytest.mark.datapath
 
-VM1, VM2 = "default/vm1", "default/vm2"
+VM1, VM2, VM3 = "default/vm1", "default/vm2", "default/vm3"
+LB_RANGED, POD_RANGED = "203.0.113.40", "10.244.1.50"  # whole-IP, CLIENT only
 STATE = MapState(
     services={
         A(LB_WHOLE): ServiceEntry(A(POD_WHOLE), False, False, VM1),
         A(LB_FILT): ServiceEntry(A(POD_FILT), True, False, VM2),
+        A(LB_RANGED): ServiceEntry(A(POD_RANGED), False, False, VM3),
     },
     pods={
         A(POD_WHOLE): PodEntry(A(LB_WHOLE), False, False, VM1),
         A(POD_FILT): PodEntry(A(LB_FILT), True, False, VM2),
+        A(POD_RANGED): PodEntry(A(LB_RANGED), False, False, VM3),
     },
     allowed={AllowedPort(A(POD_FILT), Proto.TCP, 80)},
+    ranges={A(POD_RANGED): frozenset({ip_network(f"{CLIENT}/32")})},
 )
 
 
@@ -106,6 +112,12 @@ CASES: list[tuple[str, str, Packet, bool, str | None, str | None, Packet | None]
     ("egress of a port-filter pod (no flow recorded)", "egress",
      IP(src=POD_FILT, dst=CLIENT) / UDP(sport=40000, dport=53), False, "nat_egress", VM2,
      IP(src=LB_FILT, dst=CLIENT) / UDP(sport=40000, dport=53)),
+    ("xdp inside the source ranges", "xdp", IP(src=CLIENT, dst=LB_RANGED) / TCP(dport=5),
+     False, "nat_ingress", VM3, IP(src=CLIENT, dst=POD_RANGED) / TCP(dport=5)),
+    ("xdp outside the source ranges (the outside program)", "xdp",
+     IP(src=OTHER_CLIENT, dst=LB_RANGED) / TCP(dport=5), True, "drop_source", VM3, None),
+    ("tc outside the source ranges, to the pod IP", "tc",
+     IP(src=OTHER_CLIENT, dst=POD_RANGED) / UDP(dport=5), True, "drop_source", VM3, None),
     ("egress of a whole-ip pod", "egress", IP(src=POD_WHOLE, dst=CLIENT) / TCP(dport=53), False,
      "nat_egress", VM1, IP(src=LB_WHOLE, dst=CLIENT) / TCP(dport=53)),
 ]  # fmt: skip

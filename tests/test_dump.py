@@ -4,12 +4,12 @@ states (whole expected outputs)."""
 from __future__ import annotations
 
 import json
-from ipaddress import ip_address
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 import pytest
 
-from cozyebpf.datapath.maps import ServiceCounters
+from cozyebpf.datapath.maps import Flow, FlowEntry, ServiceCounters
 from cozyebpf.dump import build_dump, render_dump
 from cozyebpf.state import AllowedPort, IPAddress, MapState, PodEntry, Proto, ServiceEntry
 
@@ -61,7 +61,21 @@ DUAL = MapState(
         AllowedPort(ip("10.244.0.5"), Proto.TCP, 22),
         AllowedPort(ip("fd00:10:244::5"), Proto.UDP, 53),
     },
+    # vm2 accepts two ranges, the IPv6-only Service's pod none at all
+    ranges={
+        ip("10.244.0.7"): frozenset({ip_network("198.51.100.0/24"), ip_network("192.0.2.7/32")}),
+        ip("fd00:10:244::9"): frozenset(),
+    },
 )
+NOW = 500_000_000_000
+FLOWS = [
+    FlowEntry(
+        Flow(ip("10.244.0.5"), ip("198.51.100.1"), 40000, 53, 17), NOW - 3_000_000_000, False
+    ),
+    FlowEntry(Flow(ip("fd00:10:244::5"), ip("2001:db8::1"), 40001, 443, 6), NOW, True),
+]
+FLOW_DICTS = [f.as_dict(NOW) for f in FLOWS]
+TIMEOUTS = {"udp": 120.0, "icmp": 30.0, "tcp": 432000.0, "tcp_closing": 10.0}
 DUAL_FLOWS = {ip("10.244.0.5"): 2, ip("fd00:10:244::5"): 5, ip("fd00::dead"): 1}
 COUNTERS = {
     "nat_ingress": {"packets": 3, "bytes": 180},
@@ -98,6 +112,7 @@ def svc(
     ports: list[str],
     flows: int,
     service: str | None = None,
+    ranges: list[str] | None = None,
 ) -> dict[str, Any]:
     return {
         "lb_ip": lb,
@@ -107,6 +122,7 @@ def svc(
         "allowed_ports": ports,
         "flows": flows,
         "service": service,
+        "source_ranges": ranges,
     }
 
 
@@ -118,9 +134,18 @@ DUAL_JSON: dict[str, Any] = {
     "pin_dir": "/sys/fs/bpf/cozyebpf",
     "attachments": ATTACHMENTS,
     "services": [
-        svc("192.0.2.9", "10.244.0.7", "whole-ip", False, [], 0, VM2),
+        svc(
+            "192.0.2.9",
+            "10.244.0.7",
+            "whole-ip",
+            False,
+            [],
+            0,
+            VM2,
+            ["192.0.2.7/32", "198.51.100.0/24"],
+        ),
         svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], 2, VM1),
-        svc("2001:db8::9", "fd00:10:244::9", "port-filter", False, [], 0),
+        svc("2001:db8::9", "fd00:10:244::9", "port-filter", False, [], 0, None, []),
         svc(
             "2001:db8::10",
             "fd00:10:244::5",
@@ -141,6 +166,27 @@ DUAL_JSON: dict[str, Any] = {
         pod(LONG_POD, LONG_LB, "whole-ip", False),
     ],
     "flows": 8,
+    "flow_timeouts": TIMEOUTS,
+    "flow_entries": [
+        {
+            "pod_ip": "10.244.0.5",
+            "remote_ip": "198.51.100.1",
+            "pod_port": 40000,
+            "remote_port": 53,
+            "proto": "udp",
+            "age_s": 3.0,
+            "closing": False,
+        },
+        {
+            "pod_ip": "fd00:10:244::5",
+            "remote_ip": "2001:db8::1",
+            "pod_port": 40001,
+            "remote_port": 443,
+            "proto": "tcp",
+            "age_s": 0.0,
+            "closing": True,
+        },
+    ],
     "counters": COUNTERS,
     "service_counters": [
         {
@@ -162,7 +208,16 @@ DUAL_JSON: dict[str, Any] = {
 
 
 def test_dual_stack_json() -> None:
-    d = build_dump(DUAL, DUAL_FLOWS, COUNTERS, ATTACHMENTS, "/sys/fs/bpf/cozyebpf", PER_SERVICE)
+    d = build_dump(
+        DUAL,
+        DUAL_FLOWS,
+        COUNTERS,
+        ATTACHMENTS,
+        "/sys/fs/bpf/cozyebpf",
+        PER_SERVICE,
+        FLOW_DICTS,
+        TIMEOUTS,
+    )
     assert d == DUAL_JSON
     assert json.loads(json.dumps(d)) == d
 
@@ -174,16 +229,20 @@ attached:
   eth0    xdp         cz_ingress  42
   eth0    tcx-egress  cz_egress   43
 services (5):
-  LB IP                                   POD IP                             SERVICE       MODE         ICMP  PORTS                 FLOWS
-  192.0.2.9                               10.244.0.7                         tenant-a/vm2  whole-ip     no    -                     0
-  192.0.2.10                              10.244.0.5                         default/vm1   port-filter  yes   tcp/22,udp/53         2
-  2001:db8::9                             fd00:10:244::9                     -             port-filter  no    -                     0
-  2001:db8::10                            fd00:10:244::5                     default/vm1   port-filter  yes   tcp/22,udp/53,sctp/9  5
-  2001:db8:ffff:ffff:ffff:ffff:ffff:fe11  fd00:10:244:0:1234:5678:9abc:def0  -             whole-ip     no    -                     0
+  LB IP                                   POD IP                             SERVICE       MODE         ICMP  PORTS                 SOURCES                       FLOWS
+  192.0.2.9                               10.244.0.7                         tenant-a/vm2  whole-ip     no    -                     192.0.2.7/32,198.51.100.0/24  0
+  192.0.2.10                              10.244.0.5                         default/vm1   port-filter  yes   tcp/22,udp/53         any                           2
+  2001:db8::9                             fd00:10:244::9                     -             port-filter  no    -                     none                          0
+  2001:db8::10                            fd00:10:244::5                     default/vm1   port-filter  yes   tcp/22,udp/53,sctp/9  any                           5
+  2001:db8:ffff:ffff:ffff:ffff:ffff:fe11  fd00:10:244:0:1234:5678:9abc:def0  -             whole-ip     no    -                     any                           0
 pods whose LB IP has no service entry:
   POD IP    LB IP         MODE         ICMP
   fd00::99  2001:db8::99  port-filter  no
 flows: 8
+  idle timeouts (s, 0 never): udp 120, icmp 30, tcp 432000, tcp_closing 10
+  POD IP          POD PORT  REMOTE        REMOTE PORT  PROTO  AGE (s)  STATE
+  10.244.0.5      40000     198.51.100.1  53           udp    3        open
+  fd00:10:244::5  40001     2001:db8::1   443          tcp    0        closing
 counters:
   REASON       PACKETS  BYTES
   nat_ingress  3        180
@@ -195,16 +254,16 @@ per Service:
 
 IPV4_TABLE = """\
 services (2):
-  LB IP       POD IP      SERVICE  MODE         ICMP  PORTS          FLOWS
-  192.0.2.9   10.244.0.7  -        whole-ip     no    -              0
-  192.0.2.10  10.244.0.5  -        port-filter  yes   tcp/22,udp/53  1
+  LB IP       POD IP      SERVICE  MODE         ICMP  PORTS          SOURCES  FLOWS
+  192.0.2.9   10.244.0.7  -        whole-ip     no    -              any      0
+  192.0.2.10  10.244.0.5  -        port-filter  yes   tcp/22,udp/53  any      1
 flows: 1
 counters: (all zero)"""
 
 IPV6_ONLY_TABLE = """\
 services (1):
-  LB IP         POD IP          SERVICE  MODE         ICMP  PORTS          FLOWS
-  2001:db8::10  fd00:10:244::5  -        port-filter  yes   tcp/22,udp/53  5
+  LB IP         POD IP          SERVICE  MODE         ICMP  PORTS          SOURCES  FLOWS
+  2001:db8::10  fd00:10:244::5  -        port-filter  yes   tcp/22,udp/53  any      5
 flows: 5
 counters: (all zero)"""
 
@@ -219,6 +278,8 @@ TABLES: list[tuple[str, dict[str, Any], str]] = [
             "attachments": ATTACHMENTS,
             "pin_dir": "/sys/fs/bpf/cozyebpf",
             "service_counters": PER_SERVICE,
+            "flow_entries": FLOW_DICTS,
+            "flow_timeouts": TIMEOUTS,
         },
         DUAL_TABLE,
     ),
@@ -264,6 +325,8 @@ def test_ipv4_json_is_unchanged_by_ipv6_support() -> None:
             pod("10.244.0.7", "192.0.2.9", "whole-ip", False),
         ],
         "flows": 0,
+        "flow_timeouts": {},
+        "flow_entries": [],
         "counters": {},
         "service_counters": [],
     }

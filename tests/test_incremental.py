@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cozyebpf.model import (
     ANN_ALLOW_ICMP,
+    ANN_SOURCE_RANGES,
     ANN_WHOLE_IP,
     DEFAULT_PROXY_NAME,
     LABEL_PROXY_NAME,
@@ -39,6 +40,16 @@ LB_IPS = ("192.0.2.1", "192.0.2.2", "192.0.2.3", "2001:db8::1", "2001:db8::2", "
 POD_IPS = ("10.244.0.1", "10.244.0.2", "10.244.0.3", "fd00::1", "fd00::2", "nonsense")
 TIMES = (None, "2024-01-01T00:00:00Z", "2024-06-01T00:00:00Z", "2025-01-01T00:00:00Z", "never")
 FLAGS = (None, "true", "false", "True", True)
+RANGES = (
+    None,
+    None,
+    [],
+    ["192.0.2.0/24"],
+    ["10.0.0.0/8", "2001:db8::/32"],
+    ["bad"],
+    ["0.0.0.0/0", "::/0"],
+    ["198.51.100.7/32", "nonsense", "10.0.0.1/8"],
+)
 
 keys = st.tuples(st.sampled_from(NAMESPACES), st.sampled_from(NAMES))
 slice_keys = st.tuples(st.sampled_from(NAMESPACES), st.sampled_from(SLICE_NAMES))
@@ -72,6 +83,13 @@ def services(draw: st.DrawFn) -> Obj:
         "spec": {"ports": [{"protocol": p, "port": n} for p, n in ports]},
         "status": {"loadBalancer": {"ingress": [{"ip": ip} for ip in ips]}},
     }
+    # source ranges of both families, valid and not, from the field and the annotation
+    ranges = draw(st.sampled_from(RANGES))
+    if ranges is not None:
+        obj["spec"]["loadBalancerSourceRanges"] = ranges
+    ann = draw(st.sampled_from([None, None, "192.0.2.0/25, 10.1.0.0/16", "", "x,fd00::/8"]))
+    if ann is not None:
+        meta["annotations"][ANN_SOURCE_RANGES] = ann
     if draw(st.integers(0, 20)) == 0:
         obj["spec"] = "garbage"
     return obj
@@ -196,6 +214,7 @@ class HistoriesOverCapacity(Histories):
             MapLimit("pod4", 2, (("pods", 4),)),
             MapLimit("addr6", 3, (("services", 6), ("pods", 6))),
             MapLimit("allow4", 3, (("allowed", 4),)),
+            MapLimit("ranges4", 3, (("ranges", 4),)),
         )
     )
 

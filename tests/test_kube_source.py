@@ -344,3 +344,35 @@ def test_the_trigger_time_of_a_change_is_read_from_the_endpointslice() -> None:
     assert trigger_time({"metadata": {}}) is None
     obj["metadata"]["annotations"][TRIGGER_ANNOTATION] = "yesterday"
     assert trigger_time(obj) is None
+
+
+def test_an_invalid_source_range_is_an_event_and_the_valid_ones_apply(
+    api: FakeKubeAPI, source: KubeSource
+) -> None:
+    """loadBalancerSourceRanges with a bad CIDR among good ones: a Warning Event on the Service
+    names the value; the valid ranges are programmed."""
+    rec = EventRecorder(api.api_client(), "node-a")
+    rec.start()
+    dp = FakeDatapath()
+    agent = Agent(source, dp, on_problems=rec.record)
+    ranged = Svc(
+        "vm1",
+        VM1.lb_ip,
+        VM1.pod_ip,
+        VM1.ports,
+        whole_ip="true",
+        source_ranges=["198.51.100.0/24", "198.51.100.300/32"],
+    )
+    put(api, ranged)
+    source.start(agent.notify)
+    try:
+        wait_for(lambda: source.synced, 5, "the lists")
+        agent.tick()
+        wait_for(lambda: rec.sent >= 1, 5, "the Event")
+        (ev,) = [e for e in api.events("default") if e["involvedObject"]["name"] == "vm1"]
+        assert ev["type"] == "Warning" and "198.51.100.300/32" in ev["message"], ev
+        assert "loadBalancerSourceRanges" in ev["message"]
+        (svc,) = dp.dump()["services"]
+        assert svc["source_ranges"] == ["198.51.100.0/24"]
+    finally:
+        rec.stop()

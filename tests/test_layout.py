@@ -32,6 +32,9 @@ MIRRORS = {
     "mon_stat": layout.MonStat,
     "cz_event": layout.CzEvent,
     "dry_res": layout.DryRes,
+    "flow_cfg": layout.FlowCfg,
+    "range4_key": layout.Range4Key,
+    "range6_key": layout.Range6Key,
 }
 
 
@@ -80,6 +83,11 @@ def test_layout_constants_match_the_c_defines() -> None:
         ("CZ_K_POD", layout.K_POD),
         ("CZ_F_PORT_FILTER", layout.F_PORT_FILTER),
         ("CZ_F_ALLOW_ICMP", layout.F_ALLOW_ICMP),
+        ("CZ_F_RANGES", layout.F_RANGES),
+        ("CZ_TO_UDP", layout.TO_UDP),
+        ("CZ_TO_ICMP", layout.TO_ICMP),
+        ("CZ_TO_TCP", layout.TO_TCP),
+        ("CZ_TO_TCP_CLOSING", layout.TO_TCP_CLOSING),
         ("CZ_INLINE_PORTS", layout.INLINE_PORTS),
         ("CZ_PORTS_SPILL", layout.PORTS_SPILL),
     ):
@@ -123,6 +131,9 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "monstats": 1,
         "events": layout.EVENTS_SIZE,
         "dryrun": 1,
+        "range4": 4000,  # source ranges: 4 networks per Service
+        "range6": 4000,
+        "flowcfg": 1,
     }
     assert lay.hint_words == 512 and lay.hint_log2 == 15
     assert layout.map_specs().addr4.max_entries == 2 * layout.DEFAULT_MAX_SERVICES

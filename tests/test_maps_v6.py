@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import struct
 from collections.abc import Callable, Iterator
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
@@ -283,6 +284,8 @@ def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureF
             "flowhint": 16,
             "svcstats": 17,  # a counter slot per Service, and slot 0 (never given out)
             "svcnames": 17,
+            "range4": 64,
+            "range6": 64,
         }
         m.apply(diff(m.read_state(), DUAL))
         m.add_flows([Flow(POD4, IPv4Address("198.51.100.1"), 40000, 443, 6)])
@@ -492,3 +495,45 @@ def test_raw_ipv6_keys_are_read_back_normalised(maps: PinnedMaps) -> None:
         services={ip_address("2001:db8::abc"): ServiceEntry(POD6, True, False)}
     )
     assert os.path.exists(os.path.join(maps.pin_dir, "addr6"))
+
+
+def test_source_ranges_round_trip_and_flag_the_addresses(maps: PinnedMaps, pin_dir: str) -> None:
+    """A restricted pod's networks go to range4/range6 and its addresses carry CZ_F_RANGES (the
+    LB IP's ingress flags and the pod's own egress flags); a pod restricted to nothing has the
+    flag and no entry; changes add before and delete after; unrestricted pods are unflagged."""
+    from ipaddress import ip_network
+
+    from cozyebpf.datapath.layout import F_RANGES
+
+    st = DUAL.copy()
+    st.ranges = {
+        POD4_WHOLE: frozenset({ip_network("198.51.100.0/24"), ip_network("192.0.2.7/32")}),
+        POD6: frozenset(),
+    }
+    maps.apply(diff(maps.read_state(), st))
+    assert maps.read_state() == st
+    with PinnedMaps.open(pin_dir) as reader:
+        assert reader.read_state() == st
+    assert key_count(maps, "range4") == 2 and key_count(maps, "range6") == 0
+
+    def flags(addr: IPAddress) -> tuple[int, int]:
+        raw = maps._lookup_addr(addr)
+        assert raw is not None
+        n = len(addr.packed)
+        return raw[n + 1] & F_RANGES, raw[n + 2] & F_RANGES
+
+    assert flags(LB4_WHOLE) == (F_RANGES, 0)  # ingress of the LB IP reaches the pod
+    assert flags(POD4_WHOLE) == (F_RANGES, F_RANGES)  # its own ingress and egress
+    assert flags(LB6) == (F_RANGES, 0) and flags(LB4) == (0, 0)
+    # another set, then none
+    st2 = st.copy()
+    st2.ranges = {POD4_WHOLE: frozenset({ip_network("198.51.100.0/25")})}
+    maps.apply(diff(maps.read_state(), st2))
+    assert maps.read_state() == st2
+    assert key_count(maps, "range4") == 1 and flags(LB6) == (0, 0)
+    maps.apply(diff(maps.read_state(), DUAL))
+    assert maps.read_state() == DUAL and key_count(maps, "range4") == 0
+    assert flags(POD4_WHOLE) == (0, 0)
+    # entries of an unrestricted pod (a write that stopped half way) go at the next read
+    maps._write_ranges([struct.pack("=I", 56) + POD4.packed + bytes([198, 51, 100, 0])])
+    assert maps.read_state() == DUAL and key_count(maps, "range4") == 0

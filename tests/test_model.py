@@ -1843,3 +1843,134 @@ def test_the_fast_ipv4_path_accepts_exactly_what_ipaddress_accepts() -> None:
         assert bool(_CANONICAL_V4.fullmatch(s)) == canonical, s
         if canonical:
             assert IPv4Address(socket.inet_aton(s)) == IPv4Address(s)
+
+
+# -- loadBalancerSourceRanges ---------------------------------------------------------------
+
+RANGES_FIELD = "loadBalancerSourceRanges"
+SR_ANN = "service.beta.kubernetes.io/load-balancer-source-ranges"
+
+
+def with_ranges(obj: Obj, field: Any = None, ann: Any = None) -> Obj:
+    if field is not None:
+        obj["spec"][RANGES_FIELD] = field
+    if ann is not None:
+        obj["metadata"].setdefault("annotations", {})[SR_ANN] = ann
+    return obj
+
+
+def nets(*texts: str) -> frozenset[Any]:
+    from ipaddress import ip_network
+
+    return frozenset(ip_network(t) for t in texts)
+
+
+VM1_REF = "Service default/vm1"
+
+
+@pytest.mark.parametrize(
+    ("field", "ann", "ranges", "problems"),
+    [
+        (None, None, None, []),
+        ([], None, None, []),
+        (
+            ["198.51.100.0/24", "203.0.113.7/32"],
+            None,
+            nets("198.51.100.0/24", "203.0.113.7/32"),
+            [],
+        ),
+        (None, " 198.51.100.0/24 ,203.0.113.7/32,", nets("198.51.100.0/24", "203.0.113.7/32"), []),
+        (None, "", None, []),
+        (["10.1.2.3/8"], None, nets("10.0.0.0/8"), []),  # host bits are cleared, as k8s does
+        (["2001:db8::/32"], None, nets(), []),  # an IPv4 pod: no range of its family, no source
+        (
+            ["198.51.100.0/24"],
+            "192.0.2.0/24",
+            nets("198.51.100.0/24"),
+            [
+                f"annotation {SR_ANN} is ignored because spec.loadBalancerSourceRanges is set "
+                "(the field wins, as in Kubernetes); remove one of them"
+            ],
+        ),
+        (
+            ["198.51.100.0/24", "300.1.1.0/24", "203.0.113.7"],
+            None,
+            nets("198.51.100.0/24"),
+            [
+                'spec.loadBalancerSourceRanges[1] "300.1.1.0/24" is not a valid CIDR; it is '
+                "ignored, the other ranges still apply; fix it",
+                'spec.loadBalancerSourceRanges[2] "203.0.113.7" is not a CIDR (no prefix length, '
+                "e.g. 203.0.113.7/32); it is ignored, the other ranges still apply; fix it",
+            ],
+        ),
+        (
+            None,
+            "010.0.0.0/8",
+            nets(),
+            [
+                f'annotation {SR_ANN} item 1 "010.0.0.0/8" is not a valid CIDR; it is ignored, '
+                "the other ranges still apply; fix it",
+                f"none of the 1 source ranges in annotation {SR_ANN} is valid, so no source may "
+                "connect (never wider than asked); fix them",
+            ],
+        ),
+        (
+            "10.0.0.0/8",
+            None,
+            nets(),
+            [
+                'spec.loadBalancerSourceRanges must be a list but is a string ("10.0.0.0/8"), so '
+                "no source may connect; fix the field"
+            ],
+        ),
+    ],
+    ids=[
+        "none",
+        "empty-list",
+        "field",
+        "annotation",
+        "empty-annotation",
+        "host-bits",
+        "other-family-only",
+        "field-wins",
+        "invalid-among-valid",
+        "nothing-valid",
+        "field-not-a-list",
+    ],
+)
+def test_source_ranges(field: Any, ann: Any, ranges: Any, problems: list[str]) -> None:
+    objs = [with_ranges(service(), field, ann), endpoints("vm1", "default", POD1)]
+    result = build_state(objs)
+    want = {} if ranges is None else {ip_address(POD1): ranges}
+    assert result.state.ranges == want
+    assert [str(p) for p in result.problems] == [f"{VM1_REF}: {m}" for m in problems]
+    assert len(result.state.services) == 1, "the Service is programmed either way"
+
+
+def test_source_ranges_of_a_pod_behind_two_services_are_their_union() -> None:
+    """Keyed on the pod IP like the allowed ports: the union of its Services' ranges, and no
+    restriction when one of them has none."""
+    a = with_ranges(service("a", ips=(LB1,), created=T_OLD), ["198.51.100.0/24"])
+    b = with_ranges(service("b", ips=(LB2,), created=T_NEW), ["203.0.113.0/25"])
+    c = service("c", ips=(LB3,), created=T_NEW)
+    eps = [endpoints(n, "default", POD1, name=f"{n}-x") for n in ("a", "b", "c")]
+    both = build_state([a, b, *eps[:2]])
+    assert both.state.ranges == {ip_address(POD1): nets("198.51.100.0/24", "203.0.113.0/25")}
+    assert build_state([a, b, c, *eps]).state.ranges == {}
+
+
+def test_dual_stack_ranges_apply_per_family() -> None:
+    objs = [
+        with_ranges(
+            service(ips=(LB1, LB6_1)), ["198.51.100.0/24", "2001:db8:100::/48", "192.0.2.0/24"]
+        ),
+        endpoints("vm1", "default", POD1, name="vm1-v4"),
+        endpoints("vm1", "default", POD6_1, name="vm1-v6", address_type="IPv6"),
+    ]
+    st = build_state(objs).state
+    assert st.ranges == {
+        ip_address(POD1): nets("198.51.100.0/24", "192.0.2.0/24"),
+        ip_address(POD6_1): nets("2001:db8:100::/48"),
+    }
+    view = build_state(objs).services[0]
+    assert str(view).endswith("from 192.0.2.0/24,198.51.100.0/24,2001:db8:100::/48")

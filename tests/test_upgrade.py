@@ -225,3 +225,21 @@ def test_layout_2_is_upgraded_in_place_without_a_lost_packet(
     assert counted["default/vm1"].in_packets > 0 and counted["default/vm1"].out_packets > 0
     assert counted["default/vm2"].in_packets > 0 and counted["default/vm2"].out_packets > 0
     env.set_services(WHOLE)
+
+
+def test_layout_3_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    """Layout 4 adds the source ranges and the flows' timeouts beside the maps of layout 3,
+    which are kept (flows too: their values gained the closing mark in a bit layout 3 never
+    set)."""
+    old = layout_tree(repo_root, tmp_path / "layout3", 3)
+    traffic = upgrade_under_traffic(env, old, "svcstats")
+    log = env.log()
+    assert f"upgrading maps in {env.pin_dir} from layout version 3 to {LAYOUT_VERSION}" in log, log[
+        -3000:
+    ]
+    traffic.check()
+    with PinnedMaps.open(env.pin_dir) as m:
+        assert m.flow_timeouts()["udp"] == 120
+    env.set_services(WHOLE)

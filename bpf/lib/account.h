@@ -69,7 +69,8 @@ static __always_inline int slow_end(void *ctx, int is_xdp, int dir, struct cz_do
 		return cz_verdict(is_xdp, reason);
 	}
 	if (dir && d->flow)
-		flow_record(d->v6, &d->src, &d->dst, d->sport, d->dport, d->proto, d->icmp_type);
+		flow_record(d->v6, &d->src, &d->dst, d->sport, d->dport, d->proto, d->icmp_type,
+			    d->tcp_flags);
 	if (!dir && d->frag)
 		done_frag(d, !cz_is_drop(reason));
 	cz_count(reason, len);
@@ -102,6 +103,7 @@ static __always_inline int slow_finish(void *ctx, int is_xdp, int dir, struct pk
 	if (dir) { /* egress: src, dst, v6 were stored after the parse (cz_done_addrs) */
 		s->done.flow = flow;
 		s->done.icmp_type = p->icmp_type;
+		s->done.tcp_flags = p->tcp_flags;
 	} else { /* ingress: frag, frag_id, pod by cz_done_frag(), for a first fragment */
 		s->done.v6 = p->v6;
 		s->done.src = p->src;

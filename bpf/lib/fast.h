@@ -33,7 +33,8 @@ struct cz_fast {
 	__u32 slot; /* the Service's svcstats slot (ingress: in_slot) */
 	__u8 proto;
 	__u8 v6;
-	__u8 rewrite; /* ingress: the destination is an LB IP (CZ_K_LB) */
+	__u8 rewrite;	/* ingress: the destination is an LB IP (CZ_K_LB) */
+	__u8 tcp_flags; /* TCP: the flags byte */
 };
 
 /* A packet a fast path decided: counted under its reason and for its Service (slot; dir 0
@@ -41,7 +42,7 @@ struct cz_fast {
 static __always_inline void fast_count(int dir, __u32 reason, __u32 slot, __u32 len)
 {
 	cz_count(reason, len);
-	if (reason == CZ_DROP_PORT || reason == CZ_DROP_MALFORMED)
+	if (reason == CZ_DROP_PORT || reason == CZ_DROP_MALFORMED || reason == CZ_DROP_SOURCE)
 		cz_svc_drop(slot, reason);
 	else
 		cz_svc_pass(slot, dir, len);
@@ -102,6 +103,7 @@ static __always_inline int fast_l4(struct cz_fast *f, __u8 proto, void *l4, void
 		f->sport = th->source;
 		f->dport = th->dest;
 		f->csum = &th->check;
+		f->tcp_flags = ((__u8 *)th)[13];
 	} else {
 		return -1;
 	}
@@ -181,30 +183,103 @@ static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 npo
 	return 0;
 }
 
-/* Port filter, IPv4: allowed port, else a reply of a flow, else drop. */
+/*
+ * Port filter and source ranges, IPv4 (v->flags has CZ_F_PORT_FILTER or CZ_F_RANGES): a source
+ * outside the ranges gets replies only (else drop_source); then whole-IP passes, the port filter
+ * an allowed port, else a reply of a flow, else drop_port.
+ */
 static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be32 remote,
 					  __u8 proto, __be16 sport, __be16 dport)
 {
-	if (fast_ports_have(v->ports, v->nports, cz_port_word(proto, dport)))
-		return CZ_PASS_PORT;
-	if (v->nports == CZ_PORTS_SPILL) {
-		struct allow4_key a = {.pod_ip = pod, .proto = proto, .port = dport};
+	int out = (v->flags & CZ_F_RANGES) && !src_in_range4(pod, remote);
 
-		if (cz_allow4.lookup(&a))
+	if (!out) {
+		if (!(v->flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		if (fast_ports_have(v->ports, v->nports, cz_port_word(proto, dport)))
 			return CZ_PASS_PORT;
+		if (v->nports == CZ_PORTS_SPILL) {
+			struct allow4_key a = {.pod_ip = pod, .proto = proto, .port = dport};
+
+			if (cz_allow4.lookup(&a))
+				return CZ_PASS_PORT;
+		}
 	}
 	if (flow_hinted(cz_flow_hash(pod, remote, dport, sport, proto))) {
 		struct flow4_key k = {};
+		struct flow4_val *f;
 
 		k.pod_ip = pod;
 		k.remote_ip = remote;
 		k.pod_port = dport;
 		k.remote_port = sport;
 		k.proto = proto;
-		if (cz_flow4.lookup(&k))
+		f = cz_flow4.lookup(&k);
+		if (f && flow_fresh(f, proto))
 			return CZ_PASS_REPLY;
 	}
-	return CZ_DROP_PORT;
+	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
+}
+
+/*
+ * Before a frame goes on to a full path: is it for a restricted pod (CZ_F_RANGES) and from
+ * outside the pod's source ranges? Then the outside program takes it (tail.h), which lets only
+ * replies of the pod's flows and ICMP errors about them through; the full path never looks at
+ * ranges. Deciding this here, on the addresses at their fixed offsets, costs the full path's
+ * verification nothing (a branch there doubles it). The IP header is found after up to
+ * CZ_MAX_VLAN tags, as parse_eth finds it; whatever the full parser then refuses, the outside
+ * program's parser refuses alike.
+ */
+static __always_inline int fast_outside(void *data, void *data_end)
+{
+	struct ethhdr *eth = data;
+	void *l3 = data + sizeof(*eth);
+	__be16 proto;
+	int i;
+
+	if (l3 > data_end)
+		return 0;
+	proto = *(__be16 *)(data + 12);
+#pragma unroll
+	for (i = 0; i < CZ_MAX_VLAN; i++) {
+		struct cz_vlan *vh = l3;
+
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(CZ_ETH_P_8021AD))
+			break;
+		if ((void *)(vh + 1) > data_end)
+			return 0;
+		proto = vh->proto;
+		l3 = vh + 1;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = l3;
+		struct addr4_val *v;
+
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		v = cz_addr4.lookup(&ip->daddr);
+		if (cz_likely(!v || !(v->flags & CZ_F_RANGES)))
+			return 0;
+		return !src_in_range4((v->kind & CZ_K_LB) ? v->pod_ip : ip->daddr, ip->saddr);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = l3;
+		struct addr6_val *v;
+		struct ip6 pod, src;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return 0;
+		v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
+		if (cz_likely(!v || !(v->flags & CZ_F_RANGES)))
+			return 0;
+		if (v->kind & CZ_K_LB)
+			pod = v->pod_ip;
+		else
+			__builtin_memcpy(&pod, &ip6->daddr, sizeof(pod));
+		__builtin_memcpy(&src, &ip6->saddr, sizeof(src));
+		return !src_in_range(1, &pod, &src);
+	}
+	return 0;
 }
 
 /* Not decided by an IPv4 fast path (fast_xdp4, fast_egress4): not a verdict of XDP or tc. */
@@ -215,7 +290,7 @@ static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be3
  * struct cz_fast): 0 with the ports and the checksum field, or -1 (the full path decides).
  */
 static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 frame_len,
-				      __be16 *sport, __be16 *dport, __u16 **csum)
+				      __be16 *sport, __be16 *dport, __u16 **csum, __u8 *tcp_flags)
 {
 	__u32 tot, len;
 
@@ -247,6 +322,7 @@ static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 fr
 		*sport = th->source;
 		*dport = th->dest;
 		*csum = &th->check;
+		*tcp_flags = ((__u8 *)th)[13];
 		return 0;
 	}
 	return -1;
@@ -265,21 +341,27 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	__u32 reason, delta;
 	__be32 pod, from;
 	__u16 *c, n;
-	__u8 proto;
+	__u8 proto, tf;
 
 	if (!v)
 		return XDP_PASS;
-	if (cz_unlikely(fast_hdrs4(ip, data_end, data_end - data, &sport, &dport, &c) < 0))
+	if (cz_unlikely(fast_hdrs4(ip, data_end, data_end - data, &sport, &dport, &c, &tf) < 0))
 		return CZ_FAST_SLOW;
 	proto = ip->protocol;
 	from = ip->daddr;
 	pod = (v->kind & CZ_K_LB) ? v->pod_ip : from;
 	reason = CZ_NAT_INGRESS;
-	if (v->flags & CZ_F_PORT_FILTER)
+	if (v->flags & CZ_F_FLOWS)
 		reason = fast_filter4(v, pod, ip->saddr, proto, sport, dport);
 	if (reason == CZ_DROP_PORT) { /* the flood's path: every index a constant */
 		fast_count(0, CZ_DROP_PORT, v->in_slot, data_end - data);
 		fast_monitor(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
+			     sport, dport);
+		return XDP_DROP;
+	}
+	if (reason == CZ_DROP_SOURCE) {
+		fast_count(0, CZ_DROP_SOURCE, v->in_slot, data_end - data);
+		fast_monitor(ctx, 1, 0, CZ_DROP_SOURCE, v->in_slot, data_end - data, 0, proto, ip,
 			     sport, dport);
 		return XDP_DROP;
 	}
@@ -301,16 +383,23 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	return XDP_PASS;
 }
 
+/* As fast_filter4, IPv6. */
 static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v,
 					  const struct ip6 *pod, const struct ip6 *remote)
 {
-	if (fast_ports_have(v->ports, v->nports, cz_port_word(f->proto, f->dport)))
-		return CZ_PASS_PORT;
-	if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
-		return CZ_PASS_PORT;
+	int out = (v->flags & CZ_F_RANGES) && !src_in_range(1, pod, remote);
+
+	if (!out) {
+		if (!(v->flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		if (fast_ports_have(v->ports, v->nports, cz_port_word(f->proto, f->dport)))
+			return CZ_PASS_PORT;
+		if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
+			return CZ_PASS_PORT;
+	}
 	if (flow_exists(1, pod, remote, f->dport, f->sport, f->proto))
 		return CZ_PASS_REPLY;
-	return CZ_DROP_PORT;
+	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }
 
 /*
@@ -333,7 +422,7 @@ static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 fra
 		*to = v->pod_ip;
 	else
 		__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
-	if (!(v->flags & CZ_F_PORT_FILTER))
+	if (!(v->flags & CZ_F_FLOWS))
 		return CZ_NAT_INGRESS;
 	__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
 	return fast_filter6(f, v, to, &remote);
@@ -361,7 +450,7 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 		f->slot = v->in_slot;
 		pod = f->rewrite ? v->pod_ip : ip->daddr;
 		to->a[0] = pod;
-		if (!(v->flags & CZ_F_PORT_FILTER))
+		if (!(v->flags & CZ_F_FLOWS))
 			return CZ_NAT_INGRESS;
 		return fast_filter4(v, pod, ip->saddr, f->proto, f->sport, f->dport);
 	}
@@ -460,13 +549,13 @@ static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f
 	return 0;
 }
 
-/* Egress, IPv4: remember (refresh at most once a second) a flow the pod opened. */
+/* Egress, IPv4: remember (refresh at most once a second) a flow the pod opened (flow_record). */
 static __always_inline void fast_flow_record4(__be32 pod, __be32 remote, __be16 pod_port,
-					      __be16 remote_port, __u8 proto)
+					      __be16 remote_port, __u8 proto, __u8 tcp_flags)
 {
 	struct flow4_key k = {};
 	struct flow4_val *v;
-	__u64 now;
+	__u64 stamp;
 
 	k.pod_ip = pod;
 	k.remote_ip = remote;
@@ -474,13 +563,14 @@ static __always_inline void fast_flow_record4(__be32 pod, __be32 remote, __be16 
 	k.remote_port = remote_port;
 	k.proto = proto;
 	v = cz_flow4.lookup(&k);
-	now = bpf_ktime_get_coarse_ns();
 	if (v) {
-		if (now - v->last_seen_ns > CZ_FLOW_REFRESH_NS)
-			v->last_seen_ns = now;
+		stamp = flow_stamp(bpf_ktime_get_coarse_ns(), v->last_seen_ns, proto, tcp_flags);
+		if (flow_stale(stamp, v->last_seen_ns))
+			v->last_seen_ns = stamp;
 		return;
 	}
-	struct flow4_val nv = {.last_seen_ns = now};
+	stamp = flow_stamp(bpf_ktime_get_coarse_ns(), 0, proto, tcp_flags);
+	struct flow4_val nv = {.last_seen_ns = stamp};
 
 	flow_hint_set(cz_flow_hash(pod, remote, pod_port, remote_port, proto));
 	cz_count(cz_flow4.update(&k, &nv) == 0 ? CZ_FLOW_NEW : CZ_FLOW_ERROR, 0);
@@ -500,16 +590,17 @@ static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void 
 	__be32 from, to;
 	__u32 slot;
 	__u16 *c;
+	__u8 tf = 0;
 
 	if (!v || !(v->kind & CZ_K_POD))
 		return CZ_TC_NEXT; /* not ours */
-	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c) < 0))
+	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c, &tf) < 0))
 		return CZ_FAST_SLOW;
 	from = ip->saddr;
 	to = v->lb_ip;
 	slot = v->out_slot;
-	if (v->pod_flags & CZ_F_PORT_FILTER)
-		fast_flow_record4(from, ip->daddr, sport, dport, ip->protocol);
+	if (v->pod_flags & CZ_F_FLOWS)
+		fast_flow_record4(from, ip->daddr, sport, dport, ip->protocol, tf);
 	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, 0, ip->protocol, ip, sport, dport);
 	if (ip->protocol == IPPROTO_UDP)
 		flags |= BPF_F_MARK_MANGLED_0;

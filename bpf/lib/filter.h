@@ -20,11 +20,11 @@ static __always_inline int is_related(struct pkt *p, struct inner *in, const str
 		__u8 echo = p->v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO;
 
 		return in->icmp_type == echo &&
-		       flow_find(p->v6, pod, &in->dst, in->sport, 0, in->proto) != NULL;
+		       flow_live(p->v6, pod, &in->dst, in->sport, 0, in->proto);
 	}
 	if (in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP && in->proto != IPPROTO_SCTP)
 		return 0;
-	if (flow_find(p->v6, pod, &in->dst, in->sport, in->dport, in->proto))
+	if (flow_live(p->v6, pod, &in->dst, in->sport, in->dport, in->proto))
 		return 1;
 	return is_allowed(p->v6, pod, in->proto, in->sport);
 }
@@ -34,7 +34,7 @@ static __always_inline int is_related(struct pkt *p, struct inner *in, const str
  * `e` is the destination's entry (its flags).
  */
 static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struct ip6 *pod,
-				    const struct cz_entry *e)
+				    __u8 flags, int out)
 {
 	__u8 echo_reply = p->v6 ? ICMPV6_ECHO_REPLY : ICMP_ECHOREPLY;
 
@@ -49,25 +49,26 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
-		if (is_allowed(p->v6, pod, p->proto, p->dport))
+		if (!out && is_allowed(p->v6, pod, p->proto, p->dport))
 			return CZ_PASS_PORT;
-		if (flow_find(p->v6, pod, &p->src, p->dport, p->sport, p->proto))
+		if (flow_live(p->v6, pod, &p->src, p->dport, p->sport, p->proto))
 			return CZ_PASS_REPLY;
-		return CZ_DROP_PORT;
+		return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
 		if (!p->has_l4)
-			return CZ_DROP_PROTO; /* ICMP in IPv6 / ICMPv6 in IPv4 */
+			return out ? CZ_DROP_SOURCE
+				   : CZ_DROP_PROTO; /* ICMP in IPv6 / ICMPv6 in IPv4 */
 		if (p->icmp_error && is_related(p, in, pod))
 			return CZ_PASS_RELATED;
-		if (e->flags & CZ_F_ALLOW_ICMP)
+		if (!out && (flags & CZ_F_ALLOW_ICMP))
 			return CZ_PASS_ICMP;
 		if (p->icmp_type == echo_reply &&
-		    flow_find(p->v6, pod, &p->src, p->sport, 0, p->proto))
+		    flow_live(p->v6, pod, &p->src, p->sport, 0, p->proto))
 			return CZ_PASS_REPLY;
-		return CZ_DROP_ICMP;
+		return out ? CZ_DROP_SOURCE : CZ_DROP_ICMP;
 	default:
-		return CZ_DROP_PROTO;
+		return out ? CZ_DROP_SOURCE : CZ_DROP_PROTO;
 	}
 }
 

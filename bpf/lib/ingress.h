@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * The ingress decision shared by the XDP program and the tc ingress program: is the packet for
- * a managed address, is it well formed, does it pass the port filter, where does it go.
+ * a managed address, is it well formed, does it pass the source ranges and the port filter,
+ * where does it go.
  */
 #ifndef COZYEBPF_INGRESS_H
 #define COZYEBPF_INGRESS_H
@@ -21,12 +22,16 @@ static __always_inline int cz_is_ndp(struct pkt *p)
 /*
  * Returns CZ_NOT_OURS, or the cz_reason of the verdict. On a pass to an LB IP, *pod is the new
  * destination and *rewrite is 1; a pass to a pod IP sent directly has *rewrite 0. *slot is the
- * Service's svcstats slot. For ICMP errors, `in` describes the embedded packet; in->rewrite says
- * its source must change too. A first fragment's verdict in port-filter mode is noted for the
- * end of the full path, which records it for the fragments after it (account.h).
+ * Service's svcstats slot. `outside` (a constant): the decision of the outside program, for a
+ * packet from outside the source ranges of a restricted pod, which the entry program found
+ * (fast.h, fast_outside): only replies of the pod's flows and ICMP errors about them pass.
+ * For ICMP errors, `in` describes the embedded packet; in->rewrite says
+ * its source must change too. A first fragment's verdict in port-filter mode (or from outside
+ * the source ranges) is noted for the end of the full path, which records it for the fragments
+ * after it (account.h).
  */
 static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, struct inner *in,
-				     struct ip6 *pod, int *rewrite, __u32 *slot)
+				     struct ip6 *pod, int *rewrite, __u32 *slot, int outside)
 {
 	struct cz_entry e = {};
 	__u32 reason;
@@ -51,9 +56,13 @@ static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, 
 		/* the pod's own packet left as the LB IP: it becomes the pod IP again */
 		in->rewrite = *rewrite && cz_ip6_eq(&in->src, &p->dst);
 	}
-	if (!(e.flags & CZ_F_PORT_FILTER))
-		return CZ_NAT_INGRESS;
-	reason = filter(p, in, pod, &e);
+	if (outside) {
+		reason = filter(p, in, pod, e.flags, 1);
+	} else {
+		if (!(e.flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		reason = filter(p, in, pod, e.flags, 0);
+	}
 	if (p->first_frag && p->more_frags)
 		cz_done_frag(p); /* its verdict is recorded at the end (account.h) */
 	return reason;

@@ -151,19 +151,115 @@ static __always_inline struct flow4_val *flow_find(int v6, const struct ip6 *pod
 	}
 }
 
+/* 1 if a == b, else 0, without a branch (a, b < 2^32): each branch the verifier follows on the
+ * way to a verdict multiplies the states it explores. */
+static __always_inline __u64 cz_eq(__u64 a, __u64 b)
+{
+	return ((a ^ b) - 1) >> 63;
+}
+
+/*
+ * Does the flow still admit replies: idle for no longer than its protocol's timeout (flowcfg,
+ * which user space fills before any program runs; "never" is a timeout of 2^62 ns)? The clock
+ * is the one egress records with; a time ahead of it (another CPU, user space) counts as fresh.
+ * Without a branch: the index by protocol (UDP 0, ICMP echo 1, TCP and SCTP 2, TCP closing 3)
+ * and the comparison are arithmetic.
+ */
+static __always_inline int flow_fresh(const struct flow4_val *v, __u8 proto)
+{
+	__u32 zero = 0;
+	struct flow_cfg *c = cz_flowcfg.lookup(&zero);
+	__u64 last = v->last_seen_ns, tcp, udp, i;
+	__s64 age;
+
+	if (!c)
+		return 1;
+	udp = cz_eq(proto, IPPROTO_UDP);
+	tcp = cz_eq(proto, IPPROTO_TCP) | cz_eq(proto, IPPROTO_SCTP);
+	i = (1 - udp - tcp) * CZ_TO_ICMP + tcp * (CZ_TO_TCP + (last >> 63));
+	age = bpf_ktime_get_coarse_ns() - (last & ~CZ_FLOW_CLOSING);
+	return 1 ^ (((__u64)(c->timeout_ns[i & 3] - age)) >> 63);
+}
+
+/* A flow of the pod that admits replies (flow_fresh). */
+static __always_inline int flow_live(int v6, const struct ip6 *pod, const struct ip6 *remote,
+				     __be16 pod_port, __be16 remote_port, __u8 proto)
+{
+	struct flow4_val *v = flow_find(v6, pod, remote, pod_port, remote_port, proto);
+
+	return v && flow_fresh(v, proto);
+}
+
 /* A reply's flow, looked up only when the hint says it may exist (the fast paths). */
 static __always_inline int flow_exists(int v6, const struct ip6 *pod, const struct ip6 *remote,
 				       __be16 pod_port, __be16 remote_port, __u8 proto)
 {
 	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
 
-	return flow_hinted(h) && flow_find(v6, pod, remote, pod_port, remote_port, proto) != NULL;
+	return flow_hinted(h) && flow_live(v6, pod, remote, pod_port, remote_port, proto);
+}
+
+/*
+ * Is `src` in one of the source ranges of the restricted pod `pod` (CZ_F_RANGES)? One lookup
+ * in the LPM trie, whose entries all cover the pod IP whole.
+ */
+static __always_inline int src_in_range(int v6, const struct ip6 *pod, const struct ip6 *src)
+{
+	if (v6) {
+		struct range6_key k = {.prefixlen = 256};
+
+		k.pod_ip = *pod;
+		k.src = *src;
+		return cz_range6.lookup(&k) != NULL;
+	} else {
+		struct range4_key k = {.prefixlen = 64};
+
+		k.pod_ip = pod->a[0];
+		k.src = src->a[0];
+		return cz_range4.lookup(&k) != NULL;
+	}
+}
+
+static __always_inline int src_in_range4(__be32 pod, __be32 src)
+{
+	struct range4_key k = {.prefixlen = 64, .pod_ip = pod, .src = src};
+
+	return cz_range4.lookup(&k) != NULL;
+}
+
+#define CZ_TCP_FIN 0x01
+#define CZ_TCP_SYN 0x02
+#define CZ_TCP_RST 0x04
+
+/*
+ * The value a pod's packet leaves in its flow's entry (`last`: the entry's, 0 for a new one):
+ * the time, and the closing mark, which a FIN or RST sets and a SYN (a new connection on the
+ * same ports) clears. The entry is written only when this differs from `last` by the mark or
+ * by more than a second (CZ_FLOW_REFRESH_NS): flow_stale().
+ */
+static __always_inline __u64 flow_stamp(__u64 now, __u64 last, __u8 proto, __u8 tcp_flags)
+{
+	__u64 mark = last & CZ_FLOW_CLOSING;
+
+	if (proto == IPPROTO_TCP) {
+		if (tcp_flags & (CZ_TCP_FIN | CZ_TCP_RST))
+			mark = CZ_FLOW_CLOSING;
+		else if (tcp_flags & CZ_TCP_SYN)
+			mark = 0;
+	}
+	return now | mark;
+}
+
+static __always_inline int flow_stale(__u64 stamp, __u64 last)
+{
+	return ((stamp ^ last) & CZ_FLOW_CLOSING) ||
+	       (stamp & ~CZ_FLOW_CLOSING) - (last & ~CZ_FLOW_CLOSING) > CZ_FLOW_REFRESH_NS;
 }
 
 static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct ip6 *remote,
-				    __be16 pod_port, __be16 remote_port, __u8 proto, __u64 now)
+				    __be16 pod_port, __be16 remote_port, __u8 proto, __u64 stamp)
 {
-	struct flow4_val v = {.last_seen_ns = now};
+	struct flow4_val v = {.last_seen_ns = stamp};
 
 	flow_hint_set(
 		cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto));
@@ -188,17 +284,17 @@ static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct 
 	}
 }
 /*
- * Egress: remember (refresh at most once a second) a flow the pod opens: TCP, UDP, SCTP by
- * ports, an ICMP or ICMPv6 echo request by its identifier (pod_port; remote_port is then
- * ignored); other ICMP types and protocols are not recorded. flow_new counts a new entry,
- * flow_error an insert that failed.
+ * Egress: remember (refresh at most once a second, or when its closing mark changes) a flow
+ * the pod opens: TCP, UDP, SCTP by ports, an ICMP or ICMPv6 echo request by its identifier
+ * (pod_port; remote_port is then ignored); other ICMP types and protocols are not recorded.
+ * flow_new counts a new entry, flow_error an insert that failed.
  */
 static __always_inline void flow_record(int v6, const struct ip6 *pod, const struct ip6 *remote,
 					__be16 pod_port, __be16 remote_port, __u8 proto,
-					__u8 icmp_type)
+					__u8 icmp_type, __u8 tcp_flags)
 {
 	struct flow4_val *v;
-	__u64 now;
+	__u64 stamp;
 
 	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6) {
 		if (icmp_type != (v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO))
@@ -207,14 +303,15 @@ static __always_inline void flow_record(int v6, const struct ip6 *pod, const str
 	} else if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP) {
 		return;
 	}
-	now = bpf_ktime_get_coarse_ns();
 	v = flow_find(v6, pod, remote, pod_port, remote_port, proto);
 	if (v) {
-		if (now - v->last_seen_ns > CZ_FLOW_REFRESH_NS)
-			v->last_seen_ns = now;
+		stamp = flow_stamp(bpf_ktime_get_coarse_ns(), v->last_seen_ns, proto, tcp_flags);
+		if (flow_stale(stamp, v->last_seen_ns))
+			v->last_seen_ns = stamp;
 		return;
 	}
-	if (flow_add(v6, pod, remote, pod_port, remote_port, proto, now) == 0)
+	stamp = flow_stamp(bpf_ktime_get_coarse_ns(), 0, proto, tcp_flags);
+	if (flow_add(v6, pod, remote, pod_port, remote_port, proto, stamp) == 0)
 		cz_count(CZ_FLOW_NEW, 0);
 	else
 		cz_count(CZ_FLOW_ERROR, 0);

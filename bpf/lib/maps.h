@@ -18,6 +18,12 @@ BPF_TABLE_PINNED("hash", struct ip6, struct addr6_val, cz_addr6, CZ_ADDR6_MAX, C
 BPF_TABLE_PINNED("hash", struct allow6_key, __u8, cz_allow6, CZ_ALLOW6_MAX, CZ_PIN_DIR "/allow6");
 BPF_TABLE_PINNED("lru_hash", struct flow6_key, struct flow4_val, cz_flow6, CZ_FLOW6_MAX,
 		 CZ_PIN_DIR "/flow6");
+/* source ranges (CZ_F_RANGES) and the flows' timeouts */
+BPF_TABLE_PINNED("lpm_trie", struct range4_key, __u8, cz_range4, CZ_RANGE4_MAX,
+		 CZ_PIN_DIR "/range4");
+BPF_TABLE_PINNED("lpm_trie", struct range6_key, __u8, cz_range6, CZ_RANGE6_MAX,
+		 CZ_PIN_DIR "/range6");
+BPF_TABLE_PINNED("array", __u32, struct flow_cfg, cz_flowcfg, 1, CZ_PIN_DIR "/flowcfg");
 BPF_TABLE_PINNED("lru_hash", struct frag4_key, struct frag_val, cz_frag4, CZ_FRAG4_MAX,
 		 CZ_PIN_DIR "/frag4");
 BPF_TABLE_PINNED("lru_hash", struct frag6_key, struct frag_val, cz_frag6, CZ_FRAG6_MAX,

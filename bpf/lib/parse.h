@@ -69,7 +69,7 @@ struct pkt {
 	__u8 more_frags; /* IPv4 MF / IPv6 M */
 	__u8 icmp_type;
 	__u8 icmp_error; /* an ICMP/ICMPv6 error message */
-	__u8 pad;
+	__u8 tcp_flags;	 /* egress, TCP: the flags byte (FIN, SYN, RST; egress.c reads it) */
 };
 
 /* The embedded packet of an ICMP error. */
@@ -109,7 +109,8 @@ struct cz_done {
 	__u8 flow;	/* egress: a flow the pod opens, to record (port filter, L4 header) */
 	__u8 icmp_type; /* with flow: the ICMP type (only echo requests are recorded) */
 	__u8 frag;	/* ingress: a first fragment's verdict to record (port filter) */
-	__u8 pad[3];
+	__u8 tcp_flags; /* with flow: TCP flags (a FIN or RST marks the flow closing) */
+	__u8 pad[2];
 	__be32 frag_id; /* with frag: its identification */
 };
 

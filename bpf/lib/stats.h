@@ -24,6 +24,7 @@ enum cz_reason {
 	CZ_DROP_FRAGMENT = 13,	  /* port filter: non-first fragment after a dropped first one */
 	CZ_DROP_FRAG_ORPHAN = 14, /* port filter: non-first fragment, first one not seen (yet) */
 	CZ_DROP_ICMP_INNER = 15,  /* ICMP error with a truncated, invalid or nested inner packet */
+	CZ_DROP_SOURCE = 16,	  /* source ranges: a source outside them, not a reply */
 	CZ_REASON_MAX
 };
 
@@ -52,6 +53,7 @@ static __always_inline int cz_is_drop(__u32 reason)
 	case CZ_DROP_FRAGMENT:
 	case CZ_DROP_FRAG_ORPHAN:
 	case CZ_DROP_ICMP_INNER:
+	case CZ_DROP_SOURCE:
 		return 1;
 	}
 	return 0;
@@ -79,7 +81,7 @@ static __always_inline void cz_svc_pass(__u32 slot, int dir, __u64 bytes)
 #endif
 }
 
-/* drops[] of a drop reason: drop_port..drop_malformed 0-3, drop_fragment..drop_icmp_inner 4-6 */
+/* drops[] of a drop reason: drop_port..drop_malformed 0-3, drop_fragment..drop_source 4-7 */
 static __always_inline __u32 cz_drop_index(__u32 reason)
 {
 	return reason >= CZ_DROP_FRAGMENT ? reason - CZ_DROP_FRAGMENT + 4 : reason - CZ_DROP_PORT;
@@ -89,7 +91,7 @@ static __always_inline void cz_svc_drop(__u32 slot, __u32 reason)
 {
 #ifndef CZ_NO_SVC_STATS
 	struct svc_stat *s = cz_svcstats.lookup(&slot);
-	__u32 i = cz_drop_index(reason) & (CZ_SVC_DROPS - 1); /* a drop reason: 0-6 */
+	__u32 i = cz_drop_index(reason) & (CZ_SVC_DROPS - 1); /* a drop reason: 0-7 */
 
 	if (s)
 		s->drops[i]++;

@@ -9,11 +9,17 @@
 
 #include <linux/types.h>
 
-#define CZ_LAYOUT_VERSION 3
+#define CZ_LAYOUT_VERSION 4
 
 /* addr4_val.flags, .pod_flags */
 #define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
 #define CZ_F_ALLOW_ICMP 0x02  /* ICMP passes in port-filter mode */
+/*
+ * flags: the pod accepts only the sources in range4/range6 (loadBalancerSourceRanges), and
+ * replies to its own flows; pod_flags: egress records the pod's flows (as with PORT_FILTER)
+ */
+#define CZ_F_RANGES 0x04
+#define CZ_F_FLOWS (CZ_F_PORT_FILTER | CZ_F_RANGES) /* pod_flags: egress records flows */
 
 /* addr4_val.kind: what the address is (both bits: an LB IP that is also some pod's IP) */
 #define CZ_K_LB 0x01  /* an LB IP: ingress translates the destination to pod_ip */
@@ -47,7 +53,7 @@ struct addr4_val {
 	struct cz_port ports[CZ_INLINE_PORTS]; /* the ingress pod IP's allowed ports, sorted */
 	__u32 in_slot; /* svcstats slot of ingress: the LB IP's Service, else the pod's (0: none) */
 	__u32 out_slot; /* svcstats slot of egress (CZ_K_POD): the Service of lb_ip (0: none) */
-	__u32 reserved; /* zero; room for source ranges */
+	__u32 reserved; /* zero */
 };
 
 /* allow4: a set; value __u8 (1). Every allowed port of every pod, also those inline in addr4 */
@@ -68,8 +74,39 @@ struct flow4_key {
 	__u8 reserved[3];   /* zero */
 };
 
+/*
+ * last_seen_ns: bits 0-62 CLOCK_MONOTONIC_COARSE of the pod's last packet of the flow (egress,
+ * refreshed at most once a second); bit 63 (CZ_FLOW_CLOSING) set once the pod sent a TCP FIN or
+ * RST (cleared by a SYN): the flow then expires after the closing timeout (flowcfg).
+ */
+#define CZ_FLOW_CLOSING (1ULL << 63)
+
 struct flow4_val {
-	__u64 last_seen_ns; /* CLOCK_MONOTONIC_COARSE of the last egress packet, 1 s resolution */
+	__u64 last_seen_ns; /* the time (bits 0-62) and CZ_FLOW_CLOSING */
+};
+
+/*
+ * flowcfg: array of one. The idle timeouts after which a flow no longer admits replies, written
+ * by the agent (--flow-timeout-*); 0: never.
+ */
+#define CZ_TO_UDP 0	    /* UDP */
+#define CZ_TO_ICMP 1	    /* ICMP and ICMPv6 echo */
+#define CZ_TO_TCP 2	    /* TCP and SCTP */
+#define CZ_TO_TCP_CLOSING 3 /* TCP after the pod's FIN or RST */
+
+struct flow_cfg {
+	__u64 timeout_ns[4]; /* by CZ_TO_* */
+	__u64 reserved[4];   /* zero */
+};
+
+/*
+ * range4: LPM trie of the sources each restricted pod (CZ_F_RANGES) accepts; value __u8 (1).
+ * prefixlen is 32 (the pod IP, whole) + the range's prefix length.
+ */
+struct range4_key {
+	__u32 prefixlen; /* 32 + the range's prefix length */
+	__be32 pod_ip;	 /* the pod's own address */
+	__be32 src;	 /* the range's network address */
 };
 
 /*
@@ -107,6 +144,13 @@ struct allow6_key {
 	__u8 proto;    /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP */
 	__u8 reserved; /* zero */
 	__be16 port;   /* destination port */
+};
+
+/* range6: as range4; prefixlen 128 + the range's prefix length */
+struct range6_key {
+	__u32 prefixlen;
+	struct ip6 pod_ip;
+	struct ip6 src;
 };
 
 /* flow6: as flow4; value struct flow4_val */
@@ -156,7 +200,7 @@ struct stat_val {
  * reason (stats.h) is counted here once more for its Service: accepted ones by direction,
  * dropped ones by reason.
  */
-#define CZ_SVC_DROPS 8 /* drops[]: cz_drop_index() of each drop reason, one spare */
+#define CZ_SVC_DROPS 8 /* drops[]: cz_drop_index() of each drop reason (all used) */
 
 struct svc_stat {
 	__u64 in_packets; /* accepted on ingress: translated or passed by the port filter */

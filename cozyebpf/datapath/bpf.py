@@ -9,13 +9,13 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cozyebpf.datapath import attach, bpfsys, loader
 from cozyebpf.datapath.compiler import Compilation, Request
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
-from cozyebpf.datapath.maps import DEFAULT_PIN_DIR, PinnedMaps
+from cozyebpf.datapath.maps import DEFAULT_FLOW_TIMEOUTS, DEFAULT_PIN_DIR, PinnedMaps
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import Capacity, MapDiff, MapState
@@ -41,6 +41,7 @@ class BpfDatapath:
         on_foreign_xdp: str = "fail",
         max_services: int = DEFAULT_MAX_SERVICES,
         service_slots: int | None = None,
+        flow_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
@@ -54,6 +55,8 @@ class BpfDatapath:
         self.on_foreign_xdp = on_foreign_xdp
         self.max_services = max_services
         self.service_slots = service_slots
+        #: the flows' idle timeouts in seconds by "udp", "icmp", "tcp", "tcp_closing"
+        self.flow_timeouts = {**DEFAULT_FLOW_TIMEOUTS, **(flow_timeouts or {})}
         self.maps: PinnedMaps | None = None
         self.programs: dict[str, loader.Program] = {}  # the instance in use, per program
         self._spares: dict[str, list[loader.Program]] = {}  # other instances (tcx reorder)
@@ -86,6 +89,7 @@ class BpfDatapath:
         for dev in self.devices:
             attach.ifindex_of(dev)  # fail on a typo before touching anything
         self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
+        self.maps.set_flow_timeouts(**self.flow_timeouts)
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps
@@ -291,10 +295,24 @@ def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR, maps: PinnedMaps | None = None) 
             [a.as_dict() for a in attach.list_attachments(pin_dir)],
             pin_dir,
             m.service_counters(),
+            _flow_dicts(m),
+            m.flow_timeouts(),
         )
     finally:
         if maps is None:
             m.close()
+
+
+def _flow_dicts(m: PinnedMaps) -> list[dict[str, Any]]:
+    from cozyebpf.datapath.maps import coarse_now_ns
+    from cozyebpf.state import address_key
+
+    now = coarse_now_ns()
+    entries = sorted(
+        m.flow_entries(),
+        key=lambda e: (address_key(e.flow.pod_ip), address_key(e.flow.remote_ip), e.flow[2:]),
+    )
+    return [e.as_dict(now) for e in entries]
 
 
 COZY_PROXY_TABLE = ("ip", "cozy_proxy")

@@ -17,10 +17,12 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
 
 #: bump with CZ_LAYOUT_VERSION in bpf/lib/types.h whenever a layout below changes
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 F_PORT_FILTER = 0x01
 F_ALLOW_ICMP = 0x02
+#: flags: the pod accepts only the sources in range4/range6; pod_flags: egress records flows
+F_RANGES = 0x04
 
 K_LB = 0x01  # addr value kind: an LB IP (ingress translates to pod_ip)
 K_POD = 0x02  # a pod IP (egress translates to lb_ip)
@@ -117,6 +119,30 @@ class Flow4Val(ctypes.Structure):
     _fields_ = [("last_seen_ns", ctypes.c_uint64)]
 
 
+#: Flow4Val.last_seen_ns: the pod sent a TCP FIN or RST (the closing timeout applies); the
+#: other bits are the time (CLOCK_MONOTONIC_COARSE)
+FLOW_CLOSING = 1 << 63
+
+#: flow_cfg.timeout_ns[] indices (CZ_TO_*)
+TO_UDP, TO_ICMP, TO_TCP, TO_TCP_CLOSING = 0, 1, 2, 3
+
+
+class FlowCfg(ctypes.Structure):
+    """flowcfg: the flows' idle timeouts (0: never expires)."""
+
+    _fields_ = [("timeout_ns", ctypes.c_uint64 * 4), ("reserved", ctypes.c_uint64 * 4)]
+
+
+class Range4Key(ctypes.Structure):
+    """range4 (an LPM trie): prefixlen 32 + the range's; the pod IP, the network."""
+
+    _fields_ = [
+        ("prefixlen", ctypes.c_uint32),
+        ("pod_ip", ctypes.c_uint32),
+        ("src", ctypes.c_uint32),
+    ]
+
+
 class StatVal(ctypes.Structure):
     _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
 
@@ -163,6 +189,10 @@ class Allow6Key(ctypes.Structure):
         ("reserved", ctypes.c_uint8),
         ("port", ctypes.c_uint16),
     ]
+
+
+class Range6Key(ctypes.Structure):
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("pod_ip", Ip6), ("src", Ip6)]
 
 
 class Flow6Key(ctypes.Structure):
@@ -370,6 +400,8 @@ EVENTS = MapSpec(
 )
 #: explain's dry runs (bpf/lib/dryrun.h)
 DRYRUN = MapSpec("dryrun", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, DryRes, 1, "")
+#: the flows' timeouts (bpf/lib/types.h, struct flow_cfg)
+FLOWCFG = MapSpec("flowcfg", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, FlowCfg, 1, "")
 
 
 @dataclass(frozen=True)
@@ -379,7 +411,8 @@ class Layout:
     allowed-port and flow maps 4 per Service, the fragment maps 1 per 4 Services (at least
     1024), the flow hint 32 bits per Service and half (4 bits per flow-table entry of both
     families; a power of two), the per-Service counters and names one slot per Service, as many
-    as SVCSTATS_BUDGET allows on this machine unless chosen (and slot 0, never given out)."""
+    as SVCSTATS_BUDGET allows on this machine unless chosen (and slot 0, never given out), the
+    source ranges 4 networks per Service (allocated as they come)."""
 
     max_services: int
     meta: MapSpec
@@ -395,6 +428,9 @@ class Layout:
     flowhint: MapSpec
     svcstats: MapSpec
     svcnames: MapSpec
+    range4: MapSpec
+    range6: MapSpec
+    flowcfg: MapSpec = FLOWCFG
     tail_xdp: MapSpec = TAIL_XDP
     tail_tc: MapSpec = TAIL_TC
     monctl: MapSpec = MONCTL
@@ -424,6 +460,9 @@ class Layout:
             self.monstats,
             self.events,
             self.dryrun,
+            self.range4,
+            self.range6,
+            self.flowcfg,
         )
 
     @property
@@ -452,6 +491,7 @@ def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | Non
     if slots < 1:
         raise ValueError(f"service_slots must be at least 1, not {slots}")
     hash_, lru = bpfsys.BPF_MAP_TYPE_HASH, bpfsys.BPF_MAP_TYPE_LRU_HASH
+    lpm, no_prealloc = bpfsys.BPF_MAP_TYPE_LPM_TRIE, bpfsys.BPF_F_NO_PREALLOC
     frags = max(1024, s // 4)
     u64 = ctypes.c_uint64
     return Layout(
@@ -486,6 +526,8 @@ def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | Non
         MapSpec(
             "svcnames", hash_, ctypes.c_uint32, SvcName, slots + 1, "", bpfsys.BPF_F_NO_PREALLOC
         ),
+        MapSpec("range4", lpm, Range4Key, ctypes.c_uint8, 4 * s, "CZ_RANGE4_MAX", no_prealloc),
+        MapSpec("range6", lpm, Range6Key, ctypes.c_uint8, 4 * s, "CZ_RANGE6_MAX", no_prealloc),
     )
 
 

@@ -143,6 +143,12 @@ SLOW_PATHS = {
     "cz_ingress_tc": ("cz_ingress_tc_slow", "cz_tail_tc", 0),
     "cz_egress": ("cz_egress_slow", "cz_tail_tc", 1),
 }
+#: entry program -> the further programs its full path hands frames to, as SLOW_PATHS: the
+#: decision for a packet from outside a pod's source ranges (CZ_OUTSIDE in bpf/lib/ingress.h)
+MORE_PATHS = {
+    "cz_ingress": (("cz_ingress_outside", "cz_tail_xdp", 1),),
+    "cz_ingress_tc": (("cz_ingress_tc_outside", "cz_tail_tc", 2),),
+}
 
 
 def _load_one(module: Any, func: str, kind: int) -> Any:
@@ -161,20 +167,20 @@ def load_from(module: Any, func: str, prog_type: str) -> Program:
     from bcc import BPF
 
     kind = {"xdp": BPF.XDP, "sched_cls": BPF.SCHED_CLS}[prog_type]
-    if func in SLOW_PATHS:
-        slow, array, slot = SLOW_PATHS[func]
+    for slow, array, slot in (*MORE_PATHS.get(func, ()), *filter(None, [SLOW_PATHS.get(func)])):
         fn = _load_one(module, slow, kind)
         module[array.encode()][ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
     fn = _load_one(module, func, kind)
     return Program(func, fn.fd, module, kind)
 
 
-def slow_program_fd(program: Program) -> int | None:
-    """The fd of an entry program's full path (SLOW_PATHS), or None."""
+def slow_program_fd(program: Program, name: str | None = None) -> int | None:
+    """The fd of an entry program's full path (SLOW_PATHS), or of another program it hands
+    frames to (`name`, MORE_PATHS), or None."""
     slow = SLOW_PATHS.get(program.name)
     if slow is None or program.bpf is None:  # or passed by the compiler child: not kept
         return None
-    fn = program.bpf.funcs.get(slow[0].encode())
+    fn = program.bpf.funcs.get((name or slow[0]).encode())
     return None if fn is None else int(fn.fd)
 
 

@@ -28,7 +28,7 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import NamedTuple
 
 from cozyebpf.datapath import bpfsys
@@ -38,6 +38,9 @@ from cozyebpf.datapath.layout import (
     EVENTS,
     F_ALLOW_ICMP,
     F_PORT_FILTER,
+    F_RANGES,
+    FLOW_CLOSING,
+    FLOWCFG,
     INLINE_PORTS,
     K_LB,
     K_POD,
@@ -53,6 +56,7 @@ from cozyebpf.datapath.layout import (
     V1_SVC4,
     V1_SVC6,
     Flow4Val,
+    FlowCfg,
     Layout,
     MapSpec,
     MetaVal,
@@ -77,6 +81,7 @@ from cozyebpf.state import (
     MapState,
     PodEntry,
     Proto,
+    Ranges,
     ServiceEntry,
 )
 
@@ -108,10 +113,21 @@ SAME_SINCE = {
     "monstats": 3,
     "events": 3,
     "dryrun": 3,
+    # layout 4: source ranges (addr values of layout 3 have no CZ_F_RANGES: valid as they are;
+    # flow values gained the closing mark in a bit that layout 3 never set) and flow timeouts
+    "range4": 4,
+    "range6": 4,
+    "flowcfg": 4,
 }
 
 #: maps of a fixed size, not sized by the number of Services
-_FIXED = (META, STATS, MONCTL, MONSTATS, EVENTS, DRYRUN)
+_FIXED = (META, STATS, MONCTL, MONSTATS, EVENTS, DRYRUN, FLOWCFG)
+
+#: the flows' idle timeouts by default (seconds), as Linux conntrack's: UDP, ICMP echo, TCP
+#: established, TCP after a FIN or RST (cozyebpf run --flow-timeout-*)
+DEFAULT_FLOW_TIMEOUTS = {"udp": 120, "icmp": 30, "tcp": 432000, "tcp_closing": 10}
+#: a timeout of 0 ("never") as the programs see it (bpf/lib/lookup.h, flow_fresh)
+NEVER_NS = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -156,6 +172,57 @@ class Flow(NamedTuple):
     pod_port: int
     remote_port: int
     proto: int
+
+
+@dataclass(frozen=True)
+class FlowEntry:
+    """A flow with its value: when the pod last sent on it (CLOCK_MONOTONIC_COARSE ns) and
+    whether it sent a FIN or RST."""
+
+    flow: Flow
+    last_seen_ns: int
+    closing: bool
+
+    def age_s(self, now_ns: int) -> float:
+        """Seconds since the pod last sent on the flow (refreshed at most once a second)."""
+        return max(0, now_ns - self.last_seen_ns) / 1e9
+
+    def as_dict(self, now_ns: int) -> dict[str, object]:
+        """For `maps dump`."""
+        f = self.flow
+        return {
+            "pod_ip": str(f.pod_ip),
+            "remote_ip": str(f.remote_ip),
+            "pod_port": f.pod_port,
+            "remote_port": f.remote_port,
+            "proto": {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp"}.get(
+                f.proto, str(f.proto)
+            ),
+            "age_s": round(self.age_s(now_ns), 1),
+            "closing": self.closing,
+        }
+
+
+def coarse_now_ns() -> int:
+    """The programs' clock for flows (bpf_ktime_get_coarse_ns)."""
+    import time
+
+    return time.clock_gettime_ns(getattr(time, "CLOCK_MONOTONIC_COARSE", 6))  # 6 on Linux
+
+
+def _range_key(pod: bytes, net: IPv4Network | IPv6Network) -> bytes:
+    """A range4/range6 key (bpf/lib/types.h): prefixlen covers the pod IP and the network."""
+    return struct.pack("=I", 8 * len(pod) + net.prefixlen) + pod + net.network_address.packed
+
+
+def _range_of(raw: bytes) -> tuple[bytes, IPv4Network | IPv6Network]:
+    """(pod IP, network) of a range4/range6 key."""
+    n = (len(raw) - 4) // 2
+    (plen,) = struct.unpack_from("=I", raw)
+    pod, addr = raw[4 : 4 + n], raw[4 + n :]
+    net: IPv4Network | IPv6Network
+    net = IPv4Network((addr, plen - 32)) if n == 4 else IPv6Network((addr, plen - 128))
+    return pod, net
 
 
 def _flags(port_filter: bool, allow_icmp: bool) -> int:
@@ -211,6 +278,7 @@ class _Mirror:
         self.lbs_of: dict[bytes, set[bytes]] = {}  # pod IP -> LB IPs whose Service goes there
         self.enc: dict[bytes, tuple[int, bytes]] = {}  # pod IP -> its encoded ports (a cache)
         self.refs: dict[str, int] = {}  # Service -> roles that name it
+        self.ranges: dict[bytes, Ranges] = {}  # restricted pod IP -> its source ranges
 
     @classmethod
     def of(cls, st: MapState) -> _Mirror:
@@ -221,6 +289,7 @@ class _Mirror:
             m.set_pod(p.packed, e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp), e.service)
         for a in st.allowed:
             m.ports.setdefault(a.pod_ip.packed, set()).add(_port_bytes(a))
+        m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
         return m
 
     def _ref(self, service: str, step: int) -> None:
@@ -278,6 +347,10 @@ class _Mirror:
         else:  # traffic to the pod IP directly: no rewrite, the pod's flags and Service
             to, flags, in_pod, in_slot = zero, pod_flags, addr, out_slot
         kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
+        if in_pod in self.ranges:
+            flags |= F_RANGES
+        if pod is not None and addr in self.ranges:
+            pod_flags |= F_RANGES  # egress records the flows, so that replies pass
         enc = self.enc.get(in_pod)
         if enc is None:
             enc = self.enc[in_pod] = _ports_bytes(self.ports.get(in_pod, ()))
@@ -518,6 +591,8 @@ class PinnedMaps:
                     old_flows.append((spec, fd))
                 reseed = reseed or spec.name in ("flowhint", "flow4", "flow6")
             maps = cls(pin_dir, fds, layout)
+            if "flowcfg" in created or _read_version(fds[META.name]) != LAYOUT_VERSION:
+                maps.set_flow_timeouts(**DEFAULT_FLOW_TIMEOUTS)  # before any program reads it
             maps._repair = True
             maps._old_flows = old_flows
             legacy = [s for s in V1_REPLACED if os.path.exists(os.path.join(pin_dir, s.name))]
@@ -748,12 +823,15 @@ class PinnedMaps:
             values.append(struct.pack("=Q", cur.value | mask))
         self._update_batch(self.layout.flowhint, keys, values)
 
-    def add_flows(self, flows: Iterable[Flow], last_seen_ns: int = 0) -> None:
+    def add_flows(
+        self, flows: Iterable[Flow], last_seen_ns: int | None = None, closing: bool = False
+    ) -> None:
         """Write flow-table entries as the egress program records them (with their hint
-        bits): for tests, benchmarks and tools."""
+        bits), last seen now unless said: for tests, benchmarks and tools."""
         fl = list(flows)
         self._set_hints(fl)
-        val = Flow4Val(last_seen_ns=last_seen_ns)
+        seen = coarse_now_ns() if last_seen_ns is None else last_seen_ns
+        val = Flow4Val(last_seen_ns=seen | (FLOW_CLOSING if closing else 0))
         for f in fl:
             spec = self.layout.flow4 if f.pod_ip.version == 4 else self.layout.flow6
             key = _flow_key_bytes(f)
@@ -804,11 +882,13 @@ class PinnedMaps:
     def _items(self, spec: MapSpec) -> Iterator[tuple[bytes, bytes]]:
         return self._raw_items(self.fds[spec.name], spec.key_size, spec.value_size)
 
-    def _read_addrs(self, m: _Mirror) -> tuple[MapState, dict[bytes, bytes]]:
-        """services and pods from addr4/addr6 (into `m` too), and the raw values by key. The
-        Service of each role is the one svcnames names its slot for ("" without one)."""
+    def _read_addrs(self, m: _Mirror) -> tuple[MapState, dict[bytes, bytes], set[bytes]]:
+        """services and pods from addr4/addr6 (into `m` too), the raw values by key, and the
+        pod IPs that some value marks restricted (F_RANGES). The Service of each role is the
+        one svcnames names its slot for ("" without one)."""
         st = MapState()
         raw: dict[bytes, bytes] = {}
+        restricted: set[bytes] = set()
         name = self.slots.name
         for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
             lb_at, slots_at = _lb_at(n), _slots_at(n)
@@ -816,16 +896,42 @@ class PinnedMaps:
                 addr = _ip(kraw)
                 kind = vraw[n]
                 in_slot, out_slot, _ = _SLOTS.unpack_from(vraw, slots_at)
+                if vraw[n + 1] & F_RANGES:
+                    restricted.add(vraw[:n] if kind & K_LB else kraw)
+                if kind & K_POD and vraw[n + 2] & F_RANGES:
+                    restricted.add(kraw)
                 if kind & K_LB:
-                    pod, flags, svc = vraw[:n], vraw[n + 1], name(in_slot)
+                    pod, flags, svc = vraw[:n], vraw[n + 1] & ~F_RANGES, name(in_slot)
                     m.link(kraw, pod, flags, svc)
                     st.services[addr] = ServiceEntry(_ip(pod), *_entry_flags(flags), svc)
                 if kind & K_POD:
-                    lb, flags, svc = vraw[lb_at : lb_at + n], vraw[n + 2], name(out_slot)
+                    lb, flags, svc = (
+                        vraw[lb_at : lb_at + n],
+                        vraw[n + 2] & ~F_RANGES,
+                        name(out_slot),
+                    )
                     m.set_pod(kraw, lb, flags, svc)
                     st.pods[addr] = PodEntry(_ip(lb), *_entry_flags(flags), svc)
                 raw[kraw] = vraw
-        return st, raw
+        return st, raw, restricted
+
+    def _read_ranges(self, restricted: set[bytes]) -> dict[IPAddress, Ranges]:
+        """The source ranges of every pod an addr value marks restricted (none: no source).
+        Entries of a pod that no value marks (a write that stopped half way) are never looked
+        at by the programs; the agent's maps (ensure) delete them here."""
+        nets: dict[bytes, set[IPv4Network | IPv6Network]] = {p: set() for p in restricted}
+        stray: list[bytes] = []
+        for spec in (self.layout.range4, self.layout.range6):
+            for raw in bpfsys.map_keys(self.fds[spec.name], spec.key_size):
+                pod, net = _range_of(raw)
+                if pod in nets:
+                    nets[pod].add(net)
+                else:
+                    stray.append(raw)
+        if stray and self._repair:
+            log.warning("%d source-range entries of unrestricted pods: deleted", len(stray))
+            self._write_ranges(stray, delete=True)
+        return {_ip(p): frozenset(v) for p, v in nets.items()}
 
     def _read_slots(self) -> None:
         self.slots.load(self._items(self.layout.svcnames))
@@ -854,8 +960,10 @@ class PinnedMaps:
         the state (its inline ports are not part of a MapState, so no diff would repair them)."""
         self._read_slots()
         m = _Mirror()
-        st, raw = self._read_addrs(m)
+        st, raw, restricted = self._read_addrs(m)
         st.allowed = self._read_allowed(m)[0]
+        st.ranges = self._read_ranges(restricted)
+        m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
         self._m = m
         if self._repair:
             # a write that stopped half way: the slots that addresses carry are active, the
@@ -883,6 +991,8 @@ class PinnedMaps:
                     (self.layout.allow4, (("allowed", 4),)),
                     (self.layout.addr6, (("services", 6), ("pods", 6))),
                     (self.layout.allow6, (("allowed", 6),)),
+                    (self.layout.range4, (("ranges", 4),)),
+                    (self.layout.range6, (("ranges", 6),)),
                 )
             )
         )
@@ -1005,7 +1115,19 @@ class PinnedMaps:
         bpfsys.map_update(self.fds[MONCTL.name], ctypes.c_uint32(0), ctl)
 
     #: the maps `entries()` counts (hash maps whose fill matters)
-    COUNTED = ("addr4", "addr6", "allow4", "allow6", "flow4", "flow6", "frag4", "frag6", "svcnames")
+    COUNTED = (
+        "addr4",
+        "addr6",
+        "allow4",
+        "allow6",
+        "flow4",
+        "flow6",
+        "frag4",
+        "frag6",
+        "svcnames",
+        "range4",
+        "range6",
+    )
 
     def entries(self) -> dict[str, tuple[int, int]]:
         """map -> (entries, capacity), for the maps in COUNTED (a batch walk per map; a
@@ -1120,6 +1242,30 @@ class PinnedMaps:
             touched |= m.lbs_of.get(pod, set())
             if pod in m.pod:
                 touched.add(pod)
+        # source ranges: a pod's networks are added before and removed after the addr values
+        # that (un)mark it restricted, so that no source it accepts is ever refused
+        range_add: list[bytes] = []
+        range_del: list[bytes] = []
+        flipped: set[bytes] = set()
+        for p, nets in d.ranges_set.items():
+            pod = p.packed
+            old = m.ranges.get(pod)
+            if old is None:
+                flipped.add(pod)
+                old = frozenset()
+            range_add += [_range_key(pod, n) for n in nets - old]
+            range_del += [_range_key(pod, n) for n in old - nets]
+            m.ranges[pod] = nets
+        for p in d.ranges_del:
+            pod = p.packed
+            old = m.ranges.pop(pod, None)
+            if old is not None:
+                flipped.add(pod)
+                range_del += [_range_key(pod, n) for n in old]
+        for pod in flipped:
+            touched |= m.lbs_of.get(pod, set())
+            if pod in m.pod:
+                touched.add(pod)
         sets = [a for a in touched if a in m.svc or a in m.pod]
         dels = [a for a in touched if a not in m.svc and a not in m.pod]
         services = sorted(n for n in named if n)
@@ -1128,8 +1274,10 @@ class PinnedMaps:
             self._delete_addrs(dels)
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
+            self._write_ranges(range_add)
             self._write_addrs(sets)
             self._delete_allowed(d.allowed_del)
+            self._write_ranges(range_del, delete=True)
             self.slots.park(n for n in services if n not in m.refs)
             if self._legacy:
                 self._apply_legacy(d)
@@ -1137,6 +1285,48 @@ class PinnedMaps:
             self._m = None  # the maps hold part of it: read them again before the next apply
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
+
+    def _write_ranges(self, keys: list[bytes], delete: bool = False) -> None:
+        """Add or delete range4/range6 keys, one call each (an LPM trie has no batch
+        operations on every kernel; a pod has few ranges)."""
+        one = ctypes.c_uint8(1)
+        for k in keys:
+            spec = self.layout.range4 if len(k) == 12 else self.layout.range6
+            key = ctypes.create_string_buffer(k, len(k))
+            if delete:
+                bpfsys.map_delete(self.fds[spec.name], key)
+            else:
+                bpfsys.map_update(self.fds[spec.name], key, one)
+
+    # -- flows ---------------------------------------------------------------------------
+
+    def set_flow_timeouts(self, udp: float, icmp: float, tcp: float, tcp_closing: float) -> None:
+        """The flows' idle timeouts in seconds (0: never), read by the programs (flowcfg)."""
+        cfg = FlowCfg()
+        for i, t in enumerate((udp, icmp, tcp, tcp_closing)):
+            if t < 0:
+                raise ValueError(f"a flow timeout cannot be negative: {t}")
+            cfg.timeout_ns[i] = int(t * 1e9) if t else NEVER_NS
+        bpfsys.map_update(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
+
+    def flow_timeouts(self) -> dict[str, float]:
+        """The timeouts the programs apply, in seconds (0: never)."""
+        cfg = FlowCfg()
+        bpfsys.map_lookup(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
+        names = ("udp", "icmp", "tcp", "tcp_closing")
+        t = [int(x) for x in cfg.timeout_ns]
+        return {n: 0 if t[i] >= NEVER_NS else t[i] / 1e9 for i, n in enumerate(names)}
+
+    def flow_entries(self) -> list[FlowEntry]:
+        """Every flow with its value (when the pod last sent, closing or not)."""
+        out = []
+        for spec in (self.layout.flow4, self.layout.flow6):
+            for kraw, vraw in self._items(spec):
+                (v,) = struct.unpack("=Q", vraw[:8])
+                out.append(
+                    FlowEntry(_flow_key_fields(kraw), v & ~FLOW_CLOSING, bool(v & FLOW_CLOSING))
+                )
+        return out
 
     def _delete_allowed(self, ports: set[AllowedPort]) -> None:
         for spec, version in ((self.layout.allow4, 4), (self.layout.allow6, 6)):
@@ -1216,9 +1406,11 @@ class PinnedMaps:
 
 
 __all__ = [
+    "DEFAULT_FLOW_TIMEOUTS",
     "DEFAULT_MAX_SERVICES",
     "DEFAULT_PIN_DIR",
     "Flow",
+    "FlowEntry",
     "MonitorState",
     "PinnedMaps",
     "ServiceCounters",

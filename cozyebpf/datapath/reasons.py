@@ -20,6 +20,7 @@ REASONS: tuple[str, ...] = (
     "drop_fragment",
     "drop_frag_orphan",
     "drop_icmp_inner",
+    "drop_source",
 )
 
 DESCRIPTIONS: dict[str, str] = {
@@ -39,6 +40,7 @@ DESCRIPTIONS: dict[str, str] = {
     "drop_fragment": "port filter: non-first fragment after a dropped first one",
     "drop_frag_orphan": "port filter: non-first fragment whose first one was not seen",
     "drop_icmp_inner": "ICMP error with a truncated, invalid or nested inner packet",
+    "drop_source": "source ranges: a source outside them, not a reply to the pod's flow",
 }
 
 #: the drop reasons in the order of svc_stat.drops[] (cz_drop_index in bpf/lib/stats.h: the
