@@ -182,6 +182,18 @@ def read_line_with(stream: Any, text: str, lines: int = 5) -> str:
     return "".join(seen)
 
 
+def interrupt(proc: subprocess.Popen[Any], timeout: float = 10) -> tuple[Any, Any]:
+    """SIGINT to a process and its output once it ended; killed if it does not end in time
+    (the timeout is raised then), so that no process outlives a failed test."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
 @contextlib.contextmanager
 def agent_lab(
     tag: str,

@@ -42,7 +42,7 @@ import yaml
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.conftest import IN_CI, TEST_CMD, unique_prefix
 from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, read_line_with, serve, tcp_echo, tcp_talk, wait_for
+from tests.labtools import AgentLab, interrupt, read_line_with, serve, tcp_echo, tcp_talk, wait_for
 from tests.packets import LB_WHOLE
 
 pytestmark = pytest.mark.datapath
@@ -202,12 +202,16 @@ def assert_tools_work(env: AgentLab, hook: str) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    assert mon.stderr is not None
-    text = "monitoring counted packets"
-    assert text in read_line_with(mon.stderr, text)
-    assert ping(env)
-    mon.send_signal(signal.SIGINT)
-    out, err = mon.communicate(timeout=10)
+    try:
+        assert mon.stderr is not None
+        text = "monitoring counted packets"
+        assert text in read_line_with(mon.stderr, text)
+        assert ping(env)
+        out, err = interrupt(mon)
+    finally:
+        if mon.poll() is None:  # a failed assertion: no monitor outlives the test
+            mon.kill()
+            mon.wait()
     assert mon.returncode == 0 and "stopped; 0 events lost" in err, err
     assert f"{CLIENT_IP} -> {LB_WHOLE} default/vm-caps" in out, out
 

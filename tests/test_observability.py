@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
 import time
@@ -33,7 +32,7 @@ from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_OFF
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
 from tests.k8s import Svc
-from tests.labtools import AgentLab, agent_lab, read_line_with, wait_for
+from tests.labtools import AgentLab, agent_lab, interrupt, read_line_with, wait_for
 from tests.packets import LB_FILT, LB_UNKNOWN, LB_WHOLE
 from tests.test_deploy_monitoring import CONTRACT
 
@@ -302,8 +301,7 @@ def test_monitor_shows_drops_while_they_happen_and_stops_cleanly(env: AgentLab) 
         send(env, [client_frame(LB_FILT, "tcp", 443, i) for i in range(3)])
         events = read_events(proc, 3, 5)
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=10)
+        _, err = interrupt(proc)
     assert proc.returncode == 0, err
     assert "stopped; 0 events lost" in err
     assert len(events) == 3
@@ -350,15 +348,20 @@ def test_a_killed_monitors_switch_is_turned_off_by_the_agent(env: AgentLab) -> N
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    assert proc.stderr is not None
-    assert "monitoring" in read_line_with(proc.stderr, "monitoring")
-    busy = cli(env, "monitor", check=False)
-    assert busy.returncode == 1 and "another `cozyebpf monitor`" in busy.stderr
-    with PinnedMaps.open(env.pin_dir) as m:
-        assert m.monitor_state().mode != MON_OFF
-        proc.kill()
-        proc.wait()
-        wait_for(lambda: m.monitor_state().mode == MON_OFF, 5, "the agent to turn it off")
+    try:
+        assert proc.stderr is not None
+        assert "monitoring" in read_line_with(proc.stderr, "monitoring")
+        busy = cli(env, "monitor", check=False)
+        assert busy.returncode == 1 and "another `cozyebpf monitor`" in busy.stderr
+        with PinnedMaps.open(env.pin_dir) as m:
+            assert m.monitor_state().mode != MON_OFF
+            proc.kill()
+            proc.wait()
+            wait_for(lambda: m.monitor_state().mode == MON_OFF, 5, "the agent to turn it off")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert "the monitor's events were on without a monitor" in env.log()
 
 
