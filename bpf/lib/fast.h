@@ -215,7 +215,7 @@ static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be3
 		k.remote_port = sport;
 		k.proto = proto;
 		f = cz_flow4.lookup(&k);
-		if (f && flow_fresh(f, proto))
+		if (f && flow_fresh(f, proto, bpf_ktime_get_coarse_ns()))
 			return CZ_PASS_REPLY;
 	}
 	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;

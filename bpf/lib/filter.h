@@ -12,7 +12,8 @@
 #include "stats.h"
 
 /* Is this ICMP error about a flow of the pod that the filter allows? */
-static __always_inline int is_related(struct pkt *p, struct inner *in, const struct ip6 *pod)
+static __always_inline int is_related(struct pkt *p, struct inner *in, const struct ip6 *pod,
+				      __u64 now)
 {
 	if (!in->rewrite && !cz_ip6_eq(&in->src, pod))
 		return 0; /* not about a packet the pod sent */
@@ -20,11 +21,11 @@ static __always_inline int is_related(struct pkt *p, struct inner *in, const str
 		__u8 echo = p->v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO;
 
 		return in->icmp_type == echo &&
-		       flow_live(p->v6, pod, &in->dst, in->sport, 0, in->proto);
+		       flow_live(p->v6, pod, &in->dst, in->sport, 0, in->proto, now);
 	}
 	if (in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP && in->proto != IPPROTO_SCTP)
 		return 0;
-	if (flow_live(p->v6, pod, &in->dst, in->sport, in->dport, in->proto))
+	if (flow_live(p->v6, pod, &in->dst, in->sport, in->dport, in->proto, now))
 		return 1;
 	return is_allowed(p->v6, pod, in->proto, in->sport);
 }
@@ -37,6 +38,7 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 				    __u8 flags, int out)
 {
 	__u8 echo_reply = p->v6 ? ICMPV6_ECHO_REPLY : ICMP_ECHOREPLY;
+	__u64 now = bpf_ktime_get_coarse_ns(); /* once per decision: flows admit replies by it */
 
 	if (!p->first_frag) {
 		struct frag_val *f = frag_find(p, pod);
@@ -51,7 +53,7 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 	case IPPROTO_SCTP:
 		if (!out && is_allowed(p->v6, pod, p->proto, p->dport))
 			return CZ_PASS_PORT;
-		if (flow_live(p->v6, pod, &p->src, p->dport, p->sport, p->proto))
+		if (flow_live(p->v6, pod, &p->src, p->dport, p->sport, p->proto, now))
 			return CZ_PASS_REPLY;
 		return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 	case IPPROTO_ICMP:
@@ -59,12 +61,12 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 		if (!p->has_l4)
 			return out ? CZ_DROP_SOURCE
 				   : CZ_DROP_PROTO; /* ICMP in IPv6 / ICMPv6 in IPv4 */
-		if (p->icmp_error && is_related(p, in, pod))
+		if (p->icmp_error && is_related(p, in, pod, now))
 			return CZ_PASS_RELATED;
 		if (!out && (flags & CZ_F_ALLOW_ICMP))
 			return CZ_PASS_ICMP;
 		if (p->icmp_type == echo_reply &&
-		    flow_live(p->v6, pod, &p->src, p->sport, 0, p->proto))
+		    flow_live(p->v6, pod, &p->src, p->sport, 0, p->proto, now))
 			return CZ_PASS_REPLY;
 		return out ? CZ_DROP_SOURCE : CZ_DROP_ICMP;
 	default:

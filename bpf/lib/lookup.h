@@ -165,7 +165,7 @@ static __always_inline __u64 cz_eq(__u64 a, __u64 b)
  * Without a branch: the index by protocol (UDP 0, ICMP echo 1, TCP and SCTP 2, TCP closing 3)
  * and the comparison are arithmetic.
  */
-static __always_inline int flow_fresh(const struct flow4_val *v, __u8 proto)
+static __always_inline int flow_fresh(const struct flow4_val *v, __u8 proto, __u64 now)
 {
 	__u32 zero = 0;
 	struct flow_cfg *c = cz_flowcfg.lookup(&zero);
@@ -177,17 +177,17 @@ static __always_inline int flow_fresh(const struct flow4_val *v, __u8 proto)
 	udp = cz_eq(proto, IPPROTO_UDP);
 	tcp = cz_eq(proto, IPPROTO_TCP) | cz_eq(proto, IPPROTO_SCTP);
 	i = (1 - udp - tcp) * CZ_TO_ICMP + tcp * (CZ_TO_TCP + (last >> 63));
-	age = bpf_ktime_get_coarse_ns() - (last & ~CZ_FLOW_CLOSING);
+	age = now - (last & ~CZ_FLOW_CLOSING);
 	return 1 ^ (((__u64)(c->timeout_ns[i & 3] - age)) >> 63);
 }
 
 /* A flow of the pod that admits replies (flow_fresh). */
 static __always_inline int flow_live(int v6, const struct ip6 *pod, const struct ip6 *remote,
-				     __be16 pod_port, __be16 remote_port, __u8 proto)
+				     __be16 pod_port, __be16 remote_port, __u8 proto, __u64 now)
 {
 	struct flow4_val *v = flow_find(v6, pod, remote, pod_port, remote_port, proto);
 
-	return v && flow_fresh(v, proto);
+	return v && flow_fresh(v, proto, now);
 }
 
 /* A reply's flow, looked up only when the hint says it may exist (the fast paths). */
@@ -196,7 +196,8 @@ static __always_inline int flow_exists(int v6, const struct ip6 *pod, const stru
 {
 	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
 
-	return flow_hinted(h) && flow_live(v6, pod, remote, pod_port, remote_port, proto);
+	return flow_hinted(h) &&
+	       flow_live(v6, pod, remote, pod_port, remote_port, proto, bpf_ktime_get_coarse_ns());
 }
 
 /*
