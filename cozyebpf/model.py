@@ -1430,15 +1430,8 @@ class IncrementalModel:
 
     def _update_counts(self, st: MapState, step: int) -> None:
         c = self._counts
-        for kind, ips in (
-            ("services", st.services),
-            ("pods", st.pods),
-            ("allowed", [a.pod_ip for a in st.allowed]),
-            ("ranges", [pod for pod, nets in st.ranges.items() for _ in nets]),
-        ):
-            for ip in ips:
-                k = (kind, ip.version)
-                c[k] = c.get(k, 0) + step
+        for k, n in _kind_counts(st).items():
+            c[k] = c.get(k, 0) + step * n
 
     def flush(self) -> Delta:
         """Apply the recorded changes; the difference in the desired state and Problems."""

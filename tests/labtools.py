@@ -170,6 +170,18 @@ class AgentLab:
         self.lab.down()
 
 
+def load_programs(pin: str) -> dict[str, Any]:
+    """The three programs of the datapath loaded with the maps pinned in `pin` (not attached):
+    "xdp", "tc" (tc ingress) and "egress", for BPF_PROG_RUN."""
+    from cozyebpf.datapath import loader
+
+    return {
+        "xdp": loader.load("ingress.c", "cz_ingress", "xdp", pin),
+        "tc": loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", pin),
+        "egress": loader.load("egress.c", "cz_egress", "sched_cls", pin),
+    }
+
+
 def read_line_with(stream: Any, text: str, lines: int = 5) -> str:
     """The first of a process's next `lines` output lines that contains `text` (lines before it,
     such as the image entrypoint's log, are skipped), or all of them when none does."""

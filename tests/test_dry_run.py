@@ -75,17 +75,14 @@ class Progs:
 def progs() -> Iterator[Progs]:
     from cozyebpf.datapath.attach import detach_all
     from tests.conftest import unique_prefix
+    from tests.labtools import load_programs
 
     pin = f"/sys/fs/bpf/{unique_prefix('dry')}"
     maps = PinnedMaps.ensure(pin, max_services=8)
     try:
         maps.apply(diff(maps.read_state(), STATE))
-        loaded = (
-            loader.load("ingress.c", "cz_ingress", "xdp", pin),
-            loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", pin),
-            loader.load("egress.c", "cz_egress", "sched_cls", pin),
-        )
-        yield Progs(maps, {"xdp": loaded[0].fd, "tc": loaded[1].fd, "egress": loaded[2].fd}, loaded)
+        loaded = load_programs(pin)
+        yield Progs(maps, {k: prog.fd for k, prog in loaded.items()}, tuple(loaded.values()))
     finally:
         maps.close()
         detach_all(pin)
