@@ -53,7 +53,9 @@ PATHS: dict[str, tuple[str, ...]] = {
     "port-allowed": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", *_CZ),
     "port-drop": ("gen-only", "xdp-drop", "nft", "nft-noct", "min-xdp", *_CZ),
     "reply": ("plain", "xdp-pass", "nft", *_CZ),
-    "egress-snat": ("plain", "tc-next", "nft", "nft-noct", *_CZ),
+    "egress-snat": ("plain", "tc-next", "nft", "nft-noct", "min-snat", *_CZ),
+    # the same SNAT from the whole-IP pod, which records no flows: what the flow record costs
+    "egress-whole": ("plain", "tc-next", "min-snat", "cz-xdp"),
 }
 VARIANT_LABELS = {
     "plain": "plain routing (no NAT)",
@@ -69,6 +71,7 @@ VARIANT_LABELS = {
     "xdp-pass": "bare XDP_PASS on the node device (the floor of any XDP forwarding)",
     "tc-next": "bare TCX_NEXT in tcx egress of the node device (the floor of any tc SNAT)",
     "min-xdp": "minimal XDP NAT, no extras (reference)",
+    "min-snat": "minimal tcx SNAT, no extras (reference: one lookup, the rewrite)",
 }
 DROP_PATHS = ("port-drop",)
 
@@ -115,12 +118,11 @@ class Measurement:
 
 
 def _frames(path: str, variant: str) -> tuple[str, bytes]:
-    """(side the generator runs on: "client" or "pod", frame)."""
+    """(side the generator runs on: "client", "pod" (POD_F) or "pod-w" (POD_W), frame)."""
     nat = variant not in ("plain", "xdp-pass", "tc-next")
-    if path == "egress-snat":
-        return "pod", udp_frame(
-            POD_F.mac, POD_F.host_mac, POD_F.ip, CLIENT_IP, POD_EPHEMERAL, REMOTE_PORT
-        )
+    if path in ("egress-snat", "egress-whole"):
+        pod, side = (POD_F, "pod") if path == "egress-snat" else (POD_W, "pod-w")
+        return side, udp_frame(pod.mac, pod.host_mac, pod.ip, CLIENT_IP, POD_EPHEMERAL, REMOTE_PORT)
     if path == "whole-ip":
         dst, sport, dport = (LB_W if nat else POD_W.ip), 1000, 5000
     elif path == "port-allowed":
@@ -140,6 +142,7 @@ EXPECTED_REASON = {
     "port-drop": "drop_port",
     "reply": "pass_reply",
     "egress-snat": "nat_egress",
+    "egress-whole": "nat_egress",
 }
 
 
@@ -174,6 +177,7 @@ class DatapathBench:
         self.ifindex = {
             "client": self._ifindex(lab.client, "eth0"),
             "pod": self._ifindex(lab.pod_ns(POD_F), "eth0"),
+            "pod-w": self._ifindex(lab.pod_ns(POD_W), "eth0"),
             "uplink": self._ifindex(lab.node, UPLINK),
         }
         for ns in (lab.client, lab.pod_ns(POD_W), lab.pod_ns(POD_F)):
@@ -267,9 +271,9 @@ class DatapathBench:
                 v, self.minimal.fd
             )
             self._variant_fd = lab.in_ns(lab.node, lambda: progs.attach_xdp_native(fd, idx))
-        elif v == "tc-next":
+        elif v in ("tc-next", "min-snat"):
             idx = self.ifindex["uplink"]
-            fd = self.sinks.tc_next_fd
+            fd = self.sinks.tc_next_fd if v == "tc-next" else self.minimal.snat_fd
             self._variant_fd = lab.in_ns(
                 lab.node, lambda: bpfsys.link_create(fd, idx, bpfsys.BPF_TCX_EGRESS)
             )
@@ -286,7 +290,7 @@ class DatapathBench:
                 self.maps.apply(diff(self.maps.read_state(), self.state))
             for hook in ("xdp", "tcx-ingress", "tcx-egress"):
                 attach.detach_link(attach.link_pin(self.pin, hook, UPLINK))
-        elif v in ("xdp-drop", "xdp-pass", "min-xdp", "tc-next") and self._variant_fd is not None:
+        elif self._variant_fd is not None:
             os.close(self._variant_fd)
             self._variant_fd = None
 
@@ -317,7 +321,11 @@ class DatapathBench:
         side, frame = _frames(path, variant)
         gen = self.gen_floor if variant == "gen-only" else self.gen
         gen.set_frame(frame)
-        ns = self.lab.client if side == "client" else self.lab.pod_ns(POD_F)
+        ns = {
+            "client": self.lab.client,
+            "pod": self.lab.pod_ns(POD_F),
+            "pod-w": self.lab.pod_ns(POD_W),
+        }[side]
         ifindex = self.ifindex[side]
         reason = EXPECTED_REASON[path]
         chunk = 131072
@@ -395,7 +403,7 @@ class DatapathBench:
                         continue
                     if v == "cz-xdp-nosvc":
                         prog = self.nosvc_egress if path == "egress-snat" else self.nosvc_ingress
-                    elif path == "egress-snat":
+                    elif path.startswith("egress-"):
                         prog = self.cz_egress
                     else:
                         prog = self.cz_ingress_tc if v == "cz-tcx" else self.cz_ingress

@@ -71,17 +71,23 @@ def attach_xdp_native(prog_fd: int, ifindex: int) -> int:
 
 @dataclass
 class MinimalNat:
-    """bench_min_nat (bench/bpf/minimal_nat.c): the issue's "minimal XDP NAT with no extras"."""
+    """bench_min_nat (bench/bpf/minimal_nat.c): the issue's "minimal XDP NAT with no extras";
+    bench_min_snat (snat_fd), its egress half in tcx."""
 
     bpf: Any
     fd: int
+    snat_fd: int
 
     @classmethod
     def load(cls) -> MinimalNat:
         from bcc import BPF
 
         b = BPF(src_file=str(BPF_DIR / "minimal_nat.c").encode())
-        return cls(b, b.load_func(b"bench_min_nat", BPF.XDP).fd)
+        return cls(
+            b,
+            b.load_func(b"bench_min_nat", BPF.XDP).fd,
+            b.load_func(b"bench_min_snat", BPF.SCHED_CLS).fd,
+        )
 
     def seed(
         self, services: dict[str, tuple[str, bool]], allowed: list[tuple[str, int, int]]
@@ -90,11 +96,14 @@ class MinimalNat:
         import socket
         import struct
 
-        svc, allow = self.bpf[b"min_svc4"], self.bpf[b"min_allow4"]
+        svc, allow, pods = self.bpf[b"min_svc4"], self.bpf[b"min_allow4"], self.bpf[b"min_pod4"]
         for lb, (pod, pf) in services.items():
             k = svc.Key.from_buffer_copy(socket.inet_aton(lb))
             v = svc.Leaf.from_buffer_copy(socket.inet_aton(pod) + struct.pack("=I", int(pf)))
             svc[k] = v
+            pods[pods.Key.from_buffer_copy(socket.inet_aton(pod))] = pods.Leaf.from_buffer_copy(
+                socket.inet_aton(lb)
+            )
         for pod, proto, port in allowed:
             k = allow.Key.from_buffer_copy(
                 socket.inet_aton(pod) + struct.pack("!BBH", proto, 0, port)

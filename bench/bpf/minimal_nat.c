@@ -4,6 +4,11 @@
  * one hash lookup of the destination, for port-filter entries one hash lookup of
  * (pod IP, proto, port), then daddr := pod IP with incremental IP and TCP/UDP checksums.
  * No pod-IP map, no flow table, no counters, no fragments, no ICMP. Its own unpinned maps.
+ *
+ * bench_min_snat is its egress half (tcx egress): one hash lookup of the source (pod IP ->
+ * LB IP), then saddr := LB IP with the IP checksum written directly and the TCP/UDP checksum
+ * through bpf_l4_csum_replace (right for CHECKSUM_PARTIAL skbs as for the others). No flow
+ * record, no counters. TCX_NEXT either way.
  */
 #include <uapi/linux/bpf.h>
 #include <linux/if_ether.h>
@@ -26,13 +31,14 @@ struct min_allow {
 
 BPF_HASH(min_svc4, __be32, struct min_svc, 65536);
 BPF_HASH(min_allow4, struct min_allow, __u8, 262144);
+BPF_HASH(min_pod4, __be32, __be32, 65536); /* pod IP -> LB IP */
 
 static __always_inline __u16 min_csum(__u16 sum, __be32 from, __be32 to)
 {
 	__u32 c = (__u16)~sum;
 
-	c += (__u16)~(from & 0xffff);
-	c += (__u16)~(from >> 16);
+	c += (__u16) ~(from & 0xffff);
+	c += (__u16) ~(from >> 16);
 	c += to & 0xffff;
 	c += to >> 16;
 	c = (c & 0xffff) + (c >> 16);
@@ -86,4 +92,36 @@ int bench_min_nat(struct xdp_md *ctx)
 			th->check = min_csum(th->check, from, to);
 	}
 	return XDP_PASS;
+}
+
+#define MIN_TCX_NEXT -1
+
+int bench_min_snat(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	__u64 flags = BPF_F_PSEUDO_HDR | 4;
+	__be32 from, *to;
+	__u32 off;
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5)
+		return MIN_TCX_NEXT;
+	from = ip->saddr;
+	to = min_pod4.lookup(&from);
+	if (!to)
+		return MIN_TCX_NEXT;
+	if (ip->protocol == IPPROTO_UDP) {
+		off = sizeof(*eth) + sizeof(*ip) + offsetof(struct udphdr, check);
+		flags |= BPF_F_MARK_MANGLED_0;
+	} else if (ip->protocol == IPPROTO_TCP) {
+		off = sizeof(*eth) + sizeof(*ip) + offsetof(struct tcphdr, check);
+	} else {
+		return MIN_TCX_NEXT;
+	}
+	ip->saddr = *to;
+	ip->check = min_csum(ip->check, from, *to);
+	bpf_l4_csum_replace(skb, off, from, *to, flags);
+	return MIN_TCX_NEXT;
 }
