@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address as A
+from ipaddress import IPv6Address
 
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import ICMPv6EchoReply, ICMPv6EchoRequest, IPv6, IPv6ExtHdrFragment
 from scapy.layers.l2 import GRE, Dot1Q, Ether
 from scapy.layers.sctp import SCTP, SCTPChunkData
 from scapy.packet import Packet, Padding, Raw
@@ -582,3 +583,72 @@ def test_pod_icmp_errors_translate_the_inner_destination(progs: Progs) -> None:
     as_seen = IP(src=CLIENT, dst=LB_WHOLE, id=9) / UDP(sport=5000, dport=6000) / b"x"
     want = eth() / IP(src=LB_WHOLE, dst=CLIENT) / ICMP(type=3, code=3) / Raw(bytes(as_seen))
     assert_frame(out, want, "egress ICMP error")
+
+
+LB6_C, POD6_C = "2001:db8:10::10", "fd00:10:244::20"
+REMOTE6_C = "2001:db8:20::1"
+
+
+@pytest.fixture
+def with_ipv6(progs: Progs) -> Iterator[None]:
+    """A whole-IP IPv6 Service beside the module's IPv4 ones, for one test."""
+    before = progs.maps.read_state()
+    state = before.copy()
+    state.services[IPv6Address(LB6_C)] = ServiceEntry(IPv6Address(POD6_C), False, False)
+    state.pods[IPv6Address(POD6_C)] = PodEntry(IPv6Address(LB6_C), False, False)
+    progs.maps.apply(diff(before, state))
+    yield
+    progs.maps.apply(diff(progs.maps.read_state(), before))
+
+
+@pytest.mark.parametrize(
+    "program,frame,rewritten",
+    [
+        ("ingress_tc", IP(src=CLIENT, dst=LB_WHOLE) / TCP(sport=1000, dport=22), POD_WHOLE),
+        ("ingress_tc", IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=1000, dport=53), POD_WHOLE),
+        ("ingress_tc", IPv6(src=REMOTE6_C, dst=LB6_C) / TCP(sport=1000, dport=22), POD6_C),
+        ("ingress_tc", IPv6(src=REMOTE6_C, dst=LB6_C) / UDP(sport=1000, dport=53), POD6_C),
+        ("ingress_tc", IPv6(src=REMOTE6_C, dst=LB6_C) / ICMPv6EchoRequest(id=7), POD6_C),
+        ("egress", IP(src=POD_WHOLE, dst=CLIENT) / TCP(sport=22, dport=1000), LB_WHOLE),
+        ("egress", IPv6(src=POD6_C, dst=REMOTE6_C) / TCP(sport=22, dport=1000), LB6_C),
+        ("egress", IPv6(src=POD6_C, dst=REMOTE6_C) / UDP(sport=53, dport=1000), LB6_C),
+        ("egress", IPv6(src=POD6_C, dst=REMOTE6_C) / ICMPv6EchoReply(id=7), LB6_C),
+        # the full paths (a VLAN tag), and a packet with no L4 checksum to follow the address
+        (
+            "ingress_tc",
+            Dot1Q(vlan=5) / IPv6(src=REMOTE6_C, dst=LB6_C) / UDP(sport=1000, dport=53),
+            POD6_C,
+        ),
+        ("egress", Dot1Q(vlan=5) / IPv6(src=POD6_C, dst=REMOTE6_C) / TCP(sport=22), LB6_C),
+        (
+            "ingress_tc",
+            IPv6(src=REMOTE6_C, dst=LB6_C)
+            / IPv6ExtHdrFragment(offset=100, id=9, nh=17)
+            / Raw(b"x" * 64),
+            POD6_C,
+        ),
+    ],
+    ids=lambda x: x if isinstance(x, str) else None,
+)
+def test_tc_rewrites_keep_checksum_complete_skbs_right(
+    progs: Progs, with_ipv6: None, program: str, frame: Packet, rewritten: str
+) -> None:
+    """An skb a NIC checksummed whole (CHECKSUM_COMPLETE: skb->csum is the sum of the packet)
+    keeps a skb->csum that matches the packet after the rewrite; else the stack reports "hw
+    csum failure" and checks every such packet again in software. The kernel's test run checks
+    skb->csum after the program (EBADMSG when it disagrees)."""
+    fd = progs.ingress_tc if program == "ingress_tc" else progs.egress
+    data = bytes(eth() / frame)
+    r = bpfsys.prog_test_run(fd, data, flags=bpfsys.BPF_F_TEST_SKB_CHECKSUM_COMPLETE)
+    assert r.retval == TC_NEXT
+    out = Ether(r.data)
+    l3 = out[IPv6] if IPv6 in out else out[IP]
+    assert (l3.dst if program == "ingress_tc" else l3.src) == rewritten
+    if IP in out:
+        assert checksums_ok(r.data) == []
+    elif TCP in out or UDP in out or ICMPv6EchoRequest in out or ICMPv6EchoReply in out:
+        # the L4 checksum as scapy computes it for the rewritten packet
+        field = "chksum" if TCP in out or UDP in out else "cksum"  # ICMPv6
+        again = l3.copy()
+        delattr(again.payload, field)
+        assert getattr(l3.payload, field) == getattr(IPv6(bytes(again)).payload, field)

@@ -500,7 +500,8 @@ static __always_inline void fast_nat_xdp(struct cz_fast *f, void *data_end, cons
 /*
  * tc: the destination (is_dst) or source := *to with direct writes and the IPv4 header checksum
  * (never offloaded); the L4 checksum through bpf_l4_csum_replace, which keeps CHECKSUM_PARTIAL
- * (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right. 0 or a helper's error; packet
+ * (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right (IPv6: with
+ * cz_csum_complete_addr6). 0 or a helper's error; packet
  * pointers are invalid afterwards.
  */
 static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f, void *data_end,
@@ -546,6 +547,8 @@ static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f
 		if (ret < 0)
 			return ret;
 	}
+	if (f->v6)
+		cz_csum_complete_addr6(skb, &from, to);
 	return 0;
 }
 

@@ -174,9 +174,10 @@ static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, c
 /*
  * tc: the same rewrite; the addresses and the IPv4 header checksum with direct writes (the IPv4
  * header checksum is never offloaded), the L4 checksum through bpf_l4_csum_replace, which keeps
- * CHECKSUM_PARTIAL (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right. The IP header
- * is found again from its offset, so that every parse path reaches this code in one state.
- * Returns 0 or a negative error. Packet pointers are invalid afterwards.
+ * CHECKSUM_PARTIAL (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right (IPv6: with
+ * cz_csum_complete_addr6, csum.h). The IP header is found again from its offset, so that every
+ * parse path reaches this code in one state. Returns 0 or a negative error. Packet pointers are
+ * invalid afterwards.
  */
 static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *data, void *data_end,
 				   int is_dst, const struct ip6 *to)
@@ -188,18 +189,20 @@ static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *d
 
 	if (nat_l3(p, data, data_end, is_dst, to) < 0)
 		return -1;
-	if (off < 0)
-		return 0;
-	if (p->proto == IPPROTO_UDP)
-		flags |= BPF_F_MARK_MANGLED_0;
+	if (off >= 0) {
+		if (p->proto == IPPROTO_UDP)
+			flags |= BPF_F_MARK_MANGLED_0;
 #pragma unroll
-	for (i = 0; i < 4; i++) {
-		if (i > 0 && !p->v6)
-			break;
-		ret = bpf_l4_csum_replace(skb, p->l4_off + off, from.a[i], to->a[i], flags);
-		if (ret < 0)
-			return ret;
+		for (i = 0; i < 4; i++) {
+			if (i > 0 && !p->v6)
+				break;
+			ret = bpf_l4_csum_replace(skb, p->l4_off + off, from.a[i], to->a[i], flags);
+			if (ret < 0)
+				return ret;
+		}
 	}
+	if (p->v6)
+		cz_csum_complete_addr6(skb, &from, to);
 	return 0;
 }
 
@@ -229,9 +232,10 @@ static __always_inline int nat_skb_helpers(struct __sk_buff *skb, struct pkt *p,
 				return ret;
 		}
 	}
-	if (p->v6)
+	if (p->v6) /* BPF_F_RECOMPUTE_CSUM: skb->csum follows the address (cz_csum_complete_addr6)
+		    */
 		return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 24 : 8), (void *)to, sizeof(*to),
-					   0);
+					   BPF_F_RECOMPUTE_CSUM);
 	ret = bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from.a[0], to->a[0],
 				  4);
 	if (ret < 0)

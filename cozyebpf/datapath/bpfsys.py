@@ -447,8 +447,19 @@ class TestRunResult:
     duration_ns: int
 
 
+#: prog_test_run flag (Linux 6.11): a tc program's skb is CHECKSUM_COMPLETE, its skb->csum the
+#: sum of the frame after the Ethernet header; the run fails with EBADMSG if the program leaves
+#: skb->csum disagreeing with the packet it returns
+BPF_F_TEST_SKB_CHECKSUM_COMPLETE = 1 << 2
+
+
 def prog_test_run(
-    prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 4096, ctx: bytes | None = None
+    prog_fd: int,
+    data: bytes,
+    repeat: int = 1,
+    out_size: int = 4096,
+    ctx: bytes | None = None,
+    flags: int = 0,
 ) -> TestRunResult:
     """BPF_PROG_TEST_RUN: run a loaded program on `data` (a frame from its Ethernet header;
     for XDP with metadata, the metadata first), with the context `ctx` (struct xdp_md or
@@ -465,6 +476,7 @@ def prog_test_run(
         repeat=repeat,
         ctx_size_in=len(ctx) if ctx is not None else 0,
         ctx_in=_ptr(cin),
+        flags=flags,
     )
     _sys_bpf(BPF_PROG_TEST_RUN, attr, "test run")
     return TestRunResult(
