@@ -47,8 +47,8 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 		lb = v->lb_ip;
 		f.slot = v->out_slot;
 		if (v->pod_flags & CZ_F_FLOWS)
-			flow_record(1, (struct ip6 *)&ip6->saddr, (struct ip6 *)&ip6->daddr,
-				    f.sport, f.dport, f.proto, 0, f.tcp_flags);
+			fast_flow_record(1, (struct ip6 *)&ip6->saddr, (struct ip6 *)&ip6->daddr,
+					 f.sport, f.dport, f.proto, f.tcp_flags);
 		fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, f.slot, skb->len, 1, f.proto, ip6, f.sport,
 			     f.dport);
 	}

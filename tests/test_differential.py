@@ -840,6 +840,7 @@ class Datapath:
         for spec in self.RAW_MAPS:
             for raw in bpfsys.map_keys(self._fd(spec), spec.key_size):
                 bpfsys.map_delete(self._fd(spec), ctypes.create_string_buffer(raw, len(raw)))
+        self.maps.forget_seen()
 
     def seed(self, state: RefState, now_ns: int) -> None:
         self.maps.apply(diff(MapState(), map_state(state)))

@@ -134,6 +134,8 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "range4": 4000,  # source ranges: 4 networks per Service
         "range6": 4000,
         "flowcfg": 1,
+        "seen4": 256,  # per CPU, whatever the number of Services
+        "seen6": 256,
     }
     assert lay.hint_words == 512 and lay.hint_log2 == 15
     assert layout.map_specs().addr4.max_entries == 2 * layout.DEFAULT_MAX_SERVICES

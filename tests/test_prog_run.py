@@ -5,7 +5,11 @@ the same code the agent uses (PinnedMaps.apply); no namespace is needed."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from ipaddress import IPv4Address as A
 from ipaddress import IPv6Address
@@ -17,8 +21,9 @@ from scapy.layers.l2 import GRE, Dot1Q, Ether
 from scapy.layers.sctp import SCTP, SCTPChunkData
 from scapy.packet import Packet, Padding, Raw
 
-from cozyebpf.datapath import bpfsys, loader
-from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath import bpfsys, layout, loader
+from cozyebpf.datapath.layout import be16, be32
+from cozyebpf.datapath.maps import Flow, FlowEntry, PinnedMaps, coarse_now_ns
 from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests.packets import (
@@ -583,6 +588,112 @@ def test_pod_icmp_errors_translate_the_inner_destination(progs: Progs) -> None:
     as_seen = IP(src=CLIENT, dst=LB_WHOLE, id=9) / UDP(sport=5000, dport=6000) / b"x"
     want = eth() / IP(src=LB_WHOLE, dst=CLIENT) / ICMP(type=3, code=3) / Raw(bytes(as_seen))
     assert_frame(out, want, "egress ICMP error")
+
+
+@contextmanager
+def one_cpu() -> Iterator[None]:
+    """Run every BPF_PROG_RUN of the block on one CPU (the seen slots are per CPU)."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(old)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+def test_egress_looks_a_busy_flow_up_only_now_and_then(progs: Progs) -> None:
+    """The egress fast path keeps the flow it last looked up in its CPU's seen slot: a packet
+    of that flow within CZ_SEEN_NS (100 ms) looks nothing up -- shown by deleting the entry
+    behind its back, as an LRU eviction would: it is not added again at once, but after the
+    window. A FIN is always looked up (it may change the entry), and user space that writes
+    flows (add_flows) or forgets the slots (forget_seen) makes the next packet look its flow
+    up."""
+    m = progs.maps
+    pod, remote, pod_port, remote_port = A(POD_FILT), A(CLIENT), 36001, 443
+    flow = Flow(pod, remote, pod_port, remote_port, 6)
+    key = layout.Flow4Key(be32(pod), be32(remote), be16(pod_port), be16(remote_port), 6)
+
+    def send(flags: str) -> None:
+        frame = eth() / IP(src=POD_FILT, dst=CLIENT) / TCP(sport=pod_port, dport=remote_port)
+        frame[TCP].flags = flags
+        assert progs.tc(bytes(frame))[0] == TC_NEXT
+
+    def entry() -> FlowEntry | None:
+        return next((e for e in m.flow_entries() if e.flow == flow), None)
+
+    def new_flows() -> int:
+        return int(m.counters()["flow_new"]["packets"])
+
+    with one_cpu():
+        m.forget_seen()
+        n0 = new_flows()
+        send("S")
+        assert entry() is not None and new_flows() == n0 + 1
+        send("A")  # the slot holds the flow, checked now
+        bpfsys.map_delete(m.fds["flow4"], key)
+        send("A")  # within the window: not looked up, so not added again
+        assert entry() is None and new_flows() == n0 + 1
+        time.sleep(0.15)  # past CZ_SEEN_NS
+        send("A")
+        assert entry() is not None and new_flows() == n0 + 2
+        bpfsys.map_delete(m.fds["flow4"], key)
+        m.forget_seen()
+        send("A")
+        e = entry()
+        assert e is not None and not e.closing and new_flows() == n0 + 3
+        send("FA")  # a FIN may change the entry: looked up, closing at once
+        e = entry()
+        assert e is not None and e.closing
+        # flows user space writes: the next packet looks its flow up (and refreshes it)
+        old = coarse_now_ns() - 5 * 10**9
+        m.add_flows([flow], last_seen_ns=old)
+        send("A")
+        e = entry()
+        assert e is not None and e.last_seen_ns > old + 4 * 10**9
+
+
+@pytest.mark.parametrize("hook", ["xdp", "tc_ingress"])
+def test_replies_of_a_busy_flow_are_looked_up_only_now_and_then(progs: Progs, hook: str) -> None:
+    """A reply found fresh leaves its flow in the CPU's seen slot: the next replies within
+    CZ_SEEN_NS (100 ms) pass without a flow-table lookup -- shown by deleting the entry behind
+    its back, as an LRU eviction would: they still pass for the window, not after it. The slot
+    never admits a reply the entry would not: with a UDP timeout shorter than the window, a
+    reply after it is dropped; and user space's writes (add_flows) are seen at once."""
+    m = progs.maps
+    run = progs.xdp if hook == "xdp" else progs.tc_ingress
+    pod, remote, pod_port, remote_port = A(POD_FILT), A(CLIENT), 34777, 5353
+    flow = Flow(pod, remote, pod_port, remote_port, 17)
+    key = layout.Flow4Key(be32(pod), be32(remote), be16(pod_port), be16(remote_port), 17)
+    out = bytes(eth() / IP(src=POD_FILT, dst=CLIENT) / UDP(sport=pod_port, dport=remote_port))
+    reply = bytes(eth() / IP(src=CLIENT, dst=LB_FILT) / UDP(sport=remote_port, dport=pod_port))
+    timeouts = m.flow_timeouts()
+    with one_cpu():
+        try:
+            with contextlib.suppress(bpfsys.BpfError):  # another case's
+                bpfsys.map_delete(m.fds["flow4"], key)
+            m.forget_seen()
+            assert run(reply)[0] == XDP_DROP
+            assert progs.tc(out)[0] == TC_NEXT  # the pod opens the flow
+            assert run(reply)[0] == XDP_PASS  # looked up, now in the slot
+            bpfsys.map_delete(m.fds["flow4"], key)
+            assert run(reply)[0] == XDP_PASS  # the slot vouches for it
+            time.sleep(0.15)  # past CZ_SEEN_NS
+            assert run(reply)[0] == XDP_DROP
+            # an entry user space writes, expired: seen at once
+            assert progs.tc(out)[0] == TC_NEXT
+            assert run(reply)[0] == XDP_PASS
+            m.add_flows([flow], last_seen_ns=coarse_now_ns() - 200 * 10**9)
+            assert run(reply)[0] == XDP_DROP
+            # a UDP timeout shorter than the window: the slot's time is checked against it
+            m.set_flow_timeouts(0.05, 30, 432000, 10)
+            m.forget_seen()
+            assert progs.tc(out)[0] == TC_NEXT
+            assert run(reply)[0] == XDP_PASS
+            time.sleep(0.07)
+            assert run(reply)[0] == XDP_DROP
+        finally:
+            t = timeouts
+            m.set_flow_timeouts(t["udp"], t["icmp"], t["tcp"], t["tcp_closing"])
 
 
 LB6_C, POD6_C = "2001:db8:10::10", "fd00:10:244::20"

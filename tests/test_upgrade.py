@@ -243,3 +243,19 @@ def test_layout_3_is_upgraded_in_place_without_a_lost_packet(
     with PinnedMaps.open(env.pin_dir) as m:
         assert m.flow_timeouts()["udp"] == 120
     env.set_services(WHOLE)
+
+
+def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    """Layout 5 adds the egress fast path's seen slots beside the maps of layout 4, which are
+    kept as they are: the flows the old programs recorded still admit their replies."""
+    old = layout_tree(repo_root, tmp_path / "layout4", 4)
+    traffic = upgrade_under_traffic(env, old, "flowcfg")
+    log = env.log()
+    assert f"upgrading maps in {env.pin_dir} from layout version 4 to {LAYOUT_VERSION}" in log, log[
+        -3000:
+    ]
+    assert "seen4, seen6 created beside the maps kept" in log, log[-3000:]
+    traffic.check()
+    env.set_services(WHOLE)

@@ -183,6 +183,96 @@ static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 npo
 	return 0;
 }
 
+/* Are the `n` 32-bit words at a and b the same? */
+static __always_inline int fast_words_eq(const void *a, const void *b, int n)
+{
+	const __u32 *x = a, *y = b;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < n; i++) {
+		if (x[i] != y[i])
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * Ingress fast paths: does a flow of the pod admit this reply (flow_exists)? Looked up only when
+ * the hint says it may exist; then first in this CPU's seen slot (types.h, seen4/seen6): a slot
+ * that holds the flow, looked up under CZ_SEEN_NS ago, whose time is fresh for the protocol
+ * whatever the closing mark (both timeouts), answers yes without a flow-table lookup -- the
+ * entry's time is at least the slot's, so the entry is fresh too. Otherwise the entry is looked
+ * up, and a fresh one leaves the flow, its time and now in the slot. The only difference to a
+ * lookup per reply: an entry the LRU evicts from under a busy flow admits its replies for at
+ * most CZ_SEEN_NS more.
+ */
+static __always_inline int fast_reply(int v6, const struct ip6 *pod, const struct ip6 *remote,
+				      __be16 pod_port, __be16 remote_port, __u8 proto)
+{
+	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
+	__u32 i = h & (CZ_SEEN_MAX - 1);
+	struct flow4_seen *s4 = NULL;
+	struct flow6_seen *s6 = NULL;
+	struct flow4_key k4 = {};
+	struct flow6_key k6 = {};
+	struct flow4_val *v, t;
+	__u64 now, *seen;
+
+	if (!flow_hinted(h))
+		return 0;
+	now = bpf_ktime_get_coarse_ns();
+	if (v6) {
+		k6.pod_ip = *pod;
+		k6.remote_ip = *remote;
+		k6.pod_port = pod_port;
+		k6.remote_port = remote_port;
+		k6.proto = proto;
+		s6 = cz_seen6.lookup(&i);
+		if (!s6) /* never: i < CZ_SEEN_MAX */
+			return 0;
+		t.last_seen_ns = s6->time;
+		seen = &s6->time;
+		if (now - s6->checked <= CZ_SEEN_NS && fast_words_eq(&s6->key, &k6, sizeof(k6) / 4))
+			goto slot;
+		v = cz_flow6.lookup(&k6);
+	} else {
+		k4.pod_ip = pod->a[0];
+		k4.remote_ip = remote->a[0];
+		k4.pod_port = pod_port;
+		k4.remote_port = remote_port;
+		k4.proto = proto;
+		s4 = cz_seen4.lookup(&i);
+		if (!s4) /* never: i < CZ_SEEN_MAX */
+			return 0;
+		t.last_seen_ns = s4->time;
+		seen = &s4->time;
+		if (now - s4->checked <= CZ_SEEN_NS && fast_words_eq(&s4->key, &k4, sizeof(k4) / 4))
+			goto slot;
+		v = cz_flow4.lookup(&k4);
+	}
+	if (!v || !flow_fresh(v, proto, now))
+		return 0;
+	if (v6) {
+		s6->key = k6;
+		s6->checked = now;
+	} else {
+		s4->key = k4;
+		s4->checked = now;
+	}
+	*seen = v->last_seen_ns & ~CZ_FLOW_CLOSING;
+	return 1;
+slot:
+	if (flow_fresh(&t, proto, now)) {
+		t.last_seen_ns |= CZ_FLOW_CLOSING;
+		if (flow_fresh(&t, proto, now))
+			return 1;
+	}
+	/* fresh for one timeout only, or not at all: the entry says */
+	v = v6 ? cz_flow6.lookup(&k6) : cz_flow4.lookup(&k4);
+	return v && flow_fresh(v, proto, now);
+}
+
 /*
  * Port filter and source ranges, IPv4 (v->flags has CZ_F_PORT_FILTER or CZ_F_RANGES): a source
  * outside the ranges gets replies only (else drop_source); then whole-IP passes, the port filter
@@ -205,19 +295,8 @@ static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be3
 				return CZ_PASS_PORT;
 		}
 	}
-	if (flow_hinted(cz_flow_hash(pod, remote, dport, sport, proto))) {
-		struct flow4_key k = {};
-		struct flow4_val *f;
-
-		k.pod_ip = pod;
-		k.remote_ip = remote;
-		k.pod_port = dport;
-		k.remote_port = sport;
-		k.proto = proto;
-		f = cz_flow4.lookup(&k);
-		if (f && flow_fresh(f, proto, bpf_ktime_get_coarse_ns()))
-			return CZ_PASS_REPLY;
-	}
+	if (fast_reply(0, (struct ip6 *)&pod, (struct ip6 *)&remote, dport, sport, proto))
+		return CZ_PASS_REPLY;
 	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }
 
@@ -397,7 +476,7 @@ static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v
 		if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
 			return CZ_PASS_PORT;
 	}
-	if (flow_exists(1, pod, remote, f->dport, f->sport, f->proto))
+	if (fast_reply(1, pod, remote, f->dport, f->sport, f->proto))
 		return CZ_PASS_REPLY;
 	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }
@@ -552,31 +631,87 @@ static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f
 	return 0;
 }
 
-/* Egress, IPv4: remember (refresh at most once a second) a flow the pod opened (flow_record). */
-static __always_inline void fast_flow_record4(__be32 pod, __be32 remote, __be16 pod_port,
-					      __be16 remote_port, __u8 proto, __u8 tcp_flags)
+/*
+ * Egress fast paths: remember (refresh at most once a second, or when its closing mark changes)
+ * a TCP or UDP flow the pod opened, as flow_record does, without a flow-table lookup for most
+ * packets. A packet without a TCP FIN, SYN or RST (which may change the mark) whose flow sits in
+ * this CPU's seen slot (types.h, seen4/seen6), checked under CZ_SEEN_NS ago with a time under a
+ * second old, would write nothing: the entry's time is at least the slot's, so flow_stale() is
+ * false. Every other packet looks its entry up, refreshes or adds it, and leaves the flow, the
+ * entry's time and now in the slot (an insert that failed leaves nothing). The only difference
+ * to a lookup per packet: an entry the LRU evicts from under a busy flow is added again within
+ * CZ_SEEN_NS, not at the flow's next packet.
+ */
+static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
+					     const struct ip6 *remote, __be16 pod_port,
+					     __be16 remote_port, __u8 proto, __u8 tcp_flags)
 {
-	struct flow4_key k = {};
-	struct flow4_val *v;
-	__u64 stamp;
+	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
+	__u32 i = h & (CZ_SEEN_MAX - 1);
+	__u64 now = bpf_ktime_get_coarse_ns(), stamp;
+	int marks = proto == IPPROTO_TCP && (tcp_flags & (CZ_TCP_FIN | CZ_TCP_SYN | CZ_TCP_RST));
+	struct flow4_seen *s4 = NULL;
+	struct flow6_seen *s6 = NULL;
+	struct flow4_key k4 = {};
+	struct flow6_key k6 = {};
+	struct flow4_val *v, nv = {};
+	__u64 *seen;
+	int ret;
 
-	k.pod_ip = pod;
-	k.remote_ip = remote;
-	k.pod_port = pod_port;
-	k.remote_port = remote_port;
-	k.proto = proto;
-	v = cz_flow4.lookup(&k);
+	if (v6) {
+		k6.pod_ip = *pod;
+		k6.remote_ip = *remote;
+		k6.pod_port = pod_port;
+		k6.remote_port = remote_port;
+		k6.proto = proto;
+		s6 = cz_seen6.lookup(&i);
+		if (!s6) /* never: i < CZ_SEEN_MAX */
+			return;
+		if (!marks && now - s6->checked <= CZ_SEEN_NS &&
+		    now - s6->time <= CZ_FLOW_REFRESH_NS &&
+		    fast_words_eq(&s6->key, &k6, sizeof(k6) / 4))
+			return;
+		seen = &s6->time;
+		v = cz_flow6.lookup(&k6);
+	} else {
+		k4.pod_ip = pod->a[0];
+		k4.remote_ip = remote->a[0];
+		k4.pod_port = pod_port;
+		k4.remote_port = remote_port;
+		k4.proto = proto;
+		s4 = cz_seen4.lookup(&i);
+		if (!s4) /* never: i < CZ_SEEN_MAX */
+			return;
+		if (!marks && now - s4->checked <= CZ_SEEN_NS &&
+		    now - s4->time <= CZ_FLOW_REFRESH_NS &&
+		    fast_words_eq(&s4->key, &k4, sizeof(k4) / 4))
+			return;
+		seen = &s4->time;
+		v = cz_flow4.lookup(&k4);
+	}
 	if (v) {
-		stamp = flow_stamp(bpf_ktime_get_coarse_ns(), v->last_seen_ns, proto, tcp_flags);
+		stamp = flow_stamp(now, v->last_seen_ns, proto, tcp_flags);
 		if (flow_stale(stamp, v->last_seen_ns))
 			v->last_seen_ns = stamp;
-		return;
+		else
+			stamp = v->last_seen_ns;
+	} else {
+		stamp = flow_stamp(now, 0, proto, tcp_flags);
+		nv.last_seen_ns = stamp;
+		flow_hint_set(h);
+		ret = v6 ? cz_flow6.update(&k6, &nv) : cz_flow4.update(&k4, &nv);
+		cz_count(ret == 0 ? CZ_FLOW_NEW : CZ_FLOW_ERROR, 0);
+		if (ret != 0)
+			return;
 	}
-	stamp = flow_stamp(bpf_ktime_get_coarse_ns(), 0, proto, tcp_flags);
-	struct flow4_val nv = {.last_seen_ns = stamp};
-
-	flow_hint_set(cz_flow_hash(pod, remote, pod_port, remote_port, proto));
-	cz_count(cz_flow4.update(&k, &nv) == 0 ? CZ_FLOW_NEW : CZ_FLOW_ERROR, 0);
+	if (v6) {
+		s6->key = k6;
+		s6->checked = now;
+	} else {
+		s4->key = k4;
+		s4->checked = now;
+	}
+	*seen = stamp & ~CZ_FLOW_CLOSING;
 }
 
 /*
@@ -603,7 +738,8 @@ static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void 
 	to = v->lb_ip;
 	slot = v->out_slot;
 	if (v->pod_flags & CZ_F_FLOWS)
-		fast_flow_record4(from, ip->daddr, sport, dport, ip->protocol, tf);
+		fast_flow_record(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport,
+				 dport, ip->protocol, tf);
 	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, 0, ip->protocol, ip, sport, dport);
 	if (ip->protocol == IPPROTO_UDP)
 		flags |= BPF_F_MARK_MANGLED_0;

@@ -11,6 +11,7 @@
 #include "parse.h"
 
 #define CZ_FLOW_REFRESH_NS 1000000000ULL
+#define CZ_SEEN_NS 100000000ULL /* how long a seen slot vouches for its flow (types.h) */
 #define CZ_FRAG_TIMEOUT_NS 30000000000ULL
 #define CZ_FLOWHINT_WORDS (CZ_FLOWHINT_MAX / 2) /* words of one half (types.h) */
 

@@ -9,7 +9,7 @@
 
 #include <linux/types.h>
 
-#define CZ_LAYOUT_VERSION 4
+#define CZ_LAYOUT_VERSION 5
 
 /* addr4_val.flags, .pod_flags */
 #define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
@@ -161,6 +161,27 @@ struct flow6_key {
 	__be16 remote_port; /* ICMPv6 echo: 0 */
 	__u8 proto;
 	__u8 reserved[3];
+};
+
+/*
+ * seen4/seen6: per-CPU arrays of CZ_SEEN_MAX, indexed by the low bits of the flow hint (a
+ * direct-mapped cache): the flow whose entry the egress fast path of this CPU last found or
+ * wrote, when (checked), and the time the entry then held (time: bits 0-62 of last_seen_ns).
+ * Within CZ_SEEN_NS of `checked`, and while `time` is under a second old, the flow needs no
+ * lookup: its entry would not be written (lib/fast.h, fast_flow_record). A zeroed slot matches
+ * no flow. User space zeroes every slot when it writes, deletes or replaces flow entries; an
+ * entry the LRU evicts is recorded again within CZ_SEEN_NS.
+ */
+struct flow4_seen {
+	struct flow4_key key;
+	__u64 time;
+	__u64 checked;
+};
+
+struct flow6_seen {
+	struct flow6_key key;
+	__u64 time;
+	__u64 checked;
 };
 
 /* frag4/frag6: the verdict of a first fragment, for the fragments after it (port filter) */

@@ -17,7 +17,7 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
 
 #: bump with CZ_LAYOUT_VERSION in bpf/lib/types.h whenever a layout below changes
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 
 F_PORT_FILTER = 0x01
 F_ALLOW_ICMP = 0x02
@@ -204,6 +204,17 @@ class Flow6Key(ctypes.Structure):
         ("proto", ctypes.c_uint8),
         ("reserved", ctypes.c_uint8 * 3),
     ]
+
+
+class Flow4Seen(ctypes.Structure):
+    """A slot of seen4 (struct flow4_seen): the flow the egress fast path of one CPU last found
+    or wrote, the time its entry then held, and when."""
+
+    _fields_ = [("key", Flow4Key), ("time", ctypes.c_uint64), ("checked", ctypes.c_uint64)]
+
+
+class Flow6Seen(ctypes.Structure):
+    _fields_ = [("key", Flow6Key), ("time", ctypes.c_uint64), ("checked", ctypes.c_uint64)]
 
 
 class Frag4Key(ctypes.Structure):
@@ -402,6 +413,13 @@ EVENTS = MapSpec(
 DRYRUN = MapSpec("dryrun", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, DryRes, 1, "")
 #: the flows' timeouts (bpf/lib/types.h, struct flow_cfg)
 FLOWCFG = MapSpec("flowcfg", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, FlowCfg, 1, "")
+#: the egress fast path's per-CPU cache of the flows it last refreshed (struct flow4_seen):
+#: slots per CPU, a power of two (CZ_SEEN_MAX)
+SEEN_MAX = 256
+SEEN4 = MapSpec(
+    "seen4", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, Flow4Seen, SEEN_MAX, "CZ_SEEN_MAX"
+)
+SEEN6 = MapSpec("seen6", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, Flow6Seen, SEEN_MAX, "")
 
 
 @dataclass(frozen=True)
@@ -437,6 +455,8 @@ class Layout:
     monstats: MapSpec = MONSTATS
     events: MapSpec = EVENTS
     dryrun: MapSpec = DRYRUN
+    seen4: MapSpec = SEEN4
+    seen6: MapSpec = SEEN6
 
     @property
     def all(self) -> tuple[MapSpec, ...]:
@@ -463,6 +483,8 @@ class Layout:
             self.range4,
             self.range6,
             self.flowcfg,
+            self.seen4,
+            self.seen6,
         )
 
     @property

@@ -49,6 +49,8 @@ from cozyebpf.datapath.layout import (
     MONCTL,
     MONSTATS,
     PORTS_SPILL,
+    SEEN4,
+    SEEN6,
     STATS,
     V1_POD4,
     V1_POD6,
@@ -118,10 +120,13 @@ SAME_SINCE = {
     "range4": 4,
     "range6": 4,
     "flowcfg": 4,
+    # layout 5: the egress fast path's cache of the flows it last refreshed (seen4/seen6)
+    "seen4": 5,
+    "seen6": 5,
 }
 
 #: maps of a fixed size, not sized by the number of Services
-_FIXED = (META, STATS, MONCTL, MONSTATS, EVENTS, DRYRUN, FLOWCFG)
+_FIXED = (META, STATS, MONCTL, MONSTATS, EVENTS, DRYRUN, FLOWCFG, SEEN4, SEEN6)
 
 #: the flows' idle timeouts by default (seconds), as Linux conntrack's: UDP, ICMP echo, TCP
 #: established, TCP after a FIN or RST (cozyebpf run --flow-timeout-*)
@@ -794,6 +799,7 @@ class PinnedMaps:
             self._copy_entries(spec, old_fd, new_fd, missing)
             os.close(old_fd)
         self._old_flows = []
+        self.forget_seen()  # the flow maps were rebuilt or copied: no slot vouches for them
         keys = [
             raw
             for spec in (self.layout.flow4, self.layout.flow6)
@@ -823,6 +829,15 @@ class PinnedMaps:
             values.append(struct.pack("=Q", cur.value | mask))
         self._update_batch(self.layout.flowhint, keys, values)
 
+    def forget_seen(self) -> None:
+        """Zero every CPU's seen4/seen6 slots (types.h, struct flow4_seen): the egress fast
+        path then looks every flow up again. Whoever writes, deletes or replaces flow entries
+        calls this after, so that no slot vouches for an entry that changed under it."""
+        for spec in (self.layout.seen4, self.layout.seen6):
+            keys = [struct.pack("=I", i) for i in range(spec.max_entries)]
+            zero = bytes(spec.value_size * possible_cpus())
+            self._update_batch(spec, keys, [zero] * len(keys))
+
     def add_flows(
         self, flows: Iterable[Flow], last_seen_ns: int | None = None, closing: bool = False
     ) -> None:
@@ -836,6 +851,7 @@ class PinnedMaps:
             spec = self.layout.flow4 if f.pod_ip.version == 4 else self.layout.flow6
             key = _flow_key_bytes(f)
             bpfsys.map_update(self.fds[spec.name], ctypes.create_string_buffer(key, len(key)), val)
+        self.forget_seen()
 
     def flows(self) -> set[Flow]:
         """Every entry of flow4 and flow6."""
