@@ -580,8 +580,7 @@ static __always_inline void fast_nat_xdp(struct cz_fast *f, void *data_end, cons
  * tc: the destination (is_dst) or source := *to with direct writes and the IPv4 header checksum
  * (never offloaded); the L4 checksum through bpf_l4_csum_replace, which keeps CHECKSUM_PARTIAL
  * (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right (IPv6: with
- * cz_csum_complete_addr6). 0 or a helper's error; packet
- * pointers are invalid afterwards.
+ * cz_csum_complete_addr6). 0 or a helper's error; packet pointers are invalid afterwards.
  */
 static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f, void *data_end,
 					int is_dst, const struct ip6 *to)

@@ -18,7 +18,7 @@ BPF_TABLE_PINNED("hash", struct ip6, struct addr6_val, cz_addr6, CZ_ADDR6_MAX, C
 BPF_TABLE_PINNED("hash", struct allow6_key, __u8, cz_allow6, CZ_ALLOW6_MAX, CZ_PIN_DIR "/allow6");
 BPF_TABLE_PINNED("lru_hash", struct flow6_key, struct flow4_val, cz_flow6, CZ_FLOW6_MAX,
 		 CZ_PIN_DIR "/flow6");
-/* the egress fast path's per-CPU cache of the flows it last refreshed (types.h) */
+/* the fast paths' per-CPU cache of the flows they last looked up (types.h) */
 BPF_TABLE_PINNED("percpu_array", __u32, struct flow4_seen, cz_seen4, CZ_SEEN_MAX,
 		 CZ_PIN_DIR "/seen4");
 BPF_TABLE_PINNED("percpu_array", __u32, struct flow6_seen, cz_seen6, CZ_SEEN_MAX,

@@ -232,8 +232,8 @@ static __always_inline int nat_skb_helpers(struct __sk_buff *skb, struct pkt *p,
 				return ret;
 		}
 	}
-	if (p->v6) /* BPF_F_RECOMPUTE_CSUM: skb->csum follows the address (cz_csum_complete_addr6)
-		    */
+	/* IPv6: BPF_F_RECOMPUTE_CSUM, so that skb->csum follows the address (csum.h) */
+	if (p->v6)
 		return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 24 : 8), (void *)to, sizeof(*to),
 					   BPF_F_RECOMPUTE_CSUM);
 	ret = bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from.a[0], to->a[0],

@@ -165,12 +165,14 @@ struct flow6_key {
 
 /*
  * seen4/seen6: per-CPU arrays of CZ_SEEN_MAX, indexed by the low bits of the flow hint (a
- * direct-mapped cache): the flow whose entry the egress fast path of this CPU last found or
- * wrote, when (checked), and the time the entry then held (time: bits 0-62 of last_seen_ns).
- * Within CZ_SEEN_NS of `checked`, and while `time` is under a second old, the flow needs no
- * lookup: its entry would not be written (lib/fast.h, fast_flow_record). A zeroed slot matches
- * no flow. User space zeroes every slot when it writes, deletes or replaces flow entries; an
- * entry the LRU evicts is recorded again within CZ_SEEN_NS.
+ * direct-mapped cache): the flow whose entry a fast path of this CPU last looked up (and found,
+ * refreshed or added), when (checked), and the time the entry then held (time: bits 0-62 of
+ * last_seen_ns). Within CZ_SEEN_NS of `checked` the slot stands for the entry: egress need not
+ * refresh it while `time` is under a second old, and a reply passes while `time` is live under
+ * both of its protocol's timeouts (lib/fast.h, fast_flow_record, fast_reply). A zeroed slot
+ * matches no flow. User space zeroes every slot when it writes, deletes or replaces flow
+ * entries; an entry the LRU evicts from under a busy flow is recorded again, and stops
+ * admitting replies, within CZ_SEEN_NS.
  */
 struct flow4_seen {
 	struct flow4_key key;

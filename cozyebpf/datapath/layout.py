@@ -207,8 +207,8 @@ class Flow6Key(ctypes.Structure):
 
 
 class Flow4Seen(ctypes.Structure):
-    """A slot of seen4 (struct flow4_seen): the flow the egress fast path of one CPU last found
-    or wrote, the time its entry then held, and when."""
+    """A slot of seen4 (struct flow4_seen): the flow a fast path of one CPU last looked up
+    (found, refreshed or added), the time its entry then held, and when."""
 
     _fields_ = [("key", Flow4Key), ("time", ctypes.c_uint64), ("checked", ctypes.c_uint64)]
 
@@ -413,8 +413,8 @@ EVENTS = MapSpec(
 DRYRUN = MapSpec("dryrun", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, DryRes, 1, "")
 #: the flows' timeouts (bpf/lib/types.h, struct flow_cfg)
 FLOWCFG = MapSpec("flowcfg", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, FlowCfg, 1, "")
-#: the egress fast path's per-CPU cache of the flows it last refreshed (struct flow4_seen):
-#: slots per CPU, a power of two (CZ_SEEN_MAX)
+#: the fast paths' per-CPU cache of the flows they last looked up (struct flow4_seen): slots
+#: per CPU, a power of two (CZ_SEEN_MAX)
 SEEN_MAX = 256
 SEEN4 = MapSpec(
     "seen4", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, Flow4Seen, SEEN_MAX, "CZ_SEEN_MAX"

@@ -120,7 +120,7 @@ SAME_SINCE = {
     "range4": 4,
     "range6": 4,
     "flowcfg": 4,
-    # layout 5: the egress fast path's cache of the flows it last refreshed (seen4/seen6)
+    # layout 5: the fast paths' per-CPU cache of the flows they last looked up (seen4/seen6)
     "seen4": 5,
     "seen6": 5,
 }
@@ -830,9 +830,9 @@ class PinnedMaps:
         self._update_batch(self.layout.flowhint, keys, values)
 
     def forget_seen(self) -> None:
-        """Zero every CPU's seen4/seen6 slots (types.h, struct flow4_seen): the egress fast
-        path then looks every flow up again. Whoever writes, deletes or replaces flow entries
-        calls this after, so that no slot vouches for an entry that changed under it."""
+        """Zero every CPU's seen4/seen6 slots (types.h, struct flow4_seen): the fast paths then
+        look every flow up again. Whoever writes, deletes or replaces flow entries calls this
+        after, so that no slot vouches for an entry that changed under it."""
         for spec in (self.layout.seen4, self.layout.seen6):
             keys = [struct.pack("=I", i) for i in range(spec.max_entries)]
             zero = bytes(spec.value_size * possible_cpus())
