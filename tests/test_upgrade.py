@@ -248,8 +248,8 @@ def test_layout_3_is_upgraded_in_place_without_a_lost_packet(
 def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
     env: AgentLab, tmp_path: Path, repo_root: Path
 ) -> None:
-    """Layout 5 adds the egress fast path's seen slots beside the maps of layout 4, which are
-    kept as they are: the flows the old programs recorded still admit their replies."""
+    """Layout 5 adds the fast paths' seen slots beside the maps of layout 4, which are kept as
+    they are: the flows the old programs recorded still admit their replies."""
     old = layout_tree(repo_root, tmp_path / "layout4", 4)
     traffic = upgrade_under_traffic(env, old, "flowcfg")
     log = env.log()
