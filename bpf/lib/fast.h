@@ -198,6 +198,78 @@ static __always_inline int fast_words_eq(const void *a, const void *b, int n)
 }
 
 /*
+ * A flow of the fast paths and this CPU's seen slot for it (types.h, seen4/seen6): the key of
+ * its family (the other is left unset), the slot, and whether the slot vouches for this flow
+ * (holds it, looked up under CZ_SEEN_NS ago) with which time. Both families in one place, so
+ * that egress (fast_flow_record) and replies (fast_reply) read and fill the slots alike.
+ */
+struct fast_seen {
+	struct flow4_key k4;
+	struct flow6_key k6;
+	struct flow4_seen *s4;
+	struct flow6_seen *s6;
+	__u64 time; /* the slot's: the entry's time when it was looked up */
+	int holds;  /* the slot is this flow's, looked up under CZ_SEEN_NS ago */
+};
+
+/* Fill `fs` for the flow whose hint hash is `h`: 0, or -1 (never: the index is masked). */
+static __always_inline int fast_seen_get(struct fast_seen *fs, int v6, const struct ip6 *pod,
+					 const struct ip6 *remote, __be16 pod_port,
+					 __be16 remote_port, __u8 proto, __u32 h, __u64 now)
+{
+	__u32 i = h & (CZ_SEEN_MAX - 1);
+
+	if (v6) {
+		__builtin_memset(&fs->k6, 0, sizeof(fs->k6));
+		fs->k6.pod_ip = *pod;
+		fs->k6.remote_ip = *remote;
+		fs->k6.pod_port = pod_port;
+		fs->k6.remote_port = remote_port;
+		fs->k6.proto = proto;
+		fs->s6 = cz_seen6.lookup(&i);
+		if (!fs->s6)
+			return -1;
+		fs->time = fs->s6->time;
+		fs->holds = now - fs->s6->checked <= CZ_SEEN_NS &&
+			    fast_words_eq(&fs->s6->key, &fs->k6, sizeof(fs->k6) / 4);
+	} else {
+		__builtin_memset(&fs->k4, 0, sizeof(fs->k4));
+		fs->k4.pod_ip = pod->a[0];
+		fs->k4.remote_ip = remote->a[0];
+		fs->k4.pod_port = pod_port;
+		fs->k4.remote_port = remote_port;
+		fs->k4.proto = proto;
+		fs->s4 = cz_seen4.lookup(&i);
+		if (!fs->s4)
+			return -1;
+		fs->time = fs->s4->time;
+		fs->holds = now - fs->s4->checked <= CZ_SEEN_NS &&
+			    fast_words_eq(&fs->s4->key, &fs->k4, sizeof(fs->k4) / 4);
+	}
+	return 0;
+}
+
+/* The flow's entry in the flow table, or NULL. */
+static __always_inline struct flow4_val *fast_seen_entry(struct fast_seen *fs, int v6)
+{
+	return v6 ? cz_flow6.lookup(&fs->k6) : cz_flow4.lookup(&fs->k4);
+}
+
+/* The slot takes the flow, the time its entry holds (`last`, the mark dropped) and now. */
+static __always_inline void fast_seen_put(struct fast_seen *fs, int v6, __u64 last, __u64 now)
+{
+	if (v6) {
+		fs->s6->key = fs->k6;
+		fs->s6->time = last & ~CZ_FLOW_CLOSING;
+		fs->s6->checked = now;
+	} else {
+		fs->s4->key = fs->k4;
+		fs->s4->time = last & ~CZ_FLOW_CLOSING;
+		fs->s4->checked = now;
+	}
+}
+
+/*
  * Ingress fast paths: does a flow of the pod admit this reply (flow_exists)? Looked up only when
  * the hint says it may exist; then first in this CPU's seen slot (types.h, seen4/seen6): a slot
  * that holds the flow, looked up under CZ_SEEN_NS ago, whose time is fresh for the protocol
@@ -211,66 +283,31 @@ static __always_inline int fast_reply(int v6, const struct ip6 *pod, const struc
 				      __be16 pod_port, __be16 remote_port, __u8 proto)
 {
 	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
-	__u32 i = h & (CZ_SEEN_MAX - 1);
-	struct flow4_seen *s4 = NULL;
-	struct flow6_seen *s6 = NULL;
-	struct flow4_key k4 = {};
-	struct flow6_key k6 = {};
+	struct fast_seen fs;
 	struct flow4_val *v, t;
-	__u64 now, *seen;
+	__u64 now;
 
 	if (!flow_hinted(h))
 		return 0;
 	now = bpf_ktime_get_coarse_ns();
-	if (v6) {
-		k6.pod_ip = *pod;
-		k6.remote_ip = *remote;
-		k6.pod_port = pod_port;
-		k6.remote_port = remote_port;
-		k6.proto = proto;
-		s6 = cz_seen6.lookup(&i);
-		if (!s6) /* never: i < CZ_SEEN_MAX */
-			return 0;
-		t.last_seen_ns = s6->time;
-		seen = &s6->time;
-		if (now - s6->checked <= CZ_SEEN_NS && fast_words_eq(&s6->key, &k6, sizeof(k6) / 4))
-			goto slot;
-		v = cz_flow6.lookup(&k6);
-	} else {
-		k4.pod_ip = pod->a[0];
-		k4.remote_ip = remote->a[0];
-		k4.pod_port = pod_port;
-		k4.remote_port = remote_port;
-		k4.proto = proto;
-		s4 = cz_seen4.lookup(&i);
-		if (!s4) /* never: i < CZ_SEEN_MAX */
-			return 0;
-		t.last_seen_ns = s4->time;
-		seen = &s4->time;
-		if (now - s4->checked <= CZ_SEEN_NS && fast_words_eq(&s4->key, &k4, sizeof(k4) / 4))
-			goto slot;
-		v = cz_flow4.lookup(&k4);
+	if (fast_seen_get(&fs, v6, pod, remote, pod_port, remote_port, proto, h, now) < 0)
+		return 0;
+	if (fs.holds) {
+		t.last_seen_ns = fs.time;
+		if (flow_fresh(&t, proto, now)) {
+			t.last_seen_ns |= CZ_FLOW_CLOSING;
+			if (flow_fresh(&t, proto, now))
+				return 1;
+		}
+		/* fresh for one timeout only, or not at all: the entry says */
+		v = fast_seen_entry(&fs, v6);
+		return v && flow_fresh(v, proto, now);
 	}
+	v = fast_seen_entry(&fs, v6);
 	if (!v || !flow_fresh(v, proto, now))
 		return 0;
-	if (v6) {
-		s6->key = k6;
-		s6->checked = now;
-	} else {
-		s4->key = k4;
-		s4->checked = now;
-	}
-	*seen = v->last_seen_ns & ~CZ_FLOW_CLOSING;
+	fast_seen_put(&fs, v6, v->last_seen_ns, now);
 	return 1;
-slot:
-	if (flow_fresh(&t, proto, now)) {
-		t.last_seen_ns |= CZ_FLOW_CLOSING;
-		if (flow_fresh(&t, proto, now))
-			return 1;
-	}
-	/* fresh for one timeout only, or not at all: the entry says */
-	v = v6 ? cz_flow6.lookup(&k6) : cz_flow4.lookup(&k4);
-	return v && flow_fresh(v, proto, now);
 }
 
 /*
@@ -646,48 +683,17 @@ static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
 					     __be16 remote_port, __u8 proto, __u8 tcp_flags)
 {
 	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
-	__u32 i = h & (CZ_SEEN_MAX - 1);
 	__u64 now = bpf_ktime_get_coarse_ns(), stamp;
 	int marks = proto == IPPROTO_TCP && (tcp_flags & (CZ_TCP_FIN | CZ_TCP_SYN | CZ_TCP_RST));
-	struct flow4_seen *s4 = NULL;
-	struct flow6_seen *s6 = NULL;
-	struct flow4_key k4 = {};
-	struct flow6_key k6 = {};
+	struct fast_seen fs;
 	struct flow4_val *v, nv = {};
-	__u64 *seen;
 	int ret;
 
-	if (v6) {
-		k6.pod_ip = *pod;
-		k6.remote_ip = *remote;
-		k6.pod_port = pod_port;
-		k6.remote_port = remote_port;
-		k6.proto = proto;
-		s6 = cz_seen6.lookup(&i);
-		if (!s6) /* never: i < CZ_SEEN_MAX */
-			return;
-		if (!marks && now - s6->checked <= CZ_SEEN_NS &&
-		    now - s6->time <= CZ_FLOW_REFRESH_NS &&
-		    fast_words_eq(&s6->key, &k6, sizeof(k6) / 4))
-			return;
-		seen = &s6->time;
-		v = cz_flow6.lookup(&k6);
-	} else {
-		k4.pod_ip = pod->a[0];
-		k4.remote_ip = remote->a[0];
-		k4.pod_port = pod_port;
-		k4.remote_port = remote_port;
-		k4.proto = proto;
-		s4 = cz_seen4.lookup(&i);
-		if (!s4) /* never: i < CZ_SEEN_MAX */
-			return;
-		if (!marks && now - s4->checked <= CZ_SEEN_NS &&
-		    now - s4->time <= CZ_FLOW_REFRESH_NS &&
-		    fast_words_eq(&s4->key, &k4, sizeof(k4) / 4))
-			return;
-		seen = &s4->time;
-		v = cz_flow4.lookup(&k4);
-	}
+	if (fast_seen_get(&fs, v6, pod, remote, pod_port, remote_port, proto, h, now) < 0)
+		return;
+	if (!marks && fs.holds && now - fs.time <= CZ_FLOW_REFRESH_NS)
+		return;
+	v = fast_seen_entry(&fs, v6);
 	if (v) {
 		stamp = flow_stamp(now, v->last_seen_ns, proto, tcp_flags);
 		if (flow_stale(stamp, v->last_seen_ns))
@@ -698,19 +704,12 @@ static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
 		stamp = flow_stamp(now, 0, proto, tcp_flags);
 		nv.last_seen_ns = stamp;
 		flow_hint_set(h);
-		ret = v6 ? cz_flow6.update(&k6, &nv) : cz_flow4.update(&k4, &nv);
+		ret = v6 ? cz_flow6.update(&fs.k6, &nv) : cz_flow4.update(&fs.k4, &nv);
 		cz_count(ret == 0 ? CZ_FLOW_NEW : CZ_FLOW_ERROR, 0);
 		if (ret != 0)
 			return;
 	}
-	if (v6) {
-		s6->key = k6;
-		s6->checked = now;
-	} else {
-		s4->key = k4;
-		s4->checked = now;
-	}
-	*seen = stamp & ~CZ_FLOW_CLOSING;
+	fast_seen_put(&fs, v6, stamp, now);
 }
 
 /*
