@@ -345,6 +345,29 @@ def test_changes_are_seen_through_inotify(tmp_path: Path, how: str) -> None:
         src.stop()
 
 
+def test_a_file_being_written_is_read_once_it_is_whole(tmp_path: Path) -> None:
+    """A writer that truncates the file and then writes it leaves it empty for a moment: read
+    then, it would be a manifest without Services. take() reads a changed file only once its
+    signature has stayed the same for half a poll interval (or inotify said its writer closed
+    it: test_changes_are_seen_through_inotify)."""
+    path = tmp_path / "m.yaml"
+    path.write_text(SERVICE)
+    src = ManifestSource(path, poll_interval=0.2)
+    first = src.take()
+    assert first is not None and first.whole is not None and first.whole.services
+    with open(path, "w") as f:  # truncated, not yet written
+        changes = src.take()
+        assert changes is not None and changes.whole is None  # not read: the state stays
+        time.sleep(0.15)
+        f.write(SLICE)
+    changes = src.take()  # written, but just now: not yet
+    assert changes is not None and changes.whole is None
+    time.sleep(0.15)
+    changes = src.take()
+    assert changes is not None and changes.whole is not None
+    assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
+
+
 def test_unchanged_documents_are_not_parsed_again(tmp_path: Path) -> None:
     """A file read again after an edit gives exactly what a fresh read gives, and only the
     documents whose text changed are parsed (the others' records are reused)."""

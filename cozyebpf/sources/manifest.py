@@ -8,6 +8,12 @@ poll interval; a change wakes the agent, whose `take()` reads the file again, do
 document, into the model's records, and hands over the whole set (the model keeps only what
 differs). A file that cannot be read or parsed is reported once, and the agent keeps the
 previous state programmed.
+
+A file is read once it is whole: when inotify says its writer closed it or renamed it into
+place (or a ConfigMap's `..data` was swapped), or else when its (mtime, size, inode) stayed the
+same for half a poll interval. A writer that truncates the file and then writes it (`cat >`,
+an editor saving in place) is otherwise caught in between: an empty or cut file would be read
+as a manifest with fewer Services, and theirs would be removed until the next read.
 """
 
 from __future__ import annotations
@@ -132,13 +138,13 @@ class _Inotify:
             os.close(self.fd)
             raise OSError(err, os.strerror(err), str(directory))
 
-    def names(self, timeout: float) -> list[str] | None:
-        """Names of the entries with events within `timeout` ("" for the directory itself);
-        None when nothing happened."""
+    def names(self, timeout: float) -> list[tuple[str, int]] | None:
+        """(name, event mask) of the entries with events within `timeout` ("" for the
+        directory itself); None when nothing happened."""
         ready, _, _ = select.select([self.fd], [], [], timeout)
         if not ready:
             return None
-        out: list[str] = []
+        out: list[tuple[str, int]] = []
         while True:
             try:
                 buf = os.read(self.fd, 65536)
@@ -146,9 +152,9 @@ class _Inotify:
                 return out
             off = 0
             while off + _EVENT.size <= len(buf):
-                _wd, _mask, _cookie, length = _EVENT.unpack_from(buf, off)
+                _wd, mask, _cookie, length = _EVENT.unpack_from(buf, off)
                 name = buf[off + _EVENT.size : off + _EVENT.size + length].split(b"\0", 1)[0]
-                out.append(os.fsdecode(name))
+                out.append((os.fsdecode(name), mask))
                 off += _EVENT.size + length
 
     def close(self) -> None:
@@ -174,6 +180,10 @@ class ManifestSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.inotify = False  # whether changes are seen through inotify (else polling)
+        #: the file's signature when inotify last said it is whole (closed after writing,
+        #: renamed into place), set by the watch thread
+        self._whole: Signature | None = None
+        self._seen: tuple[Signature | None, float] = (None, 0.0)  # a signature, first seen at
         # a document's digest (of its text) -> what it reads as
         self._cache: dict[bytes, list[Read]] = {}
 
@@ -349,11 +359,20 @@ class ManifestSource:
         try:
             while not self._stop.is_set():
                 if ino is not None:
-                    names = ino.names(self.poll_interval)
-                    if names is not None and not any(
-                        n in ("", self.path.name) or n.startswith("..") for n in names
-                    ):
-                        continue  # other files in the directory
+                    events = ino.names(self.poll_interval)
+                    if events is not None:
+                        ours = [
+                            (n, m)
+                            for n, m in events
+                            if n in ("", self.path.name) or n.startswith("..")
+                        ]
+                        if not ours:
+                            continue  # other files in the directory
+                        if any(
+                            n.startswith("..") or m & (_IN_CLOSE_WRITE | _IN_MOVED_TO)
+                            for n, m in ours
+                        ):
+                            self._whole = self._signature()
                 else:
                     self._stop.wait(self.poll_interval)
                 if self.changed():
@@ -368,12 +387,29 @@ class ManifestSource:
     def alive(self) -> bool:
         return self._thread is None or self._thread.is_alive()
 
+    def _is_whole(self) -> bool:
+        """May the changed file be read now (see the module): inotify said it is whole, or its
+        signature has not changed for half a poll interval (the watch thread wakes the agent
+        again a poll interval later while the file differs from what was read)."""
+        sig = self._signature()
+        if sig is None or sig == self._whole:
+            return True
+        now = time.monotonic()
+        if sig != self._seen[0]:
+            self._seen = (sig, now)
+            return False
+        return now - self._seen[1] >= self.poll_interval / 2
+
     def take(self) -> ChangeSet | None:
-        """The whole file as a ChangeSet when it changed; an empty one when not, or when it
-        cannot be read now (reported once per problem: the programmed state stays); None
-        until it has been read once."""
+        """The whole file as a ChangeSet when it changed and is whole (see the module); an
+        empty one when not, or when it cannot be read now (reported once per problem: the
+        programmed state stays); None until it has been read once (the first read does not
+        wait)."""
         if not self.changed():
             return ChangeSet() if self._ever_read else None
+        if self._ever_read and not self._is_whole():
+            log.debug("%s is changing; reading it once it is whole", self.path)
+            return ChangeSet()
         t0 = time.monotonic()
         try:
             if self._ever_read:
