@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Egress, tcx (or clsact) egress on each uplink device: a packet from a managed pod IP (IPv4 or
- * IPv6) gets source := LB IP; an ICMP error the pod sends about a packet it received gets its
- * embedded packet's destination translated too. In port-filter mode, or with source ranges, the
- * flow is recorded (before the packet leaves) so that replies pass ingress. Passes with TCX_NEXT
+ * Egress, tcx (or clsact) egress on each uplink device (and, through cz_pod_ingress, ingress on
+ * each pod-facing device): a packet from a managed pod IP (IPv4 or IPv6) gets source := LB IP; an
+ * ICMP error the pod sends about a packet it received gets its embedded packet's destination
+ * translated too. In port-filter mode, or with source ranges, the flow is recorded (before the
+ * packet leaves) so that replies pass ingress. Passes with TCX_NEXT
  * (== TC_ACT_UNSPEC), so programs after us (Cilium's) still run. docs/datapath-semantics.md,
  * "Egress".
  *
@@ -12,6 +13,7 @@
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
+#include "lib/cluster.h"
 #include "lib/fast.h"
 #include "lib/lookup.h"
 #include "lib/nat.h"
@@ -32,6 +34,8 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	if (ip) {
 		int verdict = fast_egress4(skb, data, data_end, ip);
 
+		if (verdict == CZ_FAST_NOT_POD)
+			return to_lb4(skb, data, data_end, ip);
 		return verdict == CZ_FAST_SLOW ? CZ_TC_SLOW : verdict;
 	} else {
 		struct ipv6hdr *ip6 = fast_ip6(data, data_end);
@@ -75,17 +79,48 @@ int cz_egress(struct __sk_buff *skb)
 	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
 }
 
-/* Every frame the fast path does not take: the full parse and translation. */
-int cz_egress_slow(struct __sk_buff *skb)
+/*
+ * The pod-facing hook: tcx ingress, first, on each --pod-devices device (Kube-OVN's ovn0), so it
+ * runs before netfilter. A managed pod's packet that leaves the node by an uplink, or answers a
+ * connection this node opened to the pod's LB IP, is translated as egress translates it, flow
+ * record included (lib/cluster.h, pod_side4); everything else passes untouched. A packet to a
+ * managed LB IP ends the device's tc chain here (pod_next4). IPv6 is left to the uplinks' egress.
+ */
+int cz_pod_ingress(struct __sk_buff *skb)
+{
+	void *data, *data_end;
+	struct iphdr *ip;
+	int rc, next;
+
+	cz_tc_pull(skb);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = fast_ip4(data, data_end);
+	if (!ip)
+		return CZ_TC_NEXT;
+	next = pod_next4(ip);
+	if (!pod_side4(skb, data_end, ip))
+		return next;
+	rc = fast_egress(skb, data, data_end);
+	if (rc == CZ_TC_NEXT)
+		return next;
+	if (rc != CZ_TC_SLOW)
+		return rc;
+	cz_tail_tc.call(skb, CZ_SLOW_POD);
+	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
+}
+
+/* The full parse and translation; `pod_side`: for cz_pod_ingress, whose verdict is pod_next4's */
+static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct hdr_cursor nh = {.pos = data, .start = data};
 	struct pkt p = {};
 	struct inner in = {};
-	struct cz_entry e = {};
+	struct cz_entry e = {}, d;
 	__u32 reason = CZ_NAT_EGRESS;
-	int flow;
+	int flow, rc;
 
 	cz_dry_begin(cz_dry_nonce_tc(skb));
 	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
@@ -109,5 +144,21 @@ int cz_egress_slow(struct __sk_buff *skb)
 	flow = reason == CZ_NAT_EGRESS && (e.pod_flags & CZ_F_FLOWS) && p.has_l4;
 	if (flow && p.proto == IPPROTO_TCP) /* the flags byte: only here, not in the shared parse */
 		bpf_skb_load_bytes(skb, p.l4_off + 13, &p.tcp_flags, 1);
-	return slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow);
+	rc = slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow);
+	if (pod_side && rc == CZ_TC_NEXT && !p.v6 && lookup_addr(0, &p.dst, &d) &&
+	    (d.kind & CZ_K_LB))
+		return CZ_TC_PASS; /* to a managed LB IP: as pod_next4 */
+	return rc;
+}
+
+/* Every frame the fast path does not take. */
+int cz_egress_slow(struct __sk_buff *skb)
+{
+	return egress_full(skb, 0);
+}
+
+/* The same for the pod-facing hook. */
+int cz_pod_ingress_slow(struct __sk_buff *skb)
+{
+	return egress_full(skb, 1);
 }

@@ -107,6 +107,16 @@ def main() -> None:
     help="Comma-separated uplink devices, or `auto` for the device(s) of the default IPv4 "
     "route: XDP ingress and tc egress are attached to each. Nothing else is touched.",
 )
+@click.option(
+    "--pod-devices",
+    default="auto",
+    show_default=True,
+    help="Comma-separated devices through which pods reach the node (Kube-OVN's ovn0; "
+    "per-pod veths), `auto` for ovn0 where it exists, or `none`. A tc program placed first "
+    "on their ingress translates a managed pod's traffic that leaves the node before "
+    "netfilter (so the CNI's masquerade never sees the pod IP), and pods' answers to "
+    "connections this node opened to their LB IPs.",
+)
 @pin_dir_option
 @click.option(
     "--proxy-name",
@@ -253,6 +263,7 @@ def main() -> None:
 def run(
     manifests: str | None,
     devices: str,
+    pod_devices: str,
     pin_dir: str,
     proxy_name: str,
     xdp_mode: str,
@@ -291,7 +302,7 @@ def run(
     _setup_logging(log_level)
     _fewer_malloc_arenas()
     from cozyebpf.agent import Agent
-    from cozyebpf.datapath.attach import resolve_devices
+    from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
     from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
     from cozyebpf.sources import Source
 
@@ -313,6 +324,7 @@ def run(
     stoppers: list[Callable[[], None]] = []
     try:
         devs = resolve_devices(devices)
+        pod_devs = resolve_pod_devices(pod_devices, devs)
         source: Source
         on_problems = None
         kube = None
@@ -346,6 +358,7 @@ def run(
                 "tcp": flow_timeout_tcp,
                 "tcp_closing": flow_timeout_tcp_closing,
             },
+            pod_devices=pod_devs,
         )
         handle_cozy_proxy(remove_cozy_proxy_table)
         dp.prepare()

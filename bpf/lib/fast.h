@@ -400,6 +400,8 @@ static __always_inline int fast_outside(void *data, void *data_end)
 
 /* Not decided by an IPv4 fast path (fast_xdp4, fast_egress4): not a verdict of XDP or tc. */
 #define CZ_FAST_SLOW 1000
+/* fast_egress4: the source is no managed pod IP (the caller may look at the destination) */
+#define CZ_FAST_NOT_POD 1001
 
 /*
  * The checks of an untagged IPv4 header and its TCP/UDP header (as fast_check4, without a
@@ -715,7 +717,7 @@ static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
 /*
  * Egress (tc), IPv4: the whole fast path in one piece -- flow record, rewrite, counter. The
  * source and the IPv4 header checksum with direct writes, the L4 checksum through
- * bpf_l4_csum_replace (CHECKSUM_PARTIAL skbs). A tc verdict, or CZ_FAST_SLOW.
+ * bpf_l4_csum_replace (CHECKSUM_PARTIAL skbs). A tc verdict, CZ_FAST_SLOW or CZ_FAST_NOT_POD.
  */
 static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void *data_end,
 					struct iphdr *ip)
@@ -729,7 +731,7 @@ static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void 
 	__u8 tf = 0;
 
 	if (!v || !(v->kind & CZ_K_POD))
-		return CZ_TC_NEXT; /* not ours */
+		return CZ_FAST_NOT_POD;
 	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c, &tf) < 0))
 		return CZ_FAST_SLOW;
 	from = ip->saddr;

@@ -15,6 +15,7 @@
 #define CZ_SLOW_INGRESS 0    /* cz_tail_xdp: cz_ingress_slow */
 #define CZ_SLOW_INGRESS_TC 0 /* cz_tail_tc: cz_ingress_tc_slow */
 #define CZ_SLOW_EGRESS 1     /* cz_tail_tc: cz_egress_slow */
+#define CZ_SLOW_POD 3	     /* cz_tail_tc: cz_pod_ingress_slow */
 /* a full path hands a packet from outside the pod's source ranges on (ingress.h, CZ_OUTSIDE) */
 #define CZ_OUTSIDE_INGRESS 1	/* cz_tail_xdp: cz_ingress_outside */
 #define CZ_OUTSIDE_INGRESS_TC 2 /* cz_tail_tc: cz_ingress_tc_outside */

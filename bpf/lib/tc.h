@@ -8,6 +8,7 @@
 
 #define CZ_TC_NEXT -1	/* TCX_NEXT; TC_ACT_UNSPEC for a legacy cls_bpf filter: the next runs */
 #define CZ_TC_DROP 2	/* TCX_DROP == TC_ACT_SHOT */
+#define CZ_TC_PASS 0	/* TCX_PASS == TC_ACT_OK: the programs after ours on this hook do not run */
 #define CZ_PULL_LEN 256 /* tags, IP (+ extension headers), L4, an ICMP error's inner headers */
 
 /* Headers in paged data (GRO, some drivers): make the first bytes linear. */

@@ -94,9 +94,19 @@ struct flow4_val {
 #define CZ_TO_TCP 2	    /* TCP and SCTP */
 #define CZ_TO_TCP_CLOSING 3 /* TCP after the pod's FIN or RST */
 
+/*
+ * The node's part (docs/design.md, "On a Cozystack cluster"), in what layout 5 kept reserved (a
+ * layout-5 agent writes zeros: the cluster paths are then off): the ifindexes of the uplinks
+ * (--devices), which the FIB's output device is compared with, and CZ_CFG_* flags.
+ */
+#define CZ_UPLINKS_MAX 6
+#define CZ_CFG_POD_DEVICES 0x01 /* pod-facing hooks are attached: the cluster paths are on */
+
 struct flow_cfg {
-	__u64 timeout_ns[4]; /* by CZ_TO_* */
-	__u64 reserved[4];   /* zero */
+	__u64 timeout_ns[4];	       /* by CZ_TO_* */
+	__u32 uplinks[CZ_UPLINKS_MAX]; /* ifindexes of the uplinks; 0: unused */
+	__u32 flags;		       /* CZ_CFG_* */
+	__u32 reserved;		       /* zero */
 };
 
 /*

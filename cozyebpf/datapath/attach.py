@@ -21,7 +21,7 @@ from cozyebpf.errors import DatapathError
 
 log = logging.getLogger(__name__)
 
-OUR_PROGRAMS = ("cz_ingress", "cz_ingress_tc", "cz_egress")
+OUR_PROGRAMS = ("cz_ingress", "cz_ingress_tc", "cz_egress", "cz_pod_ingress")
 XDP_MODES = {"native": bpfsys.XDP_FLAGS_DRV_MODE, "generic": bpfsys.XDP_FLAGS_SKB_MODE}
 TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
@@ -84,6 +84,46 @@ def resolve_devices(spec: str) -> list[str]:
         )
     log.info("--devices auto: the default route uses %s", ", ".join(found))
     return found
+
+
+#: the pod-facing device that --pod-devices auto looks for: Kube-OVN's host port to its pods
+KUBE_OVN_POD_DEVICE = "ovn0"
+
+
+def resolve_pod_devices(spec: str, uplinks: list[str]) -> list[str]:
+    """The --pod-devices value as a list: `none` (or empty), names as given, or for `auto`
+    Kube-OVN's `ovn0` when this network namespace has it, else none. A device cannot be an
+    uplink and a pod-facing device at once."""
+    names = [d.strip() for d in spec.split(",") if d.strip()]
+    if names in ([], ["none"]):
+        return []
+    if names == ["auto"]:
+        try:
+            socket.if_nametoindex(KUBE_OVN_POD_DEVICE)
+        except OSError:
+            log.info(
+                "--pod-devices auto: no %s here, so no pod-facing hook (pods' traffic is "
+                "translated on the uplinks' egress only)",
+                KUBE_OVN_POD_DEVICE,
+            )
+            return []
+        log.info("--pod-devices auto: Kube-OVN's %s", KUBE_OVN_POD_DEVICE)
+        names = [KUBE_OVN_POD_DEVICE]
+    both = sorted(set(names) & set(uplinks))
+    if both:
+        raise DatapathError(
+            f"{', '.join(both)} is in both --devices and --pod-devices: a device faces either "
+            f"the uplink or the pods; leave it out of one of them"
+        )
+    for dev in names:
+        try:
+            socket.if_nametoindex(dev)
+        except OSError:
+            raise DatapathError(
+                f"pod-facing device {dev!r} does not exist in this network namespace; check "
+                f"--pod-devices (auto finds Kube-OVN's {KUBE_OVN_POD_DEVICE}, none turns it off)"
+            ) from None
+    return names
 
 
 def _prog_name(prog_id: int) -> str:

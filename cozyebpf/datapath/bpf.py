@@ -42,12 +42,15 @@ class BpfDatapath:
         max_services: int = DEFAULT_MAX_SERVICES,
         service_slots: int | None = None,
         flow_timeouts: Mapping[str, float] | None = None,
+        pod_devices: Sequence[str] = (),
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
         if ingress_hook not in INGRESS_HOOKS:
             raise DatapathError(f"--ingress-hook must be one of {', '.join(INGRESS_HOOKS)}")
         self.devices = list(devices)
+        #: pod-facing devices (--pod-devices): cz_pod_ingress on their tcx ingress
+        self.pod_devices = list(pod_devices)
         self.pin_dir = pin_dir
         self.xdp_mode = xdp_mode
         self.tc_mode = tc_mode
@@ -74,6 +77,8 @@ class BpfDatapath:
         if self.ingress_hook in ("tcx", "auto") or self.on_foreign_xdp == "tcx":
             out.append(Request("cz_ingress_tc", "sched_cls", 2))
         out.append(Request("cz_egress", "sched_cls", 2))
+        if self.pod_devices:
+            out.append(Request("cz_pod_ingress", "sched_cls", 2))
         return out
 
     def _program(self, name: str) -> loader.Program:
@@ -86,10 +91,12 @@ class BpfDatapath:
 
     def prepare(self) -> None:
         """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
-        for dev in self.devices:
-            attach.ifindex_of(dev)  # fail on a typo before touching anything
+        uplinks = [attach.ifindex_of(dev) for dev in self.devices]  # a typo fails here
+        for dev in self.pod_devices:
+            attach.ifindex_of(dev)
         self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
         self.maps.set_flow_timeouts(**self.flow_timeouts)
+        self.maps.set_node(uplinks, bool(self.pod_devices))
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps
@@ -118,6 +125,8 @@ class BpfDatapath:
             self.attachments[(dev, "egress")] = attach.attach_tc(
                 egress.fd, "cz_egress", dev, self.pin_dir, "egress", self.tc_mode
             )
+        for dev in self.pod_devices:
+            self.attachments[(dev, "pod")] = self._attach_pod(dev)
         assert self.maps is not None, "prepare() first"
         if self.maps.hints_need_seed:
             n = self.maps.seed_flow_hints()
@@ -125,7 +134,9 @@ class BpfDatapath:
         for dev in self.devices:
             self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
         self.maps.finish_upgrade()
+        self._drop_stale_pod_hooks()
         order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
+        order += [(dev, "pod") for dev in self.pod_devices]
         self.attachments = {k: self.attachments[k] for k in order}
 
     def start(self) -> None:
@@ -168,6 +179,34 @@ class BpfDatapath:
             log.info("removed our XDP program from %s (ingress now on %s)", dev, a.hook)
         return a
 
+    def _attach_pod(self, dev: str) -> attach.Attachment:
+        """The pod-facing hook: cz_pod_ingress first in the device's tc ingress, so it runs
+        before netfilter (the node's masquerade) and before Cilium's programs there."""
+        return attach.attach_tc(
+            self._program("cz_pod_ingress").fd,
+            "cz_pod_ingress",
+            dev,
+            self.pin_dir,
+            "ingress",
+            self.tc_mode,
+        )
+
+    def _drop_stale_pod_hooks(self) -> None:
+        """Our tcx ingress links on devices that are neither uplinks nor pod-facing devices now
+        (a pod-facing device left out of --pod-devices) go."""
+        keep = {*self.devices, *self.pod_devices}
+        for a in attach.list_attachments(self.pin_dir):
+            if (
+                a.hook == "tcx-ingress"
+                and a.device not in keep
+                and attach.detach_link(attach.link_pin(self.pin_dir, a.hook, a.device))
+            ):
+                log.warning(
+                    "removed our %s program from %s: it is no longer a --pod-devices device",
+                    a.program,
+                    a.device,
+                )
+
     def _drop_tc_ingress(self, dev: str) -> None:
         if attach.detach_link(attach.link_pin(self.pin_dir, "tcx-ingress", dev)):
             log.info("removed our tcx ingress program from %s (ingress now on XDP)", dev)
@@ -199,6 +238,8 @@ class BpfDatapath:
                     )
                 elif role == "ingress":
                     self.attachments[(dev, role)] = self._attach_ingress(dev)
+                elif role == "pod":
+                    self.attachments[(dev, role)] = self._attach_pod(dev)
                 else:
                     self.attachments[(dev, role)] = attach.attach_tc(
                         self.programs["cz_egress"].fd,

@@ -127,10 +127,20 @@ FLOW_CLOSING = 1 << 63
 TO_UDP, TO_ICMP, TO_TCP, TO_TCP_CLOSING = 0, 1, 2, 3
 
 
-class FlowCfg(ctypes.Structure):
-    """flowcfg: the flows' idle timeouts (0: never expires)."""
+UPLINKS_MAX = 6  # CZ_UPLINKS_MAX
+CFG_POD_DEVICES = 0x01  # CZ_CFG_POD_DEVICES
 
-    _fields_ = [("timeout_ns", ctypes.c_uint64 * 4), ("reserved", ctypes.c_uint64 * 4)]
+
+class FlowCfg(ctypes.Structure):
+    """flowcfg: the flows' idle timeouts (0: never expires), and the node's part: the uplinks'
+    ifindexes and CZ_CFG_* flags (bpf/lib/cluster.h)."""
+
+    _fields_ = [
+        ("timeout_ns", ctypes.c_uint64 * 4),
+        ("uplinks", ctypes.c_uint32 * UPLINKS_MAX),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
 
 
 class Range4Key(ctypes.Structure):

@@ -142,6 +142,7 @@ SLOW_PATHS = {
     "cz_ingress": ("cz_ingress_slow", "cz_tail_xdp", 0),
     "cz_ingress_tc": ("cz_ingress_tc_slow", "cz_tail_tc", 0),
     "cz_egress": ("cz_egress_slow", "cz_tail_tc", 1),
+    "cz_pod_ingress": ("cz_pod_ingress_slow", "cz_tail_tc", 3),
 }
 #: entry program -> the further programs its full path hands frames to, as SLOW_PATHS: the
 #: decision for a packet from outside a pod's source ranges (CZ_OUTSIDE in bpf/lib/ingress.h)

@@ -26,13 +26,14 @@ import errno
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import NamedTuple
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
+    CFG_POD_DEVICES,
     DEFAULT_MAX_SERVICES,
     DRYRUN,
     EVENTS,
@@ -52,6 +53,7 @@ from cozyebpf.datapath.layout import (
     SEEN4,
     SEEN6,
     STATS,
+    UPLINKS_MAX,
     V1_POD4,
     V1_POD6,
     V1_REPLACED,
@@ -1318,17 +1320,39 @@ class PinnedMaps:
 
     def set_flow_timeouts(self, udp: float, icmp: float, tcp: float, tcp_closing: float) -> None:
         """The flows' idle timeouts in seconds (0: never), read by the programs (flowcfg)."""
-        cfg = FlowCfg()
+        cfg = self._flow_cfg()
         for i, t in enumerate((udp, icmp, tcp, tcp_closing)):
             if t < 0:
                 raise ValueError(f"a flow timeout cannot be negative: {t}")
             cfg.timeout_ns[i] = int(t * 1e9) if t else NEVER_NS
         bpfsys.map_update(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
 
-    def flow_timeouts(self) -> dict[str, float]:
-        """The timeouts the programs apply, in seconds (0: never)."""
+    def _flow_cfg(self) -> FlowCfg:
         cfg = FlowCfg()
         bpfsys.map_lookup(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
+        return cfg
+
+    def set_node(self, uplinks: Sequence[int], pod_devices: bool) -> None:
+        """The node's part of flowcfg (bpf/lib/cluster.h): the uplinks' ifindexes, and whether
+        pod-facing hooks are attached (which turns the cluster paths on)."""
+        if len(uplinks) > UPLINKS_MAX:
+            raise DatapathError(
+                f"{len(uplinks)} uplink devices; the programs know at most {UPLINKS_MAX}"
+            )
+        cfg = self._flow_cfg()
+        for i in range(UPLINKS_MAX):
+            cfg.uplinks[i] = uplinks[i] if i < len(uplinks) else 0
+        cfg.flags = CFG_POD_DEVICES if pod_devices else 0
+        bpfsys.map_update(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
+
+    def node_config(self) -> tuple[list[int], bool]:
+        """The uplinks' ifindexes and whether the cluster paths are on (set_node)."""
+        cfg = self._flow_cfg()
+        return [int(i) for i in cfg.uplinks if i], bool(cfg.flags & CFG_POD_DEVICES)
+
+    def flow_timeouts(self) -> dict[str, float]:
+        """The timeouts the programs apply, in seconds (0: never)."""
+        cfg = self._flow_cfg()
         names = ("udp", "icmp", "tcp", "tcp_closing")
         t = [int(x) for x in cfg.timeout_ns]
         return {n: 0 if t[i] >= NEVER_NS else t[i] / 1e9 for i, n in enumerate(names)}

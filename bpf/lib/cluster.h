@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * A node of a cluster whose pods reach the node through pod-facing devices (Kube-OVN's ovn0;
+ * per-pod veths), beyond what the uplinks' programs do (docs/design.md, "On a Cozystack
+ * cluster", draws every path):
+ *
+ * - pod_side4() (the pod-facing hook, tcx ingress on --pod-devices, before netfilter): a managed
+ *   pod's packet that leaves the node by an uplink is translated there, as egress does, so the
+ *   node's masquerade (Kube-OVN's natOutgoing) never sees the pod IP; and the answer of a
+ *   managed pod to a connection that this node opened to its LB IP, which the overlay brings
+ *   back to this node with the pod IP as source (cozy-proxy PR #18), gets its LB IP back before
+ *   conntrack looks at it. Everything else -- pod to pod, a pod's own connection to a node --
+ *   is left as the CNI has it.
+ * - to_lb4() (uplink egress): a packet from this node's own address to a managed LB IP whose pod
+ *   sits behind a pod-facing device is decided as ingress decides it, translated and handed to
+ *   that device at once (through the ToR it would come back with a local source, a martian); its
+ *   connection is remembered as a flow of the pod, which is what pod_side4 finds.
+ *
+ * Both are IPv4 (Kube-OVN as Cozystack runs it has no IPv6) and TCP/UDP for what needs ports;
+ * the programs do nothing of this unless flowcfg says pod-facing hooks are attached.
+ */
+#ifndef COZYEBPF_CLUSTER_H
+#define COZYEBPF_CLUSTER_H
+
+#include "fast.h"
+#include "lookup.h"
+
+#define CZ_AF_INET 2 /* AF_INET, for bpf_fib_lookup */
+
+/* bcc 0.26 declares bpf_redirect_neigh without its plen argument: the kernel's signature */
+static long (*cz_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen,
+				 __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
+
+static __always_inline struct flow_cfg *cz_cfg(void)
+{
+	__u32 zero = 0;
+
+	return cz_flowcfg.lookup(&zero);
+}
+
+/* Is `ifindex` one of the uplinks (flowcfg; an ifindex is never 0, so unused slots never match)? */
+static __always_inline int cz_is_uplink(const struct flow_cfg *c, __u32 ifindex)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < CZ_UPLINKS_MAX; i++)
+		if (c->uplinks[i] == ifindex)
+			return 1;
+	return 0;
+}
+
+/* The kernel's route for src -> dst seen from `ifindex` (bpf_fib_lookup; BPF_FIB_LKUP_RET_*). */
+static __always_inline int cz_fib4(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __be32 src,
+				   __be32 dst, __u32 ifindex, __u32 flags)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = CZ_AF_INET;
+	fib->ipv4_src = src;
+	fib->ipv4_dst = dst;
+	fib->ifindex = ifindex;
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), flags);
+}
+
+static __always_inline int cz_fib_forwards(int rc)
+{
+	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
+}
+
+/*
+ * The pod-facing hook, IPv4: is this packet, as it enters the node from a pod, one to translate
+ * as egress does? Yes when its source is a managed pod IP and it leaves the node by an uplink
+ * (the pod's own traffic out of the cluster), or it is for this node and answers a connection
+ * this node opened to the pod's LB IP (a flow that to_lb4 recorded).
+ */
+static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, struct iphdr *ip)
+{
+	struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
+	struct bpf_fib_lookup fib;
+	struct flow_cfg *c;
+	__be16 sport, dport;
+	__u16 *csum;
+	__u8 tf = 0;
+	int rc;
+
+	if (!v || !(v->kind & CZ_K_POD))
+		return 0;
+	c = cz_cfg();
+	if (!c)
+		return 0;
+	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex, 0);
+	if (cz_fib_forwards(rc))
+		return cz_is_uplink(c, fib.ifindex);
+	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED)
+		return 0; /* unreachable, blackhole, forwarding off: the kernel decides */
+	if (fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &csum, &tf) < 0)
+		return 0;
+	return flow_exists(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
+			   ip->protocol);
+}
+
+/*
+ * The pod-facing hook's verdict for a packet it lets through: one to a managed LB IP ends the
+ * device's tc chain (CZ_TC_PASS), so that the programs after ours there (Cilium's, whose
+ * wildcard entry for an LB IP it handles drops unlisted ports) never see an LB IP. Such a packet
+ * reaches its pod by the ToR or by to_lb4's redirect, translated, and those programs see the pod
+ * IP on the way in. Everything else goes on to them (CZ_TC_NEXT).
+ */
+static __always_inline int pod_next4(struct iphdr *ip)
+{
+	struct addr4_val *d = cz_addr4.lookup(&ip->daddr);
+
+	return d && (d->kind & CZ_K_LB) ? CZ_TC_PASS : CZ_TC_NEXT;
+}
+
+/*
+ * Uplink egress, IPv4, a packet whose source is no managed pod IP. To a managed LB IP from this
+ * node's own address (a process of the node, or a pod the node masqueraded) whose pod sits behind
+ * a pod-facing device, it takes the ingress decision here and, let in, is translated and handed
+ * to that device (TC_ACT_REDIRECT): through the ToR it would come back with a local source, a
+ * martian, and across nodes the overlay carries it as it carries the answer. Its connection is
+ * recorded as a flow of the pod, keyed as the pod's answer will be, for pod_side4. A VM's packet
+ * (its source an LB IP) goes by the ToR to the node of the other LB IP, which holds the flows of
+ * that pod; every other packet goes on too: CZ_TC_NEXT.
+ */
+static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_end,
+				  struct iphdr *ip)
+{
+	struct flow_cfg *c = cz_cfg();
+	struct bpf_fib_lookup fib;
+	struct bpf_redir_neigh nh = {};
+	struct addr4_val *d;
+	struct cz_fast f = {};
+	struct ip6 pod = {}, client = {}, to;
+	__u32 reason;
+	int rc;
+
+	if (!c || !(c->flags & CZ_CFG_POD_DEVICES))
+		return CZ_TC_NEXT;
+	d = cz_addr4.lookup(&ip->daddr);
+	if (!d || !(d->kind & CZ_K_LB))
+		return CZ_TC_NEXT;
+	pod.a[0] = d->pod_ip;
+	client.a[0] = ip->saddr;
+	/* a VM's LB IP: by the ToR, to the node of its LB IP, which holds that pod's flows */
+	if (cz_addr4.lookup(&ip->saddr))
+		return CZ_TC_NEXT;
+	/* routes as for a packet that arrives on the uplink (an output lookup keeps to the uplink)
+	 */
+	if (cz_fib4(skb, &fib, 0, client.a[0], skb->ifindex, 0) != BPF_FIB_LKUP_RET_NOT_FWDED)
+		return CZ_TC_NEXT; /* not this node's own address */
+	rc = cz_fib4(skb, &fib, client.a[0], pod.a[0], skb->ifindex, 0);
+	if (!cz_fib_forwards(rc) || cz_is_uplink(c, fib.ifindex))
+		return CZ_TC_NEXT; /* the pod is behind an uplink: the node of its LB IP serves it
+				    */
+	reason = fast_ingress(data, data_end, skb->len, &f, &to);
+	if (reason == CZ_SLOW || reason == CZ_NOT_OURS)
+		return CZ_TC_NEXT; /* by the ToR: a pod on this node is then out of reach (a
+				      martian) */
+	fast_monitor(skb, 0, 0, reason, f.slot, skb->len, 0, f.proto, f.l3, f.sport, f.dport);
+	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE) {
+		fast_count(0, reason, f.slot, skb->len);
+		return CZ_TC_DROP;
+	}
+	/* only what the pod's filter let in: the flow admits what the client sends as well */
+	fast_flow_record(0, &pod, &client, f.dport, f.sport, f.proto, f.tcp_flags);
+	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {
+		fast_count(0, CZ_DROP_MALFORMED, f.slot, skb->len);
+		return CZ_TC_DROP;
+	}
+	fast_count(0, reason, f.slot, skb->len);
+	nh.nh_family = CZ_AF_INET;
+	nh.ipv4_nh = fib.ipv4_dst; /* the FIB's next hop for the pod IP */
+	return cz_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
+#endif
