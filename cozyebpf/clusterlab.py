@@ -1370,6 +1370,9 @@ class ClusterLab:
             log.flush()
             a.proc = self.lab.popen(
                 a.ns,
+                # killed with the lab's thread that started it: a lab killed by SIGKILL leaves
+                # no agent running (util-linux setpriv; nsenter --net does not fork)
+                *(["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []),
                 *self.agent_command(n),
                 stdout=log,
                 stderr=subprocess.STDOUT,
