@@ -2017,7 +2017,7 @@ def main(
     for lay, fig in figures.items():
         click.secho(f"\nlive migration ({lay}):", bold=True)
         for k, v in fig.items():
-            click.echo(f"  {k}: {v}")
+            click.echo(f"  {k}: {round(v) if isinstance(v, float) else v}")
     if as_json:
         Path(as_json).write_text(
             json.dumps({"rows": [r.__dict__ for r in all_rows], "migration": figures}, indent=1)
