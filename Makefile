@@ -3,7 +3,7 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup image-test
+.PHONY: bench bench-quick bench-setup image-test cluster-lab
 
 # The DaemonSet image, built from the Dockerfile with podman and proven by the end-to-end
 # lab tests with every cozyebpf command run from it (about 4 minutes with the base cached;
@@ -11,6 +11,14 @@ PYTHON ?= .venv/bin/python
 # scripts/image-test.sh --help). deploy/README.md says what it shows and what it cannot.
 image-test:
 	bash scripts/image-test.sh $(IMAGE_TEST_ARGS)
+
+# The cluster lab of issue 18 (cozyebpf/clusterlab.py): three nodes, Kube-OVN-like and per-pod
+# layouts, one agent per node; prints scenario x case x layout with PASS/FAIL and the
+# migration figures (about a minute per layout). Options, e.g.:
+# make cluster-lab CLUSTER_LAB_ARGS='--layout kubeovn --observer count'
+cluster-lab:
+	bash scripts/setup.sh
+	$(PYTHON) -m cozyebpf.clusterlab $(CLUSTER_LAB_ARGS)
 
 bench-setup:
 	bash scripts/setup.sh

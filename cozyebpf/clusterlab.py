@@ -1,0 +1,2032 @@
+"""A three-node model of a Cozystack cluster, in network namespaces, with a real `cozyebpf run`
+agent per node: the lab of issue 18 (`make cluster-lab`, `python -m cozyebpf.clusterlab`,
+tests/test_cluster_lab.py).
+
+Layout "kubeovn" (the default; Kube-OVN with natOutgoing, as Cozystack runs it)::
+
+    czc-client 198.51.100.2/25          czc-server 198.51.100.130/25
+          |                                   |
+    czc-tor: ext-c 198.51.100.1/25, ext-s 198.51.100.129/25, br0 192.0.2.254/24 (ports sw1-3)
+             203.0.113.0/24 (the LB pool) on-link on br0: the ToR ARPs for LB IPs and hairpins
+             ======================= one L2 segment (br0) ==========================
+          |                          |                          |
+    czc-node1 eth0 192.0.2.1    czc-node2 eth0 192.0.2.2    czc-node3 eth0 192.0.2.3
+      default via 192.0.2.254     (the same per node: cozyebpf agent on eth0, MetalLB-like
+      ovn0 100.64.0.2/16           speaker on eth0, nftables as Kube-OVN writes it)
+      10.244.0.0/16 via 100.64.0.1 dev ovn0
+          |  (veth)                  |                          |
+    czc-ovs1 lrp-join 100.64.0.1  czc-ovs2 ...               czc-ovs3 ...
+      vxlan_sys_4789 100.65.0.1 === vxlan (UDP 4789 over the nodes' eth0) === 100.65.0.2/.3
+      <pod>_h (10.244.0.1/32, proxy ARP, one gateway MAC on every node) -- pod eth0 10.244.x.y/16
+
+- The "OVS" namespace of a node stands for its OVS bridge and the distributed logical router:
+  it routes its local pods (/32 to their veths), remote pods (/32 via the tunnel to the pod's
+  node), its own node's IP via ovn0 (100.64.0.N+1), other nodes' IPs via the tunnel into that
+  node's OVS and ovn0 (Kube-OVN's node policy routes), everything else via its own node's ovn0.
+  Pod-to-pod traffic, and pod-to-another-node's-IP traffic, never crosses a node's IP stack.
+- The tunnel is a real vxlan device (this kernel has no geneve), made in the node namespace over
+  eth0's address and moved into the OVS namespace: its UDP socket stays in the node, so the
+  underlay crosses the nodes' uplinks (and their netfilter), the inner packets do not.
+- One subnet, ovn-default 10.244.0.0/16, across the nodes; pods' gateway 10.244.0.1; MTU 1400
+  on pods and ovn0, as Kube-OVN sets it for a tunnel.
+- Each node's nftables: Kube-OVN's iptables rules (pkg/daemon/gateway_linux.go, setIptables, v4)
+  written rule by rule in nft, as iptables-nft would: nat OVN-PREROUTING (pod -> Service mark),
+  nat OVN-POSTROUTING (Service SNAT, mark 0x4000 and 0x80000 rules, "do not nat reply packets
+  in direct routing" `-p tcp --tcp-flags SYN NONE --ctstate NEW -j RETURN`, "do not nat route
+  traffic", the nat-outgoing-policy jumps, the default natOutgoing
+  `-m set --match-set ovn40subnets-nat src -m set ! --match-set ovn40subnets dst -j
+  OVN-MASQUERADE`), OVN-MASQUERADE (clear mark, MASQUERADE --random-fully) and mangle
+  OVN-POSTROUTING (drop INVALID RSTs from pods). The ipsets: ovn40subnets = ovn-default and the
+  join subnet, ovn40subnets-nat = ovn-default, ovn40other-node = the other nodes' IPs,
+  ovn40services and ovn40subnets-nat-policy empty (no ClusterIPs in the lab), distributed
+  gateway = both subnets.
+
+Layout "perpod" (today's lab, other CNIs): the same ToR, clients and nodes; per node the pods
+sit on their own veths in the node namespace (lxc-<pod>, gateway 10.244.N.1/32 on each, /32
+routes), pod CIDR 10.244.N.0/24 per node routed by the ToR to the node; no tunnel, no NAT.
+
+Both layouts:
+- Workloads: VMs (a Service each, labelled for cozyebpf, as Cozystack's vm-instance chart
+  writes it: wholeIP "true"/"false", allowICMP, externalTrafficPolicy Local,
+  allocateLoadBalancerNodePorts false, port 65535 for a WholeIP Service) and plain pods. Each
+  runs in its own namespace with echo servers (TCP 80, 81, UDP 53).
+- The API: one FakeKubeAPI (tests/kubeapi.py) in the namespace czc-api, listening on its
+  127.0.0.1; a forwarder in each node namespace listens on the node's 127.0.0.1 at the same
+  port and relays each connection to it (sockets keep the namespace they were made in, so no
+  device and no packet is added to any node). EndpointSlices carry nodeName and targetRef.
+- The agents: `cozyebpf run` per node inside the node namespace (nsenter --net, so bpffs pins
+  stay visible), with the environment of deploy/daemonset.yaml (COZYEBPF_RUN_DEVICES=auto,
+  node name, health and metrics addresses, ...), COZYEBPF_PIN_DIR=/sys/fs/bpf/<prefix>-nodeN,
+  --kubeconfig for the forwarder, plus `--pod-devices ovn0` on kubeovn when `run --help`
+  lists that option, plus any extra arguments given.
+- MetalLB L2: a speaker per node (an AF_PACKET socket on the node's eth0, a thread) answers ARP
+  for the LB IPs its node announces and sends gratuitous ARP (request and reply, as MetalLB)
+  when it starts announcing one. The announcing node is elected as MetalLB does with
+  externalTrafficPolicy Local: among the nodes with a ready endpoint, the lowest
+  sha256(node + "#" + ip). The ToR takes the update at once (locktime 0, arp_accept 1).
+- Live migration (kubeovn): the VM's namespace, IP and MAC stay; its link moves to the target
+  node's OVS (a new veth, the old one deleted), every OVS's /32 route follows it; the
+  EndpointSlice goes "old ready" -> "both ready" (one address, two nodeNames) -> "new ready";
+  the announcement follows the election.
+- A Cilium-like observer: a tc program (bcc) appended at the tail of tcx, like Cilium, counting
+  packets to and from an LB IP and (mode "drop", the default) dropping those to an LB IP as
+  Cilium 1.19's wildcard entry does; on ovn0 (ingress and egress) and on the tunnel device of
+  each node (kubeovn), on each node's eth0 ingress (perpod, where Cilium's bpf_host sits).
+
+What the lab leaves out: OVS and OVN themselves (flows, logical switch ports, ACLs, conntrack
+zones in OVS), GENEVE, Cilium itself (only the observer stands in for its programs), kube-proxy
+and ClusterIP Services, IPv6 (Cozystack patches it out of Kube-OVN), KubeVirt's memory copy and
+the pod annotation kubevirt.io/migration-target-ready-timestamp (the agent reads no Pods), a
+MetalLB memberlist (elections are computed by the lab from the EndpointSlices it writes), more
+than one VLAN or subnet, and rp_filter (0 everywhere, as Cilium sets it on its devices).
+
+Every address is a documentation range (192.0.2.0/24 nodes, 198.51.100.0/24 outside,
+203.0.113.0/24 LB IPs) or a private range used only inside these namespaces (10.244.0.0/16
+pods, 100.64.0.0/16 join subnet, 100.65.0.0/16 tunnel). Nothing is attached to the machine's
+own interfaces and every namespace, pin and process is removed on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import select
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+import click
+import yaml
+
+from cozyebpf.lab import Lab, run
+
+if TYPE_CHECKING:
+    from tests.kubeapi import FakeKubeAPI
+
+T = TypeVar("T")
+Check = tuple[bool, str]  # PASS?, what the peers saw
+
+LAYOUTS = ("kubeovn", "perpod")
+NODES = (1, 2, 3)
+
+ROUTER_IP = "192.0.2.254"
+ROUTER_MAC = "02:00:c0:00:02:fe"
+CLIENT_IP, CLIENT_GW = "198.51.100.2", "198.51.100.1"
+SERVER_IP, SERVER_GW = "198.51.100.130", "198.51.100.129"
+LB_POOL = "203.0.113.0/24"
+POD_CIDR, POD_GW = "10.244.0.0/16", "10.244.0.1"
+JOIN_CIDR, JOIN_GW = "100.64.0.0/16", "100.64.0.1"
+GW_MAC = "02:00:0a:f4:00:01"  # ovn-cluster's port on ovn-default: one MAC on every node
+LRP_JOIN_MAC = "02:00:64:40:00:01"  # ovn-cluster's port on the join subnet
+TUNNEL = "vxlan_sys_4789"  # OVS's name for its vxlan device (Kube-OVN's tunnel type vxlan)
+VNI = 1
+POD_MTU = 1400  # Kube-OVN: 1500 minus its tunnel overhead
+CANARY_LB = "203.0.113.250"
+SERVER_TCP, SERVER_UDP = 8443, 5353
+PROXY_LABEL = "service.kubernetes.io/service-proxy-name"
+PACKET_OUTGOING = 4
+ETH_P_ARP = 0x0806
+
+REPO = Path(__file__).resolve().parent.parent
+DAEMONSET = REPO / "deploy" / "daemonset.yaml"
+
+
+def node_name(n: int) -> str:
+    return f"node{n}"
+
+
+def node_ip(n: int) -> str:
+    return f"192.0.2.{n}"
+
+
+def node_mac(n: int) -> str:
+    return f"02:00:c0:00:02:{n:02x}"
+
+
+def join_ip(n: int) -> str:  # the node's ovn0
+    return f"100.64.0.{n + 1}"
+
+
+def ovn0_mac(n: int) -> str:
+    return f"02:00:64:40:01:{n:02x}"
+
+
+def tun_ip(n: int) -> str:
+    return f"100.65.0.{n}"
+
+
+def tun_mac(n: int) -> str:
+    return f"02:00:64:41:00:{n:02x}"
+
+
+def perpod_gw(n: int) -> str:
+    return f"10.244.{n}.1"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A VM (with a LoadBalancer Service: `lb_ip`) or a plain pod (no Service)."""
+
+    name: str
+    index: int  # unique, for MACs
+    node: int  # where it starts
+    ip: str  # 10.244.<node>.x: in ovn-default (kubeovn) and in its node's /24 (perpod)
+    lb_ip: str | None = None
+    whole_ip: bool = False
+    allow_icmp: bool = False
+
+    @property
+    def is_vm(self) -> bool:
+        return self.lb_ip is not None
+
+    @property
+    def mode(self) -> str:
+        return "pod" if not self.is_vm else "whole" if self.whole_ip else "filter"
+
+    @property
+    def ports(self) -> tuple[tuple[str, int], ...]:
+        """spec.ports: a WholeIP Service without ports lists 65535 (Cozystack's chart)."""
+        return (("TCP", 65535),) if self.whole_ip else (("TCP", 80), ("UDP", 53))
+
+    @property
+    def mac(self) -> str:
+        return f"02:00:0a:f4:{self.index:02x}:02"
+
+    @property
+    def host_mac(self) -> str:  # perpod: the node's lxc-<name>
+        return f"02:00:0a:f4:{self.index:02x}:01"
+
+    @property
+    def host_dev(self) -> str:
+        return f"lxc-{self.name}"
+
+    @property
+    def ovs_dev(self) -> str:  # kubeovn: its port in the OVS namespace (Kube-OVN: <id>_h)
+        return f"{self.name}_h"
+
+    def label(self, node: int) -> str:
+        return f"{self.name}({self.mode},n{node})"
+
+
+#: One VM per Service shape and enough of them to try every pairing of modes on one node and
+#: across nodes (section 3), two plain pods. Listed ports of a port-filter VM: TCP 80, UDP 53.
+DEFAULT_WORKLOADS = (
+    Workload("vm-a", 1, 1, "10.244.1.10", "203.0.113.10"),
+    Workload("vm-b", 2, 2, "10.244.2.20", "203.0.113.20", whole_ip=True),
+    Workload("vm-c", 3, 2, "10.244.2.30", "203.0.113.30", allow_icmp=True),
+    Workload("vm-d", 4, 1, "10.244.1.40", "203.0.113.40"),
+    Workload("vm-e", 5, 1, "10.244.1.50", "203.0.113.50", whole_ip=True),
+    Workload("vm-f", 6, 2, "10.244.2.60", "203.0.113.60", whole_ip=True),
+    Workload("p1", 7, 1, "10.244.1.70"),
+    Workload("p3", 8, 3, "10.244.3.80"),
+)
+#: (client, server) for section 3: same node FF, WW, FW, WF; across nodes FF, FW, WF, WW
+VM_PAIRS = (
+    ("vm-a", "vm-d"),
+    ("vm-b", "vm-f"),
+    ("vm-c", "vm-b"),
+    ("vm-e", "vm-a"),
+    ("vm-a", "vm-c"),
+    ("vm-c", "vm-e"),
+    ("vm-b", "vm-a"),
+    ("vm-e", "vm-b"),
+)
+SHAPES = ("vm-a", "vm-b", "vm-c")  # sections 1, 2: filter, whole-IP, filter with allowICMP
+POD_PAIRS = (("p1", "vm-b"), ("p3", "vm-a"), ("p1", "vm-a"))  # section 4 (the last: one node)
+HAIRPIN = ("vm-a", "vm-b")
+HOST_PAIRS = ((1, "vm-a"), (1, "vm-b"))  # section 6: on the VM's node, on another
+MIGRATE = ("vm-a", 3)  # section 7: a port-filter VM, node1 -> node3
+RESTART_NODE = 2  # section 8
+RESTART_STREAMS = ("vm-a", "vm-b", "vm-e")  # one or more VMs per node, node2's included
+
+
+@dataclass(frozen=True)
+class Row:
+    scenario: str
+    case: str
+    layout: str
+    ok: bool
+    detail: str
+
+    @property
+    def result(self) -> str:
+        return "PASS" if self.ok else "FAIL"
+
+
+def wait_for(
+    pred: Callable[[], T], timeout: float = 10.0, what: str | Callable[[], str] = "condition"
+) -> T:
+    """Poll `pred` until it returns something truthy; raise TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except Exception as e:  # not there yet
+            last = e
+        else:
+            if last:
+                return cast(T, last)
+        time.sleep(0.02)
+    desc = what() if callable(what) else what
+    raise TimeoutError(f"timed out after {timeout}s waiting for {desc} (last: {last!r})")
+
+
+# -- Kube-OVN's nftables, Services ---------------------------------------------------------
+
+
+def kubeovn_ruleset(n: int) -> str:
+    """Kube-OVN's v4 rules of setIptables (pkg/daemon/gateway_linux.go), in nft, for node n.
+    Filter INPUT/FORWARD accepts are left out: the lab's policies accept everything anyway."""
+    others = ", ".join(node_ip(m) for m in NODES if m != n)
+    return f"""
+table ip kube-ovn {{
+    set ovn40subnets {{ type ipv4_addr; flags interval; elements = {{ {POD_CIDR}, {JOIN_CIDR} }} }}
+    set ovn40subnets-nat {{ type ipv4_addr; flags interval; elements = {{ {POD_CIDR} }} }}
+    set ovn40subnets-distributed-gw {{ type ipv4_addr; flags interval;
+        elements = {{ {POD_CIDR}, {JOIN_CIDR} }} }}
+    set ovn40other-node {{ type ipv4_addr; flags interval; elements = {{ {others} }} }}
+    set ovn40services {{ type ipv4_addr; flags interval; }}
+    set ovn40subnets-nat-policy {{ type ipv4_addr; flags interval; }}
+
+    chain PREROUTING {{ type nat hook prerouting priority dstnat; policy accept;
+        jump OVN-PREROUTING
+    }}
+    chain OVN-PREROUTING {{
+        iifname "ovn0" ip saddr @ovn40subnets ip daddr @ovn40services meta mark set mark or 0x4000
+    }}
+    chain POSTROUTING {{ type nat hook postrouting priority srcnat; policy accept;
+        jump OVN-POSTROUTING
+    }}
+    chain OVN-POSTROUTING {{
+        ip saddr @ovn40services ip daddr @ovn40subnets meta mark & 0x4000 == 0x4000 \
+            snat to {node_ip(n)} fully-random
+        meta mark & 0x4000 == 0x4000 jump OVN-MASQUERADE
+        ip saddr @ovn40subnets ip daddr @ovn40subnets jump OVN-MASQUERADE
+        meta mark & 0x80000 == 0x80000 ip daddr @ovn40subnets-distributed-gw return
+        meta mark & 0x80000 == 0x80000 jump OVN-MASQUERADE
+        tcp flags & syn == 0 ct state new return
+        ip saddr != @ovn40subnets ip saddr != @ovn40other-node ip daddr @ovn40subnets-nat return
+        ip saddr @ovn40subnets-nat-policy ip daddr != @ovn40subnets jump OVN-NAT-POLICY
+        meta mark & 0x90001 == 0x90001 jump OVN-MASQUERADE
+        meta mark & 0x90002 == 0x90002 return
+        ip saddr @ovn40subnets-nat ip daddr != @ovn40subnets jump OVN-MASQUERADE
+    }}
+    chain OVN-NAT-POLICY {{
+    }}
+    chain OVN-MASQUERADE {{
+        meta mark set 0x0
+        masquerade fully-random
+    }}
+    chain MANGLE-POSTROUTING {{ type filter hook postrouting priority mangle; policy accept;
+        jump OVN-POSTROUTING-MANGLE
+    }}
+    chain OVN-POSTROUTING-MANGLE {{
+        ip saddr @ovn40subnets tcp flags & rst == rst ct state invalid drop
+    }}
+}}
+"""
+
+
+def service_object(w: Workload, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    """The Service of a VM as Cozystack's vm-instance chart writes it, with its status."""
+    assert w.lb_ip is not None
+    ann = {"networking.cozystack.io/wholeIP": "true" if w.whole_ip else "false"}
+    if w.allow_icmp:
+        ann["networking.cozystack.io/allowICMP"] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": w.name,
+            "namespace": "default",
+            "creationTimestamp": created,
+            "labels": {PROXY_LABEL: "cozy-proxy", "apps.cozystack.io/application.name": w.name},
+            "annotations": ann,
+        },
+        "spec": {
+            "type": "LoadBalancer",
+            "externalTrafficPolicy": "Local",
+            "allocateLoadBalancerNodePorts": False,
+            "selector": {"vm.kubevirt.io/name": w.name},
+            "ports": [
+                {"name": f"{p.lower()}-{n}", "protocol": p, "port": n, "targetPort": n}
+                for p, n in w.ports
+            ],
+        },
+        "status": {"loadBalancer": {"ingress": [{"ip": w.lb_ip, "ipMode": "VIP"}]}},
+    }
+
+
+def slice_object(
+    name: str, ip: str, ports: Sequence[tuple[str, int]], endpoints: Sequence[tuple[int, str]]
+) -> dict[str, Any]:
+    """The EndpointSlice of Service `name`: one ready endpoint per (node, pod name), all with
+    the address `ip` (during a migration both virt-launcher pods are ready with one IP)."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{name}-x7k2p",
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [
+            {
+                "addresses": [ip],
+                "conditions": {"ready": True, "serving": True, "terminating": False},
+                "nodeName": node_name(n),
+                "targetRef": {"kind": "Pod", "namespace": "default", "name": pod},
+            }
+            for n, pod in endpoints
+        ],
+        "ports": [{"name": f"{p.lower()}-{n}", "protocol": p, "port": n} for p, n in ports],
+    }
+
+
+def elect(ip: str, nodes: Sequence[int]) -> int | None:
+    """MetalLB L2's choice among the nodes with a ready endpoint (externalTrafficPolicy
+    Local): the lowest sha256(node name + "#" + ip)."""
+    if not nodes:
+        return None
+    return min(nodes, key=lambda n: hashlib.sha256(f"{node_name(n)}#{ip}".encode()).digest())
+
+
+# -- the echo servers ----------------------------------------------------------------------
+
+
+class EchoHub:
+    """One thread serving every echo socket of the lab (a socket keeps the namespace it was
+    made in). TCP: each read is answered with "<peer ip> <data>"; UDP likewise per datagram."""
+
+    def __init__(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._add: list[tuple[socket.socket, str]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._socks: list[socket.socket] = []
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._loop, name="echo-hub", daemon=True)
+        self._thread.start()
+
+    def serve(self, lab: Lab, ns: str, kind: int, port: int) -> None:
+        s = lab.ns_socket(ns, socket.AF_INET, kind)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+        if kind == socket.SOCK_STREAM:
+            s.listen(64)
+        self._register(s, "listen" if kind == socket.SOCK_STREAM else "udp")
+
+    def _register(self, s: socket.socket, what: str) -> None:
+        with self._lock:
+            self._add.append((s, what))
+            self._socks.append(s)
+        self._wake_w.send(b"x")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self.sel.select(0.2):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                try:
+                    self._handle(s, key.data)
+                except OSError:
+                    with contextlib.suppress(KeyError, ValueError):
+                        if key.data == "conn":
+                            self.sel.unregister(s)
+                            s.close()
+
+    def _handle(self, s: socket.socket, what: str) -> None:
+        if what == "wake":
+            s.recv(4096)
+            with self._lock:
+                add, self._add = self._add, []
+            for sock, w in add:
+                self.sel.register(sock, selectors.EVENT_READ, w)
+        elif what == "listen":
+            conn, _ = s.accept()
+            conn.settimeout(2)
+            with self._lock:
+                self._socks.append(conn)
+            self.sel.register(conn, selectors.EVENT_READ, "conn")
+        elif what == "conn":
+            data = s.recv(65536)
+            if not data:
+                self.sel.unregister(s)
+                s.close()
+                return
+            s.sendall(f"{s.getpeername()[0]} ".encode() + data)
+        elif what == "udp":
+            data, peer = s.recvfrom(65536)
+            s.sendto(f"{peer[0]} ".encode() + data, peer)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        with self._lock:
+            socks = list(self._socks)
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        self.sel.close()
+
+
+# -- the API double and its forwarders -------------------------------------------------------
+
+
+def _fake_kube_api() -> FakeKubeAPI:
+    try:
+        from tests.kubeapi import FakeKubeAPI
+    except ImportError as e:  # the double lives with the tests
+        raise click.ClickException(
+            "the cluster lab needs the API double tests/kubeapi.py: run it from the repository "
+            f"root (python -m cozyebpf.clusterlab, make cluster-lab): {e}"
+        ) from e
+    return FakeKubeAPI(bookmark_interval=1.0)
+
+
+class ApiBridge:
+    """The FakeKubeAPI, listening on 127.0.0.1 of namespace `api_ns`, and a forwarder in each
+    node namespace on its own 127.0.0.1 at the same port: agents use one kubeconfig."""
+
+    def __init__(self, lab: Lab, api_ns: str, node_nss: Sequence[str], workdir: Path) -> None:
+        self.lab = lab
+        self.api_ns = api_ns
+        self.api = _fake_kube_api()
+        lab.in_ns(api_ns, self.api.start)
+        self.port = urlsplit(self.api.url).port or 0
+        self.kubeconfig = self.api.kubeconfig(workdir / "kubeconfig")
+        self._stop = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        for ns in node_nss:
+            listener = lab.ns_socket(ns, socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", self.port))
+            listener.listen(16)
+            listener.settimeout(0.2)
+            self._keep(listener)
+            threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _keep(self, s: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(s)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            up = self.lab.ns_socket(self.api_ns, socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                up.connect(("127.0.0.1", self.port))
+            except OSError:
+                conn.close()
+                up.close()
+                continue
+            self._keep(conn)
+            self._keep(up)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            socks = list(self._socks)
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+        self.api.stop()
+
+
+# -- MetalLB L2 ------------------------------------------------------------------------------
+
+
+def _arp(op: int, sha: bytes, spa: str, tha: bytes, tpa: str, dst: bytes) -> bytes:
+    return (
+        dst
+        + sha
+        + struct.pack("!H", ETH_P_ARP)
+        + struct.pack("!HHBBH", 1, 0x0800, 6, 4, op)
+        + sha
+        + socket.inet_aton(spa)
+        + tha
+        + socket.inet_aton(tpa)
+    )
+
+
+def _mac(text: str) -> bytes:
+    return bytes.fromhex(text.replace(":", ""))
+
+
+class Speaker:
+    """A MetalLB L2 speaker on a node's eth0: answers ARP for the LB IPs it announces and
+    sends a gratuitous ARP (request and reply) for each IP it starts announcing."""
+
+    def __init__(self, lab: Lab, ns: str, dev: str, mac: str) -> None:
+        self.mac = _mac(mac)
+        self.sock = lab.ns_socket(ns, socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ARP))
+        self.sock.bind((dev, ETH_P_ARP))
+        self.announced: set[str] = set()
+        self.garps: list[tuple[float, str]] = []  # (time.monotonic(), ip)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"speaker-{ns}", daemon=True)
+        self._thread.start()
+
+    def announce(self, ips: set[str]) -> None:
+        with self._lock:
+            new = ips - self.announced
+            self.announced = set(ips)
+        bcast = b"\xff" * 6
+        for ip in sorted(new):
+            for op in (1, 2):
+                self.sock.send(_arp(op, self.mac, ip, bcast, ip, bcast))
+            self.garps.append((time.monotonic(), ip))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ready, _, _ = select.select([self.sock], [], [], 0.1)
+                if not ready:
+                    continue
+                frame, addr = self.sock.recvfrom(2048)
+            except (OSError, ValueError):
+                return
+            if addr[2] == PACKET_OUTGOING or len(frame) < 42:
+                continue
+            op = struct.unpack("!H", frame[20:22])[0]
+            sha, spa, tpa = frame[22:28], frame[28:32], socket.inet_ntoa(frame[38:42])
+            with self._lock:
+                ours = tpa in self.announced
+            if op == 1 and ours:
+                with contextlib.suppress(OSError):
+                    self.sock.send(_arp(2, self.mac, tpa, sha, socket.inet_ntoa(spa), sha))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+# -- the Cilium-like observer ----------------------------------------------------------------
+
+OBSERVER_C = r"""
+#include <uapi/linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+
+BPF_HASH(lbs, __u32, __u8, 1024);
+BPF_ARRAY(cfg, __u32, 1);                /* [0] = 1: drop packets to an LB IP (the wildcard) */
+BPF_ARRAY(counts, __u64, NPOINTS * 3);   /* per point: to an LB IP, from one, dropped */
+
+static __always_inline void bump(__u32 k)
+{
+	__u64 *v = counts.lookup(&k);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+static __always_inline int observe(struct __sk_buff *skb, __u32 point)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	__u32 saddr, daddr, zero = 0;
+	__u32 *drop;
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return TC_ACT_UNSPEC;
+	saddr = ip->saddr;
+	daddr = ip->daddr;
+	if (lbs.lookup(&saddr))
+		bump(point * 3 + 1);
+	if (!lbs.lookup(&daddr))
+		return TC_ACT_UNSPEC;
+	bump(point * 3);
+	drop = cfg.lookup(&zero);
+	if (drop && *drop) {
+		bump(point * 3 + 2);
+		return TC_ACT_SHOT; /* DROP_NO_SERVICE */
+	}
+	return TC_ACT_UNSPEC;
+}
+"""
+
+
+@dataclass(frozen=True)
+class Point:
+    node: int
+    ns: str
+    dev: str
+    egress: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.dev} {'egress' if self.egress else 'ingress'}"
+
+
+class Observer:
+    """The Cilium-like program at the tail of tcx on each point (see the module docstring)."""
+
+    def __init__(self, lab: Lab, points: Sequence[Point], lb_ips: Sequence[str], drop: bool):
+        from bcc import BPF
+
+        from cozyebpf.datapath import bpfsys
+
+        self.points = list(points)
+        n = len(self.points)
+        text = OBSERVER_C + "".join(
+            f"int observe_{i}(struct __sk_buff *skb) {{ return observe(skb, {i}); }}\n"
+            for i in range(n)
+        )
+        self.bpf = BPF(text=text.encode(), cflags=[f"-DNPOINTS={n}"])
+        lbs = self.bpf[b"lbs"]
+        for ip in lb_ips:
+            key = int.from_bytes(socket.inet_aton(ip), "little")
+            lbs[lbs.Key(key)] = lbs.Leaf(1)
+        cfg = self.bpf[b"cfg"]
+        cfg[ctypes.c_int(0)] = ctypes.c_uint32(1 if drop else 0)
+        self.links: list[int] = []
+        for i, p in enumerate(self.points):
+            fd = self.bpf.load_func(f"observe_{i}".encode(), BPF.SCHED_CLS).fd
+            kind = bpfsys.BPF_TCX_EGRESS if p.egress else bpfsys.BPF_TCX_INGRESS
+
+            def attach(fd: int = fd, dev: str = p.dev, kind: int = kind) -> int:
+                return bpfsys.link_create(fd, socket.if_nametoindex(dev), kind)
+
+            self.links.append(lab.in_ns(p.ns, attach))
+
+    def counts(self) -> list[tuple[Point, int, int, int]]:
+        """(point, packets to an LB IP, packets from one, dropped) for each point."""
+        t = self.bpf[b"counts"]
+        vals = [int(t[ctypes.c_int(i)].value) for i in range(len(self.points) * 3)]
+        return [(p, *vals[i * 3 : i * 3 + 3]) for i, p in enumerate(self.points)]  # type: ignore[misc]
+
+    def close(self) -> None:
+        from cozyebpf.datapath import bpfsys
+
+        for fd in self.links:
+            with contextlib.suppress(OSError):
+                bpfsys.link_detach(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.links.clear()
+        self.bpf.cleanup()
+
+
+# -- traffic -------------------------------------------------------------------------------
+
+
+def _err(e: BaseException) -> str:
+    if isinstance(e, ConnectionResetError):
+        return "connection reset"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, TimeoutError | socket.timeout):
+        return "timeout"
+    return f"{type(e).__name__}: {e}"
+
+
+@dataclass
+class TcpStream:
+    """A long-lived TCP connection sending one line every `interval` and reading its echo, in
+    lockstep, in a thread: the errors, the echoes (monotonic time, peer the server saw)."""
+
+    sock: socket.socket
+    interval: float = 0.02
+    echoes: list[tuple[float, str]] = field(default_factory=list)
+    error: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> TcpStream:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        seq = 0
+        self.sock.settimeout(10)
+        try:
+            while not self._stop.is_set():
+                seq += 1
+                line = f"{seq}\n".encode()
+                self.sock.sendall(line)
+                buf = b""
+                while not buf.endswith(line):
+                    data = self.sock.recv(4096)
+                    if not data:
+                        raise ConnectionAbortedError("closed by the peer")
+                    buf += data
+                self.echoes.append((time.monotonic(), buf.split(b" ", 1)[0].decode()))
+                self._stop.wait(self.interval)
+        except OSError as e:
+            self.error = _err(e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(15)
+        self.sock.close()
+
+    def longest_pause(self) -> float:
+        times = [t for t, _ in self.echoes]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+    def after(self, t: float) -> int:
+        return sum(1 for e, _ in self.echoes if e > t)
+
+
+@dataclass
+class UdpStream:
+    """Datagrams at `rate` per second from one socket to addr:port; the echoes received."""
+
+    sock: socket.socket
+    addr: tuple[str, int]
+    rate: float = 100.0
+    sent: dict[int, float] = field(default_factory=dict)
+    got: dict[int, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> UdpStream:
+        self.sock.settimeout(0.2)
+        self._threads = [
+            threading.Thread(target=self._send, daemon=True),
+            threading.Thread(target=self._recv, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _send(self) -> None:
+        t0 = time.monotonic()
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            self.sent[seq] = time.monotonic()
+            with contextlib.suppress(OSError):
+                self.sock.sendto(f"{seq}".encode(), self.addr)
+            self._stop.wait(max(0.0, t0 + seq / self.rate - time.monotonic()))
+
+    def _recv(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(2048)
+            except TimeoutError:
+                if self._stop.is_set():
+                    return
+                continue
+            except OSError:
+                return
+            if peer == self.addr:
+                with contextlib.suppress(ValueError, IndexError):
+                    self.got[int(data.split(b" ", 1)[1])] = time.monotonic()
+
+    def stop(self) -> None:
+        """Stop sending, wait until the last datagrams had their chance, stop receiving."""
+        self._stop.set()
+        self._threads[0].join(5)
+        last = max(self.sent, default=0)
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: last in self.got or not last, 1.0, "the last echo")
+        self._threads[1].join(5)
+        self.sock.close()
+
+    def lost(self, between: tuple[float, float] | None = None) -> list[int]:
+        return [
+            s
+            for s, t in sorted(self.sent.items())
+            if s not in self.got and (between is None or between[0] <= t <= between[1])
+        ]
+
+    def gap(self) -> float:
+        """The longest time without an echo: from the last echoed datagram's sending to the
+        next echoed one's, in send time (what a receiver would see as a hole)."""
+        ok = [self.sent[s] for s in sorted(self.got) if s in self.sent]
+        return max((b - a for a, b in itertools.pairwise(ok)), default=0.0)
+
+    def summary(self) -> str:
+        lost = self.lost()
+        return f"{len(lost)} of {len(self.sent)} lost, longest gap {self.gap() * 1000:.0f} ms"
+
+
+# -- the lab ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Agent:
+    node: int
+    ns: str
+    pin_dir: str
+    log_path: Path
+    proc: subprocess.Popen[str] | None = None
+    offset: int = 0  # where the current process's part of the log starts
+
+
+class ClusterLab:
+    """The three-node lab of the module docstring. `up()` builds it (agents included),
+    `down()` removes everything; `run_all()` runs every scenario and returns the rows."""
+
+    def __init__(
+        self,
+        layout: str = "kubeovn",
+        prefix: str = "czc",
+        workloads: Sequence[Workload] = DEFAULT_WORKLOADS,
+        cmd: Sequence[str] | None = None,
+        agent_args: Sequence[str] = (),
+        observer: str = "drop",
+        workdir: Path | None = None,
+        log: Callable[[str], None] = lambda s: None,
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+        self.layout = layout
+        self.prefix = prefix
+        self.workloads = {w.name: w for w in workloads}
+        self.location = {w.name: w.node for w in workloads}
+        self.cmd = list(cmd or [sys.executable, "-m", "cozyebpf"])
+        self.agent_args = list(agent_args)
+        self.observer_mode = observer
+        self._workdir = workdir
+        self.say = log
+        self.lab = Lab(prefix, pods=())
+        self.agents: dict[int, Agent] = {}
+        self.speakers: dict[int, Speaker] = {}
+        self.echo: EchoHub | None = None
+        self.api: ApiBridge | None = None
+        self.observer: Observer | None = None
+        self.created: list[str] = []
+        self.pod_names = {w.name: f"virt-launcher-{w.name}-{w.index:02d}aaa" for w in workloads}
+        self.canary = 0
+        self.migration: dict[str, Any] = {}
+        self.pod_devices_arg: list[str] = []
+
+    @property
+    def workdir(self) -> Path:
+        """Logs and the kubeconfig (a temporary directory unless given)."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-{self.layout}-"))
+        return self._workdir
+
+    # -- names ---------------------------------------------------------------------------
+
+    def ns(self, what: str) -> str:
+        return f"{self.prefix}-{what}"
+
+    def node(self, n: int) -> str:
+        return self.ns(f"node{n}")
+
+    def ovs(self, n: int) -> str:
+        return self.ns(f"ovs{n}")
+
+    def pod_ns(self, name: str) -> str:
+        return self.ns(name)
+
+    @property
+    def tor(self) -> str:
+        return self.ns("tor")
+
+    @property
+    def client(self) -> str:
+        return self.ns("client")
+
+    @property
+    def server(self) -> str:
+        return self.ns("server")
+
+    @property
+    def vms(self) -> list[Workload]:
+        return [w for w in self.workloads.values() if w.is_vm]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def batch(self, ns: str, lines: Sequence[str]) -> None:
+        """`ip -batch` in `ns` (one process for many commands)."""
+        run("ip", "-n", ns, "-batch", "-", input="\n".join(lines) + "\n")
+
+    def sysctl(self, ns: str, pairs: Sequence[tuple[str, str]]) -> None:
+        self.lab.exec(ns, "sysctl", "-q", "-w", *(f"{k}={v}" for k, v in pairs))
+
+    def add_ns(self, name: str) -> str:
+        run("ip", "netns", "add", name)
+        self.created.append(name)
+        self.batch(name, ["link set lo up"])
+        self.sysctl(
+            name,
+            [
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.default.rp_filter", "0"),
+                ("net.ipv6.conf.all.disable_ipv6", "1"),
+                ("net.ipv6.conf.default.disable_ipv6", "1"),
+            ],
+        )
+        return name
+
+    # -- building ------------------------------------------------------------------------
+
+    def cleanup_leftovers(self) -> None:
+        """Namespaces and pins of an earlier run with this prefix (a killed run)."""
+        existing = run("ip", "netns", "list", check=False).stdout.split()
+        for ns in existing:
+            if ns.startswith(f"{self.prefix}-"):
+                run("ip", "netns", "del", ns, check=False)
+        for n in NODES:
+            shutil.rmtree(f"/sys/fs/bpf/{self.prefix}-node{n}", ignore_errors=True)
+
+    def up(self) -> ClusterLab:
+        try:
+            self._up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _up(self) -> None:
+        t0 = time.monotonic()
+        self.cleanup_leftovers()
+        self._router()
+        for n in NODES:
+            self._node(n)
+        if self.layout == "kubeovn":
+            for n in NODES:
+                self._ovs(n)
+            for n in NODES:
+                self._ovs_routes(n)
+        for w in self.workloads.values():
+            self._workload(w)
+        self.say(f"topology up in {time.monotonic() - t0:.1f}s ({self.layout})")
+        self.echo = EchoHub()
+        for w in self.workloads.values():
+            for kind, port in ((socket.SOCK_STREAM, 80), (socket.SOCK_STREAM, 81)):
+                self.echo.serve(self.lab, self.pod_ns(w.name), kind, port)
+            self.echo.serve(self.lab, self.pod_ns(w.name), socket.SOCK_DGRAM, 53)
+        self.echo.serve(self.lab, self.server, socket.SOCK_STREAM, SERVER_TCP)
+        self.echo.serve(self.lab, self.server, socket.SOCK_DGRAM, SERVER_UDP)
+        self.api = ApiBridge(
+            self.lab, self.add_ns(self.ns("api")), [self.node(n) for n in NODES], self.workdir
+        )
+        for w in self.vms:
+            self.api.api.apply(service_object(w))
+            self._set_endpoints(w, [self.location[w.name]])
+        self._canary_bump()
+        for n in NODES:
+            self.speakers[n] = Speaker(self.lab, self.node(n), "eth0", node_mac(n))
+        self.announce()
+        self._observer()
+        if self.layout == "kubeovn" and self._agent_has_option("--pod-devices"):
+            self.pod_devices_arg = ["--pod-devices", "ovn0"]
+        t1 = time.monotonic()
+        for n in NODES:
+            self.start_agent(n, wait=False)
+        for n in NODES:
+            self.wait_agent(n)
+        self.wait_programmed()
+        self.say(f"agents ready in {time.monotonic() - t1:.1f}s")
+
+    def _router(self) -> None:
+        tor = self.add_ns(self.tor)
+        self.sysctl(
+            tor,
+            [
+                ("net.ipv4.ip_forward", "1"),
+                ("net.ipv4.conf.all.send_redirects", "0"),
+                ("net.ipv4.conf.default.send_redirects", "0"),
+            ],
+        )
+        self.batch(
+            tor,
+            [
+                f"link add br0 address {ROUTER_MAC} type bridge stp_state 0 forward_delay 0",
+                "link set br0 up",
+                f"addr add {ROUTER_IP}/24 dev br0",
+                f"route add {LB_POOL} dev br0",  # on-link: the ToR ARPs for LB IPs
+            ],
+        )
+        self.sysctl(
+            tor,
+            [
+                ("net.ipv4.neigh.br0.locktime", "0"),
+                ("net.ipv4.conf.br0.arp_accept", "1"),
+                ("net.ipv4.conf.br0.send_redirects", "0"),
+            ],
+        )
+        for name, ip, gw, dev in (
+            (self.client, CLIENT_IP, CLIENT_GW, "ext-c"),
+            (self.server, SERVER_IP, SERVER_GW, "ext-s"),
+        ):
+            self.add_ns(name)
+            last = int(gw.rsplit(".", 1)[1])
+            self.lab.veth(
+                tor,
+                dev,
+                f"02:00:c6:33:64:{last:02x}",
+                name,
+                "eth0",
+                f"02:00:c6:33:64:{last + 1:02x}",
+            )
+            self.batch(tor, [f"addr add {gw}/25 dev {dev}", f"link set {dev} up"])
+            self.batch(
+                name,
+                [f"addr add {ip}/25 dev eth0", "link set eth0 up", f"route add default via {gw}"],
+            )
+
+    def _node(self, n: int) -> None:
+        ns = self.add_ns(self.node(n))
+        self.sysctl(
+            ns,
+            [
+                ("net.ipv4.ip_forward", "1"),
+                ("net.ipv4.conf.all.send_redirects", "0"),
+                ("net.ipv4.conf.default.send_redirects", "0"),
+                ("net.ipv4.conf.all.accept_redirects", "0"),
+                ("net.ipv4.conf.default.accept_redirects", "0"),
+            ],
+        )
+        self.lab.veth(ns, "eth0", node_mac(n), self.tor, f"sw{n}", f"02:00:c0:00:12:{n:02x}")
+        self.batch(self.tor, [f"link set sw{n} master br0", f"link set sw{n} up"])
+        lines = [
+            f"addr add {node_ip(n)}/24 dev eth0",
+            "link set eth0 up",
+            f"route add default via {ROUTER_IP}",
+        ]
+        if self.layout == "perpod":
+            self.batch(self.tor, [f"route add 10.244.{n}.0/24 via {node_ip(n)}"])
+        self.batch(ns, lines)
+        if self.layout == "kubeovn":
+            self.lab.exec(ns, "nft", "-f", "-", input=kubeovn_ruleset(n))
+
+    def _ovs(self, n: int) -> None:
+        """Node n's OVS namespace: ovn0 to the node, the vxlan tunnel device."""
+        ovs, node = self.add_ns(self.ovs(n)), self.node(n)
+        self.sysctl(
+            ovs,
+            [
+                ("net.ipv4.ip_forward", "1"),
+                ("net.ipv4.conf.all.send_redirects", "0"),
+                ("net.ipv4.conf.default.send_redirects", "0"),
+                ("net.ipv4.conf.default.proxy_arp", "1"),  # pods ARP for pods: the router answers
+            ],
+        )
+        self.lab.veth(node, "ovn0", ovn0_mac(n), ovs, "lrp-join", LRP_JOIN_MAC)
+        self.batch(
+            node,
+            [
+                f"link set ovn0 mtu {POD_MTU}",
+                f"addr add {join_ip(n)}/16 dev ovn0",
+                "link set ovn0 up",
+                f"route add {POD_CIDR} via {JOIN_GW} dev ovn0",
+                f"neigh replace {JOIN_GW} lladdr {LRP_JOIN_MAC} dev ovn0 nud permanent",
+                # the tunnel: its UDP socket lives here, over eth0; the device goes to the OVS
+                f"link add {TUNNEL} address {tun_mac(n)} type vxlan id {VNI} local {node_ip(n)}"
+                f" dev eth0 dstport 4789 nolearning",
+                f"link set {TUNNEL} netns {ovs}",
+            ],
+        )
+        lines = [
+            f"link set lrp-join mtu {POD_MTU}",
+            f"addr add {JOIN_GW}/16 dev lrp-join",
+            "link set lrp-join up",
+            f"neigh replace {join_ip(n)} lladdr {ovn0_mac(n)} dev lrp-join nud permanent",
+            f"addr add {tun_ip(n)}/24 dev {TUNNEL}",
+            f"link set {TUNNEL} up",
+            f"route add default via {join_ip(n)} dev lrp-join",
+            f"route add {node_ip(n)}/32 via {join_ip(n)} dev lrp-join",
+        ]
+        for m in NODES:
+            if m == n:
+                continue
+            lines += [
+                f"neigh replace {tun_ip(m)} lladdr {tun_mac(m)} dev {TUNNEL} nud permanent",
+                f"route add {node_ip(m)}/32 via {tun_ip(m)} dev {TUNNEL}",
+                f"route add {join_ip(m)}/32 via {tun_ip(m)} dev {TUNNEL}",
+            ]
+        self.batch(ovs, lines)
+        for m in NODES:
+            if m != n:
+                run(
+                    "bridge",
+                    "-n",
+                    ovs,
+                    "fdb",
+                    "append",
+                    tun_mac(m),
+                    "dev",
+                    TUNNEL,
+                    "dst",
+                    node_ip(m),
+                    "self",
+                    "permanent",
+                )
+
+    def _ovs_routes(self, n: int) -> None:
+        """Remote pods: /32 via the tunnel to the OVS of the pod's node."""
+        lines = [
+            f"route replace {w.ip}/32 via {tun_ip(self.location[w.name])} dev {TUNNEL} onlink"
+            for w in self.workloads.values()
+            if self.location[w.name] != n
+        ]
+        if lines:
+            self.batch(self.ovs(n), lines)
+
+    def _ovs_port(self, n: int, w: Workload, pod_dev: str) -> None:
+        """A port for `w` on node n's OVS: veth `w.ovs_dev` (gateway MAC) <-> `pod_dev`."""
+        self.lab.veth(self.ovs(n), w.ovs_dev, GW_MAC, self.pod_ns(w.name), pod_dev, w.mac)
+        self.batch(
+            self.ovs(n),
+            [
+                f"link set {w.ovs_dev} mtu {POD_MTU}",
+                f"addr add {POD_GW}/32 dev {w.ovs_dev}",
+                f"link set {w.ovs_dev} up",
+                f"route replace {w.ip}/32 dev {w.ovs_dev}",
+                f"neigh replace {w.ip} lladdr {w.mac} dev {w.ovs_dev} nud permanent",
+            ],
+        )
+        # answer at once (the default delays proxy ARP answers by up to 0.8 s)
+        self.sysctl(self.ovs(n), [(f"net.ipv4.neigh.{w.ovs_dev}.proxy_delay", "0")])
+
+    def _pod_link(self, w: Workload, dev: str = "eth0") -> list[str]:
+        if self.layout == "kubeovn":
+            return [
+                f"link set {dev} mtu {POD_MTU}",
+                f"addr add {w.ip}/16 dev {dev}",
+                f"link set {dev} up",
+                f"route add default via {POD_GW} dev {dev}",
+                f"neigh replace {POD_GW} lladdr {GW_MAC} dev {dev} nud permanent",
+            ]
+        gw = perpod_gw(w.node)
+        return [
+            f"addr add {w.ip}/32 dev {dev}",
+            f"link set {dev} up",
+            f"route add {gw} dev {dev}",
+            f"route add default via {gw} dev {dev}",
+            f"neigh replace {gw} lladdr {w.host_mac} dev {dev} nud permanent",
+        ]
+
+    def _workload(self, w: Workload) -> None:
+        pns = self.add_ns(self.pod_ns(w.name))
+        n = self.location[w.name]
+        if self.layout == "kubeovn":
+            self._ovs_port(n, w, "eth0")
+        else:
+            node = self.node(n)
+            self.lab.veth(node, w.host_dev, w.host_mac, pns, "eth0", w.mac)
+            self.batch(
+                node,
+                [
+                    f"addr add {perpod_gw(n)}/32 dev {w.host_dev}",
+                    f"link set {w.host_dev} up",
+                    f"route add {w.ip}/32 dev {w.host_dev}",
+                    f"neigh replace {w.ip} lladdr {w.mac} dev {w.host_dev} nud permanent",
+                ],
+            )
+        self.batch(pns, self._pod_link(w))
+
+    def _observer(self) -> None:
+        if self.layout == "kubeovn":
+            points = [
+                Point(n, ns, dev, egress)
+                for n in NODES
+                for ns, dev in ((self.node(n), "ovn0"), (self.ovs(n), TUNNEL))
+                for egress in (False, True)
+            ]
+        else:
+            points = [Point(n, self.node(n), "eth0", False) for n in NODES]
+        lbs = [w.lb_ip for w in self.vms if w.lb_ip] + [CANARY_LB]
+        self.observer = Observer(self.lab, points, lbs, self.observer_mode == "drop")
+
+    # -- Services, announcements ---------------------------------------------------------
+
+    def _set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
+        assert self.api is not None
+        names = list(pods) or [self.pod_names[w.name]] * len(nodes)
+        self.api.api.apply(
+            slice_object(w.name, w.ip, w.ports, list(zip(nodes, names, strict=True)))
+        )
+
+    def _canary_bump(self) -> str:
+        """A Service of the lab's own whose endpoint changes after every EndpointSlice write:
+        once every agent programmed its new pod IP, every agent took the writes before it
+        (one watch stream, in order). Returns the pod IP to wait for."""
+        assert self.api is not None
+        self.canary += 1
+        canary = Workload(
+            "lab-canary", 99, 3, f"10.244.3.{200 + self.canary % 50}", CANARY_LB, whole_ip=True
+        )
+        if self.canary == 1:
+            self.api.api.apply(service_object(canary))
+        self.api.api.apply(slice_object(canary.name, canary.ip, canary.ports, [(3, "canary")]))
+        return canary.ip
+
+    def sync_agents(self, timeout: float = 15) -> None:
+        """Wait until every running agent took every API write made so far."""
+        want = self._canary_bump()
+        for a in self.agents.values():
+            if a.proc is not None:
+                wait_for(
+                    lambda a=a: self.lb_map(a).get(CANARY_LB) == want,  # type: ignore[misc]
+                    timeout,
+                    f"{node_name(a.node)}'s agent to take the API's writes",
+                )
+
+    def announce(self, ready: dict[str, list[int]] | None = None) -> dict[str, int | None]:
+        """Tell each speaker what it announces: the elected node of each LB IP."""
+        ready = ready or {w.name: [self.location[w.name]] for w in self.vms}
+        owners = {w.lb_ip: elect(w.lb_ip, ready[w.name]) for w in self.vms if w.lb_ip}
+        owners[CANARY_LB] = 3
+        for n, sp in self.speakers.items():
+            sp.announce({ip for ip, o in owners.items() if o == n})
+        return owners
+
+    # -- agents --------------------------------------------------------------------------
+
+    def _agent_has_option(self, option: str) -> bool:
+        p = subprocess.run([*self.cmd, "run", "--help"], capture_output=True, text=True)
+        return option in p.stdout
+
+    def agent_env(self, n: int) -> dict[str, str]:
+        """The container environment of deploy/daemonset.yaml for node n, the pin dir moved
+        into the lab's (fieldRefs: spec.nodeName, status.hostIP; $(VAR) expanded)."""
+        env: dict[str, str] = {}
+        doc = yaml.safe_load(DAEMONSET.read_text())
+        for e in doc["spec"]["template"]["spec"]["containers"][0].get("env", []):
+            if "value" in e:
+                env[e["name"]] = re.sub(
+                    r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), str(e["value"])
+                )
+            else:
+                ref = e["valueFrom"]["fieldRef"]["fieldPath"]
+                env[e["name"]] = {"spec.nodeName": node_name(n), "status.hostIP": node_ip(n)}[ref]
+        env["COZYEBPF_PIN_DIR"] = f"/sys/fs/bpf/{self.prefix}-node{n}"
+        return env
+
+    def agent_command(self, n: int) -> list[str]:
+        assert self.api is not None
+        return [
+            *self.cmd,
+            "run",
+            "--kubeconfig",
+            str(self.api.kubeconfig),
+            *self.pod_devices_arg,
+            *self.agent_args,
+        ]
+
+    def start_agent(self, n: int, wait: bool = True) -> None:
+        env = self.agent_env(n)
+        a = self.agents.get(n) or Agent(
+            n, self.node(n), env["COZYEBPF_PIN_DIR"], self.workdir / f"agent-node{n}.log"
+        )
+        self.agents[n] = a
+        a.offset = len(self.agent_log(n)) if a.log_path.exists() else 0
+        with a.log_path.open("a") as log:
+            log.write(f"=== {' '.join(self.agent_command(n))}\n")
+            log.flush()
+            a.proc = self.lab.popen(
+                a.ns,
+                # killed with the lab's thread that started it: a lab killed by SIGKILL leaves
+                # no agent running (util-linux setpriv; nsenter --net does not fork)
+                *(["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []),
+                *self.agent_command(n),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            )
+        if wait:
+            self.wait_agent(n)
+
+    def agent_log(self, n: int) -> str:
+        a = self.agents[n]
+        return a.log_path.read_text() if a.log_path.exists() else ""
+
+    def wait_agent(self, n: int, timeout: float = 180) -> None:
+        a = self.agents[n]
+        start = a.offset
+
+        def ready() -> bool:
+            if a.proc is not None and a.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{node_name(n)}'s agent exited ({a.proc.returncode}):\n"
+                    f"{self.agent_log(n)[start:][-3000:]}"
+                )
+            return "datapath ready" in self.agent_log(n)[start:]
+
+        wait_for(ready, timeout, f"{node_name(n)}'s agent to attach")
+
+    def lb_map(self, a: Agent) -> dict[str, str]:
+        from cozyebpf.datapath.maps import PinnedMaps
+
+        with PinnedMaps.open(a.pin_dir) as m:
+            return {str(lb): str(e.pod_ip) for lb, e in m.read_state().services.items()}
+
+    def wait_programmed(self, timeout: float = 30) -> None:
+        want = {w.lb_ip: w.ip for w in self.vms if w.lb_ip}
+        for a in self.agents.values():
+            wait_for(
+                lambda a=a: all(self.lb_map(a).get(lb) == ip for lb, ip in want.items()),  # type: ignore[misc]
+                timeout,
+                lambda a=a: f"{node_name(a.node)}'s maps: {self.agent_log(a.node)[-2000:]}",  # type: ignore[misc]
+            )
+
+    def stop_agent(self, n: int, sig: int = signal.SIGTERM) -> int | None:
+        a = self.agents[n]
+        if a.proc is None:
+            return None
+        a.proc.send_signal(sig)
+        try:
+            rc = a.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            a.proc.kill()
+            rc = a.proc.wait()
+        a.proc = None
+        return rc
+
+    def warnings(self, n: int, since: int = 0) -> list[str]:
+        return [
+            line
+            for line in self.agent_log(n)[since:].splitlines()
+            if " WARNING " in line or " ERROR " in line
+        ]
+
+    # -- teardown ------------------------------------------------------------------------
+
+    def down(self) -> None:
+        for n in list(self.agents):
+            with contextlib.suppress(Exception):
+                self.stop_agent(n, signal.SIGKILL)
+        if self.observer:
+            with contextlib.suppress(Exception):
+                self.observer.close()
+            self.observer = None
+        for sp in self.speakers.values():
+            with contextlib.suppress(Exception):
+                sp.close()
+        self.speakers.clear()
+        if self.echo:
+            self.echo.close()
+            self.echo = None
+        if self.api:
+            with contextlib.suppress(Exception):
+                self.api.close()
+            self.api = None
+        for n, a in self.agents.items():
+            subprocess.run(
+                [*self.lab.nsenter(self.node(n)), *self.cmd, "detach", "--pin-dir", a.pin_dir],
+                capture_output=True,
+                timeout=60,
+            )
+        for n in NODES:
+            shutil.rmtree(f"/sys/fs/bpf/{self.prefix}-node{n}", ignore_errors=True)
+        existing = run("ip", "netns", "list", check=False).stdout.split()
+        for ns in reversed(self.created):
+            if ns in existing:
+                run("ip", "netns", "del", ns, check=False)
+        self.created.clear()
+
+    def __enter__(self) -> ClusterLab:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # -- probes --------------------------------------------------------------------------
+
+    def tcp(self, ns: str, addr: str, port: int, timeout: float = 2.0) -> tuple[str | None, str]:
+        """Connect from `ns`, send a line, read the echo: (the peer the server saw, "") or
+        (None, what went wrong)."""
+        try:
+            with self.lab.ns_socket(ns, socket.AF_INET, socket.SOCK_STREAM) as c:
+                c.settimeout(timeout)
+                c.connect((addr, port))
+                c.sendall(b"probe\n")
+                data = b""
+                while not data.endswith(b"probe\n"):
+                    chunk = c.recv(1024)
+                    if not chunk:
+                        return None, "closed by the peer"
+                    data += chunk
+                return data.split(b" ", 1)[0].decode(), ""
+        except OSError as e:
+            return None, _err(e)
+
+    def udp(self, ns: str, addr: str, port: int, timeout: float = 1.0) -> tuple[str | None, str]:
+        """One datagram (two tries): (the peer the server saw, "") when the echo came back
+        from addr:port, else (None, what happened)."""
+        with self.lab.ns_socket(ns, socket.AF_INET, socket.SOCK_DGRAM) as c:
+            c.settimeout(timeout)
+            what = "timeout"
+            for _ in range(2):
+                try:
+                    c.sendto(b"probe", (addr, port))
+                    while True:
+                        data, peer = c.recvfrom(2048)
+                        if peer == (addr, port):
+                            return data.split(b" ", 1)[0].decode(), ""
+                        what = f"answer from {peer[0]}:{peer[1]}, not {addr}:{port}"
+                except OSError as e:
+                    what = what if isinstance(e, TimeoutError) else _err(e)
+            return None, what
+
+    def ping(self, ns: str, addr: str) -> bool:
+        p = self.lab.exec(ns, "ping", "-c", "1", "-W", "1", addr, check=False)
+        return p.returncode == 0
+
+    def where(self, name: str) -> str:
+        return self.workloads[name].label(self.location[name])
+
+    # -- scenarios 1-6 -------------------------------------------------------------------
+
+    def check(self, proto: str, ns: str, addr: str, port: int, want: str | None) -> Check:
+        """A TCP or UDP echo from `ns` to addr:port: PASS when it completes (and the far side
+        saw `want` as the source, unless `want` is None)."""
+        seen, err = (self.tcp if proto == "tcp" else self.udp)(ns, addr, port)
+        what = f"{proto}/{port}"
+        if seen is None:
+            return False, f"{what}: {err}"
+        if want is not None and seen != want:
+            return False, f"{what}: the far side saw {seen}, want {want}"
+        return True, f"{what}: the far side saw {seen}"
+
+    def check_icmp(self, lb: str, allowed: bool) -> Check:
+        ok = self.ping(self.client, lb)
+        note = "" if allowed else " (ICMP not allowed: must be dropped)"
+        return ok == allowed, f"ping {'answered' if ok else 'unanswered'}{note}"
+
+    def check_unlisted(self, lb: str, whole: bool) -> Check:
+        seen, err = self.tcp(self.client, lb, 81, timeout=1.0)
+        if whole:
+            return seen == CLIENT_IP, f"whole-IP: tcp/81 {'saw ' + seen if seen else err}"
+        if seen is not None:
+            return False, f"tcp/81 is not listed but was answered (the pod saw {seen})"
+        return err == "timeout", f"tcp/81 not listed: {'dropped' if err == 'timeout' else err}"
+
+    def path_cases(self) -> list[tuple[str, str, Callable[[], Check]]]:
+        """(scenario, case, check) of sections 1-6, for the workloads of this lab."""
+        out: list[tuple[str, str, Callable[[], Check]]] = []
+        w = self.workloads
+
+        def both(
+            scenario: str, case: str, ns: str, addr: str, port: tuple[int, int], want: str | None
+        ) -> None:
+            for proto, p in zip(("tcp", "udp"), port, strict=True):
+                out.append(
+                    (scenario, f"{case} {proto}", partial(self.check, proto, ns, addr, p, want))
+                )
+
+        for name in SHAPES:
+            vm, label = w[name], self.where(name)
+            assert vm.lb_ip is not None
+            for proto, port in (("tcp", 80), ("udp", 53)):
+                out.append(
+                    (
+                        "1 external->vm",
+                        f"{label} {proto}/{port}",
+                        partial(self.check, proto, self.client, vm.lb_ip, port, CLIENT_IP),
+                    )
+                )
+            out.append(
+                (
+                    "1 external->vm",
+                    f"{label} icmp",
+                    partial(self.check_icmp, vm.lb_ip, vm.whole_ip or vm.allow_icmp),
+                )
+            )
+            out.append(
+                (
+                    "1 external->vm",
+                    f"{label} tcp/81 unlisted",
+                    partial(self.check_unlisted, vm.lb_ip, vm.whole_ip),
+                )
+            )
+        for name in SHAPES:
+            lb = w[name].lb_ip
+            both(
+                "2 vm->external",
+                self.where(name),
+                self.pod_ns(name),
+                SERVER_IP,
+                (SERVER_TCP, SERVER_UDP),
+                lb,
+            )
+        for a, b in VM_PAIRS:
+            same = "same node" if w[a].node == w[b].node else "across nodes"
+            lb = w[b].lb_ip
+            assert lb is not None
+            both(
+                "3 vm->vm-lb",
+                f"{self.where(a)} -> {self.where(b)} {same}",
+                self.pod_ns(a),
+                lb,
+                (80, 53),
+                w[a].lb_ip,
+            )
+        for a, b in POD_PAIRS:
+            same = "same node" if w[a].node == w[b].node else "across nodes"
+            lb = w[b].lb_ip
+            assert lb is not None
+            both(
+                "4 pod->vm-lb",
+                f"{self.where(a)} -> {self.where(b)} {same}",
+                self.pod_ns(a),
+                lb,
+                (80, 53),
+                None,
+            )
+        for name in HAIRPIN:
+            lb = w[name].lb_ip
+            assert lb is not None
+            both("5 hairpin", self.where(name), self.pod_ns(name), lb, (80, 53), lb)
+        for n, name in HOST_PAIRS:
+            where = "the VM's node" if w[name].node == n else "another node"
+            lb = w[name].lb_ip
+            assert lb is not None
+            both(
+                "6 host->vm-lb",
+                f"{node_name(n)} -> {self.where(name)} ({where})",
+                self.node(n),
+                lb,
+                (80, 53),
+                None,
+            )
+        return out
+
+    def run_paths(self, workers: int = 8) -> list[Row]:
+        cases = self.path_cases()
+
+        def one(c: tuple[str, str, Callable[[], Check]]) -> Row:
+            try:
+                ok, detail = c[2]()
+            except Exception as e:
+                ok, detail = False, f"error: {_err(e)}"
+            return Row(c[0], c[1], self.layout, ok, detail)
+
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(one, cases))
+
+    # -- scenario 7: live migration ------------------------------------------------------
+
+    def move_link(self, name: str, to: int) -> None:
+        """The VM's link moves to node `to`'s OVS: a new port there, the VM's old link deleted
+        and the new one renamed into its place (same MAC and IP), every OVS's /32 follows."""
+        w = self.workloads[name]
+        self._ovs_port(to, w, "eth1")
+        self.batch(
+            self.pod_ns(name),
+            ["link del eth0", "link set eth1 name eth0", *self._pod_link(w)],
+        )
+        self.location[name] = to
+        for n in NODES:
+            if n != to:
+                self.batch(
+                    self.ovs(n),
+                    [f"route replace {w.ip}/32 via {tun_ip(to)} dev {TUNNEL} onlink"],
+                )
+
+    def router_owner(self, lb: str) -> str:
+        out = self.lab.exec(self.tor, "ip", "neigh", "show", lb, "dev", "br0").stdout
+        m = re.search(r"lladdr (\S+)", out)
+        if not m:
+            return "none"
+        for n in NODES:
+            if m[1] == node_mac(n):
+                return node_name(n)
+        return m[1]
+
+    def run_migration(self) -> list[Row]:
+        s = "7 live migration"
+        name, to = MIGRATE
+        w = self.workloads[name]
+        assert w.lb_ip is not None and self.api is not None
+        frm = self.location[name]
+        desc = f"{self.where(name)} -> n{to}"
+        new_pod = f"virt-launcher-{name}-{w.index:02d}bbb"
+        # load: a connection from outside, one the VM opened, 100 datagrams/s from outside
+        outside = self.lab.ns_socket(self.client, socket.AF_INET, socket.SOCK_STREAM)
+        opened = self.lab.ns_socket(self.pod_ns(name), socket.AF_INET, socket.SOCK_STREAM)
+        errors: list[str] = []
+        try:
+            outside.settimeout(3)
+            outside.connect((w.lb_ip, 80))
+            opened.settimeout(3)
+            opened.connect((SERVER_IP, SERVER_TCP))
+        except OSError as e:
+            errors.append(f"could not connect: {_err(e)}")
+        tin, tout = TcpStream(outside).start(), TcpStream(opened).start()
+        udp = UdpStream(
+            self.lab.ns_socket(self.client, socket.AF_INET, socket.SOCK_DGRAM), (w.lb_ip, 53)
+        ).start()
+        offsets = {n: len(self.agent_log(n)) for n in NODES}
+        events0 = len(self.api.api.events())
+        t = {"start": time.monotonic()}
+        owners: dict[str, Any] = {}
+        both_warnings: dict[int, list[str]] = {}
+        both_events: list[dict[str, Any]] = []
+
+        def step(what: str, fn: Callable[[], object]) -> None:
+            try:
+                fn()
+            except (TimeoutError, RuntimeError) as e:
+                errors.append(f"{what}: {e}")
+
+        try:
+            step("load", lambda: wait_for(lambda: udp.got and tin.echoes and tout.echoes, 5))
+            # "old ready" -> "both ready": one address, two nodeNames
+            t["both"] = time.monotonic()
+            self._set_endpoints(w, [frm, to], [self.pod_names[name], new_pod])
+            step("both ready", self.sync_agents)
+            owners["both"] = self.announce({**self._ready(), name: [frm, to]})[w.lb_ip]
+            both_warnings = {n: self.warnings(n, offsets[n]) for n in NODES}
+            both_events = self.api.api.events()[events0:]
+            got = len(udp.got)
+            step("both ready", lambda: wait_for(lambda: len(udp.got) > got + 10, 2, "echoes"))
+            # the switch
+            t["switch"] = time.monotonic()
+            self.move_link(name, to)
+            t["switched"] = time.monotonic()
+            # "new ready"
+            self.pod_names[name] = new_pod
+            self._set_endpoints(w, [to])
+            step("new ready", self.sync_agents)
+            owners["new"] = self.announce()[w.lb_ip]
+            t["new"] = time.monotonic()
+            for what, st in (("outside", tin), ("opened", tout)):
+                step(
+                    f"after the migration ({what})",
+                    lambda st=st: wait_for(lambda: st.after(t["new"]) > 10 or st.error, 5),  # type: ignore[misc]
+                )
+        finally:
+            tin.stop()
+            tout.stop()
+            udp.stop()
+        t["end"] = time.monotonic()
+        owner = self.router_owner(w.lb_ip)
+        garps = [
+            (node_name(n), ts - t["switch"])
+            for n, sp in self.speakers.items()
+            for ts, ip in sp.garps
+            if ip == w.lb_ip and ts >= t["start"]
+        ]
+        # datagrams sent while both were ready, but not in flight at the switch (lab RTT: < 1 ms)
+        both_window = (t.get("both", 0.0), t.get("switch", 0.0) - 0.05)
+        self.migration = {
+            "vm": desc,
+            "switch_ms": (t.get("switched", 0) - t.get("switch", 0)) * 1000,
+            "udp": udp.summary(),
+            "udp_lost": len(udp.lost()),
+            "udp_sent": len(udp.sent),
+            "udp_gap_ms": udp.gap() * 1000,
+            "tcp_outside_pause_ms": tin.longest_pause() * 1000,
+            "tcp_opened_pause_ms": tout.longest_pause() * 1000,
+            "garp": [f"{n} at {dt * 1000:+.0f} ms from the switch" for n, dt in garps],
+            "announcer": {"both ready": owners.get("both"), "new ready": owners.get("new")},
+            "router_neighbour": owner,
+        }
+        common = [e for e in errors if not e.startswith("after")]
+
+        def stream_row(case: str, st: TcpStream, what: str, extra: str = "") -> Row:
+            errs = common + [e for e in errors if e.startswith(f"after the migration ({what})")]
+            if st.error:
+                errs.append(f"error: {st.error}")
+            after = st.after(t.get("new", math.inf))
+            return Row(
+                s,
+                f"{desc} {case}",
+                self.layout,
+                not errs and after > 0,
+                "; ".join(
+                    [
+                        *errs,
+                        f"{len(st.echoes)} echoes, {after} after the migration, "
+                        f"longest pause {st.longest_pause() * 1000:.0f} ms{extra}",
+                    ]
+                ),
+            )
+
+        seen_out = ", ".join(sorted({p for _, p in tout.echoes})) or "nothing"
+        rows = [
+            stream_row("tcp from outside keeps going", tin, "outside"),
+            stream_row(
+                "tcp the VM opened keeps going", tout, "opened", f"; the server saw {seen_out}"
+            ),
+            Row(
+                s,
+                f"{desc} udp 100 pkt/s",
+                self.layout,
+                not common and any(ts > t.get("new", math.inf) for ts in udp.got.values()),
+                "; ".join(
+                    [
+                        *common,
+                        udp.summary(),
+                        f"the switch took {self.migration['switch_ms']:.0f} ms",
+                    ]
+                ),
+            ),
+        ]
+        lost_both = udp.lost(both_window)
+        warn = [x for v in both_warnings.values() for x in v]
+        rows.append(
+            Row(
+                s,
+                f"{desc} both ready (one address): no warning, no gap",
+                self.layout,
+                not common and not warn and not both_events and not lost_both,
+                "; ".join([*common, ""]) + f"warnings: {warn or 'none'}; Events: "
+                f"{[e.get('message') for e in both_events] or 'none'}; "
+                f"lost while both ready: {len(lost_both)}",
+            )
+        )
+        rows.append(
+            Row(
+                s,
+                f"{desc} announcement moves",
+                self.layout,
+                owners.get("new") == to
+                and owner == node_name(to)
+                and any(n == node_name(to) for n, _ in garps),
+                f"elected: {self.migration['announcer']}; the ToR's neighbour: {owner}; "
+                f"GARP: {', '.join(self.migration['garp']) or 'none'}",
+            )
+        )
+        return rows
+
+    def _ready(self) -> dict[str, list[int]]:
+        return {w.name: [self.location[w.name]] for w in self.vms}
+
+    # -- scenario 8: an agent restarts ---------------------------------------------------
+
+    def run_restart(self) -> list[Row]:
+        s = "8 agent restart"
+        n = RESTART_NODE
+        streams = {
+            name: UdpStream(
+                self.lab.ns_socket(self.client, socket.AF_INET, socket.SOCK_DGRAM),
+                (self.workloads[name].lb_ip or "", 53),
+            ).start()
+            for name in RESTART_STREAMS
+        }
+        err = ""
+        try:
+            wait_for(lambda: all(len(u.got) > 20 for u in streams.values()), 5, "the streams")
+            rc = self.stop_agent(n)
+            self.start_agent(n)
+            self.wait_programmed()
+            self.sync_agents()
+            t_ready = time.monotonic()
+            wait_for(
+                lambda: all(any(ts > t_ready for ts in u.got.values()) for u in streams.values()),
+                5,
+                "the streams after the restart",
+            )
+            if rc not in (0, None):
+                err = f"the agent exited with {rc}; "
+        except (TimeoutError, RuntimeError) as e:
+            err = f"{e}; "
+        finally:
+            for u in streams.values():
+                u.stop()
+        rows = []
+        for name, u in streams.items():
+            where = "the restarted node" if self.location[name] == n else "another node"
+            rows.append(
+                Row(
+                    s,
+                    f"{node_name(n)} restarts: udp 100 pkt/s to {self.where(name)} ({where})",
+                    self.layout,
+                    not err and not u.lost(),
+                    err + u.summary(),
+                )
+            )
+        return rows
+
+    # -- scenario 9: what the Cilium-like program saw -------------------------------------
+
+    def run_observer(self) -> list[Row]:
+        assert self.observer is not None
+        rows = []
+        by_node: dict[int, list[tuple[Point, int, int, int]]] = {}
+        for c in self.observer.counts():
+            by_node.setdefault(c[0].node, []).append(c)
+        for n, counts in sorted(by_node.items()):
+            devs = " + ".join(sorted({p.dev for p, *_ in counts}))
+            to_lb = sum(c[1] for c in counts)
+            detail = "; ".join(
+                f"{p.name}: to LB {a}, from LB {b}, dropped {d}" for p, a, b, d in counts
+            )
+            rows.append(
+                Row(
+                    "9 cilium view",
+                    f"{node_name(n)} {devs}: no packet to an LB IP",
+                    self.layout,
+                    to_lb == 0,
+                    f"mode {self.observer_mode}; {detail}",
+                )
+            )
+        return rows
+
+    def run_all(self) -> list[Row]:
+        rows = self.run_paths()
+        if self.layout == "kubeovn":
+            rows += self.run_migration()
+        rows += self.run_restart()
+        rows += self.run_observer()
+        return rows
+
+
+def planned_cases(layout: str) -> list[tuple[str, str]]:
+    """The (scenario, case) of every row `run_all()` returns for `layout` with the default
+    workloads, without building anything (for the tests' ids)."""
+    lab = ClusterLab(layout)
+    rows = [(s, c) for s, c, _ in lab.path_cases()]
+    name, to = MIGRATE
+    if layout == "kubeovn":
+        desc = f"{lab.where(name)} -> n{to}"
+        rows += [
+            ("7 live migration", f"{desc} {what}")
+            for what in (
+                "tcp from outside keeps going",
+                "tcp the VM opened keeps going",
+                "udp 100 pkt/s",
+                "both ready (one address): no warning, no gap",
+                "announcement moves",
+            )
+        ]
+        lab.location[name] = to
+    for s in RESTART_STREAMS:
+        where = "the restarted node" if lab.location[s] == RESTART_NODE else "another node"
+        rows.append(
+            (
+                "8 agent restart",
+                f"{node_name(RESTART_NODE)} restarts: udp 100 pkt/s to {lab.where(s)} ({where})",
+            )
+        )
+    devs = f"ovn0 + {TUNNEL}" if layout == "kubeovn" else "eth0"
+    rows += [("9 cilium view", f"{node_name(n)} {devs}: no packet to an LB IP") for n in NODES]
+    return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    heads = ("scenario", "case", "layout", "result", "detail")
+    cells = [(r.scenario, r.case, r.layout, r.result, r.detail) for r in rows]
+    widths = [
+        max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
+        for i, h in enumerate(heads[:4])
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads[:4], widths, strict=True)) + "  detail"]
+    for c in cells:
+        lines.append(
+            "  ".join(x.ljust(w) for x, w in zip(c[:4], widths, strict=True)) + "  " + c[4]
+        )
+    return "\n".join(lines)
+
+
+def run_layout(layout: str, **kw: Any) -> tuple[list[Row], dict[str, Any], float]:
+    """Build the lab, run every scenario, tear it down: (rows, migration figures, seconds)."""
+    t0 = time.monotonic()
+    lab = ClusterLab(layout, **kw)
+    lab.say(f"agent logs and kubeconfig in {lab.workdir}")
+    with lab:
+        rows = lab.run_all()
+        figures = lab.migration
+    return rows, figures, time.monotonic() - t0
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the lab comes down in its finally/__exit__
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--layout", type=click.Choice([*LAYOUTS, "both"]), default="both", show_default=True)
+@click.option(
+    "--observer",
+    type=click.Choice(["drop", "count"]),
+    default="drop",
+    show_default=True,
+    help="The Cilium-like program drops packets to LB IPs (as the wildcard entry does), or "
+    "only counts them (to see what the datapath alone does).",
+)
+@click.option("--prefix", default="czc", show_default=True, help="Namespace and pin prefix.")
+@click.option("--agent-arg", "agent_args", multiple=True, help="An extra argument of `run`.")
+@click.option("--json", "as_json", type=click.Path(dir_okay=False), help="Write the rows here.")
+def main(
+    layout: str, observer: str, prefix: str, agent_args: tuple[str, ...], as_json: str | None
+) -> None:
+    """The cluster lab of issue 18: three nodes, Kube-OVN-like or per-pod veths, one agent
+    per node; prints a table of scenario x case x layout with PASS/FAIL and the migration
+    figures. Exits 1 when a row fails. Run as root from the repository root."""
+    if os.geteuid() != 0:
+        raise click.ClickException("run as root (namespaces, BPF)")
+    signal.signal(signal.SIGTERM, _interrupted)
+    all_rows: list[Row] = []
+    figures: dict[str, dict[str, Any]] = {}
+    for lay in LAYOUTS if layout == "both" else (layout,):
+        click.secho(f"==> layout {lay}", bold=True)
+        rows, fig, secs = run_layout(
+            lay, prefix=prefix, agent_args=agent_args, observer=observer, log=click.echo
+        )
+        click.echo(f"{lay}: {sum(r.ok for r in rows)}/{len(rows)} PASS in {secs:.0f}s")
+        all_rows += rows
+        if fig:
+            figures[lay] = fig
+    click.echo()
+    click.echo(format_table(all_rows))
+    for lay, fig in figures.items():
+        click.secho(f"\nlive migration ({lay}):", bold=True)
+        for k, v in fig.items():
+            click.echo(f"  {k}: {round(v) if isinstance(v, float) else v}")
+    if as_json:
+        Path(as_json).write_text(
+            json.dumps({"rows": [r.__dict__ for r in all_rows], "migration": figures}, indent=1)
+        )
+    failed = [r for r in all_rows if not r.ok]
+    click.echo(f"\n{len(all_rows) - len(failed)}/{len(all_rows)} PASS")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
