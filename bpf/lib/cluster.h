@@ -70,8 +70,9 @@ static __always_inline int cz_fib_forwards(int rc)
 /*
  * The pod-facing hook, IPv4: is this packet, as it enters the node from a pod, one to translate
  * as egress does? Yes when its source is a managed pod IP and it leaves the node by an uplink
- * (the pod's own traffic out of the cluster), or it is for this node and answers a connection
- * this node opened to the pod's LB IP (a flow that to_lb4 recorded).
+ * (the pod's own traffic out of the cluster), or it answers a connection that to_lb4 translated
+ * to the pod's LB IP on this node (a flow it recorded): one this node opened, the answer then
+ * for this node, or one of a pod on another pod-facing device of this node.
  */
 static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, struct iphdr *ip)
 {
@@ -89,10 +90,11 @@ static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, stru
 	if (!c)
 		return 0;
 	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex, 0);
-	if (cz_fib_forwards(rc))
-		return cz_is_uplink(c, fib.ifindex);
-	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED)
+	if (cz_fib_forwards(rc) && cz_is_uplink(c, fib.ifindex))
+		return 1;
+	if (!cz_fib_forwards(rc) && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
 		return 0; /* unreachable, blackhole, forwarding off: the kernel decides */
+	/* to this node, or to another pod-facing device (a pod on this node) */
 	if (fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &csum, &tf) < 0)
 		return 0;
 	return flow_exists(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
@@ -114,14 +116,15 @@ static __always_inline int pod_next4(struct iphdr *ip)
 }
 
 /*
- * Uplink egress, IPv4, a packet whose source is no managed pod IP. To a managed LB IP from this
- * node's own address (a process of the node, or a pod the node masqueraded) whose pod sits behind
- * a pod-facing device, it takes the ingress decision here and, let in, is translated and handed
- * to that device (TC_ACT_REDIRECT): through the ToR it would come back with a local source, a
- * martian, and across nodes the overlay carries it as it carries the answer. Its connection is
- * recorded as a flow of the pod, keyed as the pod's answer will be, for pod_side4. A VM's packet
- * (its source an LB IP) goes by the ToR to the node of the other LB IP, which holds the flows of
- * that pod; every other packet goes on too: CZ_TC_NEXT.
+ * Uplink egress, IPv4, a packet whose source is no managed pod IP. To a managed LB IP from a
+ * client of this node -- its own address (a process of the node, or a pod the node masqueraded)
+ * or a pod behind a pod-facing device -- whose pod sits behind a pod-facing device, it takes the
+ * ingress decision here and, let in, is translated and handed to that device (TC_ACT_REDIRECT):
+ * through the ToR it would come back with a local source, a martian, or its answer would go to
+ * the client pod directly, never translated; across nodes the overlay carries it as it carries
+ * the answer. Its connection is recorded as a flow of the pod, keyed as the pod's answer will
+ * be, for pod_side4. A VM's packet (its source an LB IP) goes by the ToR to the node of the
+ * other LB IP, which holds the flows of that pod; every other packet goes on too: CZ_TC_NEXT.
  */
 static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_end,
 				  struct iphdr *ip)
@@ -145,10 +148,14 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 	/* a VM's LB IP: by the ToR, to the node of its LB IP, which holds that pod's flows */
 	if (cz_addr4.lookup(&ip->saddr))
 		return CZ_TC_NEXT;
-	/* routes as for a packet that arrives on the uplink (an output lookup keeps to the uplink)
+	/*
+	 * Routes as for a packet that arrives on the uplink (an output lookup keeps to the uplink):
+	 * the client is this node's own address, or a pod behind a pod-facing device
 	 */
-	if (cz_fib4(skb, &fib, 0, client.a[0], skb->ifindex, 0) != BPF_FIB_LKUP_RET_NOT_FWDED)
-		return CZ_TC_NEXT; /* not this node's own address */
+	rc = cz_fib4(skb, &fib, 0, client.a[0], skb->ifindex, 0);
+	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED &&
+	    (!cz_fib_forwards(rc) || cz_is_uplink(c, fib.ifindex)))
+		return CZ_TC_NEXT;
 	rc = cz_fib4(skb, &fib, client.a[0], pod.a[0], skb->ifindex, 0);
 	if (!cz_fib_forwards(rc) || cz_is_uplink(c, fib.ifindex))
 		return CZ_TC_NEXT; /* the pod is behind an uplink: the node of its LB IP serves it

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import logging
 import os
 import socket
@@ -90,10 +91,16 @@ def resolve_devices(spec: str) -> list[str]:
 KUBE_OVN_POD_DEVICE = "ovn0"
 
 
+def is_pattern(spec: str) -> bool:
+    """A --pod-devices entry that names devices by a shell pattern (lxc*, cali*)."""
+    return any(c in spec for c in "*?[")
+
+
 def resolve_pod_devices(spec: str, uplinks: list[str]) -> list[str]:
-    """The --pod-devices value as a list: `none` (or empty), names as given, or for `auto`
-    Kube-OVN's `ovn0` when this network namespace has it, else none. A device cannot be an
-    uplink and a pod-facing device at once."""
+    """The --pod-devices value as a list: `none` (or empty); names and shell patterns as given
+    (a pattern matches the devices there are, now and later: per-pod veths come and go); or for
+    `auto` Kube-OVN's `ovn0` when this network namespace has it, else none. A named device must
+    exist, and cannot be an uplink too (a pattern never matches an uplink)."""
     names = [d.strip() for d in spec.split(",") if d.strip()]
     if names in ([], ["none"]):
         return []
@@ -116,14 +123,29 @@ def resolve_pod_devices(spec: str, uplinks: list[str]) -> list[str]:
             f"the uplink or the pods; leave it out of one of them"
         )
     for dev in names:
+        if is_pattern(dev):
+            continue
         try:
             socket.if_nametoindex(dev)
         except OSError:
             raise DatapathError(
                 f"pod-facing device {dev!r} does not exist in this network namespace; check "
-                f"--pod-devices (auto finds Kube-OVN's {KUBE_OVN_POD_DEVICE}, none turns it off)"
+                f"--pod-devices (auto finds Kube-OVN's {KUBE_OVN_POD_DEVICE}, a pattern such "
+                f"as 'lxc*' matches per-pod veths, none turns it off)"
             ) from None
     return names
+
+
+def match_pod_devices(specs: list[str], uplinks: list[str]) -> list[str]:
+    """The devices of this network namespace that the --pod-devices entries name now, in
+    order, uplinks left out."""
+    present = [name for _, name in socket.if_nameindex()]
+    out: list[str] = []
+    for spec in specs:
+        for name in present if is_pattern(spec) else [spec]:
+            if name not in out and name not in uplinks and fnmatch.fnmatchcase(name, spec):
+                out.append(name)
+    return out
 
 
 def _prog_name(prog_id: int) -> str:

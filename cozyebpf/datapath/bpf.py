@@ -49,7 +49,8 @@ class BpfDatapath:
         if ingress_hook not in INGRESS_HOOKS:
             raise DatapathError(f"--ingress-hook must be one of {', '.join(INGRESS_HOOKS)}")
         self.devices = list(devices)
-        #: pod-facing devices (--pod-devices): cz_pod_ingress on their tcx ingress
+        #: pod-facing devices (--pod-devices: names and patterns): cz_pod_ingress on their tcx
+        #: ingress, on the devices a pattern matches as they come and go (check())
         self.pod_devices = list(pod_devices)
         self.pin_dir = pin_dir
         self.xdp_mode = xdp_mode
@@ -92,8 +93,6 @@ class BpfDatapath:
     def prepare(self) -> None:
         """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
         uplinks = [attach.ifindex_of(dev) for dev in self.devices]  # a typo fails here
-        for dev in self.pod_devices:
-            attach.ifindex_of(dev)
         self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
         self.maps.set_flow_timeouts(**self.flow_timeouts)
         self.maps.set_node(uplinks, bool(self.pod_devices))
@@ -125,7 +124,8 @@ class BpfDatapath:
             self.attachments[(dev, "egress")] = attach.attach_tc(
                 egress.fd, "cz_egress", dev, self.pin_dir, "egress", self.tc_mode
             )
-        for dev in self.pod_devices:
+        pods = attach.match_pod_devices(self.pod_devices, self.devices)
+        for dev in pods:
             self.attachments[(dev, "pod")] = self._attach_pod(dev)
         assert self.maps is not None, "prepare() first"
         if self.maps.hints_need_seed:
@@ -136,7 +136,7 @@ class BpfDatapath:
         self.maps.finish_upgrade()
         self._drop_stale_pod_hooks()
         order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
-        order += [(dev, "pod") for dev in self.pod_devices]
+        order += [(dev, "pod") for dev in pods]
         self.attachments = {k: self.attachments[k] for k in order}
 
     def start(self) -> None:
@@ -191,10 +191,31 @@ class BpfDatapath:
             self.tc_mode,
         )
 
+    def _follow_pod_devices(self) -> list[str]:
+        """Attach the pod-facing hook to the devices that --pod-devices matches now and did
+        not before (a pod's new veth); forget those that are gone (their link went with them)."""
+        out: list[str] = []
+        now = attach.match_pod_devices(self.pod_devices, self.devices)
+        for dev, role in list(self.attachments):
+            if role == "pod" and dev not in now:
+                del self.attachments[(dev, role)]
+                attach.detach_link(attach.link_pin(self.pin_dir, "tcx-ingress", dev))
+                log.info("pod-facing device %s is gone", dev)
+        for dev in now:
+            if (dev, "pod") in self.attachments:
+                continue
+            try:
+                self.attachments[(dev, "pod")] = self._attach_pod(dev)
+            except (DatapathError, OSError) as e:  # gone again, or a failure: tried next time
+                log.error("%s: cannot attach the pod-facing hook: %s", dev, e)
+                continue
+            out.append(f"{dev} tcx-ingress: a new pod-facing device")
+        return out
+
     def _drop_stale_pod_hooks(self) -> None:
         """Our tcx ingress links on devices that are neither uplinks nor pod-facing devices now
         (a pod-facing device left out of --pod-devices) go."""
-        keep = {*self.devices, *self.pod_devices}
+        keep = {*self.devices, *attach.match_pod_devices(self.pod_devices, self.devices)}
         for a in attach.list_attachments(self.pin_dir):
             if (
                 a.hook == "tcx-ingress"
@@ -219,6 +240,8 @@ class BpfDatapath:
         repaired: list[str] = []
         if self._monitor_left_on():
             repaired.append("monitor events: on without a monitor")
+        if self.pod_devices:
+            repaired += self._follow_pod_devices()
         for (dev, role), a in list(self.attachments.items()):
             try:
                 problem = self._check_one(a)
