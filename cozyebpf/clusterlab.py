@@ -57,8 +57,10 @@ Both layouts:
 - The agents: `cozyebpf run` per node inside the node namespace (nsenter --net, so bpffs pins
   stay visible), with the environment of deploy/daemonset.yaml (COZYEBPF_RUN_DEVICES=auto,
   node name, health and metrics addresses, ...), COZYEBPF_PIN_DIR=/sys/fs/bpf/<prefix>-nodeN,
-  --kubeconfig for the forwarder, plus `--pod-devices ovn0` on kubeovn when `run --help`
-  lists that option, plus any extra arguments given.
+  --kubeconfig for the forwarder, plus any extra arguments given. On kubeovn that is all: the
+  DaemonSet's COZYEBPF_RUN_POD_DEVICES=auto finds Kube-OVN's ovn0, so the lab runs what the
+  DaemonSet runs. On perpod the pod devices are set to `lxc-*`, as an operator of a CNI with
+  per-pod veths sets them (the pattern follows the veths as they come and go).
 - MetalLB L2: a speaker per node (an AF_PACKET socket on the node's eth0, a thread) answers ARP
   for the LB IPs its node announces and sends gratuitous ARP (request and reply, as MetalLB)
   when it starts announcing one. The announcing node is elected as MetalLB does with
@@ -947,7 +949,6 @@ class ClusterLab:
         self.pod_names = {w.name: f"virt-launcher-{w.name}-{w.index:02d}aaa" for w in workloads}
         self.canary = 0
         self.migration: dict[str, Any] = {}
-        self.pod_devices_arg: list[str] = []
 
     @property
     def workdir(self) -> Path:
@@ -1061,8 +1062,6 @@ class ClusterLab:
             self.speakers[n] = Speaker(self.lab, self.node(n), "eth0", node_mac(n))
         self.announce()
         self._observer()
-        if self.layout == "kubeovn" and self._agent_has_option("--pod-devices"):
-            self.pod_devices_arg = ["--pod-devices", "ovn0"]
         t1 = time.monotonic()
         for n in NODES:
             self.start_agent(n, wait=False)
@@ -1327,10 +1326,6 @@ class ClusterLab:
 
     # -- agents --------------------------------------------------------------------------
 
-    def _agent_has_option(self, option: str) -> bool:
-        p = subprocess.run([*self.cmd, "run", "--help"], capture_output=True, text=True)
-        return option in p.stdout
-
     def agent_env(self, n: int) -> dict[str, str]:
         """The container environment of deploy/daemonset.yaml for node n, the pin dir moved
         into the lab's (fieldRefs: spec.nodeName, status.hostIP; $(VAR) expanded)."""
@@ -1345,6 +1340,8 @@ class ClusterLab:
                 ref = e["valueFrom"]["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"spec.nodeName": node_name(n), "status.hostIP": node_ip(n)}[ref]
         env["COZYEBPF_PIN_DIR"] = f"/sys/fs/bpf/{self.prefix}-node{n}"
+        if self.layout == "perpod":  # the DaemonSet's value for a CNI with per-pod veths
+            env["COZYEBPF_RUN_POD_DEVICES"] = "lxc-*"
         return env
 
     def agent_command(self, n: int) -> list[str]:
@@ -1354,7 +1351,6 @@ class ClusterLab:
             "run",
             "--kubeconfig",
             str(self.api.kubeconfig),
-            *self.pod_devices_arg,
             *self.agent_args,
         ]
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +74,12 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
     venv = repo_root / ".venv" / "bin" / "python"
     python = str(venv) if venv.exists() else shutil.which("python3") or "python3"
     return [python, "-m", "cozyebpf"]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The cluster lab's tables (tests/test_cluster_lab.py), whatever the verdicts, so that
+    every run's log shows them."""
+    mod = sys.modules.get("tests.test_cluster_lab")
+    for layout, table in getattr(mod, "TABLES", {}).items():
+        terminalreporter.section(f"cluster lab: {layout}")
+        terminalreporter.write_line(table)

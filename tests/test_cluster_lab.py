@@ -19,6 +19,9 @@ from cozyebpf.clusterlab import LAYOUTS, ClusterLab, Row, format_table, planned_
 pytestmark = pytest.mark.datapath
 
 PLAN = {layout: planned_cases(layout) for layout in LAYOUTS}
+#: the tables of the layouts that ran, for the terminal summary (tests/conftest.py): CI's log
+#: shows the table of scenario x case x layout as `make cluster-lab` prints it
+TABLES: dict[str, str] = {}
 CASES = [(layout, s, c) for layout in LAYOUTS for s, c in PLAN[layout]]
 
 
@@ -41,9 +44,10 @@ def cluster(
             lab = ClusterLab(layout, prefix=unique_prefix("c"), cmd=cozyebpf_cmd, workdir=workdir)
             with lab:
                 results[layout] = lab.run_all()
-            print(f"\n{format_table(results[layout])}\nlogs: {workdir}")
+            table = format_table(results[layout])
             if lab.migration:
-                print(f"migration: {lab.migration}")
+                table += f"\nmigration: {lab.migration}"
+            TABLES[layout] = f"{table}\nlogs: {workdir}"
         return results[layout]
 
     yield rows
