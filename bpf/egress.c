@@ -89,6 +89,7 @@ int cz_egress(struct __sk_buff *skb)
 int cz_pod_ingress(struct __sk_buff *skb)
 {
 	void *data, *data_end;
+	struct addr4_val *v;
 	struct iphdr *ip;
 	int rc, next;
 
@@ -99,12 +100,13 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	if (!ip)
 		return CZ_TC_NEXT;
 	next = pod_next4(ip);
-	if (!pod_side4(skb, data_end, ip))
+	v = pod_side4(skb, data_end, ip);
+	if (!v)
 		return next;
-	rc = fast_egress(skb, data, data_end);
+	rc = fast_snat4(skb, data, data_end, ip, v);
 	if (rc == CZ_TC_NEXT)
 		return next;
-	if (rc != CZ_TC_SLOW)
+	if (rc != CZ_FAST_SLOW)
 		return rc;
 	cz_tail_tc.call(skb, CZ_SLOW_POD);
 	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */

@@ -26,6 +26,8 @@
 #include "lookup.h"
 
 #define CZ_AF_INET 2 /* AF_INET, for bpf_fib_lookup */
+/* BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.5): the route only, not the next hop's MAC address */
+#define CZ_FIB_SKIP_NEIGH (1U << 2)
 
 /* bcc 0.26 declares bpf_redirect_neigh without its plen argument: the kernel's signature */
 static long (*cz_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen,
@@ -69,12 +71,14 @@ static __always_inline int cz_fib_forwards(int rc)
 
 /*
  * The pod-facing hook, IPv4: is this packet, as it enters the node from a pod, one to translate
- * as egress does? Yes when its source is a managed pod IP and it leaves the node by an uplink
- * (the pod's own traffic out of the cluster), or it answers a connection that to_lb4 translated
- * to the pod's LB IP on this node (a flow it recorded): one this node opened, the answer then
- * for this node, or one of a pod on another pod-facing device of this node.
+ * as egress does (then its source's entry, else NULL)? Yes when its source is a managed pod IP and
+ * it leaves the node by an uplink (the pod's own traffic out of the cluster), or it answers a
+ * connection that to_lb4 translated to the pod's LB IP on this node (a flow it recorded): one this
+ * node opened, the answer then for this node, or one of a pod on another pod-facing device of this
+ * node.
  */
-static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, struct iphdr *ip)
+static __always_inline struct addr4_val *pod_side4(struct __sk_buff *skb, void *data_end,
+						   struct iphdr *ip)
 {
 	struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
 	struct bpf_fib_lookup fib;
@@ -85,20 +89,24 @@ static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, stru
 	int rc;
 
 	if (!v || !(v->kind & CZ_K_POD))
-		return 0;
+		return NULL;
 	c = cz_cfg();
 	if (!c)
-		return 0;
-	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex, 0);
+		return NULL;
+	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex, CZ_FIB_SKIP_NEIGH);
+	if (rc < 0) /* a kernel before 6.5: no BPF_FIB_LOOKUP_SKIP_NEIGH */
+		rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex, 0);
 	if (cz_fib_forwards(rc) && cz_is_uplink(c, fib.ifindex))
-		return 1;
+		return v;
 	if (!cz_fib_forwards(rc) && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
-		return 0; /* unreachable, blackhole, forwarding off: the kernel decides */
+		return NULL; /* unreachable, blackhole, forwarding off: the kernel decides */
 	/* to this node, or to another pod-facing device (a pod on this node) */
 	if (fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &csum, &tf) < 0)
-		return 0;
-	return flow_exists(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
-			   ip->protocol);
+		return NULL;
+	if (!flow_exists(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
+			 ip->protocol))
+		return NULL;
+	return v;
 }
 
 /*

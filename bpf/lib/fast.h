@@ -717,12 +717,12 @@ static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
 /*
  * Egress (tc), IPv4: the whole fast path in one piece -- flow record, rewrite, counter. The
  * source and the IPv4 header checksum with direct writes, the L4 checksum through
- * bpf_l4_csum_replace (CHECKSUM_PARTIAL skbs). A tc verdict, CZ_FAST_SLOW or CZ_FAST_NOT_POD.
+ * bpf_l4_csum_replace (CHECKSUM_PARTIAL skbs), for the pod whose entry is v. A tc verdict, or
+ * CZ_FAST_SLOW.
  */
-static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void *data_end,
-					struct iphdr *ip)
+static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *data_end,
+				      struct iphdr *ip, struct addr4_val *v)
 {
-	struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
 	__u64 flags = BPF_F_PSEUDO_HDR | 4;
 	__be16 sport, dport;
 	__be32 from, to;
@@ -730,8 +730,6 @@ static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void 
 	__u16 *c;
 	__u8 tf = 0;
 
-	if (!v || !(v->kind & CZ_K_POD))
-		return CZ_FAST_NOT_POD;
 	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c, &tf) < 0))
 		return CZ_FAST_SLOW;
 	from = ip->saddr;
@@ -751,6 +749,17 @@ static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void 
 	}
 	fast_count(1, CZ_NAT_EGRESS, slot, skb->len);
 	return CZ_TC_NEXT;
+}
+
+/* The same for a packet whose source is not yet looked up: CZ_FAST_NOT_POD when it is no pod's */
+static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void *data_end,
+					struct iphdr *ip)
+{
+	struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
+
+	if (!v || !(v->kind & CZ_K_POD))
+		return CZ_FAST_NOT_POD;
+	return fast_snat4(skb, data, data_end, ip, v);
 }
 
 #endif
