@@ -33,6 +33,7 @@ from cozyebpf.state import diff
 from tests.k8s import Svc, objects
 
 POD_W, POD_F = DEFAULT_PODS[0], DEFAULT_PODS[1]  # whole-IP pod, port-filter pod
+POD_P = DEFAULT_PODS[2]  # a plain pod: no Service
 LB_W, LB_F = "203.0.113.10", "203.0.113.20"
 ALLOWED_PORT = 80  # UDP, listed in the port-filter Service
 UNLISTED_PORT = 9999
@@ -56,6 +57,10 @@ PATHS: dict[str, tuple[str, ...]] = {
     "egress-snat": ("plain", "tc-next", "nft", "nft-noct", "min-snat", *_CZ),
     # the same SNAT from the whole-IP pod, which records no flows: what the flow record costs
     "egress-whole": ("plain", "tc-next", "min-snat", "cz-xdp"),
+    # the pod-facing hook (--pod-devices, tcx ingress of the pods' host devices): the same SNAT
+    # taken there, and a plain pod's traffic, which it (and the uplink's egress) only looks at
+    "pod-side-snat": ("plain", "cz-xdp", "cz-xdp-podnext", "cz-pod"),
+    "pod-side-other": ("plain", "cz-xdp", "cz-xdp-podnext", "cz-pod"),
 }
 VARIANT_LABELS = {
     "plain": "plain routing (no NAT)",
@@ -72,6 +77,9 @@ VARIANT_LABELS = {
     "tc-next": "bare TCX_NEXT in tcx egress of the node device (the floor of any tc SNAT)",
     "min-xdp": "minimal XDP NAT, no extras (reference)",
     "min-snat": "minimal tcx SNAT, no extras (reference: one lookup, the rewrite)",
+    "cz-pod": "cozyebpf with --pod-devices: the pod-facing hook on the pods' host devices too",
+    "cz-xdp-podnext": "cz-xdp and a bare TCX_NEXT in tcx ingress of the pods' host devices (the "
+    "floor of any pod-facing hook)",
 }
 DROP_PATHS = ("port-drop",)
 
@@ -120,8 +128,12 @@ class Measurement:
 def _frames(path: str, variant: str) -> tuple[str, bytes]:
     """(side the generator runs on: "client", "pod" (POD_F) or "pod-w" (POD_W), frame)."""
     nat = variant not in ("plain", "xdp-pass", "tc-next")
-    if path in ("egress-snat", "egress-whole"):
-        pod, side = (POD_F, "pod") if path == "egress-snat" else (POD_W, "pod-w")
+    if path == "pod-side-other":
+        return "pod-p", udp_frame(
+            POD_P.mac, POD_P.host_mac, POD_P.ip, CLIENT_IP, POD_EPHEMERAL, REMOTE_PORT
+        )
+    if path in ("egress-snat", "egress-whole", "pod-side-snat"):
+        pod, side = (POD_W, "pod-w") if path == "egress-whole" else (POD_F, "pod")
         return side, udp_frame(pod.mac, pod.host_mac, pod.ip, CLIENT_IP, POD_EPHEMERAL, REMOTE_PORT)
     if path == "whole-ip":
         dst, sport, dport = (LB_W if nat else POD_W.ip), 1000, 5000
@@ -143,6 +155,8 @@ EXPECTED_REASON = {
     "reply": "pass_reply",
     "egress-snat": "nat_egress",
     "egress-whole": "nat_egress",
+    "pod-side-snat": "nat_egress",
+    "pod-side-other": "",  # nothing of ours: counted by no reason
 }
 
 
@@ -153,11 +167,12 @@ class DatapathBench:
     pin: str = field(init=False)
     _links: list[int] = field(default_factory=list)
     _variant_fd: int | None = None
+    _pod_next: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         from bench.common import TAG
 
-        self.lab = Lab(f"{TAG}-dp", pods=(POD_W, POD_F))
+        self.lab = Lab(f"{TAG}-dp", pods=(POD_W, POD_F, POD_P))
         self.pin = pin_dir("dp")
 
     # -- set-up ------------------------------------------------------------------------------
@@ -169,7 +184,7 @@ class DatapathBench:
         lab = self.lab
         lab.up()
         # a veth without an XDP program takes XDP_TX frames only with GRO on (NAPI mode)
-        for dev in (UPLINK, POD_W.host_dev, POD_F.host_dev):
+        for dev in (UPLINK, POD_W.host_dev, POD_F.host_dev, POD_P.host_dev):
             lab.exec(lab.node, "ethtool", "-K", dev, "gro", "on")
         self.gen = progs.Generator.load()
         self.gen_floor = progs.Generator.load(progs.XDP_DROP)
@@ -178,9 +193,10 @@ class DatapathBench:
             "client": self._ifindex(lab.client, "eth0"),
             "pod": self._ifindex(lab.pod_ns(POD_F), "eth0"),
             "pod-w": self._ifindex(lab.pod_ns(POD_W), "eth0"),
+            "pod-p": self._ifindex(lab.pod_ns(POD_P), "eth0"),
             "uplink": self._ifindex(lab.node, UPLINK),
         }
-        for ns in (lab.client, lab.pod_ns(POD_W), lab.pod_ns(POD_F)):
+        for ns in (lab.client, lab.pod_ns(POD_W), lab.pod_ns(POD_F), lab.pod_ns(POD_P)):
             idx = self._ifindex(ns, "eth0")
             self._links.append(
                 lab.in_ns(ns, lambda i=idx: progs.attach_xdp_native(self.sinks.count_fd, i))
@@ -203,6 +219,7 @@ class DatapathBench:
         self.cz_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin)
         self.cz_ingress_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin)
         self.cz_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin)
+        self.cz_pod = loader.load("egress.c", "cz_pod_ingress", "sched_cls", self.pin)
         self.monitor: Any = None
         self.minimal = progs.MinimalNat.load()
         self.minimal.seed(
@@ -237,7 +254,14 @@ class DatapathBench:
                 self.nft_mappings, self.nft_allowed, self.nft_filtered, conntrack=v == "nft"
             )
             lab.exec(lab.node, "nft", "-f", "-", input=rules)
-        elif v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon", "cz-xdp-ranges"):
+        elif v in (
+            "cz-xdp",
+            "cz-xdp-nosvc",
+            "cz-xdp-mon",
+            "cz-xdp-ranges",
+            "cz-pod",
+            "cz-xdp-podnext",
+        ):
             if v == "cz-xdp-ranges":
                 self.maps.apply(diff(self.maps.read_state(), self.ranged))
             ing, eg = (
@@ -252,6 +276,26 @@ class DatapathBench:
             )
             if v == "cz-xdp-mon":
                 self.monitor = _RunningMonitor(pin)
+            if v == "cz-xdp-podnext":
+                for pod in (POD_W, POD_F, POD_P):
+                    idx = self._ifindex(lab.node, pod.host_dev)
+                    self._pod_next.append(
+                        lab.in_ns(
+                            lab.node,
+                            lambda i=idx: bpfsys.link_create(
+                                self.sinks.tc_next_fd, i, bpfsys.BPF_TCX_INGRESS
+                            ),
+                        )
+                    )
+            if v == "cz-pod":
+                self.maps.set_node([self.ifindex["uplink"]], True)
+                for pod in (POD_W, POD_F, POD_P):
+                    lab.in_ns(
+                        lab.node,
+                        lambda d=pod.host_dev: attach.attach_tc(
+                            self.cz_pod.fd, "cz_pod_ingress", d, pin, "ingress", "tcx"
+                        ),
+                    )
         elif v == "cz-tcx":
             lab.in_ns(
                 lab.node,
@@ -290,6 +334,13 @@ class DatapathBench:
                 self.maps.apply(diff(self.maps.read_state(), self.state))
             for hook in ("xdp", "tcx-ingress", "tcx-egress"):
                 attach.detach_link(attach.link_pin(self.pin, hook, UPLINK))
+            for fd in self._pod_next:
+                os.close(fd)
+            self._pod_next.clear()
+            if v == "cz-pod":
+                for pod in (POD_W, POD_F, POD_P):
+                    attach.detach_link(attach.link_pin(self.pin, "tcx-ingress", pod.host_dev))
+                self.maps.set_node([], False)
         elif self._variant_fd is not None:
             os.close(self._variant_fd)
             self._variant_fd = None
@@ -325,6 +376,7 @@ class DatapathBench:
             "client": self.lab.client,
             "pod": self.lab.pod_ns(POD_F),
             "pod-w": self.lab.pod_ns(POD_W),
+            "pod-p": self.lab.pod_ns(POD_P),
         }[side]
         ifindex = self.ifindex[side]
         reason = EXPECTED_REASON[path]
@@ -403,7 +455,9 @@ class DatapathBench:
                         continue
                     if v == "cz-xdp-nosvc":
                         prog = self.nosvc_egress if path == "egress-snat" else self.nosvc_ingress
-                    elif path.startswith("egress-"):
+                    elif v == "cz-pod":
+                        prog = self.cz_pod  # the hook's own cost (the uplink's egress runs too)
+                    elif path.startswith(("egress-", "pod-side-")):
                         prog = self.cz_egress
                     else:
                         prog = self.cz_ingress_tc if v == "cz-tcx" else self.cz_ingress

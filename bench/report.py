@@ -142,6 +142,30 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "x",
                 f"{ranged} vs {cz} Mpps",
             )
+        # the pod-facing hook (issue 18): what it costs the traffic it translates (the egress
+        # goal), and the traffic it only looks at (a plain pod's; a budget of 5 %)
+        for path, want in (
+            ("pod-side-snat", FORWARD_GOALS["egress-snat"][0]),
+            ("pod-side-other", 0.95),
+        ):
+            pod, uplink, plain, floor = (
+                _mpps(dp, path, v) for v in ("cz-pod", "cz-xdp", "plain", "cz-xdp-podnext")
+            )
+            if not (pod and plain):
+                continue
+            add(
+                f"{path}: cozyebpf with the pod-facing hook vs plain routing",
+                pod / plain,
+                want,
+                "x",
+                f"{pod} vs {plain} Mpps"
+                + (f"; on the uplinks only: {uplink / plain:.3f}x" if uplink else "")
+                + (
+                    f"; those and a bare TCX_NEXT on the pods' devices: {floor / plain:.3f}x"
+                    if floor
+                    else ""
+                ),
+            )
         for path in ("port-drop", "whole-ip"):
             cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
             add(
