@@ -42,7 +42,9 @@
 # and an upgrade without one lost packet, detach and the lifecycle, the
 # Kubernetes source against the API double (a burst of 1,000 changes too), the
 # two capabilities (explain, status and monitor with them too), the metrics,
-# explain, monitor and status against known traffic, and the CLI's errors.
+# explain, monitor and status against known traffic, the CLI's errors, and the
+# cluster lab (three nodes, Kube-OVN-like and per-pod veths, agents started
+# with the DaemonSet's environment).
 
 # dpkg-query's formats below are ${Field}s of its own, not the shell's.
 # shellcheck disable=SC2016
@@ -61,6 +63,7 @@ DEFAULT_TESTS=(
 	tests/test_capabilities.py
 	tests/test_observability.py
 	tests/test_cli.py
+	tests/test_cluster_lab.py
 )
 TOP="${COZYEBPF_IMAGE_TEST_DIR:-/var/lib/cozyebpf-image-test}"
 MIRROR="${COZYEBPF_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
