@@ -33,6 +33,7 @@ PROTOS = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "icmpv6": 58}
 PORTED = (6, 17, 132)
 INGRESS_HOOKS = ("xdp", "tcx-ingress", "tc-ingress")
 EGRESS_HOOKS = ("tcx-egress", "tc-egress")
+POD_HOOK = "cz_pod_ingress"  # not explained: see _attachment
 NOT_OURS = 0xFFFFFFFF
 XDP_DROP, XDP_PASS = 1, 2
 TC_NEXT, TC_DROP = -1, 2
@@ -158,7 +159,13 @@ class Explanation:
 
 def _attachment(pin_dir: str, direction: str, device: str | None) -> attach.Attachment:
     hooks = INGRESS_HOOKS if direction == "ingress" else EGRESS_HOOKS
-    found = [a for a in attach.list_attachments(pin_dir) if a.hook in hooks and a.prog_id]
+    # the uplinks' programs: the pod-facing hook (tcx ingress of --pod-devices) decides by the
+    # node's routes, which a dry run does not have
+    found = [
+        a
+        for a in attach.list_attachments(pin_dir)
+        if a.hook in hooks and a.prog_id and a.program != POD_HOOK
+    ]
     if device is not None:
         found = [a for a in found if a.device == device]
         if not found:
