@@ -1534,8 +1534,8 @@ class ClusterLab:
         note = "" if allowed else " (ICMP not allowed: must be dropped)"
         return ok == allowed, f"ping {'answered' if ok else 'unanswered'}{note}"
 
-    def check_unlisted(self, lb: str, whole: bool) -> Check:
-        seen, err = self.tcp(self.client, lb, 81, timeout=1.0)
+    def check_unlisted(self, lb: str, whole: bool, ns: str | None = None) -> Check:
+        seen, err = self.tcp(ns or self.client, lb, 81, timeout=1.0)
         if whole:
             return seen == CLIENT_IP, f"whole-IP: tcp/81 {'saw ' + seen if seen else err}"
         if seen is not None:
@@ -1614,6 +1614,14 @@ class ClusterLab:
                 (80, 53),
                 None,
             )
+            if not w[b].whole_ip:  # the port filter holds for in-cluster clients too
+                out.append(
+                    (
+                        "4 pod->vm-lb",
+                        f"{self.where(a)} -> {self.where(b)} {same} tcp/81 unlisted",
+                        partial(self.check_unlisted, lb, False, self.pod_ns(a)),
+                    )
+                )
         for name in HAIRPIN:
             lb = w[name].lb_ip
             assert lb is not None
@@ -1630,6 +1638,14 @@ class ClusterLab:
                 (80, 53),
                 None,
             )
+            if not w[name].whole_ip:
+                out.append(
+                    (
+                        "6 host->vm-lb",
+                        f"{node_name(n)} -> {self.where(name)} ({where}) tcp/81 unlisted",
+                        partial(self.check_unlisted, lb, False, self.node(n)),
+                    )
+                )
         return out
 
     def run_paths(self, workers: int = 8) -> list[Row]:
