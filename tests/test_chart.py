@@ -155,6 +155,23 @@ def test_all_values_sets_every_value() -> None:
     assert missing == set(), "values that ci/all-values.yaml leaves out"
 
 
+def test_the_charts_readme_names_every_value() -> None:
+    readme = (CHART / "README.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # a value with children of its own in the defaults is listed as a whole or leaf by leaf
+    missing = [
+        leaf
+        for leaf in _leaves(values)
+        if f"`{leaf}`" not in readme and not any(f"`{p}`" in readme for p in _prefixes(leaf))
+    ]
+    assert missing == [], "values charts/cozyebpf/README.md does not list"
+
+
+def _prefixes(leaf: str) -> list[str]:
+    parts = leaf.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]
+
+
 def test_every_value_is_in_the_schema() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
 
