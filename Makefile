@@ -3,7 +3,13 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup image-test cluster-lab
+.PHONY: bench bench-quick bench-setup image-test cluster-lab deploy
+
+# deploy/ rendered from the chart (charts/cozyebpf), the one source of truth; run it after
+# every change to the chart (tests/test_chart.py fails while deploy/ differs).
+deploy:
+	bash scripts/setup.sh
+	bash scripts/render-deploy.sh
 
 # The DaemonSet image, built from the Dockerfile with podman and proven by the end-to-end
 # lab tests with every cozyebpf command run from it (about 4 minutes with the base cached;

@@ -55,7 +55,8 @@ Both layouts:
   port and relays each connection to it (sockets keep the namespace they were made in, so no
   device and no packet is added to any node). EndpointSlices carry nodeName and targetRef.
 - The agents: `cozyebpf run` per node inside the node namespace (nsenter --net, so bpffs pins
-  stay visible), with the environment of deploy/daemonset.yaml (COZYEBPF_RUN_DEVICES=auto,
+  stay visible), with the arguments and environment of deploy/daemonset.yaml, or of the DaemonSet
+  `make image-test` renders from the chart (COZYEBPF_RUN_DEVICES=auto,
   node name, health and metrics addresses, ...), COZYEBPF_PIN_DIR=/sys/fs/bpf/<prefix>-nodeN,
   --kubeconfig for the forwarder, plus any extra arguments given. On kubeovn that is all: the
   DaemonSet's COZYEBPF_RUN_POD_DEVICES=auto finds Kube-OVN's ovn0, so the lab runs what the
@@ -150,7 +151,17 @@ PACKET_OUTGOING = 4
 ETH_P_ARP = 0x0806
 
 REPO = Path(__file__).resolve().parent.parent
-DAEMONSET = REPO / "deploy" / "daemonset.yaml"
+#: The DaemonSet whose container arguments and environment the agents run with: deploy/'s
+#: (rendered from charts/cozyebpf), or the one `make image-test` renders from the chart for the
+#: image under test (COZYEBPF_TEST_DAEMONSET).
+DAEMONSET = Path(os.environ.get("COZYEBPF_TEST_DAEMONSET") or REPO / "deploy" / "daemonset.yaml")
+
+
+def daemonset_container() -> dict[str, Any]:
+    """The agent's container of DAEMONSET."""
+    doc = yaml.safe_load(DAEMONSET.read_text())
+    container: dict[str, Any] = doc["spec"]["template"]["spec"]["containers"][0]
+    return container
 
 
 def node_name(n: int) -> str:
@@ -1327,11 +1338,10 @@ class ClusterLab:
     # -- agents --------------------------------------------------------------------------
 
     def agent_env(self, n: int) -> dict[str, str]:
-        """The container environment of deploy/daemonset.yaml for node n, the pin dir moved
+        """The container environment of the DaemonSet (DAEMONSET) for node n, the pin dir moved
         into the lab's (fieldRefs: spec.nodeName, status.hostIP; $(VAR) expanded)."""
         env: dict[str, str] = {}
-        doc = yaml.safe_load(DAEMONSET.read_text())
-        for e in doc["spec"]["template"]["spec"]["containers"][0].get("env", []):
+        for e in daemonset_container().get("env", []):
             if "value" in e:
                 env[e["name"]] = re.sub(
                     r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), str(e["value"])
@@ -1345,10 +1355,11 @@ class ClusterLab:
         return env
 
     def agent_command(self, n: int) -> list[str]:
+        """The DaemonSet's container arguments (`run`), the API's kubeconfig, the extras."""
         assert self.api is not None
         return [
             *self.cmd,
-            "run",
+            *daemonset_container()["args"],
             "--kubeconfig",
             str(self.api.kubeconfig),
             *self.agent_args,

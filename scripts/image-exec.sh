@@ -7,13 +7,17 @@
 # at this script through COZYEBPF_TEST_CMD. No OCI runtime is used (they cannot
 # start containers on every machine, e.g. in a sandboxed VM); instead, in a
 # mount namespace of the command's own, which ends with it:
-#   - the image's root filesystem, read-only (readOnlyRootFilesystem: true);
-#   - /proc, /sys (with the host's bpffs at /sys/fs/bpf) and /dev of the host;
-#   - an empty tmpfs at /lib/modules (the DaemonSet's emptyDir), so the
-#     entrypoint links kernel headers as it does in a pod: with no /host mounts
-#     here, the image's own fallback headers;
-#   - the host's /tmp, where the tests keep the manifests and kubeconfigs they
-#     pass by path (the DaemonSet has an emptyDir there);
+#   - the image's root filesystem under a tmpfs layer (overlayfs), as a runtime's
+#     writable layer, where the mount points the image lacks (/host/...) are
+#     made; then read-only (DS_READONLY_ROOT: readOnlyRootFilesystem);
+#   - /proc, /sys and /dev of the host;
+#   - the volumeMounts of the DaemonSet the chart renders (DS_MOUNTS, written by
+#     image-test.sh from `helm template`): hostPath as a bind mount of the host's
+#     path (read-only where readOnly), emptyDir as a tmpfs of its sizeLimit. So
+#     the host's bpffs is at /sys/fs/bpf, its /lib/modules and /usr/src at
+#     /host/..., and the entrypoint links kernel headers as it does in a pod on
+#     this node. One exception: /tmp is the host's, not the DaemonSet's emptyDir,
+#     because the tests keep the manifests and kubeconfigs they pass by path there;
 # then chroot, an environment of exactly the image's Env plus the caller's
 # COZYEBPF_* variables (`docker run -e`; COZYEBPF_TEST_* excepted), and the
 # image's Entrypoint with the arguments (none: the image's Cmd). The process keeps its PID through
@@ -41,19 +45,44 @@ conf=$1
 shift
 
 ROOTFS="" IMAGE_ENV=() IMAGE_ENTRYPOINT=() IMAGE_CMD=() IMAGE_WORKDIR=""
+DS_MOUNTS=() DS_READONLY_ROOT=1
 # shellcheck source=/dev/null
 source "$conf"
 [[ -d $ROOTFS/usr ]] || die "$ROOTFS is not a root filesystem (from $conf)"
 ((${#IMAGE_ENTRYPOINT[@]} > 0)) || die "the image has no Entrypoint (from $conf)"
+((${#DS_MOUNTS[@]} > 0)) || die "no DS_MOUNTS in $conf (the chart's DaemonSet; image-test.sh writes them)"
 (($# > 0)) || set -- "${IMAGE_CMD[@]}" # no arguments: the image's Cmd, as a runtime does
 
-mount --bind "$ROOTFS" "$ROOTFS"
-mount -o remount,bind,ro "$ROOTFS"
-mount -t tmpfs -o mode=0755,size=16m lib-modules "$ROOTFS/lib/modules"
+# the image under a writable layer of this namespace's own (the directory stays, empty)
+layer=/run/cozyebpf-image-exec
+mkdir -p "$layer"
+mount -t tmpfs -o mode=0700 layer "$layer"
+mkdir "$layer/upper" "$layer/work" "$layer/root"
+mount -t overlay overlay -o "lowerdir=$ROOTFS,upperdir=$layer/upper,workdir=$layer/work" "$layer/root"
+ROOTFS=$layer/root
+for m in "${DS_MOUNTS[@]}"; do
+	IFS='|' read -r _ _ target _ _ <<<"$m"
+	mkdir -p "$ROOTFS$target"
+done
+((!DS_READONLY_ROOT)) || mount -o remount,bind,ro "$ROOTFS"
 for dir in proc sys dev; do
 	mount --rbind "/$dir" "$ROOTFS/$dir"
 done
-mount --rbind /tmp "$ROOTFS/tmp"
+for m in "${DS_MOUNTS[@]}"; do
+	IFS='|' read -r kind source target mode size <<<"$m"
+	if [[ $target == /tmp ]]; then # the tests' files, by path (see above)
+		mount --rbind /tmp "$ROOTFS/tmp"
+		continue
+	fi
+	case $kind in
+	emptyDir) mount -t tmpfs -o "mode=0777,size=$size" "$kind" "$ROOTFS$target" ;;
+	hostPath)
+		mount --rbind "$source" "$ROOTFS$target"
+		[[ $mode == rw ]] || mount -o remount,bind,ro "$ROOTFS$target"
+		;;
+	*) die "volume kind $kind (from $conf)" ;;
+	esac
+done
 
 env_args=("${IMAGE_ENV[@]}")
 while IFS= read -r -d '' var; do

@@ -17,7 +17,10 @@
 # 5. tests: the image's root filesystem is mounted (`podman image mount`) and
 #    COZYEBPF_TEST_CMD points the tests' `cozyebpf_cmd` fixture at
 #    scripts/image-exec.sh, which runs each cozyebpf command there with the
-#    image's Env and Entrypoint (no OCI runtime needed). CI=true: a datapath
+#    image's Env and Entrypoint (no OCI runtime needed) and the volume mounts
+#    and read-only root of the DaemonSet the chart renders for this image
+#    (`helm template charts/cozyebpf`); the cluster lab's agents run with that
+#    DaemonSet's args and env (COZYEBPF_TEST_DAEMONSET). CI=true: a datapath
 #    test that cannot run fails instead of being skipped.
 # 6. clean-up, also on failure and Ctrl-C: the mount, the built image and
 #    whatever the build left in the store. The cached base stays (--purge
@@ -166,6 +169,7 @@ cleanup() {
 		rm -rf --one-file-system "$BOOTSTRAP_DIR"
 	fi
 	rm -rf --one-file-system "$WORK"
+	rmdir /run/cozyebpf-image-exec 2>/dev/null # image-exec.sh's mount point
 	if ((rc == 0)); then
 		log "image-test passed in $((SECONDS - T0))s ($(phase_times))"
 	else
@@ -388,6 +392,41 @@ phase_done inspect
 ((RUN_TESTS)) || exit 0
 
 # --- 5. the tests, with every cozyebpf command from the image -------------------------
+# The DaemonSet as the chart renders it for this image: image-exec.sh makes its container's
+# volumeMounts and read-only root (DS_* in image.conf), and the cluster lab's agents run with
+# its container's args and env (COZYEBPF_TEST_DAEMONSET, read by cozyebpf/clusterlab.py).
+[[ -x .venv/bin/helm ]] || die "no helm in .venv/bin (scripts/setup.sh installs it)"
+.venv/bin/helm template cozyebpf charts/cozyebpf --namespace cozy-system \
+	--set "image.repository=${IMAGE_REF%:*}" --set "image.tag=${IMAGE_REF##*:}" \
+	--show-only templates/daemonset.yaml >"$WORK/daemonset.yaml" || die "helm template failed"
+.venv/bin/python - "$WORK/daemonset.yaml" "$IMAGE_REF" >>"$WORK/image.conf" <<-'EOF' ||
+	import re, shlex, sys, yaml
+	ds = yaml.safe_load(open(sys.argv[1]))
+	pod = ds["spec"]["template"]["spec"]
+	(c,) = pod["containers"]
+	assert c["image"] == sys.argv[2], f"the chart renders {c['image']}, not {sys.argv[2]}"
+	assert c["args"][0] == "run", c["args"]
+	units = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+	volumes = {v["name"]: v for v in pod["volumes"]}
+	mounts = []
+	for m in c["volumeMounts"]:  # kind|source|target|ro or rw|tmpfs bytes, in the pod's order
+	    v = volumes[m["name"]]
+	    if "hostPath" in v:
+	        kind, source, size = "hostPath", v["hostPath"]["path"], ""
+	    elif "emptyDir" in v:
+	        limit = v["emptyDir"].get("sizeLimit", "64Mi")
+	        num, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi|)", limit).groups()
+	        kind, source, size = "emptyDir", "", str(int(num) * units[unit])
+	    else:
+	        sys.exit(f"volume {m['name']}: neither hostPath nor emptyDir")
+	    ro = "ro" if m.get("readOnly") else "rw"
+	    mounts.append(f"{kind}|{source}|{m['mountPath']}|{ro}|{size}")
+	print("DS_MOUNTS=(" + " ".join(shlex.quote(x) for x in mounts) + ")")
+	print(f"DS_READONLY_ROOT={int(c['securityContext'].get('readOnlyRootFilesystem', False))}")
+EOF
+	die "the chart's DaemonSet does not fit the image test (see above)"
+export COZYEBPF_TEST_DAEMONSET="$WORK/daemonset.yaml"
+log "the chart's DaemonSet for $IMAGE_REF: $(grep '^DS_MOUNTS=' "$WORK/image.conf")"
 EXEC=(bash "$REPO_ROOT/scripts/image-exec.sh" "$WORK/image.conf")
 log "smoke: ${EXEC[*]} --version"
 "${EXEC[@]}" --version

