@@ -115,13 +115,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
 import yaml
 
-from cozyebpf.lab import Lab, run
+from cozyebpf.lab import Lab, run, wait_for
 
 if TYPE_CHECKING:
     from tests.kubeapi import FakeKubeAPI
@@ -284,25 +284,6 @@ class Row:
     @property
     def result(self) -> str:
         return "PASS" if self.ok else "FAIL"
-
-
-def wait_for(
-    pred: Callable[[], T], timeout: float = 10.0, what: str | Callable[[], str] = "condition"
-) -> T:
-    """Poll `pred` until it returns something truthy; raise TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except Exception as e:  # not there yet
-            last = e
-        else:
-            if last:
-                return cast(T, last)
-        time.sleep(0.02)
-    desc = what() if callable(what) else what
-    raise TimeoutError(f"timed out after {timeout}s waiting for {desc} (last: {last!r})")
 
 
 # -- Kube-OVN's nftables, Services ---------------------------------------------------------

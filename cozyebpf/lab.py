@@ -21,9 +21,10 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -71,6 +72,26 @@ DEFAULT_PODS = (
 )
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def wait_for(
+    pred: Callable[[], T], timeout: float = 10.0, what: str | Callable[[], str] = "condition"
+) -> T:
+    """Poll `pred` until it returns something truthy and return that; raise TimeoutError
+    naming `what` (or what it returns, computed at the timeout) and the last result."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except Exception as e:  # not there yet
+            last = e
+        else:
+            if last:
+                return cast(T, last)
+        time.sleep(0.02)
+    desc = what() if callable(what) else what
+    raise TimeoutError(f"timed out after {timeout}s waiting for {desc} (last: {last!r})")
 
 
 def run(

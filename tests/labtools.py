@@ -8,38 +8,17 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain
+from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain, wait_for
 from cozyebpf.state import MapState
 from tests.k8s import Svc, manifest
 
 T = TypeVar("T")
-
-
-def wait_for(
-    pred: Callable[[], T], timeout: float = 10.0, what: str | Callable[[], str] = "condition"
-) -> T:
-    """Poll `pred` until it returns something truthy; `what` (or what it returns, computed at
-    the timeout) describes the wait in the failure."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except Exception as e:  # not there yet
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(0.05)
-    desc = what() if callable(what) else what
-    raise AssertionError(f"timed out after {timeout}s waiting for {desc} (last: {last!r})")
 
 
 @dataclass
