@@ -25,9 +25,8 @@
 #include "fast.h"
 #include "lookup.h"
 
-#define CZ_AF_INET 2 /* AF_INET, for bpf_fib_lookup */
-/* BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.5): the route only, not the next hop's MAC address */
-#define CZ_FIB_SKIP_NEIGH (1U << 2)
+#define CZ_AF_INET 2		    /* AF_INET, for bpf_fib_lookup */
+#define CZ_FIB_SKIP_NEIGH (1U << 2) /* BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.5) */
 
 /* bcc 0.26 declares bpf_redirect_neigh without its plen argument: the kernel's signature */
 static long (*cz_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen,
@@ -52,16 +51,29 @@ static __always_inline int cz_is_uplink(const struct flow_cfg *c, __u32 ifindex)
 	return 0;
 }
 
-/* The kernel's route for src -> dst seen from `ifindex` (bpf_fib_lookup; BPF_FIB_LKUP_RET_*). */
+/*
+ * The kernel's route for src -> dst as a packet arriving on `ifindex` takes it (bpf_fib_lookup;
+ * BPF_FIB_LKUP_RET_*): the output device and the next hop (fib->ipv4_dst), never its MAC address
+ * (bpf_redirect_neigh resolves that), except on a kernel before 6.5, which has no
+ * BPF_FIB_LOOKUP_SKIP_NEIGH and is asked again without it.
+ */
 static __always_inline int cz_fib4(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __be32 src,
-				   __be32 dst, __u32 ifindex, __u32 flags)
+				   __be32 dst, __u32 ifindex)
 {
+	int rc;
+
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->family = CZ_AF_INET;
 	fib->ipv4_src = src;
 	fib->ipv4_dst = dst;
 	fib->ifindex = ifindex;
-	return bpf_fib_lookup(skb, fib, sizeof(*fib), flags);
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), CZ_FIB_SKIP_NEIGH);
+	if (rc < 0) {
+		fib->ipv4_dst = dst;
+		fib->ifindex = ifindex;
+		rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	}
+	return rc;
 }
 
 static __always_inline int cz_fib_forwards(int rc)
@@ -93,9 +105,7 @@ static __always_inline struct addr4_val *pod_side4(struct __sk_buff *skb, void *
 	c = cz_cfg();
 	if (!c)
 		return NULL;
-	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex, CZ_FIB_SKIP_NEIGH);
-	if (rc < 0) /* a kernel before 6.5: no BPF_FIB_LOOKUP_SKIP_NEIGH */
-		rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex, 0);
+	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex);
 	if (cz_fib_forwards(rc) && cz_is_uplink(c, fib.ifindex))
 		return v;
 	if (!cz_fib_forwards(rc) && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
@@ -160,18 +170,18 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 	 * Routes as for a packet that arrives on the uplink (an output lookup keeps to the uplink):
 	 * the client is this node's own address, or a pod behind a pod-facing device
 	 */
-	rc = cz_fib4(skb, &fib, 0, client.a[0], skb->ifindex, 0);
+	rc = cz_fib4(skb, &fib, 0, client.a[0], skb->ifindex);
 	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED &&
 	    (!cz_fib_forwards(rc) || cz_is_uplink(c, fib.ifindex)))
 		return CZ_TC_NEXT;
-	rc = cz_fib4(skb, &fib, client.a[0], pod.a[0], skb->ifindex, 0);
+	/* a pod behind an uplink: the node of its LB IP serves it */
+	rc = cz_fib4(skb, &fib, client.a[0], pod.a[0], skb->ifindex);
 	if (!cz_fib_forwards(rc) || cz_is_uplink(c, fib.ifindex))
-		return CZ_TC_NEXT; /* the pod is behind an uplink: the node of its LB IP serves it
-				    */
+		return CZ_TC_NEXT;
+	/* a frame the fast decision does not take goes by the ToR (a pod here: out of reach) */
 	reason = fast_ingress(data, data_end, skb->len, &f, &to);
 	if (reason == CZ_SLOW || reason == CZ_NOT_OURS)
-		return CZ_TC_NEXT; /* by the ToR: a pod on this node is then out of reach (a
-				      martian) */
+		return CZ_TC_NEXT;
 	fast_monitor(skb, 0, 0, reason, f.slot, skb->len, 0, f.proto, f.l3, f.sport, f.dport);
 	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE) {
 		fast_count(0, reason, f.slot, skb->len);
