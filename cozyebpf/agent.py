@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import gc
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
 from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Problem
 from cozyebpf.sources import Notifier, Source, gc_paused
-from cozyebpf.state import Capacity
+from cozyebpf.state import Capacity, IPAddress, address_key
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,18 @@ class Agent:
         if delta.problems_added and self.on_problems:
             self.on_problems(delta.problems_added)
 
+    def _report_moves(self, before: frozenset[IPAddress], after: frozenset[IPAddress]) -> None:
+        for pod in sorted(after - before, key=address_key):
+            log.info(
+                "pod %s moved to another node (a live migration): TCP to it that opens no "
+                "connection passes its port filter until %.0fs after its last move, so that "
+                "the flows it opened on the node it left go on (pass_learn)",
+                pod,
+                self.model.hold,
+            )
+        for pod in sorted(before - after, key=address_key):
+            log.info("pod %s is settled: its port filter is strict again", pod)
+
     def _check(self, now: float) -> None:
         check = getattr(self.controller.datapath, "check", None)
         attached = getattr(self.controller.datapath, "attached", True)
@@ -181,11 +194,13 @@ class Agent:
             return
         self._triggers += changes.triggers
         big = changes.whole is not None or len(changes) > 1000
+        held = self.model.held
         with gc_paused() if big else contextlib.nullcontext():
             changes.record_into(self.model)
             delta = self.model.flush() if self.model.pending else None
         if delta is not None:
             self._report(delta)
+            self._report_moves(held, self.model.held)
         if now >= self._resync_at:
             try:
                 self.controller.sync(self.model.state)
@@ -212,7 +227,9 @@ class Agent:
     def next_timer(self) -> float:
         """Seconds until the loop must turn without a notification."""
         now = time.monotonic()
-        return max(0.0, min(self._resync_at, self._next_check) - now)
+        held = self.model.next_deadline()  # on the model's clock, time.monotonic by default
+        due = min(self._resync_at, self._next_check, math.inf if held is None else held)
+        return max(0.0, due - now)
 
     def run(self, stop: threading.Event, idle: float = 1.0) -> None:
         """Turn until `stop` is set (a signal handler also calls notify() to wake us); wake at

@@ -251,6 +251,11 @@ def _hint(
         return f"nothing to change: a reply to a connection the pod opened; it goes to {to}"
     if reason == "pass_icmp":
         return f"nothing to change: {svc} allows ICMP; it goes to {to}"
+    if reason == "pass_learn":
+        return (
+            f"nothing to change: the pod of {svc} is migrating, and TCP that opens no "
+            f"connection may answer a flow recorded on the node it left; it goes to {to}"
+        )
     return f"nothing to change: {svc} takes every port and protocol; it goes to {to}"
 
 

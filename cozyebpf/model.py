@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -58,6 +59,9 @@ ANN_ALLOW_ICMP = "networking.cozystack.io/allowICMP"
 ANN_SOURCE_RANGES = "service.beta.kubernetes.io/load-balancer-source-ranges"
 #: The label that ties an EndpointSlice to its Service.
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+#: seconds a pod stays learning after its nodes changed (IncrementalModel): long enough for
+#: its first answer on the new node to record each flow it has (docs/design.md, "Live migration")
+MIGRATION_HOLD = 10.0
 
 Severity = Literal["warning", "error"]
 
@@ -126,6 +130,8 @@ class ServiceView:
     ports: tuple[PortSpec, ...]
     #: the valid loadBalancerSourceRanges (both families); None: every source may connect
     source_ranges: tuple[IPNetwork, ...] | None = None
+    #: backends that are migrating (ready on two nodes, or moved less than MIGRATION_HOLD ago)
+    migrating: tuple[IPAddress, ...] = ()
 
     def pod_for(self, lb: IPAddress) -> IPAddress | None:
         """The backend `lb` is translated to: the pod IP of its family, or None."""
@@ -174,6 +180,8 @@ class ServiceView:
             mode = "whole-ip"
         if self.source_ranges is not None:
             mode += " from " + (",".join(map(str, self.source_ranges)) or "(no source)")
+        if self.migrating:
+            mode += " migrating " + ",".join(map(str, self.migrating))
         return f"{self.ref}: {self._target()} {mode}"
 
 
@@ -231,12 +239,15 @@ class ServiceRecord:
 class SliceRecord:
     """One EndpointSlice as read from its object: the Service it belongs to (its
     kubernetes.io/service-name label), its ready addresses and the Problems found reading it
-    (reported only while that Service is selected and usable, as `build_state` does)."""
+    (reported only while that Service is selected and usable, as `build_state` does). `nodes`
+    pairs each ready address with the nodeName of an endpoint that has it (sorted): during a
+    live migration one address is ready on two nodes."""
 
     ref: ObjectRef
     service: str
     ready: frozenset[IPAddress]
     problems: tuple[Problem, ...]
+    nodes: tuple[tuple[IPAddress, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -591,11 +602,14 @@ def _source_ranges(
 
 
 def _ready_addresses(
-    ref: ObjectRef, obj: Mapping[str, Any], problems: list[Problem]
+    ref: ObjectRef,
+    obj: Mapping[str, Any],
+    problems: list[Problem],
+    nodes: set[tuple[IPAddress, str]] | None = None,
 ) -> set[IPAddress]:
     """The first address of each ready, non-terminating endpoint of an IPv4 or IPv6
     EndpointSlice; all of the slice's addressType (an address of the other family is an error
-    and skipped)."""
+    and skipped). Each with the endpoint's nodeName (a string) goes to `nodes` as well."""
     address_type = obj.get("addressType")
     if address_type == "FQDN":
         problems.append(
@@ -650,6 +664,9 @@ def _ready_addresses(
                     f"endpoint is ignored; {fix}"
                 )
             out.add(ip)
+            node = ep.get("nodeName")
+            if nodes is not None and isinstance(node, str) and node:
+                nodes.add((ip, node))
         except _Invalid as e:
             problems.append(Problem(ref, e.message, e.severity))
     return out
@@ -737,9 +754,16 @@ def read_object(
         if not isinstance(service, str):
             return None
         problems: list[Problem] = []
-        ready = _ready_addresses(ref, obj, problems)
-        return SliceRecord(ref, service, frozenset(ready), tuple(problems))
+        nodes: set[tuple[IPAddress, str]] = set()
+        ready = _ready_addresses(ref, obj, problems, nodes)
+        return SliceRecord(
+            ref, service, frozenset(ready), tuple(problems), tuple(sorted(nodes, key=_node_key))
+        )
     return None
+
+
+def _node_key(pair: tuple[IPAddress, str]) -> tuple[int, IPAddress, str]:
+    return (pair[0].version, pair[0], pair[1])
 
 
 def duplicate_problem(ref: ObjectRef, copies: int) -> ServiceRecord:
@@ -837,6 +861,13 @@ class _Eval:
     service: ParsedService | None  # None: unusable, `problems` says why
     chosen: tuple[tuple[int, IPAddress], ...]  # (family, pod IP)
     problems: tuple[Problem, ...]
+    #: each chosen pod with the nodes its address is ready on (sorted; empty: none named)
+    homes: tuple[tuple[IPAddress, tuple[str, ...]], ...] = ()
+
+    def moving(self) -> frozenset[IPAddress]:
+        """The chosen pods ready on more than one node: a live migration (KubeVirt's source
+        and target virt-launcher pods, one address)."""
+        return frozenset(pod for pod, nodes in self.homes if len(nodes) > 1)
 
     @property
     def age(self) -> AgeKey:
@@ -857,10 +888,13 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
         return _Eval(rec.ref, None, (), (rec.problem,))
     problems = list(s.problems)
     ready: dict[int, set[IPAddress]] = {version: set() for version in FAMILIES}
+    on: dict[IPAddress, set[str]] = {}
     for sl in slices:
         problems += sl.problems
         for ip in sl.ready:
             ready[ip.version].add(ip)
+        for ip, node in sl.nodes:
+            on.setdefault(ip, set()).add(node)
     chosen: list[tuple[int, IPAddress]] = []
     for version, addresses in ready.items():
         if not addresses:
@@ -885,7 +919,8 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
                 "programmed; check that its pod is running and ready",
             )
         )
-    return _Eval(rec.ref, s, tuple(chosen), tuple(problems))
+    homes = tuple((pod, tuple(sorted(on[pod]))) for _, pod in chosen if pod in on)
+    return _Eval(rec.ref, s, tuple(chosen), tuple(problems), homes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -942,12 +977,16 @@ NO_FOREIGN: Mapping[IPAddress, Iterable[ForeignRecord]] = {}
 
 
 def _compose(
-    evals: Iterable[_Eval], foreign: Mapping[IPAddress, Iterable[ForeignRecord]] = NO_FOREIGN
+    evals: Iterable[_Eval],
+    foreign: Mapping[IPAddress, Iterable[ForeignRecord]] = NO_FOREIGN,
+    held: Iterable[IPAddress] = (),
 ) -> dict[ObjectRef, _Output]:
     """The cross-Service rules over `evals`, which must hold every Service that shares an LB
     IP or a pod with one of them: the older Service keeps a contested LB IP, the oldest
     Service of a pod owns its egress, the allowed ports of a pod are the union of its
-    port-filter Services'. One output per Service."""
+    port-filter Services'. A pod that is moving, or in `held` (moved a moment ago), is
+    marked learning. One output per Service."""
+    held = frozenset(held)
     out: dict[ObjectRef, _Output] = {}
     valid: list[_Eval] = []
     for e in evals:
@@ -981,15 +1020,18 @@ def _compose(
                 lb_owner[lb] = s.ref
                 kept.append(lb)
         chosen = dict(e.chosen)
+        pod_ips = tuple(chosen[v] for v in FAMILIES if v in chosen)
+        migrating = e.moving() | (held & set(pod_ips))
         name = f"{s.ref.namespace}/{s.ref.name}"  # whose counters its entries feed
         view = ServiceView(
             s.ref,
             tuple(kept),
-            tuple(chosen[v] for v in FAMILIES if v in chosen),
+            pod_ips,
             s.port_filter,
             s.allow_icmp,
             s.ports,
             s.source_ranges,
+            tuple(p for p in pod_ips if p in migrating),
         )
         for version in FAMILIES:
             lbs = [lb for lb in kept if lb.version == version]
@@ -1011,7 +1053,8 @@ def _compose(
                         for lb in lbs
                     ]
                 continue
-            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp, name)
+            learning = backend in migrating
+            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp, name, learning)
             services += [(lb, entry) for lb in lbs]
             ranges.append((backend, s.ranges_of(version)))
             if backend in pod_owner:
@@ -1026,7 +1069,8 @@ def _compose(
                 )
             else:
                 pod_owner[backend] = (s.ref, lbs[0])
-                pods.append((backend, PodEntry(lbs[0], s.port_filter, s.allow_icmp, name)))
+                pod = PodEntry(lbs[0], s.port_filter, s.allow_icmp, name, learning)
+                pods.append((backend, pod))
             if s.port_filter:
                 allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
         out[e.ref] = _Output(
@@ -1130,11 +1174,14 @@ def slices_by_service(
     return out
 
 
-def compose(objects: ObjectSet, capacity: Capacity | None = None) -> ModelResult:
-    """The desired state of an ObjectSet, every selected Service's view and every Problem."""
+def compose(
+    objects: ObjectSet, capacity: Capacity | None = None, held: Iterable[IPAddress] = ()
+) -> ModelResult:
+    """The desired state of an ObjectSet, every selected Service's view and every Problem;
+    the pods in `held` moved a moment ago (IncrementalModel.held) and are still learning."""
     by_service = slices_by_service(objects.slices)
     evals = {key: _evaluate(rec, by_service.get(key, ())) for key, rec in objects.services.items()}
-    outputs = _compose(evals.values(), foreign_by_ip(objects.foreign.values()))
+    outputs = _compose(evals.values(), foreign_by_ip(objects.foreign.values()), held)
     problems = list(objects.problems)
     state = _state_of(outputs.values())
     for o in outputs.values():
@@ -1150,11 +1197,13 @@ def build_state(
     objects: Iterable[Mapping[str, Any]],
     proxy_name: str = DEFAULT_PROXY_NAME,
     capacity: Capacity | None = None,
+    held: Iterable[IPAddress] = (),
 ) -> ModelResult:
     """The desired MapState for the Services labelled for `proxy_name`, with a view of each and
     every Problem found. Never raises on bad input; the result does not depend on input order.
-    The reference for `IncrementalModel`, which must always give the same result."""
-    return compose(read_objects(objects, proxy_name), capacity)
+    The reference for `IncrementalModel`, which must always give the same result (given its
+    `held` pods: the one thing it knows that the objects do not say, when a pod moved)."""
+    return compose(read_objects(objects, proxy_name), capacity, held)
 
 
 # -- the incremental model ----------------------------------------------------------------
@@ -1241,13 +1290,25 @@ class IncrementalModel:
     directly or through others (the older-wins rules connect exactly those), and returns the
     difference as a MapDiff. Work per change is proportional to what it touches, not to the
     cluster. Over capacity, the programmed state is chosen again over all Services (oldest
-    first): a slow path that only runs while the maps cannot hold everything."""
+    first): a slow path that only runs while the maps cannot hold everything.
+
+    Live migration: a chosen pod whose nodes change (one address ready on another node, or on
+    more than one) is held learning for `hold` seconds of `clock` after the change, on top of
+    the time it is ready on two nodes: its flows were recorded on the node it left, and its
+    answers record them here (docs/design.md, "Live migration")."""
 
     def __init__(
-        self, proxy_name: str = DEFAULT_PROXY_NAME, capacity: Capacity | None = None
+        self,
+        proxy_name: str = DEFAULT_PROXY_NAME,
+        capacity: Capacity | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        hold: float = MIGRATION_HOLD,
     ) -> None:
         self.proxy_name = proxy_name
         self.capacity = capacity
+        self.clock = clock
+        self.hold = hold
+        self._held: dict[IPAddress, float] = {}  # pod -> until when it stays learning
         self.services: dict[Key, ServiceRecord] = {}
         self.slices: dict[Key, tuple[SliceRecord, ...]] = {}
         self._slices_of: dict[Key, tuple[Key, ...]] = {}  # Service -> slices that name it
@@ -1350,8 +1411,21 @@ class IncrementalModel:
 
     @property
     def pending(self) -> bool:
-        """Whether a flush() has something to do."""
-        return bool(self._dirty or self._foreign_dirty or self._added or self._removed)
+        """Whether a flush() has something to do (a held pod's time may be up)."""
+        if self._dirty or self._foreign_dirty or self._added or self._removed:
+            return True
+        deadline = self.next_deadline()
+        return deadline is not None and deadline <= self.clock()
+
+    @property
+    def held(self) -> frozenset[IPAddress]:
+        """The pods learning: on two nodes, or moved less than `hold` ago (build_state's
+        `held`)."""
+        return frozenset(self._held)
+
+    def next_deadline(self) -> float | None:
+        """When (on `clock`) the first held pod stops learning; None: none is held."""
+        return min(self._held.values(), default=None)
 
     # -- computing -----------------------------------------------------------------------
 
@@ -1394,6 +1468,8 @@ class IncrementalModel:
             old = self._evals.get(key)
             if new == old:
                 continue
+            if new is not None and (old is None or old.homes != new.homes):
+                self._moved(old, new)
             if old is not None:
                 for ip in old.addresses():
                     addresses.add(ip)
@@ -1406,6 +1482,30 @@ class IncrementalModel:
                     addresses.add(ip)
                     _tuple_add(self._claims, ip, key)
         return changed, addresses
+
+    def _moved(self, old: _Eval | None, new: _Eval) -> None:
+        """Hold learning each chosen pod that is ready on two nodes, or whose nodes changed
+        from some to others."""
+        before = dict(old.homes) if old is not None else {}
+        for pod, nodes in new.homes:
+            if len(nodes) > 1 or before.get(pod, nodes) != nodes:
+                self._held[pod] = self.clock() + self.hold
+
+    def _moving(self, pod: IPAddress) -> bool:
+        return any(pod in self._evals[k].moving() for k in self._claims.get(pod, ()))
+
+    def _expire(self) -> set[IPAddress]:
+        """Release the held pods whose time is up (one still on two nodes is held on); those
+        released."""
+        now = self.clock()
+        done = set()
+        for pod in [pod for pod, until in self._held.items() if until <= now]:
+            if self._moving(pod):
+                self._held[pod] = now + self.hold
+            else:
+                del self._held[pod]
+                done.add(pod)
+        return done
 
     def _component(self, seeds: set[Key], addresses: set[IPAddress]) -> set[Key]:
         """`seeds` and every Service linked to them through shared addresses, transitively."""
@@ -1437,15 +1537,17 @@ class IncrementalModel:
         """Apply the recorded changes; the difference in the desired state and Problems."""
         dirty, self._dirty = self._dirty, set()
         changed, addresses = self._reevaluate(dirty)
-        # a foreign LB IP appeared or went: the Services that claim it are warned anew
+        # a foreign LB IP appeared or went: the Services that claim it are warned anew; a
+        # held pod's time is up: its Services stop learning
         foreign, self._foreign_dirty = self._foreign_dirty, set()
+        foreign |= self._expire()
         for ip in foreign:
             changed.update(self._claims.get(ip, ()))
         addresses |= foreign
         comp = self._component(changed, addresses)
         old_outputs = [self._outputs.pop(k) for k in comp if k in self._outputs]
         new_by_ref = _compose(
-            (self._evals[k] for k in comp if k in self._evals), self._foreign_by_ip
+            (self._evals[k] for k in comp if k in self._evals), self._foreign_by_ip, self._held
         )
         for ref, o in new_by_ref.items():
             self._outputs[_key(ref)] = o

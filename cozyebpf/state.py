@@ -81,6 +81,8 @@ class ServiceEntry:
     port_filter: bool  # False: whole-IP (every port and protocol passes)
     allow_icmp: bool  # only meaningful with port_filter
     service: str = field(default="", compare=False)
+    #: the pod is migrating: TCP that opens nothing passes its filter (bpf/lib/types.h, CZ_F_LEARN)
+    learning: bool = False
 
     def __post_init__(self) -> None:
         _check_address("ServiceEntry", "pod_ip", self.pod_ip)
@@ -90,8 +92,8 @@ class ServiceEntry:
         """The address family (4 or 6)."""
         return self.pod_ip.version
 
-    def _key(self) -> tuple[tuple[int, int], bool, bool]:
-        return (address_key(self.pod_ip), self.port_filter, self.allow_icmp)
+    def _key(self) -> tuple[tuple[int, int], bool, bool, bool]:
+        return (address_key(self.pod_ip), self.port_filter, self.allow_icmp, self.learning)
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, ServiceEntry):
@@ -111,6 +113,8 @@ class PodEntry:
     port_filter: bool
     allow_icmp: bool
     service: str = field(default="", compare=False)
+    #: the pod is migrating: TCP that opens nothing passes its filter (bpf/lib/types.h, CZ_F_LEARN)
+    learning: bool = False
 
     def __post_init__(self) -> None:
         _check_address("PodEntry", "lb_ip", self.lb_ip)
@@ -120,8 +124,8 @@ class PodEntry:
         """The address family (4 or 6)."""
         return self.lb_ip.version
 
-    def _key(self) -> tuple[tuple[int, int], bool, bool]:
-        return (address_key(self.lb_ip), self.port_filter, self.allow_icmp)
+    def _key(self) -> tuple[tuple[int, int], bool, bool, bool]:
+        return (address_key(self.lb_ip), self.port_filter, self.allow_icmp, self.learning)
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, PodEntry):

@@ -38,6 +38,7 @@ Net: TypeAlias = IPv4Network | IPv6Network
 
 PORT_FILTER = 0x01
 ALLOW_ICMP = 0x02
+LEARN = 0x08  # the pod is migrating: TCP that opens nothing passes (pass_learn)
 
 PASS, DROP = "pass", "drop"
 XDP_DROP, XDP_PASS = 1, 2
@@ -52,7 +53,7 @@ TIMEOUTS = {
     "tcp": 432000 * 10**9,
     "tcp_closing": 10 * 10**9,
 }
-TCP_FIN, TCP_SYN, TCP_RST = 0x01, 0x02, 0x04
+TCP_FIN, TCP_SYN, TCP_RST, TCP_ACK = 0x01, 0x02, 0x04, 0x10
 
 TCP, UDP, SCTP, ICMP, ICMPV6 = 6, 17, 132, 1, 58
 PORT_PROTOS = (TCP, UDP, SCTP)
@@ -524,6 +525,10 @@ def _filter(
             return "pass_port"
         if state.live(FlowKey(pod_ip, p.src, dport, sport, p.proto), now_ns):
             return "pass_reply"
+        # a migrating pod: TCP that opens no connection (anything but a lone SYN)
+        opens = p.proto == TCP and frame[p.l4 + 13] & (TCP_SYN | TCP_ACK) == TCP_SYN
+        if flags & LEARN and p.proto == TCP and not opens and _fast_shaped(p):
+            return "pass_learn"
         return drop("drop_port")
     icmp_type = p.icmp_type(frame)
     if icmp_type is None:
@@ -538,6 +543,13 @@ def _filter(
     if inner is not None and _related(state, frame, p.family, pod_ip, inner, now_ns):
         return "pass_related"
     return "pass_icmp" if allow_icmp else drop("drop_icmp")
+
+
+def _fast_shaped(p: Packet) -> bool:
+    """Reading: a migrating pod learns (pass_learn) in the fast paths only (bpf/lib/types.h,
+    CZ_F_LEARN; docs/design.md, "Live migration"): an untagged frame, IPv4 without options and
+    not a fragment, IPv6 without extension headers. Any other frame is decided as before."""
+    return p.l3 == 14 and p.frag == "" and p.l4 == p.l3 + (20 if p.family == 4 else 40)
 
 
 def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:

@@ -66,6 +66,7 @@ from tests.packets import (
 )
 from tests.refmodel import (
     ALLOW_ICMP,
+    LEARN,
     PORT_FILTER,
     Addr,
     AllowKey,
@@ -97,6 +98,7 @@ FEATURES: frozenset[str] = frozenset(
         "ipv6-ext-after-fragment",  # an extension header after the fragment header
         "ranges",  # loadBalancerSourceRanges of several lengths, none at all, both families
         "expiry",  # flows idle for longer than their protocol's timeout, TCP closing
+        "learn",  # migrating pods (CZ_F_LEARN), TCP with every kind of flags
     }
 )
 # Disabled classes, and why: none. (To narrow a run down: CZ_DIFF_FEATURES=ipv4,vlan,...)
@@ -265,6 +267,8 @@ def seeds(draw: st.DrawFn) -> Seed:
         pool = POOLS[fam]
         for i in range(1 + draw(_index(len(pool.lbs)))):
             flags = pick(draw, (0, PORT_FILTER, PORT_FILTER | ALLOW_ICMP, ALLOW_ICMP))
+            if "learn" in FEATURES and pick(draw, (False, False, True)):
+                flags |= LEARN
             where = pick(draw, ("both", "both", "both", "svc", "pod"))
             # the pod of pair i is pods[i], or (rarely) another pair's pod
             pod = pool.pods[pick(draw, (i, i, i, (i + 1) % len(pool.pods)))]
@@ -357,6 +361,7 @@ class Ip:
     inner: Ip | None = None  # ICMP errors
     inner_cut: int | None = None  # keep only this many bytes of the inner packet
     ihl: int | None = None  # IPv4: override the IHL field
+    tcp_flags: int = 0x18  # PSH, ACK
 
     __repr__ = compact_repr
 
@@ -403,7 +408,7 @@ def _l4(ip: Ip, translated: tuple[Addr, Addr] | None) -> bytes:
     body = _payload(ip.payload, ip.dport)
     csum_at, pseudo = None, True
     if ip.proto == rm.TCP:
-        hdr = struct.pack("!HHIIBBHHH", ip.sport, ip.dport, 1, 0, 0x50, 0x18, 512, 0, 0)
+        hdr = struct.pack("!HHIIBBHHH", ip.sport, ip.dport, 1, 0, 0x50, ip.tcp_flags, 512, 0, 0)
         csum_at = 16
     elif ip.proto == rm.UDP:
         length = 8 + len(body) + (64 if ip.udp_len_datagram else 0)
@@ -649,6 +654,9 @@ def fresh_packet(c: Choices, seed: Seed, family: int, egress: bool) -> Ip:
         ip = replace(ip, options=c.pick((0, 0, 0, 1, 2)))
     else:
         ip = replace(ip, ext=c.pick(_v6_chains()))
+    if "learn" in FEATURES and ip.proto == rm.TCP:
+        # data, SYN, SYN-ACK, ACK, RST, FIN, none: only a lone SYN opens a connection
+        ip = replace(ip, tcp_flags=c.pick((0x18, 0x18, 0x02, 0x12, 0x10, 0x04, 0x01, 0x00)))
     if ip.proto == rm.icmp_proto(family):
         icmp_type = c.pick(_icmp_types(family))
         ip = replace(ip, icmp=(icmp_type, c.pick((0, 0, 4))))
@@ -803,18 +811,17 @@ def _addr_of(v: int | layout.Ip6) -> Addr:
     return layout.ip_of(v) if isinstance(v, int) else layout.ip6_of(v)
 
 
+def _entry(addr: Addr, flags: int) -> tuple[Addr, bool, bool, str, bool]:
+    """ServiceEntry/PodEntry arguments of a model entry's address and flags."""
+    return addr, bool(flags & PORT_FILTER), bool(flags & ALLOW_ICMP), "", bool(flags & LEARN)
+
+
 def map_state(state: RefState) -> MapState:
     """The model's svc, pod and allow tables as the control plane's MapState (PinnedMaps
     encodes it into addr4/addr6 and allow4/allow6, as the agent does)."""
     return MapState(
-        {
-            lb: ServiceEntry(s.pod_ip, bool(s.flags & PORT_FILTER), bool(s.flags & ALLOW_ICMP))
-            for lb, s in state.svc.items()
-        },
-        {
-            p: PodEntry(e.lb_ip, bool(e.flags & PORT_FILTER), bool(e.flags & ALLOW_ICMP))
-            for p, e in state.pod.items()
-        },
+        {lb: ServiceEntry(*_entry(s.pod_ip, s.flags)) for lb, s in state.svc.items()},
+        {p: PodEntry(*_entry(e.lb_ip, e.flags)) for p, e in state.pod.items()},
         {AllowedPort(a.pod_ip, Proto(a.proto), a.port) for a in state.allow},
         dict(state.ranges),
     )
@@ -1117,14 +1124,15 @@ def test_programs_match_the_model(dp: Datapath, scenario: Scenario) -> None:
     check_tables(dp, state, "after the batch")
 
 
-def test_the_run_met_source_ranges_and_expired_flows(dp: Datapath) -> None:
+def test_the_run_met_source_ranges_expired_flows_and_learning(dp: Datapath) -> None:
     """The generated states exercised what they are for: drops from outside a pod's ranges,
-    and replies of flows (some expired)."""
-    if not {"ranges", "expiry"} <= FEATURES or dp.frames == 0:
-        pytest.skip("ranges or expiry not generated in this run")
+    replies of flows (some expired), and TCP let in to migrating pods."""
+    if not {"ranges", "expiry", "learn"} <= FEATURES or dp.frames == 0:
+        pytest.skip("ranges, expiry or learn not generated in this run")
     counts = dp.counters()
     assert counts.get("drop_source", (0, 0))[0] > 0, counts
     assert counts.get("pass_reply", (0, 0))[0] > 0, counts
+    assert counts.get("pass_learn", (0, 0))[0] > 0, counts
 
 
 # -- hand-written regression cases -------------------------------------------------------------
@@ -1136,6 +1144,9 @@ LB6_FILT, POD6_FILT = "2001:db8:1b::20", "fd00:10:244::20"
 # a whole-IP Service whose pod accepts CLIENT only (loadBalancerSourceRanges), both families
 LB_RANGED, POD_RANGED = "203.0.113.40", "10.244.1.50"
 LB6_RANGED, POD6_RANGED = "2001:db8:1b::40", "fd00:10:244::40"
+# a port-filter Service whose pod is migrating (CZ_F_LEARN), both families
+LB_LEARN, POD_LEARN = "203.0.113.50", "10.244.1.60"
+LB6_LEARN, POD6_LEARN = "2001:db8:1b::50", "fd00:10:244::50"
 OTHER_CLIENT6 = "2001:db8:c::200"
 
 REG_SEED = Seed(
@@ -1147,11 +1158,14 @@ REG_SEED = Seed(
         Pair(_a(LB6_FILT), _a(POD6_FILT), PORT_FILTER),
         Pair(_a(LB_RANGED), _a(POD_RANGED), 0),
         Pair(_a(LB6_RANGED), _a(POD6_RANGED), 0),
+        Pair(_a(LB_LEARN), _a(POD_LEARN), PORT_FILTER | LEARN),
+        Pair(_a(LB6_LEARN), _a(POD6_LEARN), PORT_FILTER | LEARN),
     ),
     allow=(
         AllowKey(_a(POD_FILT), rm.TCP, 80),
         AllowKey(_a(POD_FILT), rm.UDP, 53),
         AllowKey(_a(POD6_FILT), rm.TCP, 80),
+        AllowKey(_a(POD_LEARN), rm.TCP, 80),
     ),
     flows=(
         FlowKey(_a(POD_FILT), _a(CLIENT), 34000, 443, rm.TCP),
@@ -1302,6 +1316,46 @@ REGRESSIONS = [
             ("pass_reply",),
             v4(POD_FILT) / TCP(sport=80, dport=35080, flags="SA"),
         ),
+    ),
+    case(
+        "a migrating pod: TCP that opens nothing passes to any port (pass_learn), translated",
+        Step(
+            v4(LB_LEARN) / TCP(sport=443, dport=36000, flags="A") / b"data",
+            ("pass_learn",),
+            v4(POD_LEARN) / TCP(sport=443, dport=36000, flags="A") / b"data",
+        ),
+        Step(
+            v4(LB_LEARN) / TCP(sport=443, dport=36001, flags="SA"),
+            ("pass_learn",),
+            v4(POD_LEARN) / TCP(sport=443, dport=36001, flags="SA"),
+        ),
+        Step(
+            v4(POD_LEARN) / TCP(sport=443, dport=36002, flags="R"),
+            ("pass_learn",),
+            v4(POD_LEARN) / TCP(sport=443, dport=36002, flags="R"),
+        ),
+        Step(
+            v6(LB6_LEARN) / TCP(sport=443, dport=36000, flags="PA") / b"data",
+            ("pass_learn",),
+            v6(POD6_LEARN) / TCP(sport=443, dport=36000, flags="PA") / b"data",
+        ),
+        Step(
+            v4(LB_LEARN) / TCP(sport=443, dport=80, flags="A"),
+            ("pass_port",),
+            v4(POD_LEARN) / TCP(sport=443, dport=80, flags="A"),
+        ),
+    ),
+    case(
+        "a migrating pod: a lone SYN, UDP, ICMP and frames the fast path leaves are refused",
+        Step(v4(LB_LEARN) / TCP(sport=443, dport=22, flags="S"), ("drop_port",)),
+        Step(v6(LB6_LEARN) / TCP(sport=443, dport=22, flags="S"), ("drop_port",)),
+        Step(v4(LB_LEARN) / UDP(sport=53, dport=36000), ("drop_port",)),
+        Step(v4(LB_LEARN) / ICMP(type=0), ("drop_icmp",)),
+        Step(
+            v4(LB_LEARN, options=b"\x01\x01\x01\x00") / TCP(sport=443, dport=36000, flags="A"),
+            ("drop_port",),
+        ),
+        Step(v6(LB6_LEARN) / SIX_EXT / TCP(sport=443, dport=36000, flags="A"), ("drop_port",)),
     ),
     # Ethernet, VLAN, IPv4 header
     case(

@@ -105,7 +105,11 @@ def slices(draw: st.DrawFn) -> Obj:
             cond["ready"] = ready
         if draw(st.integers(0, 5)) == 0:
             cond["terminating"] = True
-        eps.append({"addresses": [draw(st.sampled_from(POD_IPS))], "conditions": cond})
+        ep: Obj = {"addresses": [draw(st.sampled_from(POD_IPS))], "conditions": cond}
+        node = draw(st.sampled_from([None, "node1", "node2"]))
+        if node is not None:
+            ep["nodeName"] = node  # one address on two nodes: a live migration
+        eps.append(ep)
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -125,7 +129,8 @@ class Histories(RuleBasedStateMachine):
         self.services: dict[tuple[str, str], Obj] = {}
         self.slices: dict[tuple[str, str], Obj] = {}
         self.garbage: list[Obj] = []
-        self.model = IncrementalModel(DEFAULT_PROXY_NAME, self.capacity)
+        self.now = 0.0
+        self.model = IncrementalModel(DEFAULT_PROXY_NAME, self.capacity, clock=lambda: self.now)
         self.before = MapState()
         self.problems_before: set[Problem] = set()
 
@@ -173,6 +178,19 @@ class Histories(RuleBasedStateMachine):
                 ep["conditions"]["ready"] = not ep["conditions"].get("ready", True)
             self.feed()
 
+    @rule(key=slice_keys, node=st.sampled_from(["node1", "node2", "node3"]))
+    def move(self, key: tuple[str, str], node: str) -> None:
+        """The pods of a slice move to another node (a live migration, done)."""
+        if key in self.slices:
+            for ep in self.slices[key]["endpoints"]:
+                ep["nodeName"] = node
+            self.feed()
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, 10.0, 30.0]))
+    def time_passes(self, seconds: float) -> None:
+        """Held pods stop learning when their time is up (the next flush)."""
+        self.now += seconds
+
     @rule(key=slice_keys)
     def delete_slice(self, key: tuple[str, str]) -> None:
         self.slices.pop(key, None)
@@ -195,7 +213,7 @@ class Histories(RuleBasedStateMachine):
         delta = self.model.flush()
         assert not self.model.pending
         got = self.model.result()
-        want = build_state(self.objects(), DEFAULT_PROXY_NAME, self.capacity)
+        want = build_state(self.objects(), DEFAULT_PROXY_NAME, self.capacity, self.model.held)
         assert_same(got, want)
         # the diff is exactly what the controller must write
         assert apply_to(self.before, delta.diff) == want.state

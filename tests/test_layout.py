@@ -84,6 +84,7 @@ def test_layout_constants_match_the_c_defines() -> None:
         ("CZ_F_PORT_FILTER", layout.F_PORT_FILTER),
         ("CZ_F_ALLOW_ICMP", layout.F_ALLOW_ICMP),
         ("CZ_F_RANGES", layout.F_RANGES),
+        ("CZ_F_LEARN", layout.F_LEARN),
         ("CZ_TO_UDP", layout.TO_UDP),
         ("CZ_TO_ICMP", layout.TO_ICMP),
         ("CZ_TO_TCP", layout.TO_TCP),

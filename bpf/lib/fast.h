@@ -316,7 +316,7 @@ static __always_inline int fast_reply(int v6, const struct ip6 *pod, const struc
  * an allowed port, else a reply of a flow, else drop_port.
  */
 static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be32 remote,
-					  __u8 proto, __be16 sport, __be16 dport)
+					  __u8 proto, __be16 sport, __be16 dport, __u8 tcp_flags)
 {
 	int out = (v->flags & CZ_F_RANGES) && !src_in_range4(pod, remote);
 
@@ -334,6 +334,8 @@ static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be3
 	}
 	if (fast_reply(0, (struct ip6 *)&pod, (struct ip6 *)&remote, dport, sport, proto))
 		return CZ_PASS_REPLY;
+	if (cz_unlikely(cz_learns(v->flags, proto, tcp_flags)))
+		return CZ_PASS_LEARN;
 	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }
 
@@ -459,7 +461,7 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	__u32 reason, delta;
 	__be32 pod, from;
 	__u16 *c, n;
-	__u8 proto, tf;
+	__u8 proto, tf = 0;
 
 	if (!v)
 		return XDP_PASS;
@@ -470,7 +472,7 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	pod = (v->kind & CZ_K_LB) ? v->pod_ip : from;
 	reason = CZ_NAT_INGRESS;
 	if (v->flags & CZ_F_FLOWS)
-		reason = fast_filter4(v, pod, ip->saddr, proto, sport, dport);
+		reason = fast_filter4(v, pod, ip->saddr, proto, sport, dport, tf);
 	if (reason == CZ_DROP_PORT) { /* the flood's path: every index a constant */
 		fast_count(0, CZ_DROP_PORT, v->in_slot, data_end - data);
 		fast_monitor(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
@@ -517,6 +519,8 @@ static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v
 	}
 	if (fast_reply(1, pod, remote, f->dport, f->sport, f->proto))
 		return CZ_PASS_REPLY;
+	if (cz_unlikely(cz_learns(v->flags, f->proto, f->tcp_flags)))
+		return CZ_PASS_LEARN;
 	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }
 
@@ -570,7 +574,7 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 		to->a[0] = pod;
 		if (!(v->flags & CZ_F_FLOWS))
 			return CZ_NAT_INGRESS;
-		return fast_filter4(v, pod, ip->saddr, f->proto, f->sport, f->dport);
+		return fast_filter4(v, pod, ip->saddr, f->proto, f->sport, f->dport, f->tcp_flags);
 	}
 	ip6 = fast_ip6(data, data_end);
 	if (ip6)

@@ -232,6 +232,17 @@ static __always_inline int src_in_range4(__be32 pod, __be32 src)
 #define CZ_TCP_FIN 0x01
 #define CZ_TCP_SYN 0x02
 #define CZ_TCP_RST 0x04
+#define CZ_TCP_ACK 0x10
+
+/*
+ * A packet to a migrating pod (CZ_F_LEARN) that may belong to a flow recorded on another node:
+ * TCP that opens no connection (a lone SYN does). It passes, unrecorded (types.h, CZ_F_LEARN).
+ */
+static __always_inline int cz_learns(__u8 flags, __u8 proto, __u8 tcp_flags)
+{
+	return (flags & CZ_F_LEARN) && proto == IPPROTO_TCP &&
+	       (tcp_flags & (CZ_TCP_SYN | CZ_TCP_ACK)) != CZ_TCP_SYN;
+}
 
 /*
  * The value a pod's packet leaves in its flow's entry (`last`: the entry's, 0 for a new one):

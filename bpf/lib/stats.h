@@ -25,6 +25,7 @@ enum cz_reason {
 	CZ_DROP_FRAG_ORPHAN = 14, /* port filter: non-first fragment, first one not seen (yet) */
 	CZ_DROP_ICMP_INNER = 15,  /* ICMP error with a truncated, invalid or nested inner packet */
 	CZ_DROP_SOURCE = 16,	  /* source ranges: a source outside them, not a reply */
+	CZ_PASS_LEARN = 17,	  /* port filter: TCP that opens nothing, to a migrating pod */
 	CZ_REASON_MAX
 };
 

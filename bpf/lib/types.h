@@ -20,6 +20,14 @@
  */
 #define CZ_F_RANGES 0x04
 #define CZ_F_FLOWS (CZ_F_PORT_FILTER | CZ_F_RANGES) /* pod_flags: egress records flows */
+/*
+ * flags: the pod is migrating (ready on two nodes, or moved a moment ago): its flows were
+ * recorded on the node it came from, so TCP that opens nothing (no SYN, or SYN with ACK) passes
+ * where only a reply would (pass_learn), in the fast paths (a frame they leave to a full path is
+ * decided as before: a branch there costs its verification a third more); the pod's answer
+ * records the flow here
+ */
+#define CZ_F_LEARN 0x08
 
 /* addr4_val.kind: what the address is (both bits: an LB IP that is also some pod's IP) */
 #define CZ_K_LB 0x01  /* an LB IP: ingress translates the destination to pod_ip */

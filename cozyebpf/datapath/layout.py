@@ -23,6 +23,8 @@ F_PORT_FILTER = 0x01
 F_ALLOW_ICMP = 0x02
 #: flags: the pod accepts only the sources in range4/range6; pod_flags: egress records flows
 F_RANGES = 0x04
+#: flags: the pod is migrating, TCP that opens nothing passes its filter (pass_learn)
+F_LEARN = 0x08
 
 K_LB = 0x01  # addr value kind: an LB IP (ingress translates to pod_ip)
 K_POD = 0x02  # a pod IP (egress translates to lb_ip)

@@ -38,6 +38,7 @@ from cozyebpf.datapath.layout import (
     DRYRUN,
     EVENTS,
     F_ALLOW_ICMP,
+    F_LEARN,
     F_PORT_FILTER,
     F_RANGES,
     FLOW_CLOSING,
@@ -232,13 +233,25 @@ def _range_of(raw: bytes) -> tuple[bytes, IPv4Network | IPv6Network]:
     return pod, net
 
 
-def _flags(port_filter: bool, allow_icmp: bool) -> int:
-    return (F_PORT_FILTER if port_filter else 0) | (F_ALLOW_ICMP if allow_icmp else 0)
+def _flags(e: ServiceEntry | PodEntry) -> int:
+    """The CZ_F_* flags of an entry (without F_RANGES: the ranges map says that)."""
+    return (
+        (F_PORT_FILTER if e.port_filter else 0)
+        | (F_ALLOW_ICMP if e.allow_icmp else 0)
+        | (F_LEARN if e.learning else 0)
+    )
 
 
-def _entry_flags(flags: int) -> tuple[bool, bool]:
-    """(port_filter, allow_icmp) of a map value's flags."""
-    return bool(flags & F_PORT_FILTER), bool(flags & F_ALLOW_ICMP)
+def _service_entry(addr: IPAddress, flags: int, service: str = "") -> ServiceEntry:
+    """The ServiceEntry of an LB role: its pod IP and its flags."""
+    pf, icmp, learn = (bool(flags & f) for f in (F_PORT_FILTER, F_ALLOW_ICMP, F_LEARN))
+    return ServiceEntry(addr, pf, icmp, service, learn)
+
+
+def _pod_entry(addr: IPAddress, flags: int, service: str = "") -> PodEntry:
+    """The PodEntry of a pod role: its LB IP and its flags."""
+    pf, icmp, learn = (bool(flags & f) for f in (F_PORT_FILTER, F_ALLOW_ICMP, F_LEARN))
+    return PodEntry(addr, pf, icmp, service, learn)
 
 
 def _ip(raw: bytes) -> IPAddress:
@@ -291,9 +304,9 @@ class _Mirror:
     def of(cls, st: MapState) -> _Mirror:
         m = cls()
         for lb, s in st.services.items():
-            m.link(lb.packed, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp), s.service)
+            m.link(lb.packed, s.pod_ip.packed, _flags(s), s.service)
         for p, e in st.pods.items():
-            m.set_pod(p.packed, e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp), e.service)
+            m.set_pod(p.packed, e.lb_ip.packed, _flags(e), e.service)
         for a in st.allowed:
             m.ports.setdefault(a.pod_ip.packed, set()).add(_port_bytes(a))
         m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
@@ -748,9 +761,9 @@ class PinnedMaps:
                 n = len(kraw)
                 other, flags = _ip(vraw[:n]), vraw[n]
                 if spec in (V1_SVC4, V1_SVC6):
-                    st.services[_ip(kraw)] = ServiceEntry(other, *_entry_flags(flags))
+                    st.services[_ip(kraw)] = _service_entry(other, flags)
                 else:
-                    st.pods[_ip(kraw)] = PodEntry(other, *_entry_flags(flags))
+                    st.pods[_ip(kraw)] = _pod_entry(other, flags)
         if not fill:
             log.warning(
                 "maps in %s: the upgrade from layout version 1 was not finished; finishing it",
@@ -921,7 +934,7 @@ class PinnedMaps:
                 if kind & K_LB:
                     pod, flags, svc = vraw[:n], vraw[n + 1] & ~F_RANGES, name(in_slot)
                     m.link(kraw, pod, flags, svc)
-                    st.services[addr] = ServiceEntry(_ip(pod), *_entry_flags(flags), svc)
+                    st.services[addr] = _service_entry(_ip(pod), flags, svc)
                 if kind & K_POD:
                     lb, flags, svc = (
                         vraw[lb_at : lb_at + n],
@@ -929,7 +942,7 @@ class PinnedMaps:
                         name(out_slot),
                     )
                     m.set_pod(kraw, lb, flags, svc)
-                    st.pods[addr] = PodEntry(_ip(lb), *_entry_flags(flags), svc)
+                    st.pods[addr] = _pod_entry(_ip(lb), flags, svc)
                 raw[kraw] = vraw
         return st, raw, restricted
 
@@ -1026,7 +1039,7 @@ class PinnedMaps:
         if not v.kind & K_LB:
             return None
         svc = self.service_of_slot(_SLOTS.unpack_from(vraw, _slots_at(n))[0])
-        return ServiceEntry(_ip(v.pod_ip), *_entry_flags(v.flags), svc)
+        return _service_entry(_ip(v.pod_ip), v.flags, svc)
 
     def lookup_pod(self, pod: IPAddress) -> PodEntry | None:
         """The entry of one pod IP, by a single lookup."""
@@ -1038,7 +1051,7 @@ class PinnedMaps:
         if not v.kind & K_POD:
             return None
         svc = self.service_of_slot(_SLOTS.unpack_from(vraw, _slots_at(n))[1])
-        return PodEntry(_ip(v.lb_ip), *_entry_flags(v.pod_flags), svc)
+        return _pod_entry(_ip(v.lb_ip), v.pod_flags, svc)
 
     def _lookup_addr(self, addr: IPAddress) -> bytes | None:
         spec = self.layout.addr4 if addr.version == 4 else self.layout.addr6
@@ -1230,13 +1243,13 @@ class PinnedMaps:
         for lb, s in d.services_set.items():
             key = lb.packed
             named.add(m.unlink(key))
-            m.link(key, s.pod_ip.packed, _flags(s.port_filter, s.allow_icmp), s.service)
+            m.link(key, s.pod_ip.packed, _flags(s), s.service)
             named.add(s.service)
             touched.add(key)
         for p, e in d.pods_set.items():
             key = p.packed
             named.add(m.del_pod(key))
-            m.set_pod(key, e.lb_ip.packed, _flags(e.port_filter, e.allow_icmp), e.service)
+            m.set_pod(key, e.lb_ip.packed, _flags(e), e.service)
             named.add(e.service)
             touched.add(key)
         for lb in d.services_del:
@@ -1402,11 +1415,11 @@ class PinnedMaps:
 
         write(
             "svc",
-            [(a, s.pod_ip, _flags(s.port_filter, s.allow_icmp)) for a, s in d.services_set.items()],
+            [(a, s.pod_ip, _flags(s)) for a, s in d.services_set.items()],
         )
         write(
             "pod",
-            [(a, e.lb_ip, _flags(e.port_filter, e.allow_icmp)) for a, e in d.pods_set.items()],
+            [(a, e.lb_ip, _flags(e)) for a, e in d.pods_set.items()],
         )
         delete("svc", d.services_del)
         delete("pod", d.pods_del)

@@ -21,6 +21,7 @@ REASONS: tuple[str, ...] = (
     "drop_frag_orphan",
     "drop_icmp_inner",
     "drop_source",
+    "pass_learn",
 )
 
 DESCRIPTIONS: dict[str, str] = {
@@ -41,6 +42,7 @@ DESCRIPTIONS: dict[str, str] = {
     "drop_frag_orphan": "port filter: non-first fragment whose first one was not seen",
     "drop_icmp_inner": "ICMP error with a truncated, invalid or nested inner packet",
     "drop_source": "source ranges: a source outside them, not a reply to the pod's flow",
+    "pass_learn": "port filter: TCP that opens nothing, to a pod that is migrating",
 }
 
 #: the drop reasons in the order of svc_stat.drops[] (cz_drop_index in bpf/lib/stats.h: the
