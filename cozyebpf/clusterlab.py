@@ -146,6 +146,7 @@ VNI = 1
 POD_MTU = 1400  # Kube-OVN: 1500 minus its tunnel overhead
 CANARY_LB = "203.0.113.250"
 SERVER_TCP, SERVER_UDP = 8443, 5353
+SERVER_PUSH = 8444  # the server sends without pause to whoever connects (a download)
 PROXY_LABEL = "service.kubernetes.io/service-proxy-name"
 PACKET_OUTGOING = 4
 ETH_P_ARP = 0x0806
@@ -268,7 +269,10 @@ SHAPES = ("vm-a", "vm-b", "vm-c")  # sections 1, 2: filter, whole-IP, filter wit
 POD_PAIRS = (("p1", "vm-b"), ("p3", "vm-a"), ("p1", "vm-a"))  # section 4 (the last: one node)
 HAIRPIN = ("vm-a", "vm-b")
 HOST_PAIRS = ((1, "vm-a"), (1, "vm-b"))  # section 6: on the VM's node, on another
-MIGRATE = ("vm-a", 3)  # section 7: a port-filter VM, node1 -> node3
+#: section 7: a port-filter VM, node1 -> node3 and back. MetalLB elects the same node of the
+#: two while both are ready (node1): going, the announcement moves at "new ready", after the
+#: switch; coming back, at "both ready", to the target before the VM runs there
+MIGRATIONS = (("vm-a", 3), ("vm-a", 1))
 RESTART_NODE = 2  # section 8
 RESTART_STREAMS = ("vm-a", "vm-b", "vm-e")  # one or more VMs per node, node2's included
 
@@ -818,6 +822,87 @@ class TcpStream:
         return sum(1 for e, _ in self.echoes if e > t)
 
 
+class Pusher:
+    """A server that, to every connection, sends 1,000 bytes every 10 ms until it fails (a
+    download), in threads."""
+
+    def __init__(self, lab: Lab, ns: str, port: int) -> None:
+        self.sock = lab.ns_socket(ns, socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", port))
+        self.sock.listen(16)
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, name="pusher", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._push, args=(conn,), daemon=True).start()
+
+    def _push(self, conn: socket.socket) -> None:
+        chunk = b"d" * 1000
+        with conn:
+            conn.settimeout(10)
+            while not self._stop.is_set():
+                try:
+                    conn.sendall(chunk)
+                except OSError:
+                    return
+                self._stop.wait(0.01)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+@dataclass
+class Download:
+    """Reads a connection without ever writing to it: (monotonic time, bytes) of each read.
+    Only the TCP stack answers (ACKs), as a VM downloading a file does."""
+
+    sock: socket.socket
+    reads: list[tuple[float, int]] = field(default_factory=list)
+    error: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Download:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        self.sock.settimeout(0.5)
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError as e:
+                self.error = _err(e)
+                return
+            if not data:
+                self.error = "closed by the peer"
+                return
+            self.reads.append((time.monotonic(), len(data)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+        self.sock.close()
+
+    def bytes_after(self, t: float) -> int:
+        return sum(n for at, n in self.reads if at > t)
+
+    def longest_pause(self) -> float:
+        times = [t for t, _ in self.reads]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
 @dataclass
 class UdpStream:
     """Datagrams at `rate` per second from one socket to addr:port; the echoes received."""
@@ -935,12 +1020,13 @@ class ClusterLab:
         self.agents: dict[int, Agent] = {}
         self.speakers: dict[int, Speaker] = {}
         self.echo: EchoHub | None = None
+        self.pusher: Pusher | None = None
         self.api: ApiBridge | None = None
         self.observer: Observer | None = None
         self.created: list[str] = []
         self.pod_names = {w.name: f"virt-launcher-{w.name}-{w.index:02d}aaa" for w in workloads}
         self.canary = 0
-        self.migration: dict[str, Any] = {}
+        self.migration: dict[str, dict[str, Any]] = {}  # by migration
 
     @property
     def workdir(self) -> Path:
@@ -1043,6 +1129,7 @@ class ClusterLab:
             self.echo.serve(self.lab, self.pod_ns(w.name), socket.SOCK_DGRAM, 53)
         self.echo.serve(self.lab, self.server, socket.SOCK_STREAM, SERVER_TCP)
         self.echo.serve(self.lab, self.server, socket.SOCK_DGRAM, SERVER_UDP)
+        self.pusher = Pusher(self.lab, self.server, SERVER_PUSH)
         self.api = ApiBridge(
             self.lab, self.add_ns(self.ns("api")), [self.node(n) for n in NODES], self.workdir
         )
@@ -1387,6 +1474,16 @@ class ClusterLab:
 
         wait_for(ready, timeout, f"{node_name(n)}'s agent to attach")
 
+    def learned(self, offsets: dict[int, int] | None = None) -> dict[str, int]:
+        """pass_learn packets per node (cumulative: the counters live as long as the pins)."""
+        from cozyebpf.datapath.maps import PinnedMaps
+
+        out = {}
+        for n, a in self.agents.items():
+            with PinnedMaps.open(a.pin_dir) as m:
+                out[node_name(n)] = m.counters().get("pass_learn", {}).get("packets", 0)
+        return out
+
     def lb_map(self, a: Agent) -> dict[str, str]:
         from cozyebpf.datapath.maps import PinnedMaps
 
@@ -1439,6 +1536,9 @@ class ClusterLab:
         if self.echo:
             self.echo.close()
             self.echo = None
+        if self.pusher:
+            self.pusher.close()
+            self.pusher = None
         if self.api:
             with contextlib.suppress(Exception):
                 self.api.close()
@@ -1682,26 +1782,30 @@ class ClusterLab:
                 return node_name(n)
         return m[1]
 
-    def run_migration(self) -> list[Row]:
+    def run_migration(self, name: str, to: int) -> list[Row]:
         s = "7 live migration"
-        name, to = MIGRATE
         w = self.workloads[name]
         assert w.lb_ip is not None and self.api is not None
         frm = self.location[name]
         desc = f"{self.where(name)} -> n{to}"
-        new_pod = f"virt-launcher-{name}-{w.index:02d}bbb"
+        new_pod = f"virt-launcher-{name}-{w.index:02d}{'bbb' if to != w.node else 'ccc'}"
+        learned0 = self.learned()
         # load: a connection from outside, one the VM opened, 100 datagrams/s from outside
         outside = self.lab.ns_socket(self.client, socket.AF_INET, socket.SOCK_STREAM)
         opened = self.lab.ns_socket(self.pod_ns(name), socket.AF_INET, socket.SOCK_STREAM)
+        fetch = self.lab.ns_socket(self.pod_ns(name), socket.AF_INET, socket.SOCK_STREAM)
         errors: list[str] = []
         try:
             outside.settimeout(3)
             outside.connect((w.lb_ip, 80))
             opened.settimeout(3)
             opened.connect((SERVER_IP, SERVER_TCP))
+            fetch.settimeout(3)
+            fetch.connect((SERVER_IP, SERVER_PUSH))
         except OSError as e:
             errors.append(f"could not connect: {_err(e)}")
         tin, tout = TcpStream(outside).start(), TcpStream(opened).start()
+        down = Download(fetch).start()
         udp = UdpStream(
             self.lab.ns_socket(self.client, socket.AF_INET, socket.SOCK_DGRAM), (w.lb_ip, 53)
         ).start()
@@ -1744,9 +1848,14 @@ class ClusterLab:
                     f"after the migration ({what})",
                     lambda st=st: wait_for(lambda: st.after(t["new"]) > 10 or st.error, 5),  # type: ignore[misc]
                 )
+            step(
+                "after the migration (download)",
+                lambda: wait_for(lambda: down.bytes_after(t["new"]) > 100_000 or down.error, 5),
+            )
         finally:
             tin.stop()
             tout.stop()
+            down.stop()
             udp.stop()
         t["end"] = time.monotonic()
         owner = self.router_owner(w.lb_ip)
@@ -1758,8 +1867,8 @@ class ClusterLab:
         ]
         # datagrams sent while both were ready, but not in flight at the switch (lab RTT: < 1 ms)
         both_window = (t.get("both", 0.0), t.get("switch", 0.0) - 0.05)
-        self.migration = {
-            "vm": desc,
+        learned = self.learned()
+        fig: dict[str, Any] = {
             "switch_ms": (t.get("switched", 0) - t.get("switch", 0)) * 1000,
             "udp": udp.summary(),
             "udp_lost": len(udp.lost()),
@@ -1767,10 +1876,15 @@ class ClusterLab:
             "udp_gap_ms": udp.gap() * 1000,
             "tcp_outside_pause_ms": tin.longest_pause() * 1000,
             "tcp_opened_pause_ms": tout.longest_pause() * 1000,
+            "download_bytes_before": sum(n for at, n in down.reads if at <= t.get("both", 0)),
+            "download_bytes_after": down.bytes_after(t.get("new", math.inf)),
+            "download_pause_ms": down.longest_pause() * 1000,
+            "pass_learn": {n: learned[n] - learned0.get(n, 0) for n in learned},
             "garp": [f"{n} at {dt * 1000:+.0f} ms from the switch" for n, dt in garps],
             "announcer": {"both ready": owners.get("both"), "new ready": owners.get("new")},
             "router_neighbour": owner,
         }
+        self.migration[desc] = fig
         common = [e for e in errors if not e.startswith("after")]
 
         def stream_row(case: str, st: TcpStream, what: str, extra: str = "") -> Row:
@@ -1793,10 +1907,28 @@ class ClusterLab:
             )
 
         seen_out = ", ".join(sorted({p for _, p in tout.echoes})) or "nothing"
+        down_errs = common + [e for e in errors if e.startswith("after the migration (download)")]
+        if down.error:
+            down_errs.append(f"error: {down.error}")
         rows = [
             stream_row("tcp from outside keeps going", tin, "outside"),
             stream_row(
                 "tcp the VM opened keeps going", tout, "opened", f"; the server saw {seen_out}"
+            ),
+            Row(
+                s,
+                f"{desc} tcp download the VM opened keeps going",
+                self.layout,
+                not down_errs and fig["download_bytes_after"] > 0,
+                "; ".join(
+                    [
+                        *down_errs,
+                        f"{sum(n for _, n in down.reads)} bytes, "
+                        f"{fig['download_bytes_after']} after the migration, "
+                        f"longest pause {fig['download_pause_ms']:.0f} ms, "
+                        f"pass_learn by node: {fig['pass_learn']}",
+                    ]
+                ),
             ),
             Row(
                 s,
@@ -1807,7 +1939,7 @@ class ClusterLab:
                     [
                         *common,
                         udp.summary(),
-                        f"the switch took {self.migration['switch_ms']:.0f} ms",
+                        f"the switch took {fig['switch_ms']:.0f} ms",
                     ]
                 ),
             ),
@@ -1833,8 +1965,8 @@ class ClusterLab:
                 owners.get("new") == to
                 and owner == node_name(to)
                 and any(n == node_name(to) for n, _ in garps),
-                f"elected: {self.migration['announcer']}; the ToR's neighbour: {owner}; "
-                f"GARP: {', '.join(self.migration['garp']) or 'none'}",
+                f"elected: {fig['announcer']}; the ToR's neighbour: {owner}; "
+                f"GARP: {', '.join(fig['garp']) or 'none'}",
             )
         )
         return rows
@@ -1916,7 +2048,8 @@ class ClusterLab:
     def run_all(self) -> list[Row]:
         rows = self.run_paths()
         if self.layout == "kubeovn":
-            rows += self.run_migration()
+            for name, to in MIGRATIONS:
+                rows += self.run_migration(name, to)
         rows += self.run_restart()
         rows += self.run_observer()
         return rows
@@ -1927,14 +2060,14 @@ def planned_cases(layout: str) -> list[tuple[str, str]]:
     workloads, without building anything (for the tests' ids)."""
     lab = ClusterLab(layout)
     rows = [(s, c) for s, c, _ in lab.path_cases()]
-    name, to = MIGRATE
-    if layout == "kubeovn":
+    for name, to in MIGRATIONS if layout == "kubeovn" else ():
         desc = f"{lab.where(name)} -> n{to}"
         rows += [
             ("7 live migration", f"{desc} {what}")
             for what in (
                 "tcp from outside keeps going",
                 "tcp the VM opened keeps going",
+                "tcp download the VM opened keeps going",
                 "udp 100 pkt/s",
                 "both ready (one address): no warning, no gap",
                 "announcement moves",
@@ -2019,10 +2152,11 @@ def main(
             figures[lay] = fig
     click.echo()
     click.echo(format_table(all_rows))
-    for lay, fig in figures.items():
-        click.secho(f"\nlive migration ({lay}):", bold=True)
-        for k, v in fig.items():
-            click.echo(f"  {k}: {round(v) if isinstance(v, float) else v}")
+    for lay, figs in figures.items():
+        for desc, fig in figs.items():
+            click.secho(f"\nlive migration ({lay}), {desc}:", bold=True)
+            for k, v in fig.items():
+                click.echo(f"  {k}: {round(v) if isinstance(v, float) else v}")
     if as_json:
         Path(as_json).write_text(
             json.dumps({"rows": [r.__dict__ for r in all_rows], "migration": figures}, indent=1)
