@@ -21,9 +21,7 @@
 #include "lib/tail.h"
 #include "lib/tc.h"
 
-#define CZ_TC_SLOW 1 /* fast_egress: not decided, take the full path */
-
-/* The common frame (lib/fast.h): a verdict, or CZ_TC_SLOW. */
+/* The common frame (lib/fast.h): a verdict, or CZ_SLOW. */
 static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *data_end)
 {
 	struct cz_fast f = {};
@@ -32,22 +30,22 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	struct iphdr *ip = fast_ip4(data, data_end);
 
 	if (ip) {
-		int verdict = fast_egress4(skb, data, data_end, ip);
+		struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
 
-		if (verdict == CZ_FAST_NOT_POD)
+		if (!v || !(v->kind & CZ_K_POD))
 			return to_lb4(skb, data, data_end, ip);
-		return verdict == CZ_FAST_SLOW ? CZ_TC_SLOW : verdict;
+		return fast_snat4(skb, data, data_end, ip, v);
 	} else {
 		struct ipv6hdr *ip6 = fast_ip6(data, data_end);
 		struct addr6_val *v;
 
 		if (!ip6)
-			return CZ_TC_SLOW;
+			return CZ_SLOW;
 		v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
 		if (!v || !(v->kind & CZ_K_POD))
 			return CZ_TC_NEXT;
 		if (fast_check6(&f, ip6, data, data_end, skb->len) < 0)
-			return CZ_TC_SLOW;
+			return CZ_SLOW;
 		lb = v->lb_ip;
 		f.slot = v->out_slot;
 		if (v->pod_flags & CZ_F_FLOWS)
@@ -73,7 +71,7 @@ int cz_egress(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	rc = fast_egress(skb, data, data_end);
-	if (rc != CZ_TC_SLOW)
+	if (rc != CZ_SLOW)
 		return rc;
 	cz_tail_tc.call(skb, CZ_SLOW_EGRESS);
 	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
@@ -106,7 +104,7 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	rc = fast_snat4(skb, data, data_end, ip, v);
 	if (rc == CZ_TC_NEXT)
 		return next;
-	if (rc != CZ_FAST_SLOW)
+	if (rc != CZ_SLOW)
 		return rc;
 	cz_tail_tc.call(skb, CZ_SLOW_POD);
 	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */

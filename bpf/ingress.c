@@ -58,7 +58,7 @@ int cz_ingress(struct xdp_md *ctx)
 	if (!ip)
 		return ingress6(ctx, data, data_end);
 	verdict = fast_xdp4(ctx, data, data_end, ip);
-	if (cz_unlikely(verdict == CZ_FAST_SLOW))
+	if (cz_unlikely(verdict == CZ_SLOW))
 		return ingress_slow(ctx, data, data_end);
 	return verdict;
 }

@@ -19,7 +19,6 @@
 #include "parse.h"
 #include "stats.h"
 
-#define CZ_SLOW 0xfffffffe /* not decided here: take the full path */
 #define cz_unlikely(x) __builtin_expect(!!(x), 0)
 #define cz_likely(x) __builtin_expect(!!(x), 1)
 
@@ -400,11 +399,6 @@ static __always_inline int fast_outside(void *data, void *data_end)
 	return 0;
 }
 
-/* Not decided by an IPv4 fast path (fast_xdp4, fast_egress4): not a verdict of XDP or tc. */
-#define CZ_FAST_SLOW 1000
-/* fast_egress4: the source is no managed pod IP (the caller may look at the destination) */
-#define CZ_FAST_NOT_POD 1001
-
 /*
  * The checks of an untagged IPv4 header and its TCP/UDP header (as fast_check4, without a
  * struct cz_fast): 0 with the ports and the checksum field, or -1 (the full path decides).
@@ -451,7 +445,7 @@ static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 fr
 /*
  * XDP, IPv4: the whole fast path in one piece -- decision, counter and rewrite -- with nothing
  * on the stack but map keys, so that the code and data a packet touches stay few cache lines.
- * An XDP verdict, or CZ_FAST_SLOW.
+ * An XDP verdict, or CZ_SLOW.
  */
 static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_end,
 				     struct iphdr *ip)
@@ -466,7 +460,7 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	if (!v)
 		return XDP_PASS;
 	if (cz_unlikely(fast_hdrs4(ip, data_end, data_end - data, &sport, &dport, &c, &tf) < 0))
-		return CZ_FAST_SLOW;
+		return CZ_SLOW;
 	proto = ip->protocol;
 	from = ip->daddr;
 	pod = (v->kind & CZ_K_LB) ? v->pod_ip : from;
@@ -722,7 +716,7 @@ static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
  * Egress (tc), IPv4: the whole fast path in one piece -- flow record, rewrite, counter. The
  * source and the IPv4 header checksum with direct writes, the L4 checksum through
  * bpf_l4_csum_replace (CHECKSUM_PARTIAL skbs), for the pod whose entry is v. A tc verdict, or
- * CZ_FAST_SLOW.
+ * CZ_SLOW.
  */
 static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *data_end,
 				      struct iphdr *ip, struct addr4_val *v)
@@ -735,7 +729,7 @@ static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *d
 	__u8 tf = 0;
 
 	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c, &tf) < 0))
-		return CZ_FAST_SLOW;
+		return CZ_SLOW;
 	from = ip->saddr;
 	to = v->lb_ip;
 	slot = v->out_slot;
@@ -753,17 +747,6 @@ static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *d
 	}
 	fast_count(1, CZ_NAT_EGRESS, slot, skb->len);
 	return CZ_TC_NEXT;
-}
-
-/* The same for a packet whose source is not yet looked up: CZ_FAST_NOT_POD when it is no pod's */
-static __always_inline int fast_egress4(struct __sk_buff *skb, void *data, void *data_end,
-					struct iphdr *ip)
-{
-	struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
-
-	if (!v || !(v->kind & CZ_K_POD))
-		return CZ_FAST_NOT_POD;
-	return fast_snat4(skb, data, data_end, ip, v);
 }
 
 #endif
