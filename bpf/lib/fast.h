@@ -19,9 +19,6 @@
 #include "parse.h"
 #include "stats.h"
 
-#define cz_unlikely(x) __builtin_expect(!!(x), 0)
-#define cz_likely(x) __builtin_expect(!!(x), 1)
-
 /* What the fast parse found; the L4 header is TCP or UDP and valid. */
 struct cz_fast {
 	void *l3;
@@ -75,42 +72,6 @@ static __always_inline void fast_monitor(void *ctx, int is_xdp, int dir, __u32 r
 	}
 }
 
-/* The TCP or UDP header at `l4` with `len` bytes of IP payload: 0 when valid (the checks of
- * parse_l4 for a packet that is not a fragment), -1 otherwise (the full path decides). */
-static __always_inline int fast_l4(struct cz_fast *f, __u8 proto, void *l4, void *data,
-				   void *data_end, __u32 len)
-{
-	if (proto == IPPROTO_UDP) {
-		struct udphdr *uh = l4;
-		__u32 ulen;
-
-		if ((void *)(uh + 1) > data_end || len < sizeof(*uh))
-			return -1;
-		ulen = bpf_ntohs(uh->len);
-		if (ulen < sizeof(*uh) || ulen > len)
-			return -1;
-		f->sport = uh->source;
-		f->dport = uh->dest;
-		f->csum = &uh->check;
-	} else if (proto == IPPROTO_TCP) {
-		struct tcphdr *th = l4;
-
-		if ((void *)(th + 1) > data_end || len < sizeof(*th))
-			return -1;
-		if (th->doff < 5 || th->doff * 4 > len)
-			return -1;
-		f->sport = th->source;
-		f->dport = th->dest;
-		f->csum = &th->check;
-		f->tcp_flags = ((__u8 *)th)[13];
-	} else {
-		return -1;
-	}
-	f->proto = proto;
-	f->csum_off = (void *)f->csum - data;
-	return 0;
-}
-
 /* An untagged IPv4 frame: the IP header, or NULL. */
 static __always_inline struct iphdr *fast_ip4(void *data, void *data_end)
 {
@@ -131,20 +92,36 @@ static __always_inline struct ipv6hdr *fast_ip6(void *data, void *data_end)
 	return ip6;
 }
 
-/* The rest of a managed IPv4 header: no options, not a fragment, TCP/UDP. 0 or -1. */
-static __always_inline int fast_check4(struct cz_fast *f, struct iphdr *ip, void *data,
-				       void *data_end, __u32 frame_len)
+/*
+ * The rest of an untagged IPv4 header whose address matched -- no options, not a fragment, the
+ * lengths consistent -- and its TCP or UDP header (cz_tcpudp): 0 with the ports, the checksum
+ * field and TCP's flags byte, or -1 (the full path decides).
+ */
+static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 frame_len,
+				      __be16 *sport, __be16 *dport, __u16 **csum, __u8 *tcp_flags)
 {
 	__u32 tot;
 
-	if (*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET)))
+	if (cz_unlikely(*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET))))
 		return -1;
 	tot = bpf_ntohs(ip->tot_len);
-	if (tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > frame_len)
+	if (cz_unlikely(tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > frame_len))
+		return -1;
+	return cz_tcpudp(ip->protocol, ip + 1, data_end, tot - sizeof(*ip), 0, sport, dport, csum,
+			 tcp_flags);
+}
+
+/* The rest of a managed IPv4 header (fast_hdrs4) into *f. 0 or -1. */
+static __always_inline int fast_check4(struct cz_fast *f, struct iphdr *ip, void *data,
+				       void *data_end, __u32 frame_len)
+{
+	if (fast_hdrs4(ip, data_end, frame_len, &f->sport, &f->dport, &f->csum, &f->tcp_flags) < 0)
 		return -1;
 	f->l3 = ip;
 	f->v6 = 0;
-	return fast_l4(f, ip->protocol, ip + 1, data, data_end, tot - sizeof(*ip));
+	f->proto = ip->protocol;
+	f->csum_off = (void *)f->csum - data;
+	return 0;
 }
 
 static __always_inline int fast_check6(struct cz_fast *f, struct ipv6hdr *ip6, void *data,
@@ -157,9 +134,14 @@ static __always_inline int fast_check6(struct cz_fast *f, struct ipv6hdr *ip6, v
 	plen = bpf_ntohs(ip6->payload_len);
 	if (plen == 0 || sizeof(struct ethhdr) + sizeof(*ip6) + plen > frame_len)
 		return -1;
+	if (cz_tcpudp(ip6->nexthdr, ip6 + 1, data_end, plen, 0, &f->sport, &f->dport, &f->csum,
+		      &f->tcp_flags) < 0)
+		return -1;
 	f->l3 = ip6;
 	f->v6 = 1;
-	return fast_l4(f, ip6->nexthdr, ip6 + 1, data, data_end, plen);
+	f->proto = ip6->nexthdr;
+	f->csum_off = (void *)f->csum - data;
+	return 0;
 }
 
 /*
@@ -397,49 +379,6 @@ static __always_inline int fast_outside(void *data, void *data_end)
 		return !src_in_range(1, &pod, &src);
 	}
 	return 0;
-}
-
-/*
- * The checks of an untagged IPv4 header and its TCP/UDP header (as fast_check4, without a
- * struct cz_fast): 0 with the ports and the checksum field, or -1 (the full path decides).
- */
-static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 frame_len,
-				      __be16 *sport, __be16 *dport, __u16 **csum, __u8 *tcp_flags)
-{
-	__u32 tot, len;
-
-	if (cz_unlikely(*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET))))
-		return -1;
-	tot = bpf_ntohs(ip->tot_len);
-	if (cz_unlikely(tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > frame_len))
-		return -1;
-	len = tot - sizeof(*ip);
-	if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *uh = (void *)(ip + 1);
-
-		if (cz_unlikely((void *)(uh + 1) > data_end || len < sizeof(*uh)))
-			return -1;
-		if (cz_unlikely(bpf_ntohs(uh->len) < sizeof(*uh) || bpf_ntohs(uh->len) > len))
-			return -1;
-		*sport = uh->source;
-		*dport = uh->dest;
-		*csum = &uh->check;
-		return 0;
-	}
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
-
-		if (cz_unlikely((void *)(th + 1) > data_end || len < sizeof(*th)))
-			return -1;
-		if (cz_unlikely(th->doff < 5 || th->doff * 4 > len))
-			return -1;
-		*sport = th->source;
-		*dport = th->dest;
-		*csum = &th->check;
-		*tcp_flags = ((__u8 *)th)[13];
-		return 0;
-	}
-	return -1;
 }
 
 /*

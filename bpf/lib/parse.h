@@ -26,6 +26,8 @@
 
 #define CZ_OK 0
 #define CZ_BAD -1 /* malformed: drop_malformed */
+#define cz_unlikely(x) __builtin_expect(!!(x), 0)
+#define cz_likely(x) __builtin_expect(!!(x), 1)
 
 struct hdr_cursor {
 	void *pos;
@@ -281,6 +283,48 @@ static __always_inline int cz_icmp_is_error(__u8 v6, __u8 type)
 	       type == ICMP_PARAMETERPROB;
 }
 
+/*
+ * The TCP or UDP header at `l4`, `len` bytes of the IP packet from it (docs/datapath-semantics.md,
+ * "Parsing", 5.): TCP 20 bytes, a data offset from 5 to `len`; UDP 8 bytes, a length from 8 to
+ * `len`, or beyond `len` in a first fragment with more to come (`more`: it counts the whole
+ * datagram). The one check of both, for the full paths (parse_l4) and the fast paths: CZ_OK with
+ * the ports, the checksum field and TCP's flags byte (what a caller leaves unread is not loaded),
+ * or CZ_BAD, also for any other protocol.
+ */
+static __always_inline int cz_tcpudp(__u8 proto, void *l4, void *data_end, __u32 len, int more,
+				     __be16 *sport, __be16 *dport, __u16 **csum, __u8 *tcp_flags)
+{
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+		__u32 ulen;
+
+		if (cz_unlikely((void *)(uh + 1) > data_end || len < sizeof(*uh)))
+			return CZ_BAD;
+		ulen = bpf_ntohs(uh->len);
+		if (cz_unlikely(ulen < sizeof(*uh) || (!more && ulen > len)))
+			return CZ_BAD;
+		*sport = uh->source;
+		*dport = uh->dest;
+		*csum = &uh->check;
+		*tcp_flags = 0;
+		return CZ_OK;
+	}
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+
+		if (cz_unlikely((void *)(th + 1) > data_end))
+			return CZ_BAD;
+		if (cz_unlikely(len < sizeof(*th) || th->doff < 5 || th->doff * 4 > len))
+			return CZ_BAD;
+		*sport = th->source;
+		*dport = th->dest;
+		*csum = &th->check;
+		*tcp_flags = ((__u8 *)th)[13];
+		return CZ_OK;
+	}
+	return CZ_BAD;
+}
+
 /* The L4 header of a packet that carries one (first fragment). CZ_OK or CZ_BAD. */
 static __always_inline int parse_l4(struct pkt *p, void *data_end)
 {
@@ -292,31 +336,14 @@ static __always_inline int parse_l4(struct pkt *p, void *data_end)
 	if (!p->first_frag)
 		return CZ_OK;
 	switch (p->proto) {
-	case IPPROTO_TCP: {
-		struct tcphdr *th = l4;
-
-		if ((void *)(th + 1) > data_end)
-			return CZ_BAD;
-		cz_barrier_var(th);
-		if (len < sizeof(*th))
-			return CZ_BAD;
-		if (th->doff < 5 || th->doff * 4 > len)
-			return CZ_BAD;
-		p->sport = th->source;
-		p->dport = th->dest;
-		break;
-	}
+	case IPPROTO_TCP:
 	case IPPROTO_UDP: {
-		struct udphdr *uh = l4;
-		__u32 ulen;
+		__u16 *csum;
+		__u8 tcp_flags;
 
-		if ((void *)(uh + 1) > data_end || len < sizeof(*uh))
+		if (cz_tcpudp(p->proto, l4, data_end, len, p->more_frags, &p->sport, &p->dport,
+			      &csum, &tcp_flags) < 0)
 			return CZ_BAD;
-		ulen = bpf_ntohs(uh->len);
-		if (ulen < sizeof(*uh) || (!p->more_frags && ulen > len))
-			return CZ_BAD;
-		p->sport = uh->source;
-		p->dport = uh->dest;
 		break;
 	}
 	case IPPROTO_SCTP: {
