@@ -200,13 +200,8 @@ static __always_inline int fast_seen_get(struct fast_seen *fs, int v6, const str
 {
 	__u32 i = h & (CZ_SEEN_MAX - 1);
 
+	flow_key(v6, &fs->k4, &fs->k6, pod, remote, pod_port, remote_port, proto);
 	if (v6) {
-		__builtin_memset(&fs->k6, 0, sizeof(fs->k6));
-		fs->k6.pod_ip = *pod;
-		fs->k6.remote_ip = *remote;
-		fs->k6.pod_port = pod_port;
-		fs->k6.remote_port = remote_port;
-		fs->k6.proto = proto;
 		fs->s6 = cz_seen6.lookup(&i);
 		if (!fs->s6)
 			return -1;
@@ -214,12 +209,6 @@ static __always_inline int fast_seen_get(struct fast_seen *fs, int v6, const str
 		fs->holds = now - fs->s6->checked <= CZ_SEEN_NS &&
 			    fast_words_eq(&fs->s6->key, &fs->k6, sizeof(fs->k6) / 4);
 	} else {
-		__builtin_memset(&fs->k4, 0, sizeof(fs->k4));
-		fs->k4.pod_ip = pod->a[0];
-		fs->k4.remote_ip = remote->a[0];
-		fs->k4.pod_port = pod_port;
-		fs->k4.remote_port = remote_port;
-		fs->k4.proto = proto;
 		fs->s4 = cz_seen4.lookup(&i);
 		if (!fs->s4)
 			return -1;

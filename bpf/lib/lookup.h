@@ -126,30 +126,46 @@ static __always_inline void flow_hint_set(__u32 h)
 		__sync_fetch_and_or(a, 1ULL << (h & 63));
 }
 
-/* A flow of the pod: (pod IP, remote IP, pod port, remote port, proto). */
+/*
+ * The key of the pod's flow (pod IP, remote IP, pod port, remote port, proto) in its family's
+ * layout: *k6 (v6), else *k4. The one key builder of every program.
+ */
+static __always_inline void flow_key(int v6, struct flow4_key *k4, struct flow6_key *k6,
+				     const struct ip6 *pod, const struct ip6 *remote,
+				     __be16 pod_port, __be16 remote_port, __u8 proto)
+{
+	if (v6) {
+		__builtin_memset(k6, 0, sizeof(*k6));
+		k6->pod_ip = *pod;
+		k6->remote_ip = *remote;
+		k6->pod_port = pod_port;
+		k6->remote_port = remote_port;
+		k6->proto = proto;
+	} else {
+		__builtin_memset(k4, 0, sizeof(*k4));
+		k4->pod_ip = pod->a[0];
+		k4->remote_ip = remote->a[0];
+		k4->pod_port = pod_port;
+		k4->remote_port = remote_port;
+		k4->proto = proto;
+	}
+}
+
+/* Where a flow's key is built when only one family's is needed. */
+union cz_flow_key {
+	struct flow4_key k4;
+	struct flow6_key k6;
+};
+
+/* A flow of the pod: its entry, or NULL. */
 static __always_inline struct flow4_val *flow_find(int v6, const struct ip6 *pod,
 						   const struct ip6 *remote, __be16 pod_port,
 						   __be16 remote_port, __u8 proto)
 {
-	if (v6) {
-		struct flow6_key k = {};
+	union cz_flow_key k;
 
-		k.pod_ip = *pod;
-		k.remote_ip = *remote;
-		k.pod_port = pod_port;
-		k.remote_port = remote_port;
-		k.proto = proto;
-		return cz_flow6.lookup(&k);
-	} else {
-		struct flow4_key k = {};
-
-		k.pod_ip = pod->a[0];
-		k.remote_ip = remote->a[0];
-		k.pod_port = pod_port;
-		k.remote_port = remote_port;
-		k.proto = proto;
-		return cz_flow4.lookup(&k);
-	}
+	flow_key(v6, &k.k4, &k.k6, pod, remote, pod_port, remote_port, proto);
+	return v6 ? cz_flow6.lookup(&k.k6) : cz_flow4.lookup(&k.k4);
 }
 
 /* 1 if a == b, else 0, without a branch (a, b < 2^32): each branch the verifier follows on the
@@ -273,29 +289,14 @@ static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct 
 				    __be16 pod_port, __be16 remote_port, __u8 proto, __u64 stamp)
 {
 	struct flow4_val v = {.last_seen_ns = stamp};
+	union cz_flow_key k;
 
 	flow_hint_set(
 		cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto));
-	if (v6) {
-		struct flow6_key k = {};
-
-		k.pod_ip = *pod;
-		k.remote_ip = *remote;
-		k.pod_port = pod_port;
-		k.remote_port = remote_port;
-		k.proto = proto;
-		return cz_flow6.update(&k, &v);
-	} else {
-		struct flow4_key k = {};
-
-		k.pod_ip = pod->a[0];
-		k.remote_ip = remote->a[0];
-		k.pod_port = pod_port;
-		k.remote_port = remote_port;
-		k.proto = proto;
-		return cz_flow4.update(&k, &v);
-	}
+	flow_key(v6, &k.k4, &k.k6, pod, remote, pod_port, remote_port, proto);
+	return v6 ? cz_flow6.update(&k.k6, &v) : cz_flow4.update(&k.k4, &v);
 }
+
 /*
  * Egress: remember (refresh at most once a second, or when its closing mark changes) a flow
  * the pod opens: TCP, UDP, SCTP by ports, an ICMP or ICMPv6 echo request by its identifier
