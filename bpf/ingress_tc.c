@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Ingress as a tc program, for devices without native XDP or when --ingress-hook tcx is
- * chosen: the same decision as the XDP program (lib/fast.h, lib/ingress.h), attached through
+ * chosen: the same decision as the XDP program (lib/ingress.h), attached through
  * tcx before every other program, so Cilium's tc programs still only see pod IPs.
  * cz_ingress_tc decides the common frame; every other frame goes on to cz_ingress_tc_slow.
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
-#include "lib/fast.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
 #include "lib/tail.h"

@@ -22,8 +22,12 @@
 #ifndef COZYEBPF_CLUSTER_H
 #define COZYEBPF_CLUSTER_H
 
-#include "fast.h"
+#include "account.h"
+#include "flow.h"
+#include "ingress.h"
 #include "lookup.h"
+#include "nat.h"
+#include "tc.h"
 
 #define CZ_AF_INET 2		    /* AF_INET, for bpf_fib_lookup */
 #define CZ_FIB_SKIP_NEIGH (1U << 2) /* BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.5) */

@@ -3,11 +3,13 @@
  * The port filter of the default mode (docs/datapath-semantics.md, "Ingress"). It keys on the
  * pod IP, as cozy-proxy does, so traffic sent to the pod IP directly is filtered like traffic
  * sent to the LB IP. The verdict is taken before any rewrite, so a dropped packet costs no
- * checksum work.
+ * checksum work. filter() decides for the full paths, fast_filter4/fast_filter6 for the fast
+ * paths on the addr value in place.
  */
 #ifndef COZYEBPF_FILTER_H
 #define COZYEBPF_FILTER_H
 
+#include "flow.h"
 #include "lookup.h"
 #include "stats.h"
 
@@ -72,6 +74,86 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 	default:
 		return out ? CZ_DROP_SOURCE : CZ_DROP_PROTO;
 	}
+}
+
+/*
+ * A packet to a migrating pod (CZ_F_LEARN) that may belong to a flow recorded on another node:
+ * TCP that opens no connection (a lone SYN does). It passes, unrecorded (types.h, CZ_F_LEARN).
+ */
+static __always_inline int cz_learns(__u8 flags, __u8 proto, __u8 tcp_flags)
+{
+	return (flags & CZ_F_LEARN) && proto == IPPROTO_TCP &&
+	       (tcp_flags & (CZ_TCP_SYN | CZ_TCP_ACK)) != CZ_TCP_SYN;
+}
+
+/*
+ * Is `word` one of the first `nports` inline ports (all 8 when they spill)? Here, in a program
+ * that is verified on its own and small, a branch per slot costs the verifier nothing, and the
+ * common Service with few ports pays for those only.
+ */
+static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 nports, __u32 word)
+{
+	const __u32 *w = (const __u32 *)ports;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < CZ_INLINE_PORTS; i++) {
+		if (i >= nports)
+			return 0;
+		if (w[i] == word)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * Port filter and source ranges, IPv4 (v->flags has CZ_F_PORT_FILTER or CZ_F_RANGES): a source
+ * outside the ranges gets replies only (else drop_source); then whole-IP passes, the port filter
+ * an allowed port, else a reply of a flow, else drop_port.
+ */
+static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be32 remote,
+					  __u8 proto, __be16 sport, __be16 dport, __u8 tcp_flags)
+{
+	int out = (v->flags & CZ_F_RANGES) && !src_in_range4(pod, remote);
+
+	if (!out) {
+		if (!(v->flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		if (fast_ports_have(v->ports, v->nports, cz_port_word(proto, dport)))
+			return CZ_PASS_PORT;
+		if (v->nports == CZ_PORTS_SPILL) {
+			struct allow4_key a = {.pod_ip = pod, .proto = proto, .port = dport};
+
+			if (cz_allow4.lookup(&a))
+				return CZ_PASS_PORT;
+		}
+	}
+	if (fast_reply(0, (struct ip6 *)&pod, (struct ip6 *)&remote, dport, sport, proto))
+		return CZ_PASS_REPLY;
+	if (cz_unlikely(cz_learns(v->flags, proto, tcp_flags)))
+		return CZ_PASS_LEARN;
+	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
+}
+
+/* As fast_filter4, IPv6. */
+static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v,
+					  const struct ip6 *pod, const struct ip6 *remote)
+{
+	int out = (v->flags & CZ_F_RANGES) && !src_in_range(1, pod, remote);
+
+	if (!out) {
+		if (!(v->flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		if (fast_ports_have(v->ports, v->nports, cz_port_word(f->proto, f->dport)))
+			return CZ_PASS_PORT;
+		if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
+			return CZ_PASS_PORT;
+	}
+	if (fast_reply(1, pod, remote, f->dport, f->sport, f->proto))
+		return CZ_PASS_REPLY;
+	if (cz_unlikely(cz_learns(v->flags, f->proto, f->tcp_flags)))
+		return CZ_PASS_LEARN;
+	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }
 
 #endif

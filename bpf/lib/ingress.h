@@ -2,12 +2,16 @@
 /*
  * The ingress decision shared by the XDP program and the tc ingress program: is the packet for
  * a managed address, is it well formed, does it pass the source ranges and the port filter,
- * where does it go.
+ * where does it go. ingress() decides for the full paths; fast_outside() chooses the program
+ * for a frame an entry program does not take; fast_ingress() is the fast path's decision of tc
+ * ingress and of the node's connections to LB IPs (cluster.h, to_lb4); XDP's IPv4 fast path is
+ * in ingress.c.
  */
 #ifndef COZYEBPF_INGRESS_H
 #define COZYEBPF_INGRESS_H
 
 #include "filter.h"
+#include "flow.h"
 #include "lookup.h"
 #include "parse.h"
 #include "stats.h"
@@ -24,7 +28,7 @@ static __always_inline int cz_is_ndp(struct pkt *p)
  * destination and *rewrite is 1; a pass to a pod IP sent directly has *rewrite 0. *slot is the
  * Service's svcstats slot. `outside` (a constant): the decision of the outside program, for a
  * packet from outside the source ranges of a restricted pod, which the entry program found
- * (fast.h, fast_outside): only replies of the pod's flows and ICMP errors about them pass.
+ * (fast_outside, below): only replies of the pod's flows and ICMP errors about them pass.
  * For ICMP errors, `in` describes the embedded packet; in->rewrite says
  * its source must change too. A first fragment's verdict in port-filter mode (or from outside
  * the source ranges) is noted for the end of the full path, which records it for the fragments
@@ -66,6 +70,125 @@ static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, 
 	if (p->first_frag && p->more_frags)
 		cz_done_frag(p); /* its verdict is recorded at the end (account.h) */
 	return reason;
+}
+
+/*
+ * Before a frame goes on to a full path: is it for a restricted pod (CZ_F_RANGES) and from
+ * outside the pod's source ranges? Then the outside program takes it (tail.h), which lets only
+ * replies of the pod's flows and ICMP errors about them through; the full path never looks at
+ * ranges. Deciding this here, on the addresses at their fixed offsets, costs the full path's
+ * verification nothing (a branch there doubles it). The IP header is found after up to
+ * CZ_MAX_VLAN tags, as parse_eth finds it; whatever the full parser then refuses, the outside
+ * program's parser refuses alike.
+ */
+static __always_inline int fast_outside(void *data, void *data_end)
+{
+	struct ethhdr *eth = data;
+	void *l3 = data + sizeof(*eth);
+	__be16 proto;
+	int i;
+
+	if (l3 > data_end)
+		return 0;
+	proto = *(__be16 *)(data + 12);
+#pragma unroll
+	for (i = 0; i < CZ_MAX_VLAN; i++) {
+		struct cz_vlan *vh = l3;
+
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(CZ_ETH_P_8021AD))
+			break;
+		if ((void *)(vh + 1) > data_end)
+			return 0;
+		proto = vh->proto;
+		l3 = vh + 1;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = l3;
+		struct addr4_val *v;
+
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		v = cz_addr4.lookup(&ip->daddr);
+		if (cz_likely(!v || !(v->flags & CZ_F_RANGES)))
+			return 0;
+		return !src_in_range4((v->kind & CZ_K_LB) ? v->pod_ip : ip->daddr, ip->saddr);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = l3;
+		struct addr6_val *v;
+		struct ip6 pod, src;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return 0;
+		v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
+		if (cz_likely(!v || !(v->flags & CZ_F_RANGES)))
+			return 0;
+		if (v->kind & CZ_K_LB)
+			pod = v->pod_ip;
+		else
+			__builtin_memcpy(&pod, &ip6->daddr, sizeof(pod));
+		__builtin_memcpy(&src, &ip6->saddr, sizeof(src));
+		return !src_in_range(1, &pod, &src);
+	}
+	return 0;
+}
+
+/*
+ * Ingress, IPv6: CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
+ * f->rewrite, *to is the new destination.
+ */
+static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 frame_len,
+					   struct ipv6hdr *ip6, struct cz_fast *f, struct ip6 *to)
+{
+	struct addr6_val *v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
+	struct ip6 remote;
+
+	if (!v)
+		return CZ_NOT_OURS;
+	if (fast_check6(f, ip6, data, data_end, frame_len) < 0)
+		return CZ_SLOW;
+	f->rewrite = v->kind & CZ_K_LB;
+	f->slot = v->in_slot;
+	if (f->rewrite)
+		*to = v->pod_ip;
+	else
+		__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
+	if (!(v->flags & CZ_F_FLOWS))
+		return CZ_NAT_INGRESS;
+	__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
+	return fast_filter6(f, v, to, &remote);
+}
+
+/*
+ * Ingress (tc): CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
+ * f->rewrite, *to is the new destination (IPv4: to->a[0]).
+ */
+static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 frame_len,
+					  struct cz_fast *f, struct ip6 *to)
+{
+	struct iphdr *ip = fast_ip4(data, data_end);
+	struct ipv6hdr *ip6;
+
+	if (ip) {
+		struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
+		__be32 pod;
+
+		if (!v)
+			return CZ_NOT_OURS;
+		if (fast_check4(f, ip, data, data_end, frame_len) < 0)
+			return CZ_SLOW;
+		f->rewrite = v->kind & CZ_K_LB;
+		f->slot = v->in_slot;
+		pod = f->rewrite ? v->pod_ip : ip->daddr;
+		to->a[0] = pod;
+		if (!(v->flags & CZ_F_FLOWS))
+			return CZ_NAT_INGRESS;
+		return fast_filter4(v, pod, ip->saddr, f->proto, f->sport, f->dport, f->tcp_flags);
+	}
+	ip6 = fast_ip6(data, data_end);
+	if (ip6)
+		return fast_ingress6(data, data_end, frame_len, ip6, f, to);
+	return CZ_SLOW;
 }
 
 #endif

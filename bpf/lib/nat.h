@@ -243,4 +243,95 @@ static __always_inline int nat_skb_helpers(struct __sk_buff *skb, struct pkt *p,
 	return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 16 : 12), (void *)&to->a[0], 4, 0);
 }
 
+/* Ingress rewrite in place (XDP): destination := *to, IP and L4 checksums (UDP 0 stays 0). */
+static __always_inline void fast_nat_xdp(struct cz_fast *f, void *data_end, const struct ip6 *to)
+{
+	__u16 *c = f->csum;
+	__u32 delta;
+	__u16 n;
+
+	if ((void *)(c + 1) > data_end)
+		return;
+	if (f->v6) {
+		struct ipv6hdr *ip6 = f->l3;
+		struct ip6 from;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return;
+		__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
+		__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+		delta = cz_csum_delta32(from.a[0], to->a[0]) +
+			cz_csum_delta32(from.a[1], to->a[1]) +
+			cz_csum_delta32(from.a[2], to->a[2]) + cz_csum_delta32(from.a[3], to->a[3]);
+	} else {
+		struct iphdr *ip = f->l3;
+
+		if ((void *)(ip + 1) > data_end)
+			return;
+		delta = cz_csum_delta32(ip->daddr, to->a[0]);
+		ip->daddr = to->a[0];
+		ip->check = cz_csum_apply(ip->check, delta);
+	}
+	if (f->proto == IPPROTO_UDP && *c == 0)
+		return;
+	n = cz_csum_apply(*c, delta);
+	if (f->proto == IPPROTO_UDP && n == 0)
+		n = 0xffff;
+	*c = n;
+}
+
+/*
+ * tc: the destination (is_dst) or source := *to with direct writes and the IPv4 header checksum
+ * (never offloaded); the L4 checksum through bpf_l4_csum_replace, which keeps CHECKSUM_PARTIAL
+ * (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right (IPv6: with
+ * cz_csum_complete_addr6). 0 or a helper's error; packet pointers are invalid afterwards.
+ */
+static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f, void *data_end,
+					int is_dst, const struct ip6 *to)
+{
+	__u64 flags = BPF_F_PSEUDO_HDR | 4;
+	struct ip6 from;
+	int i, ret;
+
+	if (f->proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	if (f->v6) {
+		struct ipv6hdr *ip6 = f->l3;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return -1;
+		if (is_dst) {
+			__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
+			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+		} else {
+			__builtin_memcpy(&from, &ip6->saddr, sizeof(from));
+			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
+		}
+	} else {
+		struct iphdr *ip = f->l3;
+
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		if (is_dst) {
+			from.a[0] = ip->daddr;
+			ip->daddr = to->a[0];
+		} else {
+			from.a[0] = ip->saddr;
+			ip->saddr = to->a[0];
+		}
+		ip->check = cz_csum_replace32(ip->check, from.a[0], to->a[0]);
+	}
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		if (i > 0 && !f->v6)
+			break;
+		ret = bpf_l4_csum_replace(skb, f->csum_off, from.a[i], to->a[i], flags);
+		if (ret < 0)
+			return ret;
+	}
+	if (f->v6)
+		cz_csum_complete_addr6(skb, &from, to);
+	return 0;
+}
+
 #endif
