@@ -43,8 +43,8 @@ static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *d
 	to = v->lb_ip;
 	slot = v->out_slot;
 	if (v->pod_flags & CZ_F_FLOWS)
-		fast_flow_record(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport,
-				 dport, ip->protocol, tf);
+		flow_record(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
+			    ip->protocol, 0, tf, 1);
 	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, 0, ip->protocol, ip, sport, dport);
 	if (ip->protocol == IPPROTO_UDP)
 		flags |= BPF_F_MARK_MANGLED_0;
@@ -86,8 +86,8 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 		lb = v->lb_ip;
 		f.slot = v->out_slot;
 		if (v->pod_flags & CZ_F_FLOWS)
-			fast_flow_record(1, (struct ip6 *)&ip6->saddr, (struct ip6 *)&ip6->daddr,
-					 f.sport, f.dport, f.proto, f.tcp_flags);
+			flow_record(1, (struct ip6 *)&ip6->saddr, (struct ip6 *)&ip6->daddr,
+				    f.sport, f.dport, f.proto, 0, f.tcp_flags, 1);
 		fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, f.slot, skb->len, 1, f.proto, ip6, f.sport,
 			     f.dport);
 	}

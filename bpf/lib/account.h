@@ -74,7 +74,7 @@ static __always_inline int slow_end(void *ctx, int is_xdp, int dir, struct cz_do
 	}
 	if (dir && d->flow)
 		flow_record(d->v6, &d->src, &d->dst, d->sport, d->dport, d->proto, d->icmp_type,
-			    d->tcp_flags);
+			    d->tcp_flags, 0);
 	if (!dir && d->frag)
 		done_frag(d, !cz_is_drop(reason));
 	cz_count(reason, len);

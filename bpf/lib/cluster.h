@@ -192,7 +192,7 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 		return CZ_TC_DROP;
 	}
 	/* only what the pod's filter let in: the flow admits what the client sends as well */
-	fast_flow_record(0, &pod, &client, f.dport, f.sport, f.proto, f.tcp_flags);
+	flow_record(0, &pod, &client, f.dport, f.sport, f.proto, 0, f.tcp_flags, 1);
 	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {
 		fast_count(0, CZ_DROP_MALFORMED, f.slot, skb->len);
 		return CZ_TC_DROP;

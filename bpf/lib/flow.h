@@ -25,10 +25,11 @@ static __always_inline __u32 cz_fold(int v6, const struct ip6 *a)
 	return v6 ? a->a[0] ^ a->a[1] ^ a->a[2] ^ a->a[3] : a->a[0];
 }
 
-static __always_inline __u32 cz_flow_hash(__u32 pod, __u32 remote, __be16 pod_port,
-					  __be16 remote_port, __u8 proto)
+static __always_inline __u32 cz_flow_hash(int v6, const struct ip6 *pod, const struct ip6 *remote,
+					  __be16 pod_port, __be16 remote_port, __u8 proto)
 {
-	__u32 x = pod ^ remote ^ ((__u32)pod_port << 16 | remote_port) ^ proto;
+	__u32 x = cz_fold(v6, pod) ^ cz_fold(v6, remote) ^ ((__u32)pod_port << 16 | remote_port) ^
+		  proto;
 
 	return (x * 0x9E3779B1u) >> (32 - CZ_FLOWHINT_LOG2);
 }
@@ -139,7 +140,7 @@ static __always_inline int flow_live(int v6, const struct ip6 *pod, const struct
 static __always_inline int flow_exists(int v6, const struct ip6 *pod, const struct ip6 *remote,
 				       __be16 pod_port, __be16 remote_port, __u8 proto)
 {
-	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
+	__u32 h = cz_flow_hash(v6, pod, remote, pod_port, remote_port, proto);
 
 	return flow_hinted(h) &&
 	       flow_live(v6, pod, remote, pod_port, remote_port, proto, bpf_ktime_get_coarse_ns());
@@ -163,7 +164,7 @@ static __always_inline int fast_words_eq(const void *a, const void *b, int n)
  * A flow of the fast paths and this CPU's seen slot for it (types.h, seen4/seen6): the key of
  * its family (the other is left unset), the slot, and whether the slot vouches for this flow
  * (holds it, looked up under CZ_SEEN_NS ago) with which time. Both families in one place, so
- * that egress (fast_flow_record) and replies (fast_reply) read and fill the slots alike.
+ * that egress (flow_record) and replies (fast_reply) read and fill the slots alike.
  */
 struct fast_seen {
 	struct flow4_key k4;
@@ -174,14 +175,12 @@ struct fast_seen {
 	int holds;  /* the slot is this flow's, looked up under CZ_SEEN_NS ago */
 };
 
-/* Fill `fs` for the flow whose hint hash is `h`: 0, or -1 (never: the index is masked). */
-static __always_inline int fast_seen_get(struct fast_seen *fs, int v6, const struct ip6 *pod,
-					 const struct ip6 *remote, __be16 pod_port,
-					 __be16 remote_port, __u8 proto, __u32 h, __u64 now)
+/* Fill `fs` (its key built: flow_key) for the flow whose hint hash is `h`: 0, or -1 (never: the
+ * index is masked). */
+static __always_inline int fast_seen_get(struct fast_seen *fs, int v6, __u32 h, __u64 now)
 {
 	__u32 i = h & (CZ_SEEN_MAX - 1);
 
-	flow_key(v6, &fs->k4, &fs->k6, pod, remote, pod_port, remote_port, proto);
 	if (v6) {
 		fs->s6 = cz_seen6.lookup(&i);
 		if (!fs->s6)
@@ -233,7 +232,7 @@ static __always_inline void fast_seen_put(struct fast_seen *fs, int v6, __u64 la
 static __always_inline int fast_reply(int v6, const struct ip6 *pod, const struct ip6 *remote,
 				      __be16 pod_port, __be16 remote_port, __u8 proto)
 {
-	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
+	__u32 h = cz_flow_hash(v6, pod, remote, pod_port, remote_port, proto);
 	struct fast_seen fs;
 	struct flow4_val *v, t;
 	__u64 now;
@@ -241,7 +240,8 @@ static __always_inline int fast_reply(int v6, const struct ip6 *pod, const struc
 	if (!flow_hinted(h))
 		return 0;
 	now = bpf_ktime_get_coarse_ns();
-	if (fast_seen_get(&fs, v6, pod, remote, pod_port, remote_port, proto, h, now) < 0)
+	flow_key(v6, &fs.k4, &fs.k6, pod, remote, pod_port, remote_port, proto);
+	if (fast_seen_get(&fs, v6, h, now) < 0)
 		return 0;
 	if (fs.holds) {
 		t.last_seen_ns = fs.time;
@@ -286,55 +286,14 @@ static __always_inline int flow_stale(__u64 stamp, __u64 last)
 	       (stamp & ~CZ_FLOW_CLOSING) - (last & ~CZ_FLOW_CLOSING) > CZ_FLOW_REFRESH_NS;
 }
 
-static __always_inline int flow_add(int v6, const struct ip6 *pod, const struct ip6 *remote,
-				    __be16 pod_port, __be16 remote_port, __u8 proto, __u64 stamp)
-{
-	struct flow4_val v = {.last_seen_ns = stamp};
-	union cz_flow_key k;
-
-	flow_hint_set(
-		cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto));
-	flow_key(v6, &k.k4, &k.k6, pod, remote, pod_port, remote_port, proto);
-	return v6 ? cz_flow6.update(&k.k6, &v) : cz_flow4.update(&k.k4, &v);
-}
-
 /*
- * Egress: remember (refresh at most once a second, or when its closing mark changes) a flow
- * the pod opens: TCP, UDP, SCTP by ports, an ICMP or ICMPv6 echo request by its identifier
+ * Egress: remember (refresh at most once a second, or when its closing mark changes) a flow the
+ * pod opens: TCP, UDP, SCTP by ports, an ICMP or ICMPv6 echo request by its identifier
  * (pod_port; remote_port is then ignored); other ICMP types and protocols are not recorded.
- * flow_new counts a new entry, flow_error an insert that failed.
- */
-static __always_inline void flow_record(int v6, const struct ip6 *pod, const struct ip6 *remote,
-					__be16 pod_port, __be16 remote_port, __u8 proto,
-					__u8 icmp_type, __u8 tcp_flags)
-{
-	struct flow4_val *v;
-	__u64 stamp;
-
-	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6) {
-		if (icmp_type != (v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO))
-			return;
-		remote_port = 0;
-	} else if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP) {
-		return;
-	}
-	v = flow_find(v6, pod, remote, pod_port, remote_port, proto);
-	if (v) {
-		stamp = flow_stamp(bpf_ktime_get_coarse_ns(), v->last_seen_ns, proto, tcp_flags);
-		if (flow_stale(stamp, v->last_seen_ns))
-			v->last_seen_ns = stamp;
-		return;
-	}
-	stamp = flow_stamp(bpf_ktime_get_coarse_ns(), 0, proto, tcp_flags);
-	if (flow_add(v6, pod, remote, pod_port, remote_port, proto, stamp) == 0)
-		cz_count(CZ_FLOW_NEW, 0);
-	else
-		cz_count(CZ_FLOW_ERROR, 0);
-}
-
-/*
- * Egress fast paths: remember (refresh at most once a second, or when its closing mark changes)
- * a TCP or UDP flow the pod opened, as flow_record does, without a flow-table lookup for most
+ * flow_new counts a new entry, flow_error an insert that failed. The flow's bit in the flow hint
+ * is set before the entry is added.
+ *
+ * `seen` (a constant; the fast paths, TCP and UDP only): without a flow-table lookup for most
  * packets. A packet without a TCP FIN, SYN or RST (which may change the mark) whose flow sits in
  * this CPU's seen slot (types.h, seen4/seen6), checked under CZ_SEEN_NS ago with a time under a
  * second old, would write nothing: the entry's time is at least the slot's, so flow_stale() is
@@ -343,21 +302,33 @@ static __always_inline void flow_record(int v6, const struct ip6 *pod, const str
  * to a lookup per packet: an entry the LRU evicts from under a busy flow is added again within
  * CZ_SEEN_NS, not at the flow's next packet.
  */
-static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
-					     const struct ip6 *remote, __be16 pod_port,
-					     __be16 remote_port, __u8 proto, __u8 tcp_flags)
+static __always_inline void flow_record(int v6, const struct ip6 *pod, const struct ip6 *remote,
+					__be16 pod_port, __be16 remote_port, __u8 proto,
+					__u8 icmp_type, __u8 tcp_flags, int seen)
 {
-	__u32 h = cz_flow_hash(cz_fold(v6, pod), cz_fold(v6, remote), pod_port, remote_port, proto);
 	__u64 now = bpf_ktime_get_coarse_ns(), stamp;
 	int marks = proto == IPPROTO_TCP && (tcp_flags & (CZ_TCP_FIN | CZ_TCP_SYN | CZ_TCP_RST));
 	struct fast_seen fs;
 	struct flow4_val *v, nv = {};
 	int ret;
 
-	if (fast_seen_get(&fs, v6, pod, remote, pod_port, remote_port, proto, h, now) < 0)
+	/* (the fast paths take TCP and UDP only) */
+	if (!seen && (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)) {
+		if (icmp_type != (v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO))
+			return;
+		remote_port = 0;
+	} else if (!seen && proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP) {
 		return;
-	if (!marks && fs.holds && now - fs.time <= CZ_FLOW_REFRESH_NS)
-		return;
+	}
+	flow_key(v6, &fs.k4, &fs.k6, pod, remote, pod_port, remote_port, proto);
+	if (seen) {
+		if (fast_seen_get(&fs, v6,
+				  cz_flow_hash(v6, pod, remote, pod_port, remote_port, proto),
+				  now) < 0)
+			return;
+		if (!marks && fs.holds && now - fs.time <= CZ_FLOW_REFRESH_NS)
+			return;
+	}
 	v = fast_seen_entry(&fs, v6);
 	if (v) {
 		stamp = flow_stamp(now, v->last_seen_ns, proto, tcp_flags);
@@ -368,13 +339,14 @@ static __always_inline void fast_flow_record(int v6, const struct ip6 *pod,
 	} else {
 		stamp = flow_stamp(now, 0, proto, tcp_flags);
 		nv.last_seen_ns = stamp;
-		flow_hint_set(h);
+		flow_hint_set(cz_flow_hash(v6, pod, remote, pod_port, remote_port, proto));
 		ret = v6 ? cz_flow6.update(&fs.k6, &nv) : cz_flow4.update(&fs.k4, &nv);
 		cz_count(ret == 0 ? CZ_FLOW_NEW : CZ_FLOW_ERROR, 0);
 		if (ret != 0)
 			return;
 	}
-	fast_seen_put(&fs, v6, stamp, now);
+	if (seen)
+		fast_seen_put(&fs, v6, stamp, now);
 }
 
 #endif
