@@ -24,9 +24,9 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 {
 	struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
 	__be16 sport, dport;
-	__u32 reason, delta;
+	__u32 reason;
 	__be32 pod, from;
-	__u16 *c, n;
+	__u16 *c;
 	__u8 proto, tf = 0;
 
 	if (!v)
@@ -55,17 +55,8 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	fast_monitor(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport);
 	if (!(v->kind & CZ_K_LB))
 		return XDP_PASS; /* sent to the pod IP directly: passed as it is */
-	if ((void *)(c + 1) > data_end)
-		return XDP_PASS;
-	delta = cz_csum_delta32(from, pod);
-	ip->daddr = pod;
-	ip->check = cz_csum_apply(ip->check, delta);
-	if (proto == IPPROTO_UDP && *c == 0)
-		return XDP_PASS;
-	n = cz_csum_apply(*c, delta);
-	if (proto == IPPROTO_UDP && n == 0)
-		n = 0xffff;
-	*c = n;
+	if ((void *)(c + 1) <= data_end)
+		cz_l4_fix(c, proto, nat_xdp4(ip, from, pod));
 	return XDP_PASS;
 }
 
@@ -97,8 +88,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_e
 	fast_monitor(ctx, 1, 0, reason, f.slot, data_end - data, 1, f.proto, ip6, f.sport, f.dport);
 	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE)
 		return XDP_DROP;
-	if (f.rewrite)
-		fast_nat_xdp(&f, data_end, &to);
+	if (f.rewrite && (void *)(f.csum + 1) <= data_end)
+		cz_l4_fix(f.csum, f.proto, nat_xdp6(ip6, &to));
 	return XDP_PASS;
 }
 
@@ -147,7 +138,7 @@ static __always_inline int ingress_full(struct xdp_md *ctx, int outside)
 	if (rewrite && !cz_is_drop(reason)) {
 		if (p.icmp_error && in.rewrite)
 			nat_inner(&p, &in, data_end, 1, &pod);
-		nat_xdp(&p, data_end, 1, &pod);
+		nat_xdp(&p, data_end, &pod);
 	}
 	return slow_finish(ctx, 1, 0, &p, reason, slot, data_end - data, 0);
 }

@@ -26,18 +26,44 @@ static __always_inline int cz_l4_csum_off(__u8 proto, int v6)
 	return -1;
 }
 
-/* Update the L4 checksum at `c` for an address change; UDP's 0 stays 0. The new value. */
-static __always_inline __u16 cz_l4_fix(__u16 old, __u8 proto, const struct ip6 *from,
-				       const struct ip6 *to, int v6)
+/*
+ * The L4 checksum at `c` after the covered data changed by `delta` (cz_csum_delta32): UDP's 0
+ * ("none") stays 0 (not written), and a UDP result of 0 is written 0xffff.
+ */
+static __always_inline void cz_l4_fix(__u16 *c, __u8 proto, __u32 delta)
 {
 	__u16 n;
 
-	if (proto == IPPROTO_UDP && old == 0)
-		return 0;
-	n = cz_csum_replace_addr(old, from, to, v6);
+	if (proto == IPPROTO_UDP && *c == 0)
+		return;
+	n = cz_csum_apply(*c, delta);
 	if (proto == IPPROTO_UDP && n == 0)
 		n = 0xffff;
-	return n;
+	*c = n;
+}
+
+/*
+ * XDP, IPv4: the destination (`from`) := `to` and the header checksum, incrementally; the
+ * change, for the L4 checksum (cz_l4_fix). The one XDP rewrite of IPv4, for the fast and the full
+ * path; `ip` is within the packet.
+ */
+static __always_inline __u32 nat_xdp4(struct iphdr *ip, __be32 from, __be32 to)
+{
+	__u32 delta = cz_csum_delta32(from, to);
+
+	ip->daddr = to;
+	ip->check = cz_csum_apply(ip->check, delta);
+	return delta;
+}
+
+/* XDP, IPv6: the same (no header checksum). */
+static __always_inline __u32 nat_xdp6(struct ipv6hdr *ip6, const struct ip6 *to)
+{
+	struct ip6 from;
+
+	__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
+	__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+	return cz_csum_delta_addr6(&from, to);
 }
 
 /*
@@ -86,10 +112,9 @@ static __always_inline void nat_inner(struct pkt *p, struct inner *in, void *dat
 
 		if ((void *)(c + 1) <= data_end) {
 			__u16 old = *c;
-			__u16 n = cz_l4_fix(old, in->proto, &from, to, p->v6);
 
-			*c = n;
-			icsum = cz_csum_replace16(icsum, old, n);
+			cz_l4_fix(c, in->proto, cz_csum_delta_addr(&from, to, p->v6));
+			icsum = cz_csum_replace16(icsum, old, *c);
 		}
 	}
 	icmp->checksum = icsum;
@@ -134,10 +159,11 @@ static __always_inline int nat_l3(struct pkt *p, void *data, void *data_end, int
 	return 0;
 }
 
-/* XDP: the outer destination (is_dst) or source := *to, with its checksums. */
-static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, const struct ip6 *to)
+/* XDP, the full path: the outer destination := *to (nat_xdp4, nat_xdp6) and the checksum that
+ * covers it (TCP, UDP, ICMPv6), when the packet carries its L4 header. */
+static __always_inline void nat_xdp(struct pkt *p, void *data_end, const struct ip6 *to)
 {
-	struct ip6 from = is_dst ? p->dst : p->src;
+	__u32 delta;
 	int off;
 
 	if (p->v6) {
@@ -145,20 +171,13 @@ static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, c
 
 		if ((void *)(ip6 + 1) > data_end)
 			return;
-		if (is_dst)
-			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
-		else
-			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
+		delta = nat_xdp6(ip6, to);
 	} else {
 		struct iphdr *ip = p->l3;
 
 		if ((void *)(ip + 1) > data_end)
 			return;
-		if (is_dst)
-			ip->daddr = to->a[0];
-		else
-			ip->saddr = to->a[0];
-		ip->check = cz_csum_replace32(ip->check, from.a[0], to->a[0]);
+		delta = nat_xdp4(ip, p->dst.a[0], to->a[0]);
 	}
 	if (!p->has_l4)
 		return;
@@ -167,7 +186,7 @@ static __always_inline void nat_xdp(struct pkt *p, void *data_end, int is_dst, c
 		__u16 *c = p->l4 + off;
 
 		if ((void *)(c + 1) <= data_end)
-			*c = cz_l4_fix(*c, p->proto, &from, to, p->v6);
+			cz_l4_fix(c, p->proto, delta);
 	}
 }
 
@@ -241,43 +260,6 @@ static __always_inline int nat_skb_helpers(struct __sk_buff *skb, struct pkt *p,
 	if (ret < 0)
 		return ret;
 	return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 16 : 12), (void *)&to->a[0], 4, 0);
-}
-
-/* Ingress rewrite in place (XDP): destination := *to, IP and L4 checksums (UDP 0 stays 0). */
-static __always_inline void fast_nat_xdp(struct cz_fast *f, void *data_end, const struct ip6 *to)
-{
-	__u16 *c = f->csum;
-	__u32 delta;
-	__u16 n;
-
-	if ((void *)(c + 1) > data_end)
-		return;
-	if (f->v6) {
-		struct ipv6hdr *ip6 = f->l3;
-		struct ip6 from;
-
-		if ((void *)(ip6 + 1) > data_end)
-			return;
-		__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
-		__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
-		delta = cz_csum_delta32(from.a[0], to->a[0]) +
-			cz_csum_delta32(from.a[1], to->a[1]) +
-			cz_csum_delta32(from.a[2], to->a[2]) + cz_csum_delta32(from.a[3], to->a[3]);
-	} else {
-		struct iphdr *ip = f->l3;
-
-		if ((void *)(ip + 1) > data_end)
-			return;
-		delta = cz_csum_delta32(ip->daddr, to->a[0]);
-		ip->daddr = to->a[0];
-		ip->check = cz_csum_apply(ip->check, delta);
-	}
-	if (f->proto == IPPROTO_UDP && *c == 0)
-		return;
-	n = cz_csum_apply(*c, delta);
-	if (f->proto == IPPROTO_UDP && n == 0)
-		n = 0xffff;
-	*c = n;
 }
 
 /*
