@@ -22,35 +22,27 @@
 #include "lib/tc.h"
 
 /*
- * Egress (tc), IPv4: the whole fast path in one piece -- flow record, rewrite, counter. The
- * source and the IPv4 header checksum with direct writes, the L4 checksum through
- * bpf_l4_csum_replace (CHECKSUM_PARTIAL skbs), for the pod whose entry is v. A tc verdict, or
- * CZ_SLOW.
+ * Egress (tc), IPv4: the whole fast path in one piece -- flow record, rewrite (nat_skb4),
+ * counter -- for the pod whose entry is v. A tc verdict, or CZ_SLOW.
  */
 static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *data_end,
 				      struct iphdr *ip, struct addr4_val *v)
 {
-	__u64 flags = BPF_F_PSEUDO_HDR | 4;
 	__be16 sport, dport;
-	__be32 from, to;
-	__u32 slot;
+	__u32 slot, off;
 	__u16 *c;
 	__u8 tf = 0;
 
 	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c, &tf) < 0))
 		return CZ_SLOW;
-	from = ip->saddr;
-	to = v->lb_ip;
+	off = (void *)c - data;
 	slot = v->out_slot;
 	if (v->pod_flags & CZ_F_FLOWS)
 		flow_record(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
 			    ip->protocol, 0, tf, 1);
 	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, 0, ip->protocol, ip, sport, dport);
-	if (ip->protocol == IPPROTO_UDP)
-		flags |= BPF_F_MARK_MANGLED_0;
-	ip->saddr = to;
-	ip->check = cz_csum_replace32(ip->check, from, to);
-	if (bpf_l4_csum_replace(skb, (void *)c - data, from, to, flags) < 0) {
+	if (nat_skb_addr(skb, ip, data_end, 0, 1, off, ip->protocol, 0, (struct ip6 *)&v->lb_ip) <
+	    0) {
 		fast_count(1, CZ_DROP_MALFORMED, slot, skb->len);
 		return CZ_TC_DROP;
 	}

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Address translation of both families. XDP rewrites in place with incremental checksums; tc
- * uses the kernel's helpers for the outer header, so that CHECKSUM_PARTIAL packets (offloaded
- * TCP/UDP checksums from local veths) stay correct. Fixed: the IPv4 header checksum, the
- * pseudo-header part of TCP, UDP and ICMPv6 checksums (a UDP checksum of 0 means "none" and stays
- * 0; a result of 0 is written 0xffff); ICMPv4 and SCTP checksums do not cover the IP header. The
- * embedded packet of an ICMP error is rewritten with direct writes in both program types: ICMP
- * checksums are never offloaded.
+ * Address translation of both families, one rewrite per hook: XDP writes in place with
+ * incremental checksums (nat_xdp4, nat_xdp6, cz_l4_fix); tc writes the address and the IPv4 header
+ * checksum in place and leaves the L4 checksum to bpf_l4_csum_replace, so that CHECKSUM_PARTIAL
+ * (offloaded TCP/UDP checksums from local veths) and CHECKSUM_COMPLETE skbs stay correct
+ * (nat_skb_addr). Fixed: the IPv4 header checksum, the pseudo-header part of TCP, UDP and ICMPv6
+ * checksums (a UDP checksum of 0 means "none" and stays 0; a result of 0 is written 0xffff);
+ * ICMPv4 and SCTP checksums do not cover the IP header. The embedded packet of an ICMP error is
+ * rewritten with direct writes in both program types: ICMP checksums are never offloaded. The
+ * fast and the full paths call the same rewrites (fast_nat_skb, nat_xdp, nat_skb say how).
  */
 #ifndef COZYEBPF_NAT_H
 #define COZYEBPF_NAT_H
@@ -67,6 +69,69 @@ static __always_inline __u32 nat_xdp6(struct ipv6hdr *ip6, const struct ip6 *to)
 }
 
 /*
+ * tc: the destination (is_dst) or source of the IP header at `l3` := *to, the address and IPv4's
+ * header checksum with direct writes (the IPv4 header checksum is never offloaded), the L4
+ * checksum at `csum_off` in the frame (when `l4`: a constant in the fast paths, whose offset the
+ * verifier does not know the sign of) through bpf_l4_csum_replace, which keeps CHECKSUM_PARTIAL
+ * (egress offload: the field holds the pseudo-header sum) and CHECKSUM_COMPLETE (ingress) skbs
+ * right; a UDP checksum of 0 stays 0 (BPF_F_MARK_MANGLED_0). IPv6 then takes the address change
+ * back into a CHECKSUM_COMPLETE skb's sum (cz_csum_complete_addr6, csum.h). The one tc rewrite,
+ * for the fast and the full paths; both families in one body, so that a path that holds either
+ * (tc ingress) verifies one tail. 0, -1 when the header is beyond the packet, or a helper's error;
+ * packet pointers are invalid afterwards.
+ */
+static __always_inline int nat_skb_addr(struct __sk_buff *skb, void *l3, void *data_end, int v6,
+					int l4, __u32 csum_off, __u8 proto, int is_dst,
+					const struct ip6 *to)
+{
+	__u64 flags = BPF_F_PSEUDO_HDR | 4;
+	struct ip6 from;
+	int i, ret;
+
+	if (proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	if (v6) {
+		struct ipv6hdr *ip6 = l3;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return -1;
+		if (is_dst) {
+			__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
+			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
+		} else {
+			__builtin_memcpy(&from, &ip6->saddr, sizeof(from));
+			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
+		}
+	} else {
+		struct iphdr *ip = l3;
+
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		if (is_dst) {
+			from.a[0] = ip->daddr;
+			ip->daddr = to->a[0];
+		} else {
+			from.a[0] = ip->saddr;
+			ip->saddr = to->a[0];
+		}
+		ip->check = cz_csum_replace32(ip->check, from.a[0], to->a[0]);
+	}
+	if (l4) {
+#pragma unroll
+		for (i = 0; i < 4; i++) {
+			if (i > 0 && !v6)
+				break;
+			ret = bpf_l4_csum_replace(skb, csum_off, from.a[i], to->a[i], flags);
+			if (ret < 0)
+				return ret;
+		}
+	}
+	if (v6)
+		cz_csum_complete_addr6(skb, &from, to);
+	return 0;
+}
+
+/*
  * ICMP error: the inner source (is_src) or destination := *to, with the inner IPv4 header
  * checksum, the inner L4 checksum (when its field is present) and the outer ICMP checksum.
  */
@@ -120,45 +185,6 @@ static __always_inline void nat_inner(struct pkt *p, struct inner *in, void *dat
 	icmp->checksum = icsum;
 }
 
-/*
- * tc: the outer destination (is_dst) or source := *to and the IPv4 header checksum, with direct
- * writes (the IPv4 header checksum is never offloaded). The header is found again from its
- * offset, so that every parse path reaches this code in the same state. 0 or -1.
- */
-static __always_inline int nat_l3(struct pkt *p, void *data, void *data_end, int is_dst,
-				  const struct ip6 *to)
-{
-	__u32 l3_off = p->l3_off;
-	void *l3;
-
-	if (l3_off > CZ_MAX_OFF)
-		return -1;
-	l3 = data + l3_off;
-	cz_barrier_var(l3);
-	if (p->v6) {
-		struct ipv6hdr *ip6 = l3;
-
-		if ((void *)(ip6 + 1) > data_end)
-			return -1;
-		if (is_dst)
-			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
-		else
-			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
-	} else {
-		struct iphdr *ip = l3;
-		__be32 from = is_dst ? p->dst.a[0] : p->src.a[0];
-
-		if ((void *)(ip + 1) > data_end)
-			return -1;
-		if (is_dst)
-			ip->daddr = to->a[0];
-		else
-			ip->saddr = to->a[0];
-		ip->check = cz_csum_replace32(ip->check, from, to->a[0]);
-	}
-	return 0;
-}
-
 /* XDP, the full path: the outer destination := *to (nat_xdp4, nat_xdp6) and the checksum that
  * covers it (TCP, UDP, ICMPv6), when the packet carries its L4 header. */
 static __always_inline void nat_xdp(struct pkt *p, void *data_end, const struct ip6 *to)
@@ -191,38 +217,28 @@ static __always_inline void nat_xdp(struct pkt *p, void *data_end, const struct 
 }
 
 /*
- * tc: the same rewrite; the addresses and the IPv4 header checksum with direct writes (the IPv4
- * header checksum is never offloaded), the L4 checksum through bpf_l4_csum_replace, which keeps
- * CHECKSUM_PARTIAL (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right (IPv6: with
- * cz_csum_complete_addr6, csum.h). The IP header is found again from its offset, so that every
- * parse path reaches this code in one state. Returns 0 or a negative error. Packet pointers are
- * invalid afterwards.
+ * tc, the full paths: the outer destination (is_dst) or source := *to (nat_skb_addr) and
+ * the checksum that covers it (TCP, UDP, ICMPv6), when the packet carries its L4 header. The IP
+ * header is found again from its offset (and a barrier), so that every way through the parser
+ * reaches this code in one state (docs/design.md, "Keeping the verifier's work bounded"). 0 or a
+ * negative error; packet pointers are invalid afterwards.
  */
 static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *data, void *data_end,
 				   int is_dst, const struct ip6 *to)
 {
-	struct ip6 from = is_dst ? p->dst : p->src;
 	int off = p->has_l4 ? cz_l4_csum_off(p->proto, p->v6) : -1;
-	__u64 flags = BPF_F_PSEUDO_HDR | 4;
-	int ret, i;
+	__u32 l3_off = p->l3_off;
+	void *l3;
 
-	if (nat_l3(p, data, data_end, is_dst, to) < 0)
+	if (l3_off > CZ_MAX_OFF)
 		return -1;
-	if (off >= 0) {
-		if (p->proto == IPPROTO_UDP)
-			flags |= BPF_F_MARK_MANGLED_0;
-#pragma unroll
-		for (i = 0; i < 4; i++) {
-			if (i > 0 && !p->v6)
-				break;
-			ret = bpf_l4_csum_replace(skb, p->l4_off + off, from.a[i], to->a[i], flags);
-			if (ret < 0)
-				return ret;
-		}
-	}
+	l3 = data + l3_off;
+	cz_barrier_var(l3);
+	/* v6 a constant in each call: the full paths verify each family's rewrite apart */
 	if (p->v6)
-		cz_csum_complete_addr6(skb, &from, to);
-	return 0;
+		return nat_skb_addr(skb, l3, data_end, 1, off >= 0, p->l4_off + off, p->proto,
+				    is_dst, to);
+	return nat_skb_addr(skb, l3, data_end, 0, off >= 0, p->l4_off + off, p->proto, is_dst, to);
 }
 
 /*
@@ -262,58 +278,11 @@ static __always_inline int nat_skb_helpers(struct __sk_buff *skb, struct pkt *p,
 	return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 16 : 12), (void *)&to->a[0], 4, 0);
 }
 
-/*
- * tc: the destination (is_dst) or source := *to with direct writes and the IPv4 header checksum
- * (never offloaded); the L4 checksum through bpf_l4_csum_replace, which keeps CHECKSUM_PARTIAL
- * (egress offload) and CHECKSUM_COMPLETE (ingress) skbs right (IPv6: with
- * cz_csum_complete_addr6). 0 or a helper's error; packet pointers are invalid afterwards.
- */
+/* tc, the fast paths: the rewrite (nat_skb_addr) of what the fast parse found. */
 static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f, void *data_end,
 					int is_dst, const struct ip6 *to)
 {
-	__u64 flags = BPF_F_PSEUDO_HDR | 4;
-	struct ip6 from;
-	int i, ret;
-
-	if (f->proto == IPPROTO_UDP)
-		flags |= BPF_F_MARK_MANGLED_0;
-	if (f->v6) {
-		struct ipv6hdr *ip6 = f->l3;
-
-		if ((void *)(ip6 + 1) > data_end)
-			return -1;
-		if (is_dst) {
-			__builtin_memcpy(&from, &ip6->daddr, sizeof(from));
-			__builtin_memcpy(&ip6->daddr, to, sizeof(*to));
-		} else {
-			__builtin_memcpy(&from, &ip6->saddr, sizeof(from));
-			__builtin_memcpy(&ip6->saddr, to, sizeof(*to));
-		}
-	} else {
-		struct iphdr *ip = f->l3;
-
-		if ((void *)(ip + 1) > data_end)
-			return -1;
-		if (is_dst) {
-			from.a[0] = ip->daddr;
-			ip->daddr = to->a[0];
-		} else {
-			from.a[0] = ip->saddr;
-			ip->saddr = to->a[0];
-		}
-		ip->check = cz_csum_replace32(ip->check, from.a[0], to->a[0]);
-	}
-#pragma unroll
-	for (i = 0; i < 4; i++) {
-		if (i > 0 && !f->v6)
-			break;
-		ret = bpf_l4_csum_replace(skb, f->csum_off, from.a[i], to->a[i], flags);
-		if (ret < 0)
-			return ret;
-	}
-	if (f->v6)
-		cz_csum_complete_addr6(skb, &from, to);
-	return 0;
+	return nat_skb_addr(skb, f->l3, data_end, f->v6, 1, f->csum_off, f->proto, is_dst, to);
 }
 
 #endif
