@@ -70,8 +70,8 @@ static __always_inline int ingress_tc_full(struct __sk_buff *skb, int outside)
 	}
 	if (!cz_is_drop(reason) && rewrite) {
 		if (p.icmp_error && in.rewrite)
-			nat_inner(&p, &in, data_end, 1, &pod); /* direct writes first */
-		if (nat_skb_helpers(skb, &p, data, 1, &pod) < 0)
+			nat_inner(&p, &in, data_end, 1, &pod);
+		if (nat_skb(skb, &p, data, data_end, 1, &pod) < 0)
 			reason = CZ_DROP_MALFORMED;
 	}
 	return slow_finish(skb, 0, 0, &p, reason, slot, skb->len, 0);

@@ -241,43 +241,6 @@ static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *d
 	return nat_skb_addr(skb, l3, data_end, 0, off >= 0, p->l4_off + off, p->proto, is_dst, to);
 }
 
-/*
- * tc, the full path of ingress: the same rewrite of the outer header, through the kernel's
- * helpers. Returns 0 or a helper's negative error. Packet pointers are invalid afterwards.
- */
-static __always_inline int nat_skb_helpers(struct __sk_buff *skb, struct pkt *p, void *data,
-					   int is_dst, const struct ip6 *to)
-{
-	struct ip6 from = is_dst ? p->dst : p->src;
-	__u32 l3_off = p->l3 - data;
-	__u32 l4_off = p->l4 - data;
-	int off = p->has_l4 ? cz_l4_csum_off(p->proto, p->v6) : -1;
-	__u64 flags = BPF_F_PSEUDO_HDR | 4;
-	int ret, i;
-
-	if (p->proto == IPPROTO_UDP)
-		flags |= BPF_F_MARK_MANGLED_0;
-	if (off >= 0) {
-#pragma unroll
-		for (i = 0; i < 4; i++) {
-			if (i > 0 && !p->v6)
-				break;
-			ret = bpf_l4_csum_replace(skb, l4_off + off, from.a[i], to->a[i], flags);
-			if (ret < 0)
-				return ret;
-		}
-	}
-	/* IPv6: BPF_F_RECOMPUTE_CSUM, so that skb->csum follows the address (csum.h) */
-	if (p->v6)
-		return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 24 : 8), (void *)to, sizeof(*to),
-					   BPF_F_RECOMPUTE_CSUM);
-	ret = bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from.a[0], to->a[0],
-				  4);
-	if (ret < 0)
-		return ret;
-	return bpf_skb_store_bytes(skb, l3_off + (is_dst ? 16 : 12), (void *)&to->a[0], 4, 0);
-}
-
 /* tc, the fast paths: the rewrite (nat_skb_addr) of what the fast parse found. */
 static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f, void *data_end,
 					int is_dst, const struct ip6 *to)
