@@ -108,49 +108,14 @@ int cz_ingress(struct xdp_md *ctx)
 	return verdict;
 }
 
-/*
- * The full parse and decision; `outside` (a constant): the decision for a packet from outside
- * the pod's source ranges, which the full path hands to a program of its own (so that neither
- * program's verification follows both decisions).
- */
-static __always_inline int ingress_full(struct xdp_md *ctx, int outside)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct hdr_cursor nh = {.pos = data, .start = data};
-	struct pkt p = {};
-	struct inner in = {};
-	struct ip6 pod = {};
-	__u32 reason, slot = 0;
-	int rewrite;
-
-	cz_dry_begin(cz_dry_nonce_xdp(ctx));
-	p.frame_len = data_end - data;
-	if (parse_frame(&nh, data, data_end, &p) < 0) {
-		slow_not_ours(ctx, 1);
-		return XDP_PASS;
-	}
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot, outside);
-	if (reason == CZ_NOT_OURS) {
-		slow_not_ours(ctx, 1);
-		return XDP_PASS;
-	}
-	if (rewrite && !cz_is_drop(reason)) {
-		if (p.icmp_error && in.rewrite)
-			nat_inner(&p, &in, data_end, 1, &pod);
-		nat_xdp(&p, data_end, &pod);
-	}
-	return slow_finish(ctx, 1, 0, &p, reason, slot, data_end - data, 0);
-}
-
 /* Every frame the fast path does not take. */
 int cz_ingress_slow(struct xdp_md *ctx)
 {
-	return ingress_full(ctx, 0);
+	return ingress_full(ctx, 1, 0);
 }
 
 /* A frame from outside the source ranges of a restricted pod. */
 int cz_ingress_outside(struct xdp_md *ctx)
 {
-	return ingress_full(ctx, 1);
+	return ingress_full(ctx, 1, 1);
 }

@@ -30,6 +30,13 @@ static __always_inline __u32 cz_ctx_ifindex(void *ctx, int is_xdp)
 		      : ((struct __sk_buff *)ctx)->ifindex;
 }
 
+/* The frame's length: XDP's frame, a tc skb's whole length (paged data too; the programs' reads
+ * stay in the linear part). */
+static __always_inline __u32 cz_ctx_len(void *ctx, int is_xdp, void *data, void *data_end)
+{
+	return is_xdp ? data_end - data : ((struct __sk_buff *)ctx)->len;
+}
+
 static __always_inline __u64 cz_ctx_nonce(void *ctx, int is_xdp)
 {
 	return is_xdp ? cz_dry_nonce_xdp(ctx) : cz_dry_nonce_tc(ctx);
