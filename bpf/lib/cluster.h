@@ -117,8 +117,8 @@ static __always_inline struct addr4_val *pod_side4(struct __sk_buff *skb, void *
 	/* to this node, or to another pod-facing device (a pod on this node) */
 	if (fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &csum, &tf) < 0)
 		return NULL;
-	if (!flow_exists(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
-			 ip->protocol))
+	if (!flow_reply(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
+			ip->protocol, 0))
 		return NULL;
 	return v;
 }

@@ -128,7 +128,7 @@ static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be3
 				return CZ_PASS_PORT;
 		}
 	}
-	if (fast_reply(0, (struct ip6 *)&pod, (struct ip6 *)&remote, dport, sport, proto))
+	if (flow_reply(0, (struct ip6 *)&pod, (struct ip6 *)&remote, dport, sport, proto, 1))
 		return CZ_PASS_REPLY;
 	if (cz_unlikely(cz_learns(v->flags, proto, tcp_flags)))
 		return CZ_PASS_LEARN;
@@ -149,7 +149,7 @@ static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v
 		if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
 			return CZ_PASS_PORT;
 	}
-	if (fast_reply(1, pod, remote, f->dport, f->sport, f->proto))
+	if (flow_reply(1, pod, remote, f->dport, f->sport, f->proto, 1))
 		return CZ_PASS_REPLY;
 	if (cz_unlikely(cz_learns(v->flags, f->proto, f->tcp_flags)))
 		return CZ_PASS_LEARN;

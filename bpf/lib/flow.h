@@ -136,16 +136,6 @@ static __always_inline int flow_live(int v6, const struct ip6 *pod, const struct
 	return v && flow_fresh(v, proto, now);
 }
 
-/* A reply's flow, looked up only when the hint says it may exist (the fast paths). */
-static __always_inline int flow_exists(int v6, const struct ip6 *pod, const struct ip6 *remote,
-				       __be16 pod_port, __be16 remote_port, __u8 proto)
-{
-	__u32 h = cz_flow_hash(v6, pod, remote, pod_port, remote_port, proto);
-
-	return flow_hinted(h) &&
-	       flow_live(v6, pod, remote, pod_port, remote_port, proto, bpf_ktime_get_coarse_ns());
-}
-
 /* Are the `n` 32-bit words at a and b the same? */
 static __always_inline int fast_words_eq(const void *a, const void *b, int n)
 {
@@ -164,7 +154,7 @@ static __always_inline int fast_words_eq(const void *a, const void *b, int n)
  * A flow of the fast paths and this CPU's seen slot for it (types.h, seen4/seen6): the key of
  * its family (the other is left unset), the slot, and whether the slot vouches for this flow
  * (holds it, looked up under CZ_SEEN_NS ago) with which time. Both families in one place, so
- * that egress (flow_record) and replies (fast_reply) read and fill the slots alike.
+ * that egress (flow_record) and replies (flow_reply) read and fill the slots alike.
  */
 struct fast_seen {
 	struct flow4_key k4;
@@ -220,17 +210,18 @@ static __always_inline void fast_seen_put(struct fast_seen *fs, int v6, __u64 la
 }
 
 /*
- * Ingress fast paths: does a flow of the pod admit this reply (flow_exists)? Looked up only when
- * the hint says it may exist; then first in this CPU's seen slot (types.h, seen4/seen6): a slot
- * that holds the flow, looked up under CZ_SEEN_NS ago, whose time is fresh for the protocol
- * whatever the closing mark (both timeouts), answers yes without a flow-table lookup -- the
- * entry's time is at least the slot's, so the entry is fresh too. Otherwise the entry is looked
- * up, and a fresh one leaves the flow, its time and now in the slot. The only difference to a
- * lookup per reply: an entry the LRU evicts from under a busy flow admits its replies for at
- * most CZ_SEEN_NS more.
+ * Does a flow of the pod admit this reply (flow_fresh)? Looked up only when the hint says it may
+ * exist. `seen` (a constant; the ingress fast paths): first in this CPU's seen slot (types.h,
+ * seen4/seen6): a slot that holds the flow, looked up under CZ_SEEN_NS ago, whose time is fresh
+ * for the protocol whatever the closing mark (both timeouts), answers yes without a flow-table
+ * lookup -- the entry's time is at least the slot's, so the entry is fresh too. Otherwise the
+ * entry is looked up, and a fresh one leaves the flow, its time and now in the slot. The only
+ * difference to a lookup per reply: an entry the LRU evicts from under a busy flow admits its
+ * replies for at most CZ_SEEN_NS more. Without `seen` (the pod-facing hook, cluster.h): the
+ * entry, every time.
  */
-static __always_inline int fast_reply(int v6, const struct ip6 *pod, const struct ip6 *remote,
-				      __be16 pod_port, __be16 remote_port, __u8 proto)
+static __always_inline int flow_reply(int v6, const struct ip6 *pod, const struct ip6 *remote,
+				      __be16 pod_port, __be16 remote_port, __u8 proto, int seen)
 {
 	__u32 h = cz_flow_hash(v6, pod, remote, pod_port, remote_port, proto);
 	struct fast_seen fs;
@@ -240,6 +231,8 @@ static __always_inline int fast_reply(int v6, const struct ip6 *pod, const struc
 	if (!flow_hinted(h))
 		return 0;
 	now = bpf_ktime_get_coarse_ns();
+	if (!seen)
+		return flow_live(v6, pod, remote, pod_port, remote_port, proto, now);
 	flow_key(v6, &fs.k4, &fs.k6, pod, remote, pod_port, remote_port, proto);
 	if (fast_seen_get(&fs, v6, h, now) < 0)
 		return 0;
