@@ -38,7 +38,8 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	pod = (v->kind & CZ_K_LB) ? v->pod_ip : from;
 	reason = CZ_NAT_INGRESS;
 	if (v->flags & CZ_F_FLOWS)
-		reason = fast_filter4(v, pod, ip->saddr, proto, sport, dport, tf);
+		reason = fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
+				     (struct ip6 *)&ip->saddr, proto, sport, dport, tf);
 	if (reason == CZ_DROP_PORT) { /* the flood's path: every index a constant */
 		fast_count(0, CZ_DROP_PORT, v->in_slot, data_end - data);
 		fast_monitor(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,

@@ -3,8 +3,8 @@
  * The port filter of the default mode (docs/datapath-semantics.md, "Ingress"). It keys on the
  * pod IP, as cozy-proxy does, so traffic sent to the pod IP directly is filtered like traffic
  * sent to the LB IP. The verdict is taken before any rewrite, so a dropped packet costs no
- * checksum work. filter() decides for the full paths, fast_filter4/fast_filter6 for the fast
- * paths on the addr value in place.
+ * checksum work. filter() decides for the full paths, fast_filter() for the fast paths on the
+ * addr value in place.
  */
 #ifndef COZYEBPF_FILTER_H
 #define COZYEBPF_FILTER_H
@@ -107,51 +107,30 @@ static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 npo
 }
 
 /*
- * Port filter and source ranges, IPv4 (v->flags has CZ_F_PORT_FILTER or CZ_F_RANGES): a source
- * outside the ranges gets replies only (else drop_source); then whole-IP passes, the port filter
- * an allowed port, else a reply of a flow, else drop_port.
+ * The fast paths' port filter and source ranges, both families (`flags`, `ports` and `nports`
+ * of the address's value; flags has CZ_F_PORT_FILTER or CZ_F_RANGES): a source outside the ranges
+ * gets replies only (else drop_source); then whole-IP passes, the port filter an allowed port
+ * (inline, or in allow4/allow6 when they spill), else a reply of a flow, else, for a migrating
+ * pod, TCP that opens nothing (pass_learn), else drop_port.
  */
-static __always_inline __u32 fast_filter4(struct addr4_val *v, __be32 pod, __be32 remote,
-					  __u8 proto, __be16 sport, __be16 dport, __u8 tcp_flags)
+static __always_inline __u32 fast_filter(int v6, __u8 flags, const struct cz_port *ports,
+					 __u8 nports, const struct ip6 *pod,
+					 const struct ip6 *remote, __u8 proto, __be16 sport,
+					 __be16 dport, __u8 tcp_flags)
 {
-	int out = (v->flags & CZ_F_RANGES) && !src_in_range4(pod, remote);
+	int out = (flags & CZ_F_RANGES) && !src_in_range(v6, pod, remote);
 
 	if (!out) {
-		if (!(v->flags & CZ_F_PORT_FILTER))
+		if (!(flags & CZ_F_PORT_FILTER))
 			return CZ_NAT_INGRESS;
-		if (fast_ports_have(v->ports, v->nports, cz_port_word(proto, dport)))
+		if (fast_ports_have(ports, nports, cz_port_word(proto, dport)))
 			return CZ_PASS_PORT;
-		if (v->nports == CZ_PORTS_SPILL) {
-			struct allow4_key a = {.pod_ip = pod, .proto = proto, .port = dport};
-
-			if (cz_allow4.lookup(&a))
-				return CZ_PASS_PORT;
-		}
-	}
-	if (flow_reply(0, (struct ip6 *)&pod, (struct ip6 *)&remote, dport, sport, proto, 1))
-		return CZ_PASS_REPLY;
-	if (cz_unlikely(cz_learns(v->flags, proto, tcp_flags)))
-		return CZ_PASS_LEARN;
-	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
-}
-
-/* As fast_filter4, IPv6. */
-static __always_inline __u32 fast_filter6(struct cz_fast *f, struct addr6_val *v,
-					  const struct ip6 *pod, const struct ip6 *remote)
-{
-	int out = (v->flags & CZ_F_RANGES) && !src_in_range(1, pod, remote);
-
-	if (!out) {
-		if (!(v->flags & CZ_F_PORT_FILTER))
-			return CZ_NAT_INGRESS;
-		if (fast_ports_have(v->ports, v->nports, cz_port_word(f->proto, f->dport)))
-			return CZ_PASS_PORT;
-		if (v->nports == CZ_PORTS_SPILL && is_allowed(1, pod, f->proto, f->dport))
+		if (nports == CZ_PORTS_SPILL && is_allowed(v6, pod, proto, dport))
 			return CZ_PASS_PORT;
 	}
-	if (flow_reply(1, pod, remote, f->dport, f->sport, f->proto, 1))
+	if (flow_reply(v6, pod, remote, dport, sport, proto, 1))
 		return CZ_PASS_REPLY;
-	if (cz_unlikely(cz_learns(v->flags, f->proto, f->tcp_flags)))
+	if (cz_unlikely(cz_learns(flags, proto, tcp_flags)))
 		return CZ_PASS_LEARN;
 	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }

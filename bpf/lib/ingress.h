@@ -153,13 +153,15 @@ static __always_inline int fast_outside(void *data, void *data_end)
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = l3;
 		struct addr4_val *v;
+		__be32 pod;
 
 		if ((void *)(ip + 1) > data_end)
 			return 0;
 		v = cz_addr4.lookup(&ip->daddr);
 		if (cz_likely(!v || !(v->flags & CZ_F_RANGES)))
 			return 0;
-		return !src_in_range4((v->kind & CZ_K_LB) ? v->pod_ip : ip->daddr, ip->saddr);
+		pod = (v->kind & CZ_K_LB) ? v->pod_ip : ip->daddr;
+		return !src_in_range(0, (struct ip6 *)&pod, (struct ip6 *)&ip->saddr);
 	}
 	if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = l3;
@@ -204,7 +206,8 @@ static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 fra
 	if (!(v->flags & CZ_F_FLOWS))
 		return CZ_NAT_INGRESS;
 	__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
-	return fast_filter6(f, v, to, &remote);
+	return fast_filter(1, v->flags, v->ports, v->nports, to, &remote, f->proto, f->sport,
+			   f->dport, f->tcp_flags);
 }
 
 /*
@@ -231,7 +234,9 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 		to->a[0] = pod;
 		if (!(v->flags & CZ_F_FLOWS))
 			return CZ_NAT_INGRESS;
-		return fast_filter4(v, pod, ip->saddr, f->proto, f->sport, f->dport, f->tcp_flags);
+		return fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
+				   (struct ip6 *)&ip->saddr, f->proto, f->sport, f->dport,
+				   f->tcp_flags);
 	}
 	ip6 = fast_ip6(data, data_end);
 	if (ip6)

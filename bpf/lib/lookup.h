@@ -106,13 +106,6 @@ static __always_inline int src_in_range(int v6, const struct ip6 *pod, const str
 	}
 }
 
-static __always_inline int src_in_range4(__be32 pod, __be32 src)
-{
-	struct range4_key k = {.prefixlen = 64, .pod_ip = pod, .src = src};
-
-	return cz_range4.lookup(&k) != NULL;
-}
-
 /* The verdict recorded for a fragmented datagram, or NULL. */
 static __always_inline struct frag_val *frag_find(struct pkt *p, const struct ip6 *pod)
 {
