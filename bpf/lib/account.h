@@ -129,10 +129,7 @@ static __always_inline int slow_finish(void *ctx, int is_xdp, int dir, struct pk
 static __always_inline void fast_count(int dir, __u32 reason, __u32 slot, __u32 len)
 {
 	cz_count(reason, len);
-	if (reason == CZ_DROP_PORT || reason == CZ_DROP_MALFORMED || reason == CZ_DROP_SOURCE)
-		cz_svc_drop(slot, reason);
-	else
-		cz_svc_pass(slot, dir, len);
+	cz_svc_count(slot, reason, dir, len);
 }
 
 /*
