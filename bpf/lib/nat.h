@@ -185,8 +185,12 @@ static __always_inline void nat_inner(struct pkt *p, struct inner *in, void *dat
 	icmp->checksum = icsum;
 }
 
-/* XDP, the full path: the outer destination := *to (nat_xdp4, nat_xdp6) and the checksum that
- * covers it (TCP, UDP, ICMPv6), when the packet carries its L4 header. */
+/*
+ * XDP, the full path: the outer destination := *to (nat_xdp4, nat_xdp6) and the checksum that
+ * covers it (TCP, UDP, ICMPv6), when the packet carries its L4 header. The L4 checksum after the
+ * address, on the change the rewrite returns: its pointer (or NULL) passed into the rewrite
+ * doubled the states through it (7,000 instructions more).
+ */
 static __always_inline void nat_xdp(struct pkt *p, void *data_end, const struct ip6 *to)
 {
 	__u32 delta;

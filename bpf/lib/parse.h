@@ -276,6 +276,7 @@ static __always_inline int parse_frame(struct hdr_cursor *nh, void *data, void *
 {
 	int proto = parse_eth(nh, data_end);
 
+	/* the offset after the tags laundered (cz_scratch): every number of tags, one state on */
 	if (proto < 0 || launder_pos(nh, data, data_end) < 0)
 		return -1;
 	if (proto == bpf_htons(ETH_P_IP))
@@ -324,6 +325,7 @@ static __always_inline int cz_tcpudp(__u8 proto, void *l4, void *data_end, __u32
 
 		if (cz_unlikely((void *)(th + 1) > data_end))
 			return CZ_BAD;
+		/* (no cz_barrier_var on th: with one, every program took more to verify) */
 		if (cz_unlikely(len < sizeof(*th) || th->doff < 5 || th->doff * 4 > len))
 			return CZ_BAD;
 		*sport = th->source;
