@@ -22,27 +22,25 @@
 #include "lib/tc.h"
 
 /*
- * Egress (tc), IPv4: the whole fast path in one piece -- flow record, rewrite (nat_skb4),
- * counter -- for the pod whose entry is v. A tc verdict, or CZ_SLOW.
+ * Egress (tc): the whole fast path in one piece -- flow record, rewrite (nat_skb_addr), counter --
+ * for the pod whose entry's LB IP, slot and flags are `lb`, `slot` and `pod_flags`, the IP
+ * header at `l3` (v6, a constant). A tc verdict, or CZ_SLOW.
  */
-static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *data_end,
-				      struct iphdr *ip, struct addr4_val *v)
+static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *data_end, void *l3,
+				     int v6, const struct ip6 *lb, __u32 slot, __u8 pod_flags)
 {
-	__be16 sport, dport;
-	__u32 slot, off;
-	__u16 *c;
-	__u8 tf = 0;
+	__u32 src = v6 ? offsetof(struct ipv6hdr, saddr) : offsetof(struct iphdr, saddr);
+	__u32 dst = v6 ? offsetof(struct ipv6hdr, daddr) : offsetof(struct iphdr, daddr);
+	struct cz_fast f = {};
+	int bad = v6 ? fast_check6(&f, l3, data, data_end, skb->len)
+		     : fast_check4(&f, l3, data, data_end, skb->len);
 
-	if (cz_unlikely(fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &c, &tf) < 0))
+	if (cz_unlikely(bad < 0))
 		return CZ_SLOW;
-	off = (void *)c - data; /* before the calls below: after them, 42 more to verify */
-	slot = v->out_slot;
-	if (v->pod_flags & CZ_F_FLOWS)
-		flow_record(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
-			    ip->protocol, 0, tf, 1);
-	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, 0, ip->protocol, ip, sport, dport);
-	if (nat_skb_addr(skb, ip, data_end, 0, 1, off, ip->protocol, 0, (struct ip6 *)&v->lb_ip) <
-	    0) {
+	if (pod_flags & CZ_F_FLOWS) /* (IPv4: a[0] of each address only) */
+		flow_record(v6, l3 + src, l3 + dst, f.sport, f.dport, f.proto, 0, f.tcp_flags, 1);
+	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, v6, f.proto, l3, f.sport, f.dport);
+	if (nat_skb_addr(skb, l3, data_end, v6, 1, f.csum_off, f.proto, 0, lb) < 0) {
 		fast_count(1, CZ_DROP_MALFORMED, slot, skb->len);
 		return CZ_TC_DROP;
 	}
@@ -53,42 +51,25 @@ static __always_inline int fast_snat4(struct __sk_buff *skb, void *data, void *d
 /* The common frame: a verdict, or CZ_SLOW. */
 static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *data_end)
 {
-	struct cz_fast f = {};
-	struct ip6 lb;
-	__u8 pod_flags;
 	struct iphdr *ip = fast_ip4(data, data_end);
+	struct ipv6hdr *ip6;
+	struct addr6_val *v6;
 
 	if (ip) {
 		struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
 
 		if (!v || !(v->kind & CZ_K_POD))
 			return to_lb4(skb, data, data_end, ip);
-		return fast_snat4(skb, data, data_end, ip, v);
-	} else {
-		struct ipv6hdr *ip6 = fast_ip6(data, data_end);
-		struct addr6_val *v;
-
-		if (!ip6)
-			return CZ_SLOW;
-		v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
-		if (!v || !(v->kind & CZ_K_POD))
-			return CZ_TC_NEXT;
-		if (fast_check6(&f, ip6, data, data_end, skb->len) < 0)
-			return CZ_SLOW;
-		lb = v->lb_ip;
-		f.slot = v->out_slot;
-		if (v->pod_flags & CZ_F_FLOWS)
-			flow_record(1, (struct ip6 *)&ip6->saddr, (struct ip6 *)&ip6->daddr,
-				    f.sport, f.dport, f.proto, 0, f.tcp_flags, 1);
-		fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, f.slot, skb->len, 1, f.proto, ip6, f.sport,
-			     f.dport);
+		return fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
+				 v->pod_flags);
 	}
-	if (fast_nat_skb(skb, &f, data_end, 0, &lb) < 0) {
-		fast_count(1, CZ_DROP_MALFORMED, f.slot, skb->len);
-		return CZ_TC_DROP;
-	}
-	fast_count(1, CZ_NAT_EGRESS, f.slot, skb->len);
-	return CZ_TC_NEXT;
+	ip6 = fast_ip6(data, data_end);
+	if (!ip6)
+		return CZ_SLOW;
+	v6 = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
+	if (!v6 || !(v6->kind & CZ_K_POD))
+		return CZ_TC_NEXT;
+	return fast_snat(skb, data, data_end, ip6, 1, &v6->lb_ip, v6->out_slot, v6->pod_flags);
 }
 
 int cz_egress(struct __sk_buff *skb)
@@ -130,7 +111,8 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	v = pod_side4(skb, data_end, ip);
 	if (!v)
 		return next;
-	rc = fast_snat4(skb, data, data_end, ip, v);
+	rc = fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
+		       v->pod_flags);
 	if (rc == CZ_TC_NEXT)
 		return next;
 	if (rc != CZ_SLOW)
