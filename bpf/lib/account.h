@@ -124,12 +124,18 @@ static __always_inline int slow_finish(void *ctx, int is_xdp, int dir, struct pk
 	return slow_end(ctx, is_xdp, dir, &s->done);
 }
 
-/* A packet a fast path decided: counted under its reason and for its Service (slot; dir 0
- * ingress, 1 egress). */
+/*
+ * A packet a fast path decided: counted under its reason and for its Service (slot; dir 0
+ * ingress, 1 egress). The three drops a fast path gives are named here rather than asked of
+ * cz_svc_count (cz_is_drop, eight reasons): that cost xdp/port-allowed 2 ns in BPF_PROG_RUN.
+ */
 static __always_inline void fast_count(int dir, __u32 reason, __u32 slot, __u32 len)
 {
 	cz_count(reason, len);
-	cz_svc_count(slot, reason, dir, len);
+	if (reason == CZ_DROP_PORT || reason == CZ_DROP_MALFORMED || reason == CZ_DROP_SOURCE)
+		cz_svc_drop(slot, reason);
+	else
+		cz_svc_pass(slot, dir, len);
 }
 
 /*
