@@ -121,7 +121,7 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
-from cozyebpf.lab import Lab, run, wait_for
+from cozyebpf.lab import PACKET_OUTGOING, Lab, drain, run, wait_for
 
 if TYPE_CHECKING:
     from tests.kubeapi import FakeKubeAPI
@@ -148,7 +148,6 @@ CANARY_LB = "203.0.113.250"
 SERVER_TCP, SERVER_UDP = 8443, 5353
 SERVER_PUSH = 8444  # the server sends without pause to whoever connects (a download)
 PROXY_LABEL = "service.kubernetes.io/service-proxy-name"
-PACKET_OUTGOING = 4
 ETH_P_ARP = 0x0806
 
 REPO = Path(__file__).resolve().parent.parent
@@ -273,6 +272,9 @@ HOST_PAIRS = ((1, "vm-a"), (1, "vm-b"))  # section 6: on the VM's node, on anoth
 #: two while both are ready (node1): going, the announcement moves at "new ready", after the
 #: switch; coming back, at "both ready", to the target before the VM runs there
 MIGRATIONS = (("vm-a", 3), ("vm-a", 1))
+#: section 10, (attacker, victim): another VM on the victim's node, a plain pod on another node
+SPOOFS = (("vm-e", "vm-a"), ("p3", "vm-a"))
+SPOOF_KINDS = ("tcp syn", "udp", "icmp echo")
 RESTART_NODE = 2  # section 8
 RESTART_STREAMS = ("vm-a", "vm-b", "vm-e")  # one or more VMs per node, node2's included
 
@@ -291,6 +293,53 @@ class Row:
 
 
 # -- Kube-OVN's nftables, Services ---------------------------------------------------------
+
+
+def _csum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total > 0xFFFF:
+        total = (total & 0xFFFF) + (total >> 16)
+    return int(~total & 0xFFFF)
+
+
+def spoofed_packet(kind: str, src: str, dst: str, dport: int, marker: bytes) -> bytes:
+    """An IPv4 packet from `src` (not the sender's address) carrying `marker`: a TCP SYN, a UDP
+    datagram or an ICMP echo request, checksums right."""
+    s, d = socket.inet_aton(src), socket.inet_aton(dst)
+    if kind == "icmp echo":
+        proto, l4 = socket.IPPROTO_ICMP, struct.pack("!BBHHH", 8, 0, 0, 0x5A5A, 1) + marker
+        l4 = l4[:2] + struct.pack("!H", _csum(l4)) + l4[4:]
+    else:
+        if kind == "udp":
+            proto, at = socket.IPPROTO_UDP, 6
+            hdr = struct.pack("!HHHH", 40001, dport, 8 + len(marker), 0)
+        else:
+            proto, at = socket.IPPROTO_TCP, 16
+            hdr = struct.pack("!HHIIBBHHH", 40002, dport, 1, 0, 0x50, 0x02, 512, 0, 0)
+        pseudo = s + d + struct.pack("!BBH", 0, proto, len(hdr) + len(marker))
+        c = _csum(pseudo + hdr + marker) or 0xFFFF
+        l4 = hdr[:at] + struct.pack("!H", c) + hdr[at + 2 :] + marker
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), 0x5A5A, 0, 64, proto, 0, s, d)
+    return ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:] + l4
+
+
+def _sources_with(cap: socket.socket, marker: bytes, seconds: float) -> set[str]:
+    """The IPv4 sources of the frames captured on `cap` within `seconds` that carry
+    `marker`."""
+    out: set[str] = set()
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        ready, _, _ = select.select([cap], [], [], left)
+        if not ready:
+            break
+        frame, addr = cap.recvfrom(65535)
+        if addr[2] == PACKET_OUTGOING:
+            continue  # the server's own answer
+        if frame[12:14] == b"\x08\x00" and marker in frame:
+            out.add(socket.inet_ntoa(frame[26:30]))
+    return out
 
 
 def kubeovn_ruleset(n: int) -> str:
@@ -1474,15 +1523,9 @@ class ClusterLab:
 
         wait_for(ready, timeout, f"{node_name(n)}'s agent to attach")
 
-    def learned(self, offsets: dict[int, int] | None = None) -> dict[str, int]:
+    def learned(self) -> dict[str, int]:
         """pass_learn packets per node (cumulative: the counters live as long as the pins)."""
-        from cozyebpf.datapath.maps import PinnedMaps
-
-        out = {}
-        for n, a in self.agents.items():
-            with PinnedMaps.open(a.pin_dir) as m:
-                out[node_name(n)] = m.counters().get("pass_learn", {}).get("packets", 0)
-        return out
+        return self.counted("pass_learn")
 
     def lb_map(self, a: Agent) -> dict[str, str]:
         from cozyebpf.datapath.maps import PinnedMaps
@@ -2020,6 +2063,68 @@ class ClusterLab:
             )
         return rows
 
+    # -- scenario 10: a pod sends as a VM's pod IP -----------------------------------------
+
+    def spoof_where(self, attacker: str, victim: str) -> str:
+        same = self.location[attacker] == self.location[victim]
+        return f"{self.where(attacker)} as {victim}'s pod IP ({'same' if same else 'another'} node)"
+
+    def run_spoof(self) -> list[Row]:
+        """Each attacker sends a TCP SYN, a UDP datagram and an ICMP echo to the external
+        server with the victim's pod IP as its source; the server must see none of them as the
+        victim's LB IP or pod IP (issue 21)."""
+        rows = []
+        cap = self.lab.packet_socket(self.server, "eth0")
+        try:
+            for attacker, victim in SPOOFS:
+                v = self.workloads[victim]
+                assert v.lb_ip is not None
+                before = self.counted("drop_spoofed")
+                for kind in SPOOF_KINDS:
+                    marker = f"cz-spoof {attacker} {kind}".encode()
+                    port = SERVER_UDP if kind == "udp" else SERVER_TCP
+                    pkt = spoofed_packet(kind, v.ip, SERVER_IP, port, marker)
+                    drain(cap)
+                    raw = self.lab.ns_socket(
+                        self.pod_ns(attacker), socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW
+                    )
+                    with raw:
+                        raw.sendto(pkt, (SERVER_IP, 0))
+                    seen = sorted(_sources_with(cap, marker, 1.0))
+                    bad = [ip for ip in seen if ip in (v.ip, v.lb_ip)]
+                    rows.append(
+                        Row(
+                            "10 spoofing",
+                            f"{self.spoof_where(attacker, victim)}: {kind}",
+                            self.layout,
+                            not bad,
+                            f"the server saw it from {', '.join(seen) or 'nobody'}",
+                        )
+                    )
+                after = self.counted("drop_spoofed")
+                spoofed = {n: after[n] - before.get(n, 0) for n in after}
+                last = rows[-1]
+                rows[-1] = Row(
+                    last.scenario,
+                    last.case,
+                    last.layout,
+                    last.ok,
+                    f"{last.detail}; drop_spoofed by node (the three): {spoofed}",
+                )
+        finally:
+            cap.close()
+        return rows
+
+    def counted(self, reason: str) -> dict[str, int]:
+        """Packets counted under `reason` per node (0 where the reason does not exist)."""
+        from cozyebpf.datapath.maps import PinnedMaps
+
+        out = {}
+        for n, a in self.agents.items():
+            with PinnedMaps.open(a.pin_dir) as m:
+                out[node_name(n)] = m.counters().get(reason, {}).get("packets", 0)
+        return out
+
     # -- scenario 9: what the Cilium-like program saw -------------------------------------
 
     def run_observer(self) -> list[Row]:
@@ -2051,6 +2156,7 @@ class ClusterLab:
             for name, to in MIGRATIONS:
                 rows += self.run_migration(name, to)
         rows += self.run_restart()
+        rows += self.run_spoof()
         rows += self.run_observer()
         return rows
 
@@ -2082,6 +2188,8 @@ def planned_cases(layout: str) -> list[tuple[str, str]]:
                 f"{node_name(RESTART_NODE)} restarts: udp 100 pkt/s to {lab.where(s)} ({where})",
             )
         )
+    for attacker, victim in SPOOFS:
+        rows += [("10 spoofing", f"{lab.spoof_where(attacker, victim)}: {k}") for k in SPOOF_KINDS]
     devs = f"ovn0 + {TUNNEL}" if layout == "kubeovn" else "eth0"
     rows += [("9 cilium view", f"{node_name(n)} {devs}: no packet to an LB IP") for n in NODES]
     return rows
