@@ -22,7 +22,15 @@ PLAN = {layout: planned_cases(layout) for layout in LAYOUTS}
 #: the tables of the layouts that ran, for the terminal summary (tests/conftest.py): CI's log
 #: shows the table of scenario x case x layout as `make cluster-lab` prints it
 TABLES: dict[str, str] = {}
-CASES = [(layout, s, c) for layout in LAYOUTS for s, c in PLAN[layout]]
+#: rows that show a hole not closed yet: they must fail until it is (strict)
+OPEN = {"10 spoofing": "issue 21: the egress rewrite trusts the source address"}
+CASES = [
+    pytest.param(
+        layout, s, c, marks=[pytest.mark.xfail(strict=True, reason=OPEN[s])] if s in OPEN else []
+    )
+    for layout in LAYOUTS
+    for s, c in PLAN[layout]
+]
 
 
 def _id(layout: str, scenario: str, case: str) -> str:
@@ -60,7 +68,7 @@ def test_every_planned_row_and_no_other(cluster: Callable[[str], list[Row]], lay
 
 
 @pytest.mark.parametrize(
-    "layout,scenario,case", CASES, ids=[_id(layout, s, c) for layout, s, c in CASES]
+    "layout,scenario,case", CASES, ids=[_id(*map(str, p.values)) for p in CASES]
 )
 def test_scenario(
     cluster: Callable[[str], list[Row]], layout: str, scenario: str, case: str
