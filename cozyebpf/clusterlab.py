@@ -114,6 +114,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from ipaddress import ip_address
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -121,6 +122,7 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
+from cozyebpf.explain import build_packet
 from cozyebpf.lab import PACKET_OUTGOING, Lab, drain, run, wait_for
 
 if TYPE_CHECKING:
@@ -293,36 +295,6 @@ class Row:
 
 
 # -- Kube-OVN's nftables, Services ---------------------------------------------------------
-
-
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total > 0xFFFF:
-        total = (total & 0xFFFF) + (total >> 16)
-    return int(~total & 0xFFFF)
-
-
-def spoofed_packet(kind: str, src: str, dst: str, dport: int, marker: bytes) -> bytes:
-    """An IPv4 packet from `src` (not the sender's address) carrying `marker`: a TCP SYN, a UDP
-    datagram or an ICMP echo request, checksums right."""
-    s, d = socket.inet_aton(src), socket.inet_aton(dst)
-    if kind == "icmp echo":
-        proto, l4 = socket.IPPROTO_ICMP, struct.pack("!BBHHH", 8, 0, 0, 0x5A5A, 1) + marker
-        l4 = l4[:2] + struct.pack("!H", _csum(l4)) + l4[4:]
-    else:
-        if kind == "udp":
-            proto, at = socket.IPPROTO_UDP, 6
-            hdr = struct.pack("!HHHH", 40001, dport, 8 + len(marker), 0)
-        else:
-            proto, at = socket.IPPROTO_TCP, 16
-            hdr = struct.pack("!HHIIBBHHH", 40002, dport, 1, 0, 0x50, 0x02, 512, 0, 0)
-        pseudo = s + d + struct.pack("!BBH", 0, proto, len(hdr) + len(marker))
-        c = _csum(pseudo + hdr + marker) or 0xFFFF
-        l4 = hdr[:at] + struct.pack("!H", c) + hdr[at + 2 :] + marker
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), 0x5A5A, 0, 64, proto, 0, s, d)
-    return ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:] + l4
 
 
 def _sources_with(cap: socket.socket, marker: bytes, seconds: float) -> set[str]:
@@ -2083,7 +2055,10 @@ class ClusterLab:
                 for kind in SPOOF_KINDS:
                     marker = f"cz-spoof {attacker} {kind}".encode()
                     port = SERVER_UDP if kind == "udp" else SERVER_TCP
-                    pkt = spoofed_packet(kind, v.ip, SERVER_IP, port, marker)
+                    proto = {"tcp syn": 6, "udp": 17, "icmp echo": 1}[kind]
+                    pkt = build_packet(
+                        ip_address(v.ip), ip_address(SERVER_IP), proto, 40001, port, marker
+                    )
                     drain(cap)
                     raw = self.lab.ns_socket(
                         self.pod_ns(attacker), socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW

@@ -84,24 +84,27 @@ def _csum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def build_packet(src: IPAddress, dst: IPAddress, proto: int, sport: int, dport: int) -> bytes:
+def build_packet(
+    src: IPAddress, dst: IPAddress, proto: int, sport: int, dport: int, payload: bytes = PAYLOAD
+) -> bytes:
     """An IP packet (no link header) with valid checksums: TCP SYN, UDP datagram, SCTP INIT
-    header, ICMP/ICMPv6 echo request, or a bare payload for any other protocol."""
+    header, ICMP/ICMPv6 echo request (its identifier `sport`), or a bare payload for any other
+    protocol; `payload` after the header."""
     v6 = src.version == 6
     if proto == 6:
-        l4 = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 64240, 0, 0) + PAYLOAD
+        l4 = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 64240, 0, 0) + payload
         at = 16
     elif proto == 17:
-        l4 = struct.pack("!HHHH", sport, dport, 8 + len(PAYLOAD), 0) + PAYLOAD
+        l4 = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
         at = 6
     elif proto == 132:
-        l4 = struct.pack("!HHII", sport, dport, 0, 0) + PAYLOAD  # CRC32c: nobody checks it here
+        l4 = struct.pack("!HHII", sport, dport, 0, 0) + payload  # CRC32c: nobody checks it here
         at = -1
     elif proto in (1, 58) and (proto == 58) == v6:
-        l4 = struct.pack("!BBHHH", 128 if v6 else 8, 0, 0, sport or 1, 1) + PAYLOAD
+        l4 = struct.pack("!BBHHH", 128 if v6 else 8, 0, 0, sport or 1, 1) + payload
         at = 2
     else:
-        l4, at = PAYLOAD, -1
+        l4, at = payload, -1
     if v6:
         pseudo = src.packed + dst.packed + struct.pack("!I3xB", len(l4), proto)
     else:
