@@ -414,6 +414,20 @@ def run(
         if dp is not None:
             dp.close()
     log.info("stopped; the datapath stays attached (remove it with `cozyebpf detach`)")
+    _exit_at_once(0)
+
+
+def _exit_at_once(status: int) -> NoReturn:
+    """Exit without the interpreter's teardown, once everything that matters is done: the
+    pins stay, the sources, servers and compiler child are stopped, our descriptors closed;
+    logs are flushed here. What the teardown would add is freeing the caches object by object
+    and the collector's passes over them: 3.8 s after "stopped" at 70,000 Services (a Pod's
+    grace period is 30 s), where the kernel frees the memory at once."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
 
 
 class _Stopping(Exception):

@@ -2,14 +2,14 @@
 
 This module is the contract between the layers:
 
-    sources (manifest file, Kubernetes)  ->  model (pure)  ->  MapState
-    controller: diff(live MapState, desired MapState) -> MapDiff -> Datapath.apply()
+    sources (manifest file, Kubernetes)  ->  model (pure)  ->  MapState, MapDiff per change
+    controller: a change's MapDiff -> Datapath.apply(); a resync: diff(live, desired) -> apply()
 
 It imports nothing from bcc or the kubernetes client. Addresses are `ipaddress.IPv4Address` or
 `ipaddress.IPv6Address` (`IPAddress`); each family has its own maps in the datapath (addr4/addr6
-hold services and pods, allow4/allow6 the allowed ports), and the key and the value of one entry
-are always of the same family: an IPv4 LB IP is translated to an IPv4 pod IP and an IPv6 LB IP
-to an IPv6 pod IP, never across.
+hold services and pods, allow4/allow6 the allowed ports, range4/range6 the source ranges), and
+the key and the value of one entry are always of the same family: an IPv4 LB IP is translated to
+an IPv4 pod IP and an IPv6 LB IP to an IPv6 pod IP, never across.
 `MapState` and `MapDiff` check that when they are built (`check()` checks again after in-place
 changes), and both datapaths refuse to apply a diff that mixes families.
 

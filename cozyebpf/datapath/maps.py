@@ -2,7 +2,7 @@
 read or program them through plain bpf(2) calls (no compilation needed, so `maps dump` is
 instant).
 
-Layout version 2 keys everything the programs need to know about an address by that address:
+Layout version 5 keys everything the programs need to know about an address by that address:
 one value in addr4 (or addr6) says whether it is an LB IP (and its pod IP and filter flags), a
 pod IP (and the LB IP its egress leaves as), or both, and carries up to 8 allowed ports of the
 pod its ingress reaches. allow4/allow6 still hold every allowed port; the programs look there
