@@ -96,19 +96,6 @@ def test_layout_constants_match_the_c_defines() -> None:
         assert m and int(m.group(1), 0) == value, name
 
 
-def test_the_version_1_mirrors_still_describe_layout_version_1() -> None:
-    """The in-place upgrade reads svc4/pod4/svc6/pod6 of layout 1 with these (types.h no
-    longer has them): svc/pod value = the other address, then flags and 3 reserved bytes."""
-    assert [ctypes.sizeof(c) for c in (layout.Svc4Val, layout.Pod4Val)] == [8, 8]
-    assert [ctypes.sizeof(c) for c in (layout.Svc6Val, layout.Pod6Val)] == [20, 20]
-    assert [(s.name, s.key_size, s.value_size) for s in layout.V1_REPLACED] == [
-        ("svc4", 4, 8),
-        ("pod4", 4, 8),
-        ("svc6", 16, 20),
-        ("pod6", 16, 20),
-    ]
-
-
 def test_map_sizes_derive_from_the_number_of_services() -> None:
     lay = layout.map_specs(1000)
     sizes = {s.name: s.max_entries for s in lay.all}

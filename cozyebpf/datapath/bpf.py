@@ -110,7 +110,7 @@ class BpfDatapath:
         """Take the loaded programs from the child and attach them to every device. Egress
         goes first on every device: the ingress program trusts the flow hints, which the egress
         program of this layout sets; flows that older programs recorded get theirs in between
-        (PinnedMaps.seed_flow_hints). The maps of an older layout go last."""
+        (PinnedMaps.seed_flow_hints)."""
         assert self._compilation is not None, "begin() first"
         compilation, self._compilation = self._compilation, None
         for name, kind, fd in compilation.result():
@@ -133,7 +133,6 @@ class BpfDatapath:
             log.info("flow hints seeded from %d flows", n)
         for dev in self.devices:
             self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
-        self.maps.finish_upgrade()
         self._drop_stale_pod_hooks()
         order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
         order += [(dev, "pod") for dev in pods]

@@ -78,25 +78,6 @@ class Addr4Val(ctypes.Structure):
     ]
 
 
-# -- layout version 1 (svc4/pod4/svc6/pod6): read once, when maps of that layout are upgraded --
-
-
-class Svc4Val(ctypes.Structure):
-    _fields_ = [
-        ("pod_ip", ctypes.c_uint32),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
-    ]
-
-
-class Pod4Val(ctypes.Structure):
-    _fields_ = [
-        ("lb_ip", ctypes.c_uint32),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
-    ]
-
-
 class Allow4Key(ctypes.Structure):
     _fields_ = [
         ("pod_ip", ctypes.c_uint32),
@@ -175,22 +156,6 @@ class Addr6Val(ctypes.Structure):
         ("in_slot", ctypes.c_uint32),
         ("out_slot", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
-    ]
-
-
-class Svc6Val(ctypes.Structure):
-    _fields_ = [
-        ("pod_ip", Ip6),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
-    ]
-
-
-class Pod6Val(ctypes.Structure):
-    _fields_ = [
-        ("lb_ip", Ip6),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
     ]
 
 
@@ -570,13 +535,6 @@ ALL_MAPS: tuple[MapSpec, ...] = DEFAULT_LAYOUT.all
 ADDR4, ALLOW4, FLOW4 = DEFAULT_LAYOUT.addr4, DEFAULT_LAYOUT.allow4, DEFAULT_LAYOUT.flow4
 ADDR6, ALLOW6, FLOW6 = DEFAULT_LAYOUT.addr6, DEFAULT_LAYOUT.allow6, DEFAULT_LAYOUT.flow6
 FRAG4, FRAG6, FLOWHINT = DEFAULT_LAYOUT.frag4, DEFAULT_LAYOUT.frag6, DEFAULT_LAYOUT.flowhint
-
-#: layout version 1's maps that version 2 replaced (by addr4/addr6), for the in-place upgrade
-V1_SVC4 = MapSpec("svc4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Svc4Val, 65536, "")
-V1_POD4 = MapSpec("pod4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Pod4Val, 65536, "")
-V1_SVC6 = MapSpec("svc6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Svc6Val, 65536, "")
-V1_POD6 = MapSpec("pod6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Pod6Val, 65536, "")
-V1_REPLACED = (V1_SVC4, V1_POD4, V1_SVC6, V1_POD6)
 
 
 def flow_hint_bit(

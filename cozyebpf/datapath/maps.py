@@ -10,12 +10,6 @@ only for a pod with more ports than fit inline. The control plane keeps speaking
 (services, pods, allowed ports): `read_state()` decodes the maps into one, `apply()` encodes a
 MapDiff, and a mirror of the state (refreshed by read_state, updated by apply) tells which addr
 values an allowed-port change rewrites.
-
-Maps of layout version 1 (svc4/pod4/svc6/pod6 instead of addr4/addr6) are upgraded in place
-while their programs still run: `ensure()` fills the new maps beside the old ones (allowed
-ports, flows, fragments and counters have not changed and are kept), the agent swaps the
-programs, egress first, seeds the flow hints (`seed_flow_hints()`) and then removes the old
-maps (`finish_upgrade()`). Until then `apply()` writes the old maps too.
 """
 
 from __future__ import annotations
@@ -55,11 +49,6 @@ from cozyebpf.datapath.layout import (
     SEEN6,
     STATS,
     UPLINKS_MAX,
-    V1_POD4,
-    V1_POD6,
-    V1_REPLACED,
-    V1_SVC4,
-    V1_SVC6,
     Flow4Val,
     FlowCfg,
     Layout,
@@ -260,7 +249,6 @@ def _ip(raw: bytes) -> IPAddress:
 
 _ALLOW_TAIL = struct.Struct("!BBH")  # allow4/6 keys after the pod IP: proto, reserved, port
 _PORT = struct.Struct("!BBH")  # struct cz_port
-_FLAG_BYTES = [bytes([f, 0, 0, 0]) for f in range(256)]  # v1 svc/pod values: flags, reserved
 
 
 def _allow_bytes(a: AllowedPort) -> bytes:
@@ -480,7 +468,6 @@ class PinnedMaps:
         self._no_batch = False  # set when the kernel refuses batch operations
         self._m: _Mirror | None = None  # the mirror; None: read the maps before the next apply
         self._repair = False  # read_state rewrites addr values that disagree (the agent's)
-        self._legacy: dict[str, int] = {}  # layout 1's svc/pod maps while upgrading
         self._old_flows: list[tuple[MapSpec, int]] = []  # flow maps replaced by a resize
         #: the flow hints must be seeded again once the new egress program runs (the maps
         #: were upgraded or resized while older programs were recording flows)
@@ -489,11 +476,6 @@ class PinnedMaps:
     @property
     def max_services(self) -> int:
         return self.layout.max_services
-
-    @property
-    def upgrading(self) -> bool:
-        """Maps of layout version 1 are still there (see finish_upgrade)."""
-        return bool(self._legacy)
 
     # -- opening -------------------------------------------------------------------------
 
@@ -548,8 +530,8 @@ class PinnedMaps:
         A pin with another layout is never reused as it is: a map whose type, key and value
         sizes are unchanged since its layout version (SAME_SINCE) and whose only change is its
         size is migrated, its entries copied; any other map is rebuilt empty (the controller
-        refills services, pods and ports; flows and counters start over). Maps of layout
-        version 1 are upgraded in place (see the module). Each migration is logged."""
+        refills services, pods and ports; flows and counters start over). Each migration is
+        logged."""
         layout = map_specs(max_services, service_slots)
         _check_bpffs(pin_dir)
         os.makedirs(pin_dir, mode=0o700, exist_ok=True)
@@ -615,12 +597,6 @@ class PinnedMaps:
                 maps.set_flow_timeouts(**DEFAULT_FLOW_TIMEOUTS)  # before any program reads it
             maps._repair = True
             maps._old_flows = old_flows
-            legacy = [s for s in V1_REPLACED if os.path.exists(os.path.join(pin_dir, s.name))]
-            if legacy and version in (1, LAYOUT_VERSION):
-                maps._open_legacy(legacy, fill=version == 1)
-                reseed = True
-            elif legacy:
-                maps._drop_pins(legacy)
             if reseed:
                 maps.seed_flow_hints()
                 maps.hints_need_seed = True
@@ -737,69 +713,6 @@ class PinnedMaps:
                 f"cozyebpf uses {LAYOUT_VERSION}; `cozyebpf run` of this version migrates them"
             )
 
-    # -- the upgrade from layout version 1 -----------------------------------------------
-
-    def _open_legacy(self, present: list[MapSpec], fill: bool) -> None:
-        """Hold layout 1's svc/pod maps until finish_upgrade(); with `fill`, program addr4 and
-        addr6 from them (what they hold is what the programs of layout 1 translate)."""
-        st = MapState()
-        for spec in present:
-            path = os.path.join(self.pin_dir, spec.name)
-            fd = bpfsys.obj_get(path)
-            problem = _kind_problem(spec, bpfsys.map_info(fd))
-            if problem:
-                log.warning(
-                    "cannot read %s (%s): its entries come back with the sync", path, problem
-                )
-                os.close(fd)
-                os.unlink(path)
-                continue
-            self._legacy[spec.name] = fd
-            if not fill:
-                continue
-            for kraw, vraw in self._raw_items(fd, spec.key_size, spec.value_size):
-                n = len(kraw)
-                other, flags = _ip(vraw[:n]), vraw[n]
-                if spec in (V1_SVC4, V1_SVC6):
-                    st.services[_ip(kraw)] = _service_entry(other, flags)
-                else:
-                    st.pods[_ip(kraw)] = _pod_entry(other, flags)
-        if not fill:
-            log.warning(
-                "maps in %s: the upgrade from layout version 1 was not finished; finishing it",
-                self.pin_dir,
-            )
-            return
-        st.allowed = self._read_allowed()[0]
-        self._m = _Mirror.of(st)
-        self._write_addrs([a.packed for a in st.services.keys() | st.pods.keys()])
-        log.warning(
-            "upgrading maps in %s from layout version 1 to %d: %d services and %d pods moved "
-            "to addr4/addr6 beside the old maps; allowed ports, flows, fragments and counters "
-            "kept",
-            self.pin_dir,
-            LAYOUT_VERSION,
-            len(st.services),
-            len(st.pods),
-        )
-
-    def finish_upgrade(self) -> None:
-        """Remove the maps of layout version 1, once no program of that layout runs (after the
-        new programs are attached). A no-op when there are none."""
-        if not self._legacy:
-            return
-        names = sorted(self._legacy)
-        for fd in self._legacy.values():
-            os.close(fd)
-        self._legacy = {}
-        self._drop_pins([s for s in V1_REPLACED if s.name in names])
-        log.warning("upgrade of %s finished: removed %s", self.pin_dir, ", ".join(names))
-
-    def _drop_pins(self, specs: list[MapSpec]) -> None:
-        for spec in specs:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.pin_dir, spec.name))
-
     # -- flow hints ----------------------------------------------------------------------
 
     def seed_flow_hints(self) -> int:
@@ -879,11 +792,10 @@ class PinnedMaps:
     # -- closing -------------------------------------------------------------------------
 
     def close(self) -> None:
-        for fd in [*self.fds.values(), *self._legacy.values(), *(f for _, f in self._old_flows)]:
+        for fd in [*self.fds.values(), *(f for _, f in self._old_flows)]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds = {}
-        self._legacy = {}
         self._old_flows = []
 
     def __enter__(self) -> PinnedMaps:
@@ -1310,8 +1222,6 @@ class PinnedMaps:
             self._delete_allowed(d.allowed_del)
             self._write_ranges(range_del, delete=True)
             self.slots.park(n for n in services if n not in m.refs)
-            if self._legacy:
-                self._apply_legacy(d)
         except bpfsys.BpfError as e:
             self._m = None  # the maps hold part of it: read them again before the next apply
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
@@ -1384,45 +1294,6 @@ class PinnedMaps:
     def _delete_allowed(self, ports: set[AllowedPort]) -> None:
         for spec, version in ((self.layout.allow4, 4), (self.layout.allow6, 6)):
             self._delete_batch(spec, [_allow_bytes(a) for a in ports if a.version == version])
-
-    def _apply_legacy(self, d: MapDiff) -> None:
-        """While layout 1's programs may still run (upgrading), its svc/pod maps follow too."""
-
-        def spec_of(kind: str, addr: IPAddress) -> MapSpec:
-            if kind == "svc":
-                return V1_SVC4 if addr.version == 4 else V1_SVC6
-            return V1_POD4 if addr.version == 4 else V1_POD6
-
-        def write(kind: str, items: list[tuple[IPAddress, IPAddress, int]]) -> None:
-            for key, other, flags in items:
-                spec = spec_of(kind, key)
-                if spec.name in self._legacy:
-                    k, v = key.packed, other.packed + _FLAG_BYTES[flags]
-                    bpfsys.map_update(
-                        self._legacy[spec.name],
-                        ctypes.create_string_buffer(k, len(k)),
-                        ctypes.create_string_buffer(v, len(v)),
-                    )
-
-        def delete(kind: str, keys: Iterable[IPAddress]) -> None:
-            for key in keys:
-                spec = spec_of(kind, key)
-                if spec.name in self._legacy:
-                    k = key.packed
-                    bpfsys.map_delete(
-                        self._legacy[spec.name], ctypes.create_string_buffer(k, len(k))
-                    )
-
-        write(
-            "svc",
-            [(a, s.pod_ip, _flags(s)) for a, s in d.services_set.items()],
-        )
-        write(
-            "pod",
-            [(a, e.lb_ip, _flags(e)) for a, e in d.pods_set.items()],
-        )
-        delete("svc", d.services_del)
-        delete("pod", d.pods_del)
 
     def _update_batch(self, spec: MapSpec, keys: list[bytes], values: list[bytes]) -> None:
         fd = self.fds[spec.name]
