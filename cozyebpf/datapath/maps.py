@@ -28,25 +28,20 @@ from typing import NamedTuple
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
     CFG_POD_DEVICES,
+    COUNTED,
     DEFAULT_MAX_SERVICES,
-    DRYRUN,
-    EVENTS,
     F_ALLOW_ICMP,
     F_LEARN,
     F_PORT_FILTER,
     F_RANGES,
     FLOW_CLOSING,
-    FLOWCFG,
     INLINE_PORTS,
     K_LB,
     K_POD,
     LAYOUT_VERSION,
     META,
-    MONCTL,
-    MONSTATS,
     PORTS_SPILL,
-    SEEN4,
-    SEEN6,
+    SAME_SINCE,
     STATS,
     UPLINKS_MAX,
     Flow4Val,
@@ -82,43 +77,6 @@ from cozyebpf.state import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/cozyebpf"
-
-#: the first layout version since which each map's layout (and meaning) is unchanged: a pin of
-#: that version or later is kept (or, with another size only, copied); older ones are rebuilt
-SAME_SINCE = {
-    "addr4": 2,
-    "addr6": 2,
-    "flowhint": 2,
-    "allow4": 1,
-    "allow6": 1,
-    "flow4": 1,
-    "flow6": 1,
-    "frag4": 1,
-    "frag6": 1,
-    "stats": 1,
-    "tail_xdp": 2,
-    "tail_tc": 2,
-    # layout 3: per-Service counters (addr values name their slots in what was reserved, and
-    # a zero there means "not counted per Service": values of layout 2 are valid as they are),
-    # the monitor and explain's dry runs
-    "svcstats": 3,
-    "svcnames": 3,
-    "monctl": 3,
-    "monstats": 3,
-    "events": 3,
-    "dryrun": 3,
-    # layout 4: source ranges (addr values of layout 3 have no CZ_F_RANGES: valid as they are;
-    # flow values gained the closing mark in a bit that layout 3 never set) and flow timeouts
-    "range4": 4,
-    "range6": 4,
-    "flowcfg": 4,
-    # layout 5: the fast paths' per-CPU cache of the flows they last looked up (seen4/seen6)
-    "seen4": 5,
-    "seen6": 5,
-}
-
-#: maps of a fixed size, not sized by the number of Services
-_FIXED = (META, STATS, MONCTL, MONSTATS, EVENTS, DRYRUN, FLOWCFG, SEEN4, SEEN6)
 
 #: the flows' idle timeouts by default (seconds), as Linux conntrack's: UDP, ICMP echo, TCP
 #: established, TCP after a FIN or RST (cozyebpf run --flow-timeout-*)
@@ -457,11 +415,7 @@ class PinnedMaps:
         self.pin_dir = pin_dir
         self.fds = fds
         self.layout = layout
-        self.sizes = {
-            s.name: s.max_entries
-            for s in layout.all
-            if s not in _FIXED and s.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
-        }
+        self.sizes = {s.name: s.max_entries for s in layout.all if not s.fixed}
         self.slots = ServiceSlots(
             fds[layout.svcnames.name], fds[layout.svcstats.name], layout.slots, possible_cpus()
         )
@@ -561,7 +515,7 @@ class PinnedMaps:
             if version is not None and version > LAYOUT_VERSION:
                 version = None  # a newer cozyebpf's: nothing is proven the same
             for spec in layout.all:
-                if spec is META:
+                if spec.name == META.name:
                     continue
                 path = os.path.join(pin_dir, spec.name)
                 try:
@@ -1039,8 +993,8 @@ class PinnedMaps:
 
     def monitor_state(self) -> MonitorState:
         ctl = MonCtl()
-        bpfsys.map_lookup(self.fds[MONCTL.name], ctypes.c_uint32(0), ctl)
-        per_cpu = self.percpu(MONSTATS, 0) or []
+        bpfsys.map_lookup(self.fds[self.layout.monctl.name], ctypes.c_uint32(0), ctl)
+        per_cpu = self.percpu(self.layout.monstats, 0) or []
         st = [MonStat.from_buffer_copy(v) for v in per_cpu]
         return MonitorState(
             int(ctl.mode),
@@ -1055,28 +1009,13 @@ class PinnedMaps:
         """Switch the monitor's events on (layout.MON_DROPS, MON_ALL) at a rate, or off; the
         token bucket starts full."""
         ctl = MonCtl(mode=mode, interval_ns=interval_ns, burst_ns=burst_ns, tat=0)
-        bpfsys.map_update(self.fds[MONCTL.name], ctypes.c_uint32(0), ctl)
-
-    #: the maps `entries()` counts (hash maps whose fill matters)
-    COUNTED = (
-        "addr4",
-        "addr6",
-        "allow4",
-        "allow6",
-        "flow4",
-        "flow6",
-        "frag4",
-        "frag6",
-        "svcnames",
-        "range4",
-        "range6",
-    )
+        bpfsys.map_update(self.fds[self.layout.monctl.name], ctypes.c_uint32(0), ctl)
 
     def entries(self) -> dict[str, tuple[int, int]]:
         """map -> (entries, capacity), for the maps in COUNTED (a batch walk per map; a
         kernel without batch operations walks the keys)."""
         out = {}
-        for name in self.COUNTED:
+        for name in COUNTED:
             spec = getattr(self.layout, name)
             fd = self.fds[name]
             try:
@@ -1248,11 +1187,11 @@ class PinnedMaps:
             if t < 0:
                 raise ValueError(f"a flow timeout cannot be negative: {t}")
             cfg.timeout_ns[i] = int(t * 1e9) if t else NEVER_NS
-        bpfsys.map_update(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
+        bpfsys.map_update(self.fds[self.layout.flowcfg.name], ctypes.c_uint32(0), cfg)
 
     def _flow_cfg(self) -> FlowCfg:
         cfg = FlowCfg()
-        bpfsys.map_lookup(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
+        bpfsys.map_lookup(self.fds[self.layout.flowcfg.name], ctypes.c_uint32(0), cfg)
         return cfg
 
     def set_node(self, uplinks: Sequence[int], pod_devices: bool) -> None:
@@ -1266,7 +1205,7 @@ class PinnedMaps:
         for i in range(UPLINKS_MAX):
             cfg.uplinks[i] = uplinks[i] if i < len(uplinks) else 0
         cfg.flags = CFG_POD_DEVICES if pod_devices else 0
-        bpfsys.map_update(self.fds[FLOWCFG.name], ctypes.c_uint32(0), cfg)
+        bpfsys.map_update(self.fds[self.layout.flowcfg.name], ctypes.c_uint32(0), cfg)
 
     def node_config(self) -> tuple[list[int], bool]:
         """The uplinks' ifindexes and whether the cluster paths are on (set_node)."""
