@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cozyebpf.state import IPAddress, MapState, address_key
 
 if TYPE_CHECKING:
-    from cozyebpf.datapath.maps import ServiceCounters
+    from cozyebpf.datapath.views import ServiceCounters
 
 
 #: flows the table lists (the JSON lists them all)

@@ -32,8 +32,9 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from cozyebpf.datapath.layout import EVENTS, MON_ALL, MON_DROPS, MON_OFF, CzEvent
-from cozyebpf.datapath.maps import MonitorState, PinnedMaps
+from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import REASONS
+from cozyebpf.datapath.views import MonitorState
 from cozyebpf.errors import CozyError, DatapathError
 
 DEFAULT_RATE = 1000  # events per second, per node
