@@ -370,7 +370,6 @@ def run(
             resync_interval,
             on_problems,
             check_interval,
-            capacity=dp.capacity(),
         )
         source.start(agent.notify)
         stoppers.insert(0, source.stop)
@@ -434,8 +433,7 @@ def maps_dump(pin_dir: str, as_json: bool) -> None:
     Works from any process on the node while `cozyebpf run` is running (or after it stopped:
     the datapath stays pinned).
     """
-    from cozyebpf.datapath.bpf import dump_pinned
-    from cozyebpf.dump import render_dump
+    from cozyebpf.dump import dump_pinned, render_dump
 
     try:
         d = dump_pinned(pin_dir)

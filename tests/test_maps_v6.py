@@ -443,7 +443,7 @@ def _flow6(pod: IPv6Address, remote: IPv6Address, pod_port: int, proto: int) -> 
 
 
 def test_flows_by_pod_counts_both_families(maps: PinnedMaps, pin_dir: str) -> None:
-    from cozyebpf.datapath.bpf import dump_pinned
+    from cozyebpf.dump import dump_pinned
 
     maps.apply(diff(maps.read_state(), DUAL))
     seen = Flow4Val(last_seen_ns=1)

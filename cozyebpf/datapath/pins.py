@@ -1,14 +1,17 @@
 """The pins: every map of the registry under one bpffs directory, created with a checked layout,
 opened from another process, migrated when a pin has another layout; and `Pins`, their file
-descriptors with the bulk reads and writes the rest of the datapath uses."""
+descriptors with the bulk reads and writes the rest of the datapath uses. A flock on the
+directory says that a monitor reads its events (one at a time)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import errno
+import fcntl
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -29,6 +32,44 @@ from cozyebpf.errors import DatapathError
 log = logging.getLogger(__name__)
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/cozyebpf"
+
+
+class MonitorBusy(DatapathError):
+    """Another monitor holds the events."""
+
+
+def lock_pin_dir(pin_dir: str, wait: float = 0.0) -> int:
+    """An fd holding an exclusive flock on `pin_dir`, or MonitorBusy. A monitor holds it while
+    it runs; the agent takes it for an instant to see whether a monitor is alive."""
+    fd = os.open(pin_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise MonitorBusy(
+                    f"another `cozyebpf monitor` is reading the events of {pin_dir} (one at a "
+                    "time); stop it first"
+                ) from None
+            time.sleep(0.05)
+
+
+def monitor_running(pin_dir: str) -> bool:
+    """Is a monitor holding the events (its lock) right now?"""
+    try:
+        fd = lock_pin_dir(pin_dir)
+    except MonitorBusy:
+        return True
+    except OSError:
+        return False
+    os.close(fd)
+    return False
 
 
 def read_version(fd: int) -> int | None:
