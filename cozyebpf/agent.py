@@ -29,7 +29,7 @@ from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
 from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Problem
 from cozyebpf.sources import Notifier, Source, gc_paused
-from cozyebpf.state import Capacity, IPAddress, address_key
+from cozyebpf.state import IPAddress, address_key
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,11 @@ class Agent:
         resync_interval: float = 60.0,
         on_problems: Callable[[list[Problem]], None] | None = None,
         check_interval: float = 10.0,
-        capacity: Capacity | None = None,
         retry_delay: float = RETRY_FIRST,
     ) -> None:
         self.source = source
         self.controller = Controller(datapath)
-        self.model = IncrementalModel(proxy_name, capacity)
+        self.model = IncrementalModel(proxy_name, datapath.capacity())
         self.resync_interval = resync_interval
         self.on_problems = on_problems
         self.check_interval = check_interval
@@ -163,13 +162,12 @@ class Agent:
             log.info("pod %s is settled: its port filter is strict again", pod)
 
     def _check(self, now: float) -> None:
-        check = getattr(self.controller.datapath, "check", None)
-        attached = getattr(self.controller.datapath, "attached", True)
-        if check is None or not attached or now < self._next_check:
+        datapath = self.controller.datapath
+        if not datapath.attached or now < self._next_check:
             return
         self._next_check = now + self.check_interval
         try:
-            check()
+            datapath.check()
         except Exception as e:  # a failed check must not stop the loop
             log.error("checking the attachments failed: %s", e)
 
@@ -259,6 +257,6 @@ class Agent:
         (for /readyz)."""
         if not self.synced_once:
             return "not synced yet"
-        if not getattr(self.controller.datapath, "attached", True):
+        if not self.controller.datapath.attached:
             return "programs not attached yet"
         return None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -67,3 +68,26 @@ def test_run_refuses_a_pin_dir_off_bpffs_and_changes_nothing(
     assert last.startswith(f"cozyebpf: error: --pin-dir {tmp_path / 'pins'} is not on a bpf"), last
     assert tmp_path.stat().st_mode & 0o7777 == 0o1777
     assert not (tmp_path / "pins").exists()
+
+
+def test_run_config_is_every_option_of_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run` builds one RunConfig from its options (the same names, none left out), and the
+    datapath from it."""
+    from dataclasses import fields
+
+    import click
+
+    from cozyebpf.cli import main, run
+    from cozyebpf.config import RunConfig
+
+    assert [f.name for f in fields(RunConfig)] == [p.name for p in run.params]
+    for k in [k for k in os.environ if k.startswith("COZYEBPF_")]:
+        monkeypatch.delenv(k)
+    parent = click.Context(main, auto_envvar_prefix="COZYEBPF")
+    args = ["--devices", "eth9", "--counted-services", "7", "--flow-timeout-udp", "5"]
+    cfg = RunConfig(**run.make_context("run", args, parent=parent).params)
+    assert (cfg.devices, cfg.pod_devices, cfg.max_services) == ("eth9", "auto", 65536)
+    dp = cfg.datapath(["eth9"], ["ovn0"])
+    assert (dp.devices, dp.pod_devices, dp.pin_dir) == (["eth9"], ["ovn0"], cfg.pin_dir)
+    assert (dp.max_services, dp.service_slots, dp.ingress_hook) == (65536, 7, "auto")
+    assert dp.flow_timeouts == {"udp": 5, "icmp": 30, "tcp": 432000, "tcp_closing": 10}

@@ -13,6 +13,7 @@ import pytest
 from cozyebpf.controller import Controller, ProblemLog, log_problems
 from cozyebpf.datapath import Datapath
 from cozyebpf.datapath.fake import FakeDatapath
+from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
 from cozyebpf.model import ObjectRef, Problem, build_state
 from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
@@ -147,9 +148,46 @@ def controller(caplog: pytest.LogCaptureFixture) -> tuple[Controller, FakeDatapa
     return Controller(fake, logging.getLogger(LOGGER)), fake
 
 
+def dumped(fake: FakeDatapath) -> dict[str, Any]:
+    """The fake's state in the shape of `cozyebpf maps dump --json` (no counters)."""
+    return build_dump(fake.state, fake.flows, pin_dir="(fake)")
+
+
 def test_fake_is_a_datapath() -> None:
-    dp: Datapath = FakeDatapath()
-    assert dp.dump() == EMPTY_DUMP
+    fake = FakeDatapath()
+    dp: Datapath = fake
+    assert dp.capacity() is None and dp.attached and dp.check() == []
+    assert dumped(fake) == EMPTY_DUMP
+
+
+#: what the datapath may import of cozyebpf: itself, the state it programs, the errors
+BELOW_THE_DATAPATH = ("cozyebpf.datapath", "cozyebpf.state", "cozyebpf.errors")
+
+
+def test_the_datapath_imports_nothing_above_it() -> None:
+    """cozyebpf.datapath is the bottom layer: no module of it imports the model, the sources,
+    the agent, the controller, the CLI or a presentation module (dump, monitor, ...), nor the
+    kubernetes client, at the top or inside a function."""
+    import ast
+    from pathlib import Path
+
+    import cozyebpf.datapath
+
+    above = []
+    for path in sorted(Path(cozyebpf.datapath.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                ours = any(name == b or name.startswith(b + ".") for b in BELOW_THE_DATAPATH)
+                if (top == "cozyebpf" and not ours) or top == "kubernetes":
+                    above.append(f"{path.name}:{node.lineno}: {name}")
+    assert above == []
 
 
 def test_first_sync_programs_everything(
@@ -157,7 +195,7 @@ def test_first_sync_programs_everything(
 ) -> None:
     ctl, fake = controller
     d = ctl.sync(desired())
-    assert fake.dump() == DESIRED_DUMP
+    assert dumped(fake) == DESIRED_DUMP
     assert d == MapDiff(
         services_set=dict(desired().services),
         pods_set=dict(desired().pods),
@@ -182,7 +220,7 @@ def test_second_sync_is_a_no_op(
     d = ctl.sync(desired())
     assert d.empty()
     assert fake.state is before, "apply() must not be called for an empty diff"
-    assert fake.dump() == DESIRED_DUMP
+    assert dumped(fake) == DESIRED_DUMP
     assert _records(caplog) == [("DEBUG", "in sync: 2 services, 2 pods, 2 allowed ports")]
 
 
@@ -199,7 +237,7 @@ def test_change_of_desired_state(
         allowed={AllowedPort(POD3, Proto.TCP, 443)},
     )
     ctl.sync(new)
-    assert fake.dump() == dump(
+    assert dumped(fake) == dump(
         [
             svc("192.0.2.10", "10.244.0.5", "whole-ip", True, []),
             svc("192.0.2.12", "10.244.1.3", "port-filter", False, ["tcp/443"]),
@@ -225,7 +263,7 @@ def test_sync_to_empty_removes_everything(
     ctl.sync(desired())
     caplog.clear()
     ctl.sync(MapState())
-    assert fake.dump() == EMPTY_DUMP
+    assert dumped(fake) == EMPTY_DUMP
     assert _records(caplog) == [
         (
             "INFO",
@@ -247,10 +285,10 @@ def test_drift_is_repaired(
     ctl, fake = controller
     ctl.sync(desired())
     corrupt(fake.state)
-    assert fake.dump() != DESIRED_DUMP
+    assert dumped(fake) != DESIRED_DUMP
     caplog.clear()
     ctl.sync(desired())
-    assert fake.dump() == DESIRED_DUMP
+    assert dumped(fake) == DESIRED_DUMP
     assert _records(caplog) == [("INFO", line)]
 
 
@@ -263,12 +301,12 @@ def test_failing_apply_propagates_and_next_sync_recovers(
     with pytest.raises(DatapathError) as info:
         ctl.sync(desired())
     assert info.value is error
-    assert fake.dump() == EMPTY_DUMP
+    assert dumped(fake) == EMPTY_DUMP
     assert _records(caplog) == []
     assert fake.fail_next_apply is None, "the failure is injected once"
 
     ctl.sync(desired())
-    assert fake.dump() == DESIRED_DUMP
+    assert dumped(fake) == DESIRED_DUMP
     assert _records(caplog) == [
         (
             "INFO",
@@ -284,7 +322,7 @@ def test_failing_apply_keeps_previous_state(controller: tuple[Controller, FakeDa
     fake.fail_next_apply = RuntimeError("bcc: map update failed")
     with pytest.raises(RuntimeError, match="bcc: map update failed"):
         ctl.sync(MapState())
-    assert fake.dump() == DESIRED_DUMP
+    assert dumped(fake) == DESIRED_DUMP
 
 
 def test_read_state_is_a_copy() -> None:
@@ -292,7 +330,7 @@ def test_read_state_is_a_copy() -> None:
     live = fake.read_state()
     live.services.clear()
     live.allowed.clear()
-    assert fake.dump() == DESIRED_DUMP
+    assert dumped(fake) == DESIRED_DUMP
 
 
 def test_manifest_objects_to_dump(
@@ -329,7 +367,7 @@ def test_manifest_objects_to_dump(
     assert ctl.log_problems(result.problems) == []
     ctl.sync(result.state)
     vm1 = "tenant-a/vm1"  # the Service the addresses count for
-    assert fake.dump() == dump(
+    assert dumped(fake) == dump(
         [svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], vm1)],
         [pod("10.244.0.5", "192.0.2.10", "port-filter", True, vm1)],
     )
@@ -458,7 +496,7 @@ def test_first_sync_programs_both_families(
 ) -> None:
     ctl, fake = controller
     d = ctl.sync(desired_dual())
-    assert fake.dump() == DUAL_DUMP
+    assert dumped(fake) == DUAL_DUMP
     assert d == MapDiff(
         services_set=dict(desired_dual().services),
         pods_set=dict(desired_dual().pods),
@@ -492,9 +530,9 @@ def test_ipv4_to_dual_stack_and_back(
         pods_set={POD6_1: PodEntry(LB6_1, True, True), POD6_2: PodEntry(LB6_2, False, False)},
         allowed_add={AllowedPort(POD6_1, Proto.TCP, 22), AllowedPort(POD6_1, Proto.UDP, 53)},
     )
-    assert fake.dump() == DUAL_DUMP
+    assert dumped(fake) == DUAL_DUMP
     ctl.sync(desired())
-    assert fake.dump() == DESIRED_DUMP
+    assert dumped(fake) == DESIRED_DUMP
     assert _records(caplog) == [
         (
             "INFO",
@@ -573,10 +611,10 @@ def test_ipv6_drift_is_repaired(
     ctl, fake = controller
     ctl.sync(desired_dual())
     corrupt(fake.state)
-    assert fake.dump() != DUAL_DUMP
+    assert dumped(fake) != DUAL_DUMP
     caplog.clear()
     ctl.sync(desired_dual())
-    assert fake.dump() == DUAL_DUMP
+    assert dumped(fake) == DUAL_DUMP
     assert _records(caplog) == [("INFO", line)]
 
 
@@ -593,7 +631,7 @@ def test_fake_refuses_a_diff_that_mixes_families() -> None:
         "(service 2001:db8::10 -> pod 10.244.0.5; "
         "pod 10.244.0.7 -> LB IP 2001:db8:ffff:ffff:ffff:ffff:ffff:fe11)"
     )
-    assert fake.dump() == DESIRED_DUMP, "nothing is applied"
+    assert dumped(fake) == DESIRED_DUMP, "nothing is applied"
 
 
 def test_flows_of_both_families_in_the_dump() -> None:
@@ -603,7 +641,7 @@ def test_flows_of_both_families_in_the_dump() -> None:
     expected["services"] = [dict(s) for s in DUAL_DUMP["services"]]
     for s, n in zip(expected["services"], (2, 0, 3, 1), strict=True):
         s["flows"] = n
-    assert fake.dump() == expected
+    assert dumped(fake) == expected
 
 
 def test_dual_stack_manifest_objects_to_dump(
@@ -672,7 +710,7 @@ def test_dual_stack_manifest_objects_to_dump(
     ]
     ctl.sync(result.state)
     vm1 = "tenant-a/vm1"
-    assert fake.dump() == dump(
+    assert dumped(fake) == dump(
         [
             svc("192.0.2.10", "10.244.0.5", "port-filter", False, ["tcp/22"], vm1),
             svc("2001:db8::10", "fd00:10:244::5", "port-filter", False, ["tcp/22"], vm1),

@@ -12,6 +12,7 @@ import pytest
 
 from cozyebpf.agent import Agent
 from cozyebpf.datapath.fake import FakeDatapath
+from cozyebpf.dump import build_dump
 from cozyebpf.errors import PermanentError
 from cozyebpf.health import HealthServer, parse_address
 from cozyebpf.model import read_objects
@@ -72,11 +73,11 @@ def test_ready_only_after_the_first_complete_sync(
     assert get(url + "/healthz") == (200, "ok\n")
     agent.tick()  # source not listed yet: nothing programmed, not ready
     assert get(url + "/readyz") == (503, "not synced yet\n")
-    assert dp.dump()["services"] == []
+    assert build_dump(dp.state)["services"] == []
     src.set(objects(Svc("vm", "203.0.113.10", "10.244.1.10", [("TCP", 22)])))
     agent.tick()
     assert get(url + "/readyz") == (200, "ok\n")
-    assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10"]
+    assert [s["lb_ip"] for s in build_dump(dp.state)["services"]] == ["203.0.113.10"]
     assert get(url + "/nope")[0] == 404
 
 
@@ -104,7 +105,7 @@ def test_a_failed_sync_is_retried_and_not_ready(
     time.sleep(0.25)
     agent.tick()  # nothing changed in the source, but the failed sync is retried
     assert get(url + "/readyz")[0] == 200
-    assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10"]
+    assert [s["lb_ip"] for s in build_dump(dp.state)["services"]] == ["203.0.113.10"]
 
 
 @pytest.mark.parametrize("bad", ["9810", "host:", "host:0x1", ":70000"])

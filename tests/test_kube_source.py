@@ -12,6 +12,7 @@ import pytest
 
 from cozyebpf.agent import Agent
 from cozyebpf.datapath.fake import FakeDatapath
+from cozyebpf.dump import build_dump
 from cozyebpf.events import EventRecorder, event_name
 from cozyebpf.model import ObjectRef, Problem
 from cozyebpf.sources.kube import Backoff, KubeSource
@@ -207,15 +208,15 @@ def test_agent_programs_only_after_a_complete_list(api: FakeKubeAPI, source: Kub
     dp = FakeDatapath()
     put(api, VM1)
     agent = Agent(source, dp)
-    pinned: dict[str, Any] = dp.dump()
+    pinned: dict[str, Any] = build_dump(dp.state)
     api.set_down(True)
     source.start()
     agent.tick()
-    assert dp.dump() == pinned and agent.readiness() == "not synced yet"
+    assert build_dump(dp.state) == pinned and agent.readiness() == "not synced yet"
     api.set_down(False)
     wait_for(lambda: source.synced, 10, "the list")
     agent.tick()
-    assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10"]
+    assert [s["lb_ip"] for s in build_dump(dp.state)["services"]] == ["203.0.113.10"]
     assert agent.readiness() is None
     assert isinstance(dp.state, MapState)
 
@@ -327,7 +328,8 @@ def test_an_lb_ip_shared_with_an_unmanaged_service_is_warned_about(
         (ev,) = [e for e in api.events("default") if e["involvedObject"]["name"] == "vm1"]
         assert ev["message"] == message and ev["reason"] == "CozyebpfWarning"
         # the managed Service stays programmed, and the warning goes with the shared IP
-        assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10", "203.0.113.20"]
+        services = build_dump(dp.state)["services"]
+        assert [s["lb_ip"] for s in services] == ["203.0.113.10", "203.0.113.20"]
         api.delete("Service", "default", "web")
         wait_for(lambda: (agent.tick(), not agent.model.problems())[1], 5, "the warning to go")
     finally:
@@ -372,7 +374,7 @@ def test_an_invalid_source_range_is_an_event_and_the_valid_ones_apply(
         (ev,) = [e for e in api.events("default") if e["involvedObject"]["name"] == "vm1"]
         assert ev["type"] == "Warning" and "198.51.100.300/32" in ev["message"], ev
         assert "loadBalancerSourceRanges" in ev["message"]
-        (svc,) = dp.dump()["services"]
+        (svc,) = build_dump(dp.state)["services"]
         assert svc["source_ranges"] == ["198.51.100.0/24"]
     finally:
         rec.stop()

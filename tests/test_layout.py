@@ -8,34 +8,29 @@ import re
 
 import pytest
 
-from cozyebpf.datapath import layout
+from cozyebpf.datapath import bpfsys, layout
 from cozyebpf.datapath.loader import bpf_dir, flatten
 from cozyebpf.datapath.reasons import DESCRIPTIONS, REASONS
 
-MIRRORS = {
-    "cz_port": layout.CzPort,
-    "addr4_val": layout.Addr4Val,
-    "addr6_val": layout.Addr6Val,
-    "allow4_key": layout.Allow4Key,
-    "flow4_key": layout.Flow4Key,
-    "flow4_val": layout.Flow4Val,
-    "stat_val": layout.StatVal,
-    "ip6": layout.Ip6,
-    "allow6_key": layout.Allow6Key,
-    "flow6_key": layout.Flow6Key,
-    "frag4_key": layout.Frag4Key,
-    "frag6_key": layout.Frag6Key,
-    "frag_val": layout.FragVal,
-    "svc_stat": layout.SvcStat,
-    "svc_name": layout.SvcName,
-    "mon_ctl": layout.MonCtl,
-    "mon_stat": layout.MonStat,
-    "cz_event": layout.CzEvent,
-    "dry_res": layout.DryRes,
-    "flow_cfg": layout.FlowCfg,
-    "range4_key": layout.Range4Key,
-    "range6_key": layout.Range6Key,
+#: structs C uses that are no map's key or value: a port inside addr values, the events ring
+#: buffer's records
+RECORDS: dict[str, layout.CType] = {
+    "struct cz_port": layout.CzPort,
+    "struct cz_event": layout.CzEvent,
 }
+
+
+def _mirrors() -> dict[str, layout.CType]:
+    """C type -> its ctypes mirror: every key and value of the registry, and RECORDS."""
+    out = dict(RECORDS)
+    for m in layout.MAPS:
+        for c, mirror in ((m.c_key, m.key), (m.c_value, m.value)):
+            if c:
+                assert out.setdefault(c, mirror) is mirror, f"{c} has two mirrors"
+    return out
+
+
+MIRRORS = _mirrors()
 
 
 def _fields(t: type[ctypes.Structure]) -> list[tuple[str, int, int]]:
@@ -49,17 +44,81 @@ def _fields(t: type[ctypes.Structure]) -> list[tuple[str, int, int]]:
 
 
 @pytest.mark.datapath
-@pytest.mark.parametrize("cname", sorted(MIRRORS))
-def test_ctypes_mirror_matches_the_c_layout(cname: str) -> None:
+@pytest.mark.parametrize("ctype", sorted(MIRRORS))
+def test_ctypes_mirror_matches_the_c_layout(ctype: str) -> None:
     from bcc import BPF
 
     text = flatten(bpf_dir() / "lib" / "types.h")
-    text += f"BPF_HASH(probe, __u32, struct {cname}, 1);\n"
+    text += f"BPF_HASH(probe, __u32, {ctype}, 1);\n"
     b = BPF(text=text.encode())
     generated = b[b"probe"].Leaf
-    mirror = MIRRORS[cname]
+    mirror = MIRRORS[ctype]
     assert ctypes.sizeof(mirror) == ctypes.sizeof(generated)
-    assert _fields(mirror) == _fields(generated)
+    if issubclass(mirror, ctypes.Structure):
+        assert _fields(mirror) == _fields(generated)
+
+
+def test_every_key_and_value_of_the_registry_has_its_c_type() -> None:
+    """So that the test above checks it; only meta's value (user space's alone) and the ring
+    buffer (no key, no value) have none."""
+    none = {
+        (m.name, part)
+        for m in layout.MAPS
+        for part, c in (("key", m.c_key), ("value", m.c_value))
+        if not c
+    }
+    assert none == {("meta", "value"), ("events", "key"), ("events", "value")}
+
+
+_C_MAP_TYPES = {
+    "hash": bpfsys.BPF_MAP_TYPE_HASH,
+    "lru_hash": bpfsys.BPF_MAP_TYPE_LRU_HASH,
+    "array": bpfsys.BPF_MAP_TYPE_ARRAY,
+    "percpu_array": bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY,
+    "lpm_trie": bpfsys.BPF_MAP_TYPE_LPM_TRIE,
+    "prog": bpfsys.BPF_MAP_TYPE_PROG_ARRAY,
+}
+_PINNED = re.compile(
+    r'BPF_TABLE_PINNED\("(\w+)",\s*([\w ]+?),\s*([\w ]+?),\s*cz_(\w+),\s*(\w+),\s*'
+    r'CZ_PIN_DIR "/(\w+)"\)'
+)
+_RINGBUF = re.compile(r'CZ_RINGBUF_PINNED\(cz_(\w+),\s*(\w+),\s*CZ_PIN_DIR "/(\w+)"\)')
+
+
+def test_the_registry_is_what_bpf_declares() -> None:
+    """Every pinned map the programs declare (bpf/lib/maps.h, stats.h, tail.h) is in the
+    registry with its type, key, value and size, and every map of the registry that C uses is
+    declared, as cz_<name> pinned at <name>."""
+    paths = sorted([*(bpf_dir() / "lib").glob("*.h"), *bpf_dir().glob("*.c")])
+    text = "".join(p.read_text() for p in paths)
+    declared: dict[str, tuple[int, str, str, str]] = {}
+    for kind, key, value, name, size, pin in _PINNED.findall(text):
+        assert name == pin and name not in declared, name
+        declared[name] = (_C_MAP_TYPES[kind], key, value, size)
+    for name, size, pin in _RINGBUF.findall(text):
+        assert name == pin and name not in declared, name
+        declared[name] = (bpfsys.BPF_MAP_TYPE_RINGBUF, "", "", size)
+    registry = {
+        m.name: (m.map_type, m.c_key, m.c_value, m.macro or str(m.size))
+        for m in layout.MAPS
+        if m.in_c
+    }
+    assert declared == registry
+    assert "maps.h" in {p.name for p in paths} and len(declared) > 20
+
+
+def test_derived_from_the_registry() -> None:
+    names = [m.name for m in layout.MAPS]
+    assert len(set(names)) == len(names)
+    assert [s.name for s in layout.DEFAULT_LAYOUT.all] == names
+    assert set(layout.SAME_SINCE) == set(names)
+    assert all(1 <= v <= layout.LAYOUT_VERSION for v in layout.SAME_SINCE.values())
+    assert set(layout.COUNTED) <= set(names)
+    # maps of one size macro have one size
+    sizes: dict[str, int] = {}
+    for s in layout.map_specs(1000).all:
+        if s.macro:
+            assert sizes.setdefault(s.macro, s.max_entries) == s.max_entries, s.macro
 
 
 def test_reasons_match_the_c_enum() -> None:
@@ -94,19 +153,6 @@ def test_layout_constants_match_the_c_defines() -> None:
     ):
         m = re.search(rf"#define {name} (0x[0-9a-f]+|\d+)", text)
         assert m and int(m.group(1), 0) == value, name
-
-
-def test_the_version_1_mirrors_still_describe_layout_version_1() -> None:
-    """The in-place upgrade reads svc4/pod4/svc6/pod6 of layout 1 with these (types.h no
-    longer has them): svc/pod value = the other address, then flags and 3 reserved bytes."""
-    assert [ctypes.sizeof(c) for c in (layout.Svc4Val, layout.Pod4Val)] == [8, 8]
-    assert [ctypes.sizeof(c) for c in (layout.Svc6Val, layout.Pod6Val)] == [20, 20]
-    assert [(s.name, s.key_size, s.value_size) for s in layout.V1_REPLACED] == [
-        ("svc4", 4, 8),
-        ("pod4", 4, 8),
-        ("svc6", 16, 20),
-        ("pod6", 16, 20),
-    ]
 
 
 def test_map_sizes_derive_from_the_number_of_services() -> None:

@@ -443,7 +443,7 @@ def _flow6(pod: IPv6Address, remote: IPv6Address, pod_port: int, proto: int) -> 
 
 
 def test_flows_by_pod_counts_both_families(maps: PinnedMaps, pin_dir: str) -> None:
-    from cozyebpf.datapath.bpf import dump_pinned
+    from cozyebpf.dump import dump_pinned
 
     maps.apply(diff(maps.read_state(), DUAL))
     seen = Flow4Val(last_seen_ns=1)
@@ -517,10 +517,9 @@ def test_source_ranges_round_trip_and_flag_the_addresses(maps: PinnedMaps, pin_d
     assert key_count(maps, "range4") == 2 and key_count(maps, "range6") == 0
 
     def flags(addr: IPAddress) -> tuple[int, int]:
-        raw = maps._lookup_addr(addr)
-        assert raw is not None
-        n = len(addr.packed)
-        return raw[n + 1] & F_RANGES, raw[n + 2] & F_RANGES
+        v = maps._addr(addr)
+        assert v is not None
+        return v.flags & F_RANGES, v.pod_flags & F_RANGES
 
     assert flags(LB4_WHOLE) == (F_RANGES, 0)  # ingress of the LB IP reaches the pod
     assert flags(POD4_WHOLE) == (F_RANGES, F_RANGES)  # its own ingress and egress

@@ -7,8 +7,8 @@ from __future__ import annotations
 from ipaddress import ip_address
 from typing import Any
 
+from cozyebpf.datapath.codec import flags_of, pod_entry, service_entry
 from cozyebpf.datapath.layout import F_ALLOW_ICMP, F_LEARN, F_PORT_FILTER
-from cozyebpf.datapath.maps import _flags, _pod_entry, _service_entry
 from cozyebpf.model import (
     DEFAULT_PROXY_NAME,
     LABEL_PROXY_NAME,
@@ -150,9 +150,9 @@ def test_endpoints_without_a_node_never_learn() -> None:
 
 
 def test_the_learning_bit_is_encoded_and_decoded_with_the_filter_bits() -> None:
-    e = _service_entry(POD, F_PORT_FILTER | F_LEARN, "tenant/vm")
+    e = service_entry(POD.packed, F_PORT_FILTER | F_LEARN, "tenant/vm")
     assert (e.port_filter, e.allow_icmp, e.learning) == (True, False, True)
-    assert _flags(e) == F_PORT_FILTER | F_LEARN
-    p = _pod_entry(LB, F_PORT_FILTER | F_ALLOW_ICMP)
+    assert flags_of(e) == F_PORT_FILTER | F_LEARN
+    p = pod_entry(LB.packed, F_PORT_FILTER | F_ALLOW_ICMP)
     assert (p.port_filter, p.allow_icmp, p.learning) == (True, True, False)
-    assert _flags(p) == F_PORT_FILTER | F_ALLOW_ICMP
+    assert flags_of(p) == F_PORT_FILTER | F_ALLOW_ICMP

@@ -6,7 +6,6 @@ pod (its replies pass by the flow it opened), and a port-filter pod that opens a
 every few milliseconds and needs every answer (flows recorded by the old egress program during
 the takeover must be in the new flow hints before the new ingress program trusts them).
 
-- layout 1 (svc4/pod4/svc6/pod6) -> this layout: new address maps filled beside the old ones;
 - layout 2 (no per-Service counters) -> this layout: the maps stay, the new ones (svcstats,
   svcnames, the monitor's, dryrun) are created, every address gets its Service's slot at the
   first sync, and the counters count from then on.
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from cozyebpf.datapath.layout import LAYOUT_VERSION, V1_REPLACED
+from cozyebpf.datapath.layout import LAYOUT_VERSION
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, Lab
 from tests.conftest import IN_CI
@@ -189,22 +188,6 @@ def upgrade_under_traffic(env: AgentLab, old: Path, old_pins: str) -> Traffic:
         for s in t.all():
             s.stop()
     return t
-
-
-def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
-    env: AgentLab, tmp_path: Path, repo_root: Path
-) -> None:
-    old = layout_tree(repo_root, tmp_path / "layout1", 1)
-    traffic = upgrade_under_traffic(env, old, "svc4")
-    log = env.log()
-    assert "upgrading maps in" in log and f"from layout version 1 to {LAYOUT_VERSION}" in log, log[
-        -3000:
-    ]
-    assert "flow hints seeded from" in log
-    assert f"upgrade of {env.pin_dir} finished" in log
-    assert not any(os.path.exists(f"{env.pin_dir}/{s.name}") for s in V1_REPLACED)
-    traffic.check()
-    env.set_services(WHOLE)  # and the new agent programs the maps
 
 
 def test_layout_2_is_upgraded_in_place_without_a_lost_packet(
