@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import TypeAlias
@@ -165,23 +165,26 @@ def _mixed(
     pods: dict[IPAddress, PodEntry],
     ranges: Mapping[IPAddress, Ranges] | None = None,
 ) -> list[str]:
-    """One line per entry whose key and value are of different families."""
-    out = [
-        f"service {lb} -> pod {s.pod_ip}"
-        for lb, s in sorted(services.items(), key=lambda kv: address_key(kv[0]))
+    """One line per entry whose key and value are of different families, in key order (found
+    first, then sorted: every MapState and MapDiff is checked when it is built)."""
+
+    def by_key(found: Iterable[tuple[IPAddress, str]]) -> list[str]:
+        return [line for _, line in sorted(found, key=lambda f: address_key(f[0]))]
+
+    out = by_key(
+        (lb, f"service {lb} -> pod {s.pod_ip}")
+        for lb, s in services.items()
         if lb.version != s.version
-    ]
-    out += [
-        f"pod {p} -> LB IP {e.lb_ip}"
-        for p, e in sorted(pods.items(), key=lambda kv: address_key(kv[0]))
-        if p.version != e.version
-    ]
-    out += [
-        f"source ranges of pod {p}: {net}"
-        for p, nets in sorted((ranges or {}).items(), key=lambda kv: address_key(kv[0]))
+    )
+    out += by_key(
+        (p, f"pod {p} -> LB IP {e.lb_ip}") for p, e in pods.items() if p.version != e.version
+    )
+    out += by_key(
+        (p, f"source ranges of pod {p}: {net}")
+        for p, nets in (ranges or {}).items()
         for net in sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
         if net.version != p.version
-    ]
+    )
     return out
 
 
