@@ -1079,19 +1079,6 @@ def _compose(
     return out
 
 
-def _kind_counts(state: MapState) -> dict[tuple[str, int], int]:
-    counts: dict[tuple[str, int], int] = {}
-    for kind, keys in (
-        ("services", state.services),
-        ("pods", state.pods),
-        ("allowed", [a.pod_ip for a in state.allowed]),
-        ("ranges", [pod for pod, nets in state.ranges.items() for _ in nets]),
-    ):
-        for ip in keys:
-            counts[(kind, ip.version)] = counts.get((kind, ip.version), 0) + 1
-    return counts
-
-
 def _admit(
     outputs: Iterable[_Output], capacity: Capacity
 ) -> tuple[MapState, dict[ObjectRef, Problem]]:
@@ -1186,7 +1173,7 @@ def compose(
     state = _state_of(outputs.values())
     for o in outputs.values():
         problems += o.problems
-    if capacity is not None and capacity.full(_kind_counts(state)) is not None:
+    if capacity is not None and capacity.full(state.counts()) is not None:
         state, left_out = _admit(_age_order(outputs, evals), capacity)
         problems += left_out.values()
     views = sorted((o.view for o in outputs.values() if o.view is not None), key=lambda v: v.ref)
@@ -1225,40 +1212,6 @@ class Delta:
 
     def empty(self) -> bool:
         return self.diff.empty() and not self.problems_added and not self.problems_removed
-
-
-def _merge(outputs: Iterable[_Output]) -> MapState:
-    return _state_of(outputs)
-
-
-def _undo(after: MapState, d: MapDiff, old: MapState) -> MapState:
-    """`after` as it was before `d` (= diff(old, new) of the Services a change touched) was
-    applied to it: a copy."""
-    st = after.copy()
-    for lb in d.services_set:
-        if lb in old.services:
-            st.services[lb] = old.services[lb]
-        else:
-            del st.services[lb]
-    for lb in d.services_del:
-        st.services[lb] = old.services[lb]
-    for pod in d.pods_set:
-        if pod in old.pods:
-            st.pods[pod] = old.pods[pod]
-        else:
-            del st.pods[pod]
-    for pod in d.pods_del:
-        st.pods[pod] = old.pods[pod]
-    st.allowed -= d.allowed_add
-    st.allowed |= d.allowed_del
-    for pod in d.ranges_set:
-        if pod in old.ranges:
-            st.ranges[pod] = old.ranges[pod]
-        else:
-            del st.ranges[pod]
-    for pod in d.ranges_del:
-        st.ranges[pod] = old.ranges[pod]
-    return st
 
 
 def _tuple_add(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
@@ -1530,7 +1483,7 @@ class IncrementalModel:
 
     def _update_counts(self, st: MapState, step: int) -> None:
         c = self._counts
-        for k, n in _kind_counts(st).items():
+        for k, n in st.counts().items():
             c[k] = c.get(k, 0) + step * n
 
     def flush(self) -> Delta:
@@ -1555,30 +1508,21 @@ class IncrementalModel:
             self._count(o.problems, -1)
         for o in new_by_ref.values():
             self._count(o.problems, +1)
-        old, new = _merge(old_outputs), _merge(new_by_ref.values())
+        old, new = _state_of(old_outputs), _state_of(new_by_ref.values())
         d = diff(old, new)
         # the same change on the whole unconstrained state, in place
         self._update_counts(old, -1)
         self._update_counts(new, +1)
         full = self._full
-        for lb in d.services_del:
-            del full.services[lb]
-        full.services.update(d.services_set)
-        for pod in d.pods_del:
-            del full.pods[pod]
-        full.pods.update(d.pods_set)
-        full.allowed -= d.allowed_del
-        full.allowed |= d.allowed_add
-        for pod in d.ranges_del:
-            del full.ranges[pod]
-        full.ranges.update(d.ranges_set)
+        full.apply(d)
 
         before = self.state
         over = self.capacity is not None and self.capacity.full(self._counts) is not None
         if over and before is full:
             # the maps held the whole state until this change, which `full` now holds too:
             # what they hold is `full` without it
-            before = _undo(full, d, old)
+            before = full.copy()
+            before.undo(d, old)
         if over or before is not full:
             d, old = self._constrain(over, before), before
         out = Delta(
@@ -1599,11 +1543,7 @@ class IncrementalModel:
         if over:
             assert self.capacity is not None
             outputs = {o.view.ref: o for o in self._outputs.values() if o.view is not None}
-            ordered = sorted(
-                (e for e in self._evals.values() if e.service is not None and e.ref in outputs),
-                key=lambda e: e.age,
-            )
-            self.state, self._left_out = _admit((outputs[e.ref] for e in ordered), self.capacity)
+            self.state, self._left_out = _admit(_age_order(outputs, self._evals), self.capacity)
         else:
             self.state, self._left_out = self._full, {}
         self._count(self._left_out.values(), +1)

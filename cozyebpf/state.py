@@ -196,6 +196,12 @@ def _raise_mixed(what: str, errors: list[str]) -> None:
         )
 
 
+#: The MapState fields that map an address to a value: MapDiff has `<field>_set` (entries to
+#: add or modify) and `<field>_del` (keys to delete) for each. `allowed`, a set, has
+#: `allowed_add` and `allowed_del`.
+KEYED = ("services", "pods", "ranges")
+
+
 @dataclass
 class MapState:
     """Everything the control plane programs into the datapath (the flow table and the
@@ -232,6 +238,46 @@ class MapState:
 
     def copy(self) -> MapState:
         return MapState(dict(self.services), dict(self.pods), set(self.allowed), dict(self.ranges))
+
+    def apply(self, d: MapDiff) -> None:
+        """Apply `d` in place: set its entries, then delete its keys (a key it sets and deletes
+        goes; a key it deletes that is not here is no matter). Raises ValueError (and changes
+        nothing) if `d` mixes families."""
+        d.check()
+        for kind in KEYED:
+            entries = getattr(self, kind)
+            entries.update(getattr(d, f"{kind}_set"))
+            for key in getattr(d, f"{kind}_del"):
+                entries.pop(key, None)
+        self.allowed |= d.allowed_add
+        self.allowed -= d.allowed_del
+
+    def undo(self, d: MapDiff, old: MapState) -> None:
+        """The inverse of `apply(d)` for `d = diff(old, new)`, in place: each key `d` touched
+        gets its value in `old` back, or goes if `old` had none."""
+        for kind in KEYED:
+            entries, before = getattr(self, kind), getattr(old, kind)
+            for key in (*getattr(d, f"{kind}_set"), *getattr(d, f"{kind}_del")):
+                if key in before:
+                    entries[key] = before[key]
+                else:
+                    del entries[key]
+        self.allowed -= d.allowed_add
+        self.allowed |= d.allowed_del
+
+    def counts(self) -> dict[tuple[str, int], int]:
+        """The entries per (kind, family), as `Capacity.full` reads them ("ranges" counts
+        networks)."""
+        counts: dict[tuple[str, int], int] = {}
+        for kind, keys in (
+            ("services", self.services),
+            ("pods", self.pods),
+            ("allowed", [a.pod_ip for a in self.allowed]),
+            ("ranges", [pod for pod, nets in self.ranges.items() for _ in nets]),
+        ):
+            for ip in keys:
+                counts[(kind, ip.version)] = counts.get((kind, ip.version), 0) + 1
+        return counts
 
 
 @dataclass
@@ -306,19 +352,8 @@ def diff(live: MapState, desired: MapState) -> MapDiff:
 def apply_to(state: MapState, d: MapDiff) -> MapState:
     """`state` with `d` applied (a new object); what a correct datapath must end up holding.
     Raises ValueError (and changes nothing) if `d` mixes families."""
-    d.check()
     out = state.copy()
-    out.allowed |= d.allowed_add
-    out.ranges.update(d.ranges_set)
-    out.services.update(d.services_set)
-    out.pods.update(d.pods_set)
-    for lb in d.services_del:
-        out.services.pop(lb, None)
-    for pod in d.pods_del:
-        out.pods.pop(pod, None)
-    out.allowed -= d.allowed_del
-    for pod in d.ranges_del:
-        out.ranges.pop(pod, None)
+    out.apply(d)
     return out
 
 
