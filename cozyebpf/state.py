@@ -2,8 +2,8 @@
 
 This module is the contract between the layers:
 
-    sources (manifest file, Kubernetes)  ->  model (pure)  ->  MapState
-    controller: diff(live MapState, desired MapState) -> MapDiff -> Datapath.apply()
+    sources (manifest file, Kubernetes)  ->  model (pure)  ->  MapState, a MapDiff per change
+    controller: Datapath.apply(MapDiff) per change; a resync: diff(live, desired) -> apply()
 
 It imports nothing from bcc or the kubernetes client. Addresses are `ipaddress.IPv4Address` or
 `ipaddress.IPv6Address` (`IPAddress`); each family has its own maps in the datapath (addr4/addr6
@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import TypeAlias
 
@@ -311,41 +311,28 @@ class MapDiff:
         _raise_mixed("the map diff", self.family_errors())
 
     def empty(self) -> bool:
-        return not (
-            self.services_set
-            or self.services_del
-            or self.pods_set
-            or self.pods_del
-            or self.allowed_add
-            or self.allowed_del
-            or self.ranges_set
-            or self.ranges_del
-        )
+        return not any(getattr(self, f.name) for f in fields(self))
 
 
-def _changed(old: ServiceEntry | PodEntry | None, new: ServiceEntry | PodEntry) -> bool:
-    """Whether `new` must be written over `old`: another value, or another Service."""
-    return old != new or old is None or old.service != new.service
+def _changed(old: object, new: object) -> bool:
+    """Whether `new` must be written over `old`: another value or, for a ServiceEntry or a
+    PodEntry, another Service (which is not part of their equality)."""
+    return old != new or getattr(old, "service", "") != getattr(new, "service", "")
 
 
 def diff(live: MapState, desired: MapState) -> MapDiff:
     """The changes that turn `live` into `desired`; unchanged entries (the same value and
     Service) are not touched."""
-    d = MapDiff()
-    for lb, svc in desired.services.items():
-        if _changed(live.services.get(lb), svc):
-            d.services_set[lb] = svc
-    d.services_del = set(live.services) - set(desired.services)
-    for pod, entry in desired.pods.items():
-        if _changed(live.pods.get(pod), entry):
-            d.pods_set[pod] = entry
-    d.pods_del = set(live.pods) - set(desired.pods)
-    d.allowed_add = desired.allowed - live.allowed
-    d.allowed_del = live.allowed - desired.allowed
-    for pod, nets in desired.ranges.items():
-        if live.ranges.get(pod) != nets:
-            d.ranges_set[pod] = nets
-    d.ranges_del = set(live.ranges) - set(desired.ranges)
+    d = MapDiff(
+        allowed_add=desired.allowed - live.allowed, allowed_del=live.allowed - desired.allowed
+    )
+    for kind in KEYED:
+        have, want = getattr(live, kind), getattr(desired, kind)
+        to_set = getattr(d, f"{kind}_set")
+        for key, value in want.items():
+            if _changed(have.get(key), value):
+                to_set[key] = value
+        getattr(d, f"{kind}_del").update(have.keys() - want.keys())
     return d
 
 
