@@ -252,19 +252,6 @@ class MapState:
         self.allowed |= d.allowed_add
         self.allowed -= d.allowed_del
 
-    def undo(self, d: MapDiff, old: MapState) -> None:
-        """The inverse of `apply(d)` for `d = diff(old, new)`, in place: each key `d` touched
-        gets its value in `old` back, or goes if `old` had none."""
-        for kind in KEYED:
-            entries, before = getattr(self, kind), getattr(old, kind)
-            for key in (*getattr(d, f"{kind}_set"), *getattr(d, f"{kind}_del")):
-                if key in before:
-                    entries[key] = before[key]
-                else:
-                    del entries[key]
-        self.allowed -= d.allowed_add
-        self.allowed |= d.allowed_del
-
     def counts(self) -> dict[tuple[str, int], int]:
         """The entries per (kind, family), as `Capacity.full` reads them ("ranges" counts
         networks)."""

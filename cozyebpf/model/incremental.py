@@ -350,20 +350,14 @@ class IncrementalModel:
             self._count(o.problems, +1)
         old, new = _state_of(old_outputs), _state_of(new_by_ref.values())
         d = diff(old, new)
-        # the same change on the whole unconstrained state, in place
         self._update_counts(old, -1)
         self._update_counts(new, +1)
-        full = self._full
-        full.apply(d)
-
-        before = self.state
         over = self.capacity is not None and self.capacity.full(self._counts) is not None
-        if over and before is full:
-            # the maps held the whole state until this change, which `full` now holds too:
-            # what they hold is `full` without it
-            before = full.copy()
-            before.undo(d, old)
-        if over or before is not full:
+        before = self.state
+        if over and before is self._full:
+            before = before.copy()  # the maps held the whole state until this change
+        self._full.apply(d)  # the same change on the whole unconstrained state, in place
+        if over or before is not self._full:
             d, old = self._constrain(over, before), before
         out = Delta(
             d,
