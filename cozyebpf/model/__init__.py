@@ -25,56 +25,31 @@ Bad input never raises: each bad object or field becomes a `Problem` about that 
 Three modules, in the order the data flows: `records` reads each object on its own into a small
 record; `compose` makes the desired state of records (`build_state`: all of it at once);
 `incremental` keeps that state up to date change by change (`IncrementalModel`). The names
-used outside the package are re-exported here.
+used outside the package are re-exported here (`X as X`: explicitly, for mypy and ruff).
 """
 
-from cozyebpf.model.compose import ModelResult, ServiceView, build_state
-from cozyebpf.model.incremental import MIGRATION_HOLD, Delta, IncrementalModel
-from cozyebpf.model.records import _CANONICAL_V4 as _CANONICAL_V4  # tests/test_model.py
-from cozyebpf.model.records import (
-    ANN_ALLOW_ICMP,
-    ANN_SOURCE_RANGES,
-    ANN_WHOLE_IP,
-    DEFAULT_PROXY_NAME,
-    LABEL_PROXY_NAME,
-    LABEL_SERVICE_NAME,
-    ForeignRecord,
-    Key,
-    ObjectRef,
-    ObjectSet,
-    PortSpec,
-    Problem,
-    Read,
-    ServiceRecord,
-    SliceRecord,
-    gather,
-    read_object,
-    read_objects,
-)
-
-__all__ = [
-    "ANN_ALLOW_ICMP",
-    "ANN_SOURCE_RANGES",
-    "ANN_WHOLE_IP",
-    "DEFAULT_PROXY_NAME",
-    "LABEL_PROXY_NAME",
-    "LABEL_SERVICE_NAME",
-    "MIGRATION_HOLD",
-    "Delta",
-    "ForeignRecord",
-    "IncrementalModel",
-    "Key",
-    "ModelResult",
-    "ObjectRef",
-    "ObjectSet",
-    "PortSpec",
-    "Problem",
-    "Read",
-    "ServiceRecord",
-    "ServiceView",
-    "SliceRecord",
-    "build_state",
-    "gather",
-    "read_object",
-    "read_objects",
-]
+from cozyebpf.model.compose import ModelResult as ModelResult
+from cozyebpf.model.compose import ServiceView as ServiceView
+from cozyebpf.model.compose import build_state as build_state
+from cozyebpf.model.incremental import MIGRATION_HOLD as MIGRATION_HOLD
+from cozyebpf.model.incremental import Delta as Delta
+from cozyebpf.model.incremental import IncrementalModel as IncrementalModel
+from cozyebpf.model.records import _CANONICAL_V4 as _CANONICAL_V4
+from cozyebpf.model.records import ANN_ALLOW_ICMP as ANN_ALLOW_ICMP
+from cozyebpf.model.records import ANN_SOURCE_RANGES as ANN_SOURCE_RANGES
+from cozyebpf.model.records import ANN_WHOLE_IP as ANN_WHOLE_IP
+from cozyebpf.model.records import DEFAULT_PROXY_NAME as DEFAULT_PROXY_NAME
+from cozyebpf.model.records import LABEL_PROXY_NAME as LABEL_PROXY_NAME
+from cozyebpf.model.records import LABEL_SERVICE_NAME as LABEL_SERVICE_NAME
+from cozyebpf.model.records import ForeignRecord as ForeignRecord
+from cozyebpf.model.records import Key as Key
+from cozyebpf.model.records import ObjectRef as ObjectRef
+from cozyebpf.model.records import ObjectSet as ObjectSet
+from cozyebpf.model.records import PortSpec as PortSpec
+from cozyebpf.model.records import Problem as Problem
+from cozyebpf.model.records import Read as Read
+from cozyebpf.model.records import ServiceRecord as ServiceRecord
+from cozyebpf.model.records import SliceRecord as SliceRecord
+from cozyebpf.model.records import gather as gather
+from cozyebpf.model.records import read_object as read_object
+from cozyebpf.model.records import read_objects as read_objects

@@ -258,13 +258,10 @@ def _shared_problem(ref: ObjectRef, lb: IPAddress, other: ForeignRecord) -> Prob
     )
 
 
-NO_FOREIGN: Mapping[IPAddress, Iterable[ForeignRecord]] = {}
-
-
 def _compose(
     evals: Iterable[_Eval],
-    foreign: Mapping[IPAddress, Iterable[ForeignRecord]] = NO_FOREIGN,
-    held: Iterable[IPAddress] = (),
+    foreign: Mapping[IPAddress, Iterable[ForeignRecord]],
+    held: Iterable[IPAddress],
 ) -> dict[ObjectRef, _Output]:
     """The cross-Service rules over `evals`, which must hold every Service that shares an LB
     IP or a pod with one of them: the older Service keeps a contested LB IP, the oldest
