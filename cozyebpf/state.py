@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import TypeAlias
@@ -165,27 +165,24 @@ def _mixed(
     pods: dict[IPAddress, PodEntry],
     ranges: Mapping[IPAddress, Ranges] | None = None,
 ) -> list[str]:
-    """One line per entry whose key and value are of different families, in key order (found
-    first, then sorted: every MapState and MapDiff is checked when it is built)."""
-
-    def by_key(found: Iterable[tuple[IPAddress, str]]) -> list[str]:
-        return [line for _, line in sorted(found, key=lambda f: address_key(f[0]))]
-
-    out = by_key(
-        (lb, f"service {lb} -> pod {s.pod_ip}")
+    """One line per entry whose key and value are of different families: services, then pods,
+    then ranges, each in key order (found first, then sorted: every MapState and MapDiff is
+    checked when it is built)."""
+    found = [
+        (0, lb, f"service {lb} -> pod {s.pod_ip}")
         for lb, s in services.items()
         if lb.version != s.version
-    )
-    out += by_key(
-        (p, f"pod {p} -> LB IP {e.lb_ip}") for p, e in pods.items() if p.version != e.version
-    )
-    out += by_key(
-        (p, f"source ranges of pod {p}: {net}")
+    ]
+    found += [
+        (1, p, f"pod {p} -> LB IP {e.lb_ip}") for p, e in pods.items() if p.version != e.version
+    ]
+    found += [
+        (2, p, f"source ranges of pod {p}: {net}")
         for p, nets in (ranges or {}).items()
         for net in sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
         if net.version != p.version
-    )
-    return out
+    ]
+    return [line for _, _, line in sorted(found, key=lambda f: (f[0], address_key(f[1])))]
 
 
 def _raise_mixed(what: str, errors: list[str]) -> None:
