@@ -237,16 +237,18 @@ class MapState:
         return MapState(dict(self.services), dict(self.pods), set(self.allowed), dict(self.ranges))
 
     def apply(self, d: MapDiff) -> None:
-        """Apply `d` in place: set its entries, then delete its keys (a key it sets and deletes
-        goes; a key it deletes that is not here is no matter). Raises ValueError (and changes
+        """Apply `d` in place, in the order a datapath writes it (`MapDiff`): allowed ports
+        added, entries set, keys deleted (a key that `d` sets and deletes goes; one it deletes
+        that is not here is no matter), allowed ports removed. Raises ValueError (and changes
         nothing) if `d` mixes families."""
         d.check()
+        self.allowed |= d.allowed_add
+        for kind in KEYED:
+            getattr(self, kind).update(getattr(d, f"{kind}_set"))
         for kind in KEYED:
             entries = getattr(self, kind)
-            entries.update(getattr(d, f"{kind}_set"))
             for key in getattr(d, f"{kind}_del"):
                 entries.pop(key, None)
-        self.allowed |= d.allowed_add
         self.allowed -= d.allowed_del
 
     def counts(self) -> dict[tuple[str, int], int]:
