@@ -18,7 +18,7 @@ from cozyebpf.errors import DatapathError
 from cozyebpf.model import build_state, read_object, read_objects
 from cozyebpf.sources import ChangeSet
 from cozyebpf.state import MapState
-from tests.k8s import Svc, objects
+from tests.support.k8s import Svc, objects
 
 Obj = dict[str, Any]
 

@@ -18,9 +18,9 @@ import pytest
 from cozyebpf.lab import DEFAULT_PODS
 from cozyebpf.model import build_state
 from cozyebpf.state import MapState
-from tests.k8s import Svc, objects
-from tests.kubeapi import FakeKubeAPI
-from tests.labtools import AgentLab, agent_lab, wait_for
+from tests.support.k8s import Svc, objects
+from tests.support.kubeapi import FakeKubeAPI
+from tests.support.labtools import AgentLab, agent_lab, wait_for
 
 pytestmark = pytest.mark.datapath
 

@@ -41,9 +41,17 @@ import yaml
 
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.conftest import IN_CI, TEST_CMD, unique_prefix
-from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, interrupt, read_line_with, serve, tcp_echo, tcp_talk, wait_for
-from tests.packets import LB_WHOLE
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import (
+    AgentLab,
+    interrupt,
+    read_line_with,
+    serve,
+    tcp_echo,
+    tcp_talk,
+    wait_for,
+)
+from tests.support.packets import LB_WHOLE
 
 pytestmark = pytest.mark.datapath
 

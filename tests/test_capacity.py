@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cozyebpf.lab import DEFAULT_PODS
-from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, agent_lab, wait_for
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import AgentLab, agent_lab, wait_for
 
 pytestmark = pytest.mark.datapath
 

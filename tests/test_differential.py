@@ -1,4 +1,5 @@
-"""Differential tests: the loaded BPF programs against the reference model (tests/refmodel.py).
+"""Differential tests: the loaded BPF programs against the reference model
+(tests/support/refmodel.py).
 
 Each hypothesis example is one map state and a batch of frames (valid, edge-case and
 malformed). The maps are cleared and seeded from the state, then every frame runs through the
@@ -50,8 +51,8 @@ from cozyebpf.datapath.layout import FLOW4, FLOW6, FRAG4, FRAG6, MapSpec
 from cozyebpf.datapath.maps import Flow, PinnedMaps, possible_cpus
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS, SVC_DROP_REASONS
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
-from tests import refmodel as rm
-from tests.packets import (
+from tests.support import refmodel as rm
+from tests.support.packets import (
     CLIENT,
     LB_FILT,
     LB_ICMP,
@@ -64,7 +65,7 @@ from tests.packets import (
     POD_WHOLE,
     assert_frame,
 )
-from tests.refmodel import (
+from tests.support.refmodel import (
     ALLOW_ICMP,
     PORT_FILTER,
     Addr,

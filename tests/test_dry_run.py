@@ -21,7 +21,7 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.explain import NOT_OURS, dry_run
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
-from tests.packets import (
+from tests.support.packets import (
     CLIENT,
     LB_FILT,
     LB_UNKNOWN,
@@ -75,7 +75,7 @@ class Progs:
 def progs() -> Iterator[Progs]:
     from cozyebpf.datapath.attach import detach_all
     from tests.conftest import unique_prefix
-    from tests.labtools import load_programs
+    from tests.support.labtools import load_programs
 
     pin = f"/sys/fs/bpf/{unique_prefix('dry')}"
     maps = PinnedMaps.ensure(pin, max_services=8)

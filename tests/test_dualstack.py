@@ -14,9 +14,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
 from cozyebpf.lab import CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab
-from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, agent_lab, serve, tcp_echo
-from tests.packets import LB_FILT, LB_WHOLE, assert_frame
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import AgentLab, agent_lab, serve, tcp_echo
+from tests.support.packets import LB_FILT, LB_WHOLE, assert_frame
 
 pytestmark = pytest.mark.datapath
 

@@ -16,7 +16,7 @@ from cozyebpf.errors import PermanentError
 from cozyebpf.health import HealthServer, parse_address
 from cozyebpf.model import read_objects
 from cozyebpf.sources import ChangeSet
-from tests.k8s import Svc, objects
+from tests.support.k8s import Svc, objects
 
 
 class ListSource:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from cozyebpf.lab import DEFAULT_PODS
-from tests.k8s import Svc, objects
-from tests.kubeapi import FakeKubeAPI
-from tests.labtools import AgentLab, agent_lab, wait_for
-from tests.packets import LB_FILT, LB_WHOLE
+from tests.support.k8s import Svc, objects
+from tests.support.kubeapi import FakeKubeAPI
+from tests.support.labtools import AgentLab, agent_lab, wait_for
+from tests.support.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
 

@@ -17,8 +17,8 @@ from scapy.packet import Packet
 
 from cozyebpf import lab as labmod
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK_MAC, capture, drain
-from tests.k8s import Svc
-from tests.labtools import (
+from tests.support.k8s import Svc
+from tests.support.labtools import (
     AgentLab,
     agent_lab,
     serve,
@@ -28,7 +28,7 @@ from tests.labtools import (
     udp_talk,
     wait_for,
 )
-from tests.packets import LB_FILT, LB_WHOLE, assert_frame, checksums_ok, partial_checksum_ok
+from tests.support.packets import LB_FILT, LB_WHOLE, assert_frame, checksums_ok, partial_checksum_ok
 
 pytestmark = pytest.mark.datapath
 

@@ -18,9 +18,9 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.attach import current_xdp
 from cozyebpf.lab import DEFAULT_PODS as PODS
 from cozyebpf.lab import UPLINK
-from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, agent_lab, wait_for
-from tests.packets import LB_FILT, LB_WHOLE
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import AgentLab, agent_lab, wait_for
+from tests.support.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
 

@@ -18,9 +18,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab, capture, drain
-from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, agent_lab, wait_for
-from tests.packets import LB_FILT, LB_WHOLE
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import AgentLab, agent_lab, wait_for
+from tests.support.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
 

@@ -25,7 +25,7 @@ from cozyebpf.datapath.layout import be16, be32
 from cozyebpf.datapath.maps import Flow, FlowEntry, PinnedMaps, coarse_now_ns
 from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
-from tests.packets import (
+from tests.support.packets import (
     CLIENT,
     LB_FILT,
     LB_ICMP,

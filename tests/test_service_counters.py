@@ -21,7 +21,7 @@ from cozyebpf.datapath.layout import SVC_DROPS
 from cozyebpf.datapath.maps import PinnedMaps, ServiceCounters
 from cozyebpf.datapath.reasons import REASONS, SVC_DROP_REASONS, drop_index
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
-from tests.packets import CLIENT, LB_FILT, LB_WHOLE, MAC_A, MAC_B, POD_FILT, POD_WHOLE
+from tests.support.packets import CLIENT, LB_FILT, LB_WHOLE, MAC_A, MAC_B, POD_FILT, POD_WHOLE
 
 pytestmark = pytest.mark.datapath
 
@@ -68,7 +68,7 @@ class Progs:
 def progs() -> Iterator[Progs]:
     from cozyebpf.datapath.attach import detach_all
     from tests.conftest import unique_prefix
-    from tests.labtools import load_programs
+    from tests.support.labtools import load_programs
 
     pin = f"/sys/fs/bpf/{unique_prefix('svc')}"
     maps = PinnedMaps.ensure(pin, max_services=2)  # slots 1 and 2

@@ -18,9 +18,9 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
 from cozyebpf.lab import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
-from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, agent_lab, serve, tcp_echo, wait_for
-from tests.packets import LB_FILT, LB_WHOLE
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import AgentLab, agent_lab, serve, tcp_echo, wait_for
+from tests.support.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
 

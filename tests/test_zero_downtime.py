@@ -21,10 +21,10 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.attach import current_xdp, link_pin
 from cozyebpf.datapath.loader import bpf_dir
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
-from tests.ciliumlike import CiliumLike
-from tests.k8s import Svc, manifest
-from tests.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
-from tests.packets import LB_FILT, LB_WHOLE
+from tests.support.ciliumlike import CiliumLike
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
+from tests.support.packets import LB_FILT, LB_WHOLE
 
 pytestmark = pytest.mark.datapath
 

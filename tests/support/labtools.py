@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain, wait_for
 from cozyebpf.state import MapState
-from tests.k8s import Svc, manifest
+from tests.support.k8s import Svc, manifest
 
 T = TypeVar("T")
 
