@@ -1,6 +1,6 @@
 """A three-node model of a Cozystack cluster, in network namespaces, with a real `cozyebpf run`
 agent per node: the lab of issue 18 (`make cluster-lab`, `python -m cozyebpf.clusterlab`,
-tests/test_cluster_lab.py).
+tests/datapath/test_cluster_lab.py).
 
 Layout "kubeovn" (the default; Kube-OVN with natOutgoing, as Cozystack runs it)::
 

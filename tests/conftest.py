@@ -5,7 +5,6 @@ them, so a CI run can never pass without exercising the datapath."""
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -13,12 +12,7 @@ from typing import Any
 
 import pytest
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-#: Shell words that replace `python -m cozyebpf` wherever the tests run cozyebpf (the
-#: `cozyebpf_cmd` fixture). `make image-test` points it at scripts/image-exec.sh, which runs
-#: each command from the DaemonSet image's root filesystem, Env and Entrypoint.
-TEST_CMD = shlex.split(os.environ.get("COZYEBPF_TEST_CMD", ""))
+from tests.support.env import IN_CI, TEST_CMD
 
 
 def _missing_prerequisites() -> list[str]:
@@ -55,11 +49,6 @@ def _datapath_prerequisites(request: pytest.FixtureRequest) -> None:
     pytest.skip(msg)
 
 
-def unique_prefix(tag: str) -> str:
-    """Namespace/pin prefix unique to this test process (parallel runs do not collide)."""
-    return f"cz{tag}{os.getpid() % 100000}"
-
-
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
@@ -77,9 +66,9 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The cluster lab's tables (tests/test_cluster_lab.py), whatever the verdicts, so that
+    """The cluster lab's tables (tests/datapath/test_cluster_lab.py), whatever the verdicts, so that
     every run's log shows them."""
-    mod = sys.modules.get("tests.test_cluster_lab")
+    mod = sys.modules.get("tests.datapath.test_cluster_lab")
     for layout, table in getattr(mod, "TABLES", {}).items():
         terminalreporter.section(f"cluster lab: {layout}")
         terminalreporter.write_line(table)

@@ -196,7 +196,7 @@ def agent_lab(
 ) -> Iterator[AgentLab]:
     """A lab with its own namespaces and pin dir, and an AgentLab to drive the agent in it;
     everything is removed afterwards, also when the test fails."""
-    from tests.conftest import unique_prefix
+    from tests.support.env import unique_prefix
 
     lab = Lab(unique_prefix(tag), pods=pods).up()
     env = AgentLab(

@@ -1,7 +1,7 @@
 """Pinned maps with another layout are never reused as they are: same key/value layout with
 another size is migrated (entries copied), anything else is rebuilt; both are logged. Maps of
 layout version 1 are upgraded in place (the agent-level test without a lost packet is in
-tests/test_upgrade.py)."""
+tests/datapath/test_upgrade.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from cozyebpf.datapath.layout import (
 from cozyebpf.datapath.maps import Flow, PinnedMaps
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
-from tests.conftest import unique_prefix
+from tests.support.env import unique_prefix
 
 pytestmark = pytest.mark.datapath
 

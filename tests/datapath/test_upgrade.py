@@ -30,11 +30,11 @@ import pytest
 from cozyebpf.datapath.layout import LAYOUT_VERSION, V1_REPLACED
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, Lab
-from tests.conftest import IN_CI
+from tests.support.env import IN_CI
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, udp_echo, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
-from tests.test_zero_downtime import TcpChat, UdpStream, line_echo
+from tests.support.traffic import TcpChat, UdpStream, line_echo
 
 pytestmark = pytest.mark.datapath
 

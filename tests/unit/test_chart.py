@@ -6,7 +6,7 @@
   kubernetes-validate's strict schema of that version (the PodMonitor, a CRD the schemas do not
   have, is checked by hand);
 - the DaemonSet: a memory limit, not privileged, exactly the capabilities
-  tests/test_capabilities.py proves sufficient, the bpffs mount, the node's name from
+  tests/datapath/test_capabilities.py proves sufficient, the bpffs mount, the node's name from
   spec.nodeName, probes on the health port; its args and COZYEBPF_* variables parsed by
   `cozyebpf run`'s own click parser and compared with the values, so a renamed or retyped
   option fails here, not on a node;
@@ -34,10 +34,10 @@ import pytest
 import yaml
 
 from cozyebpf.cli import main, run
-from tests.conftest import IN_CI
-from tests.test_capabilities import MINIMAL
+from tests.support.contract import MINIMAL
+from tests.support.env import IN_CI
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "cozyebpf"
 ALL_VALUES = CHART / "ci" / "all-values.yaml"
 RELEASE, NAMESPACE = "cozyebpf", "cozy-system"

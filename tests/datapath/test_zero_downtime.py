@@ -4,15 +4,12 @@ before Cilium-like programs; a foreign XDP program is worked around when asked t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,11 +17,12 @@ import pytest
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.attach import current_xdp, link_pin
 from cozyebpf.datapath.loader import bpf_dir
-from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
+from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK
 from tests.support.ciliumlike import CiliumLike
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
+from tests.support.traffic import TcpChat, UdpStream, line_echo
 
 pytestmark = pytest.mark.datapath
 
@@ -37,117 +35,6 @@ FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])
 def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
     with agent_lab("z", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(WHOLE, FILT)) as env:
         yield env
-
-
-@dataclass
-class UdpStream:
-    """Sequence-numbered datagrams from one namespace to another, ~1000 per second."""
-
-    lab: Lab
-    src_ns: str
-    dst_ns: str
-    dst: tuple[str, int]
-    listen_port: int
-    sent: int = 0
-    received: set[int] = field(default_factory=set)
-    peers: set[str] = field(default_factory=set)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    def start(self) -> None:
-        rx = self.lab.ns_socket(self.dst_ns, socket.AF_INET, socket.SOCK_DGRAM)
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        rx.bind(("0.0.0.0", self.listen_port))
-        rx.settimeout(0.2)
-        tx = self.lab.ns_socket(self.src_ns, socket.AF_INET, socket.SOCK_DGRAM)
-
-        def receive() -> None:
-            while not (self._stop.is_set() and self._drained()):
-                with contextlib.suppress(TimeoutError):
-                    data, peer = rx.recvfrom(64)
-                    self.received.add(int.from_bytes(data[:8], "big"))
-                    self.peers.add(peer[0])
-            rx.close()
-
-        def send() -> None:
-            while not self._stop.is_set():
-                tx.sendto(self.sent.to_bytes(8, "big"), self.dst)
-                self.sent += 1
-                time.sleep(0.001)
-            tx.close()
-
-        self._threads = [
-            threading.Thread(target=receive, daemon=True),
-            threading.Thread(target=send, daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _drained(self) -> bool:
-        return len(self.received) >= self.sent or time.monotonic() > self._deadline
-
-    def stop(self) -> None:
-        self._deadline = time.monotonic() + 2
-        self._stop.set()
-        for t in self._threads:
-            t.join(5)
-
-    def lost(self) -> list[int]:
-        return sorted(set(range(self.sent)) - self.received)
-
-
-@dataclass
-class TcpChat:
-    """One long-lived TCP connection: a line every 20 ms, each echoed back."""
-
-    lab: Lab
-    ns: str
-    dst: tuple[str, int]
-    rounds: int = 0
-    error: BaseException | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        sock = self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_STREAM)
-        sock.settimeout(5)
-        sock.connect(self.dst)
-
-        def chat() -> None:
-            try:
-                while not self._stop.is_set():
-                    msg = f"{self.rounds}\n".encode()
-                    sock.sendall(msg)
-                    got = b""
-                    while not got.endswith(b"\n"):
-                        chunk = sock.recv(64)
-                        if not chunk:
-                            raise ConnectionError("closed by the peer")
-                        got += chunk
-                    assert got == msg, (got, msg)
-                    self.rounds += 1
-                    time.sleep(0.02)
-            except BaseException as e:
-                self.error = e
-            finally:
-                sock.close()
-
-        self._thread = threading.Thread(target=chat, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(10)
-
-
-def line_echo(s: socket.socket) -> None:
-    """Accept one connection and echo it line by line until it closes."""
-    conn, _ = s.accept()
-    with conn:
-        conn.settimeout(30)
-        while data := conn.recv(4096):
-            conn.sendall(data)
 
 
 def upgraded_bpf_dir(tmp: Path) -> Path:

@@ -74,7 +74,7 @@ class Progs:
 @pytest.fixture(scope="module")
 def progs() -> Iterator[Progs]:
     from cozyebpf.datapath.attach import detach_all
-    from tests.conftest import unique_prefix
+    from tests.support.env import unique_prefix
     from tests.support.labtools import load_programs
 
     pin = f"/sys/fs/bpf/{unique_prefix('dry')}"

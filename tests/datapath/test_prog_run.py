@@ -115,7 +115,7 @@ def progs(pin_dir_module: str) -> Iterator[Progs]:
 @pytest.fixture(scope="module")
 def pin_dir_module() -> Iterator[str]:
     from cozyebpf.datapath.attach import detach_all
-    from tests.conftest import unique_prefix
+    from tests.support.env import unique_prefix
 
     path = f"/sys/fs/bpf/{unique_prefix('run')}"
     yield path

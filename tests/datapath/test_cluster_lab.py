@@ -34,7 +34,7 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str]
 ) -> Iterator[Callable[[str], list[Row]]]:
     """The rows of a layout: built, run and torn down at the first test that asks for it."""
-    from tests.conftest import unique_prefix
+    from tests.support.env import unique_prefix
 
     results: dict[str, list[Row]] = {}
 

@@ -914,7 +914,7 @@ PROGRAMS = {  # name -> (source, function, program type)
 def dp(request: pytest.FixtureRequest) -> Iterator[Datapath]:
     """The programs loaded once for the module; how much they ran is reported at the end."""
     from cozyebpf.datapath.attach import detach_all
-    from tests.conftest import unique_prefix
+    from tests.support.env import unique_prefix
 
     pin_dir = f"/sys/fs/bpf/{unique_prefix('diff')}"
     maps = PinnedMaps.ensure(pin_dir)

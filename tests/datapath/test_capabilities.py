@@ -40,7 +40,8 @@ import pytest
 import yaml
 
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
-from tests.conftest import IN_CI, TEST_CMD, unique_prefix
+from tests.support.contract import MINIMAL
+from tests.support.env import IN_CI, TEST_CMD, unique_prefix
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import (
     AgentLab,
@@ -55,8 +56,6 @@ from tests.support.packets import LB_WHOLE
 
 pytestmark = pytest.mark.datapath
 
-#: what deploy/daemonset.yaml adds (keep the two in step)
-MINIMAL = ("CAP_SYS_ADMIN", "CAP_NET_ADMIN")
 CAP_BITS = {"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21}
 
 POD1 = DEFAULT_PODS[0]

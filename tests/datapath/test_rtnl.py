@@ -11,7 +11,7 @@ import pytest
 
 from cozyebpf.datapath import attach, bpfsys, rtnl
 from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab
-from tests.conftest import unique_prefix
+from tests.support.env import unique_prefix
 
 pytestmark = pytest.mark.datapath
 

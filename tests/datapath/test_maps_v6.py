@@ -42,7 +42,7 @@ from cozyebpf.state import (
     apply_to,
     diff,
 )
-from tests.conftest import unique_prefix
+from tests.support.env import unique_prefix
 
 pytestmark = pytest.mark.datapath
 
