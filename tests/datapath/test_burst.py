@@ -22,8 +22,6 @@ from tests.support.k8s import Svc, objects
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 
-pytestmark = pytest.mark.datapath
-
 Obj = dict[str, Any]
 N = 200  # Services
 CHANGES = 1000

@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -41,7 +40,7 @@ import yaml
 
 from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.support.contract import MINIMAL
-from tests.support.env import IN_CI, TEST_CMD, unique_prefix
+from tests.support.env import TEST_CMD, unique_prefix
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import (
     AgentLab,
@@ -54,7 +53,7 @@ from tests.support.labtools import (
 )
 from tests.support.packets import LB_WHOLE
 
-pytestmark = pytest.mark.datapath
+pytestmark = pytest.mark.requires("capsh")  # and, as every test here, datapath
 
 CAP_BITS = {"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21}
 
@@ -93,15 +92,6 @@ def _caps_of(pid: int) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    problem = None
-    if not shutil.which("capsh"):
-        problem = "capsh missing (apt-get install libcap2-bin)"
-    elif _caps_of(os.getpid())["CapEff"] & _mask(MINIMAL) != _mask(MINIMAL):
-        problem = f"this process lacks some of {', '.join(MINIMAL)}"
-    if problem and IN_CI:
-        pytest.fail(f"{problem} (CI=true: datapath tests must run)", pytrace=False)
-    if problem:
-        pytest.skip(problem)
     lab = Lab(unique_prefix("cap"), pods=DEFAULT_PODS[:1]).up()
     try:
         yield lab

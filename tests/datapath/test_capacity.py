@@ -17,8 +17,6 @@ from cozyebpf.lab import DEFAULT_PODS
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 
-pytestmark = pytest.mark.datapath
-
 POD1 = DEFAULT_PODS[0]
 # six whole-IP Services, oldest first; vm0 goes to a real pod
 SVCS = [

@@ -20,8 +20,6 @@ from tests.support.k8s import Svc
 from tests.support.labtools import AgentLab, agent_lab
 from tests.support.packets import LB_WHOLE
 
-pytestmark = pytest.mark.datapath
-
 POD1 = PODS[0]
 UNLISTED = 4444
 

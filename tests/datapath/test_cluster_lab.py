@@ -16,8 +16,6 @@ import pytest
 
 from cozyebpf.clusterlab import LAYOUTS, ClusterLab, Row, format_table, planned_cases
 
-pytestmark = pytest.mark.datapath
-
 PLAN = {layout: planned_cases(layout) for layout in LAYOUTS}
 #: the tables of the layouts that ran, for the terminal summary (tests/conftest.py): CI's log
 #: shows the table of scenario x case x layout as `make cluster-lab` prints it

@@ -6,10 +6,6 @@ import shlex
 import subprocess
 import sys
 
-import pytest
-
-pytestmark = pytest.mark.datapath
-
 
 def test_demo_runs_and_cleans_up(cozyebpf_cmd: list[str]) -> None:
     # the demo (lab, traffic) runs here; every cozyebpf command in it is `cozyebpf_cmd`

@@ -81,8 +81,6 @@ from tests.support.refmodel import (
     Svc,
 )
 
-pytestmark = pytest.mark.datapath
-
 T = TypeVar("T")
 
 #: The classes of input generated: all of them, the programs and the model agree on each.

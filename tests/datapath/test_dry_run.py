@@ -34,8 +34,6 @@ from tests.support.packets import (
     assert_frame,
 )
 
-pytestmark = pytest.mark.datapath
-
 VM1, VM2, VM3 = "default/vm1", "default/vm2", "default/vm3"
 LB_RANGED, POD_RANGED = "203.0.113.40", "10.244.1.50"  # whole-IP, CLIENT only
 STATE = MapState(

@@ -18,8 +18,6 @@ from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_echo
 from tests.support.packets import LB_FILT, LB_WHOLE, assert_frame
 
-pytestmark = pytest.mark.datapath
-
 POD1, POD2 = DEFAULT_PODS[:2]
 LB6_WHOLE, LB6_FILT = "2001:db8:113::10", "2001:db8:113::20"
 WHOLE = Svc(

@@ -16,8 +16,6 @@ from tests.support.kubeapi import FakeKubeAPI
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 
-pytestmark = pytest.mark.datapath
-
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
 FILT = Svc(

@@ -30,8 +30,6 @@ from tests.support.labtools import (
 )
 from tests.support.packets import LB_FILT, LB_WHOLE, assert_frame, checksums_ok, partial_checksum_ok
 
-pytestmark = pytest.mark.datapath
-
 POD1, POD2, POD3 = labmod.DEFAULT_PODS  # whole-IP, port-filter, no Service
 
 WHOLE = Svc("vm-whole", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")

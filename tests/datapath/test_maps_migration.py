@@ -39,8 +39,6 @@ from cozyebpf.errors import DatapathError
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests.support.env import unique_prefix
 
-pytestmark = pytest.mark.datapath
-
 
 @pytest.fixture
 def pin_dir() -> Iterator[str]:

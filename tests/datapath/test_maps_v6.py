@@ -44,8 +44,6 @@ from cozyebpf.state import (
 )
 from tests.support.env import unique_prefix
 
-pytestmark = pytest.mark.datapath
-
 LB4, POD4 = IPv4Address("192.0.2.10"), IPv4Address("10.244.0.5")
 LB4_WHOLE, POD4_WHOLE = IPv4Address("192.0.2.11"), IPv4Address("10.244.0.7")
 LB6, POD6 = IPv6Address("2001:db8::10"), IPv6Address("fd00:10:244::5")

@@ -36,8 +36,6 @@ from tests.support.k8s import Svc
 from tests.support.labtools import AgentLab, agent_lab, interrupt, read_line_with, wait_for
 from tests.support.packets import LB_FILT, LB_UNKNOWN, LB_WHOLE
 
-pytestmark = pytest.mark.datapath
-
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm-whole", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
 FILT = Svc("vm-filt", LB_FILT, POD2.ip, [("TCP", 80), ("UDP", 53)])

@@ -22,8 +22,6 @@ from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 
-pytestmark = pytest.mark.datapath
-
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
 FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])  # no allowICMP: the error must be "related"

@@ -42,8 +42,6 @@ from tests.support.packets import (
     checksums_ok,
 )
 
-pytestmark = pytest.mark.datapath
-
 XDP_DROP, XDP_PASS = 1, 2
 TC_NEXT, TC_SHOT = -1, 2
 

@@ -13,8 +13,6 @@ from cozyebpf.datapath import attach, bpfsys, rtnl
 from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab
 from tests.support.env import unique_prefix
 
-pytestmark = pytest.mark.datapath
-
 
 @pytest.fixture
 def lab() -> Iterator[Lab]:

@@ -23,8 +23,6 @@ from cozyebpf.datapath.reasons import REASONS, SVC_DROP_REASONS, drop_index
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests.support.packets import CLIENT, LB_FILT, LB_WHOLE, MAC_A, MAC_B, POD_FILT, POD_WHOLE
 
-pytestmark = pytest.mark.datapath
-
 XDP_DROP, XDP_PASS = 1, 2
 TC_NEXT, TC_SHOT = -1, 2
 VM1, VM2, VM3 = "default/vm1", "default/vm2", "other/vm3"

@@ -22,8 +22,6 @@ from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_echo, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 
-pytestmark = pytest.mark.datapath
-
 POD1, POD2 = DEFAULT_PODS[:2]
 LB6_WHOLE, LB6_FILT = "2001:db8:113::10", "2001:db8:113::20"
 #: a second client address: outside the ranges the tests give

@@ -24,8 +24,6 @@ from tests.support.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_fo
 from tests.support.packets import LB_FILT, LB_WHOLE
 from tests.support.traffic import TcpChat, UdpStream, line_echo
 
-pytestmark = pytest.mark.datapath
-
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
 FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])

@@ -21,9 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ import yaml
 
 from cozyebpf.cli import main, run
 from tests.support.contract import MINIMAL
-from tests.support.env import IN_CI
+from tests.support.prereqs import find_helm
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "cozyebpf"
@@ -56,21 +54,10 @@ VALUE_SETS: dict[str, list[str]] = {
 }
 
 
-def _find_helm() -> str | None:
-    for candidate in (Path(sys.executable).parent / "helm", REPO / ".venv" / "bin" / "helm"):
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    return shutil.which("helm")
-
-
 @pytest.fixture(scope="module")
 def helm() -> str:
-    found = _find_helm()
-    if found is None:
-        msg = "helm not found (scripts/setup.sh installs it into .venv/bin)"
-        if IN_CI:
-            pytest.fail(msg + " (CI=true: the chart tests must run)", pytrace=False)
-        pytest.skip(msg)
+    found = find_helm()
+    assert found is not None, "checked at collection (tests/support/prereqs.py, FIXTURES)"
     return found
 
 
