@@ -16,52 +16,33 @@ from ipaddress import IPv6Address
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import ICMPv6EchoReply, ICMPv6EchoRequest, IPv6, IPv6ExtHdrFragment
-from scapy.layers.l2 import GRE, Dot1Q, Ether
-from scapy.layers.sctp import SCTP, SCTPChunkData
-from scapy.packet import Packet, Padding, Raw
+from scapy.layers.l2 import Dot1Q, Ether
+from scapy.packet import Packet, Raw
 
 from cozyebpf.datapath import bpfsys, layout, loader
 from cozyebpf.datapath.layout import be16, be32
 from cozyebpf.datapath.maps import Flow, FlowEntry, PinnedMaps, coarse_now_ns
 from cozyebpf.datapath.reasons import REASONS
-from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
+from cozyebpf.state import PodEntry, ServiceEntry, diff
+from tests.fixtures.prog_run import (
+    EGRESS_CASES,
+    INGRESS_CASES,
+    SEED,
+    TC_NEXT,
+    TC_SHOT,
+    XDP_DROP,
+    XDP_PASS,
+    eth,
+)
 from tests.support.packets import (
     CLIENT,
     LB_FILT,
-    LB_ICMP,
-    LB_UNKNOWN,
     LB_WHOLE,
-    MAC_A,
-    MAC_B,
     OTHER_CLIENT,
     POD_FILT,
-    POD_ICMP,
-    POD_OTHER,
     POD_WHOLE,
     assert_frame,
     checksums_ok,
-)
-
-XDP_DROP, XDP_PASS = 1, 2
-TC_NEXT, TC_SHOT = -1, 2
-
-SEED = MapState(
-    services={
-        A(LB_WHOLE): ServiceEntry(A(POD_WHOLE), False, False),
-        A(LB_FILT): ServiceEntry(A(POD_FILT), True, False),
-        A(LB_ICMP): ServiceEntry(A(POD_ICMP), True, True),
-    },
-    pods={
-        A(POD_WHOLE): PodEntry(A(LB_WHOLE), False, False),
-        A(POD_FILT): PodEntry(A(LB_FILT), True, False),
-        A(POD_ICMP): PodEntry(A(LB_ICMP), True, True),
-    },
-    allowed={
-        AllowedPort(A(POD_FILT), Proto.TCP, 80),
-        AllowedPort(A(POD_FILT), Proto.UDP, 53),
-        AllowedPort(A(POD_FILT), Proto.SCTP, 9),
-        AllowedPort(A(POD_ICMP), Proto.TCP, 22),
-    },
 )
 
 
@@ -120,240 +101,6 @@ def pin_dir_module() -> Iterator[str]:
     detach_all(path)
 
 
-def eth() -> Packet:
-    return Ether(src=MAC_A, dst=MAC_B)
-
-
-def udp_zero_after_nat() -> tuple[Packet, Packet]:
-    """A UDP packet to LB_WHOLE whose checksum after translation computes to 0, which must be
-    sent as 0xffff (RFC 768). The first payload word is chosen to cancel the rest of the sum:
-    with word 0 the checksum is ~S, so word ~S makes the sum 0xffff and the checksum 0."""
-    probe = IP(src=CLIENT, dst=POD_WHOLE, id=7) / UDP(sport=1000, dport=2000) / b"\0\0zero"
-    word = IP(bytes(probe))[UDP].chksum.to_bytes(2, "big")
-    out = IP(src=CLIENT, dst=POD_WHOLE, id=7) / UDP(sport=1000, dport=2000) / (word + b"zero")
-    assert IP(bytes(out))[UDP].chksum == 0xFFFF  # scapy writes a computed 0 as 0xffff
-    inp = IP(src=CLIENT, dst=LB_WHOLE, id=7) / UDP(sport=1000, dport=2000) / (word + b"zero")
-    return eth() / inp, eth() / out
-
-
-def eth_vlan(tags: int = 1) -> Packet:
-    p: Packet = Ether(src=MAC_A, dst=MAC_B, type=0x8100 if tags else 0x0800)
-    for i in range(tags):
-        p = p / Dot1Q(vlan=100 + i)
-    return p
-
-
-def frag(dst: str, offset: int) -> Packet:
-    return eth() / IP(src=CLIENT, dst=dst, id=99, proto=17, frag=offset) / Raw(b"x" * 24)
-
-
-SCTP_PAYLOAD = SCTP(sport=5000, dport=9, tag=1) / SCTPChunkData(data=b"sctp")
-ZERO = udp_zero_after_nat()
-
-# (id, input frame, expected verdict, expected output frame or None for "unchanged")
-INGRESS_CASES: list[tuple[str, Packet, int, Packet | None]] = [
-    (
-        "whole-ip TCP to an unlisted port is translated",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / TCP(sport=40000, dport=4444, flags="S"),
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE) / TCP(sport=40000, dport=4444, flags="S"),
-    ),
-    (
-        "whole-ip UDP is translated, checksum fixed",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=5353, dport=9999) / b"hello",
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(sport=5353, dport=9999) / b"hello",
-    ),
-    (
-        "whole-ip UDP checksum 0 stays 0",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=5353, dport=9999, chksum=0) / b"nocs",
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(sport=5353, dport=9999, chksum=0) / b"nocs",
-    ),
-    ("whole-ip UDP whose new checksum is 0 is written 0xffff", ZERO[0], XDP_PASS, ZERO[1]),
-    (
-        "whole-ip ICMP echo is translated",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / ICMP(id=7, seq=1) / b"ping",
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE) / ICMP(id=7, seq=1) / b"ping",
-    ),
-    (
-        "whole-ip GRE is translated, payload kept",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / GRE() / IP(src="192.0.2.1", dst="192.0.2.2"),
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE) / GRE() / IP(src="192.0.2.1", dst="192.0.2.2"),
-    ),
-    (
-        "whole-ip SCTP is translated, CRC untouched",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / SCTP_PAYLOAD,
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE) / SCTP_PAYLOAD,
-    ),
-    (
-        "whole-ip IP options are kept, header checksum fixed",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE, options=b"\x01\x01\x01\x00") / UDP(dport=7) / b"o",
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE, options=b"\x01\x01\x01\x00") / UDP(dport=7) / b"o",
-    ),
-    (
-        "whole-ip non-first fragment: only the IP header changes",
-        frag(LB_WHOLE, 3),
-        XDP_PASS,
-        frag(POD_WHOLE, 3),
-    ),
-    (
-        "port filter: listed TCP port passes, translated",
-        eth() / IP(src=CLIENT, dst=LB_FILT) / TCP(sport=40001, dport=80, flags="S"),
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_FILT) / TCP(sport=40001, dport=80, flags="S"),
-    ),
-    (
-        "port filter: listed UDP port passes",
-        eth() / IP(src=CLIENT, dst=LB_FILT) / UDP(sport=40001, dport=53) / b"q",
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_FILT) / UDP(sport=40001, dport=53) / b"q",
-    ),
-    (
-        "port filter: listed SCTP port passes",
-        eth() / IP(src=CLIENT, dst=LB_FILT) / SCTP_PAYLOAD,
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_FILT) / SCTP_PAYLOAD,
-    ),
-    (
-        "port filter: unlisted TCP port is dropped",
-        eth() / IP(src=CLIENT, dst=LB_FILT) / TCP(sport=40002, dport=81, flags="S"),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "port filter: a listed port of another protocol is dropped (UDP/80)",
-        eth() / IP(src=CLIENT, dst=LB_FILT) / UDP(sport=40002, dport=80),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "port filter: ICMP without allowICMP is dropped",
-        eth() / IP(src=CLIENT, dst=LB_FILT) / ICMP(id=8),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "port filter: ICMP with allowICMP passes",
-        eth() / IP(src=CLIENT, dst=LB_ICMP) / ICMP(id=8),
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_ICMP) / ICMP(id=8),
-    ),
-    (
-        "port filter: allowICMP does not open ports",
-        eth() / IP(src=CLIENT, dst=LB_ICMP) / TCP(dport=23),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "port filter: GRE has no ports and is dropped",
-        eth() / IP(src=CLIENT, dst=LB_FILT) / GRE(),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "port filter: direct to the pod IP, unlisted port is dropped",
-        eth() / IP(src=CLIENT, dst=POD_FILT) / TCP(dport=81),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "port filter: direct to the pod IP, listed port passes untouched",
-        eth() / IP(src=CLIENT, dst=POD_FILT) / TCP(dport=80),
-        XDP_PASS,
-        None,
-    ),
-    (
-        "port filter: a fragment whose first fragment was not seen is dropped",
-        frag(LB_FILT, 3),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "VLAN: translated inside the tag",
-        eth_vlan() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=5353, dport=9999) / b"tagged",
-        XDP_PASS,
-        eth_vlan() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(sport=5353, dport=9999) / b"tagged",
-    ),
-    (
-        "QinQ: translated inside both tags",
-        eth_vlan(2) / IP(src=CLIENT, dst=LB_WHOLE) / TCP(dport=7) / b"q",
-        XDP_PASS,
-        eth_vlan(2) / IP(src=CLIENT, dst=POD_WHOLE) / TCP(dport=7) / b"q",
-    ),
-    (
-        "three VLAN tags: passed untouched",
-        eth_vlan(3) / IP(src=CLIENT, dst=LB_WHOLE) / TCP(dport=7),
-        XDP_PASS,
-        None,
-    ),
-    (
-        "IHL < 5 to an LB IP is dropped",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE, ihl=4) / TCP(dport=7),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "total length beyond the frame is dropped",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE, len=200) / UDP(dport=7) / b"short",
-        XDP_DROP,
-        None,
-    ),
-    (
-        "Ethernet padding after the IP packet is kept",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(dport=7) / b"p" / Padding(b"\0" * 10),
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE) / UDP(dport=7) / b"p" / Padding(b"\0" * 10),
-    ),
-    (
-        "TCP data offset < 5 is dropped",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / TCP(dport=7, dataofs=4),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "UDP length < 8 is dropped",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(dport=7, len=6) / b"xx",
-        XDP_DROP,
-        None,
-    ),
-    (
-        "TTL 1 is translated (the kernel decides its fate)",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE, ttl=1) / UDP(dport=7) / b"t",
-        XDP_PASS,
-        eth() / IP(src=CLIENT, dst=POD_WHOLE, ttl=1) / UDP(dport=7) / b"t",
-    ),
-    (
-        "truncated TCP header to an LB IP is dropped",
-        eth() / IP(src=CLIENT, dst=LB_WHOLE, proto=6) / Raw(b"\x00\x01\x00\x02"),
-        XDP_DROP,
-        None,
-    ),
-    (
-        "an address nobody manages passes untouched",
-        eth() / IP(src=CLIENT, dst=LB_UNKNOWN) / TCP(dport=80),
-        XDP_PASS,
-        None,
-    ),
-    (
-        "a pod without a Service passes untouched",
-        eth() / IP(src=CLIENT, dst=POD_OTHER) / TCP(dport=80),
-        XDP_PASS,
-        None,
-    ),
-    (
-        "IPv6 passes untouched",
-        eth() / IPv6(src="2001:db8::1", dst="2001:db8::2") / UDP(dport=53),
-        XDP_PASS,
-        None,
-    ),
-]
-
-
 @pytest.mark.parametrize("hook", ["xdp", "tc"])
 @pytest.mark.parametrize(
     ("frame", "verdict", "expected"),
@@ -369,45 +116,6 @@ def test_ingress(
     assert_frame(out, expected if expected is not None else frame, "XDP output")
     if verdict == XDP_PASS and expected is not None and IPv6 not in frame:
         assert checksums_ok(out) == []
-
-
-EGRESS_CASES: list[tuple[str, Packet, Packet | None]] = [
-    (
-        "whole-ip pod TCP gets the LB IP as source",
-        eth() / IP(src=POD_WHOLE, dst=CLIENT) / TCP(sport=33000, dport=443, flags="S"),
-        eth() / IP(src=LB_WHOLE, dst=CLIENT) / TCP(sport=33000, dport=443, flags="S"),
-    ),
-    (
-        "whole-ip pod UDP checksum fixed",
-        eth() / IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53) / b"query",
-        eth() / IP(src=LB_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53) / b"query",
-    ),
-    (
-        "pod UDP checksum 0 stays 0",
-        eth() / IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53, chksum=0) / b"q",
-        eth() / IP(src=LB_WHOLE, dst=CLIENT) / UDP(sport=33000, dport=53, chksum=0) / b"q",
-    ),
-    (
-        "pod ICMP echo",
-        eth() / IP(src=POD_WHOLE, dst=CLIENT) / ICMP(id=3) / b"x",
-        eth() / IP(src=LB_WHOLE, dst=CLIENT) / ICMP(id=3) / b"x",
-    ),
-    (
-        "pod GRE",
-        eth() / IP(src=POD_WHOLE, dst=CLIENT) / GRE() / b"payload",
-        eth() / IP(src=LB_WHOLE, dst=CLIENT) / GRE() / b"payload",
-    ),
-    (
-        "filtered pod TCP is translated too",
-        eth() / IP(src=POD_FILT, dst=CLIENT) / TCP(sport=33001, dport=443),
-        eth() / IP(src=LB_FILT, dst=CLIENT) / TCP(sport=33001, dport=443),
-    ),
-    (
-        "a pod without a Service is untouched",
-        eth() / IP(src=POD_OTHER, dst=CLIENT) / TCP(sport=33001, dport=443),
-        None,
-    ),
-]
 
 
 @pytest.mark.parametrize(
