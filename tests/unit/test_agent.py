@@ -18,6 +18,7 @@ from cozyebpf.errors import DatapathError
 from cozyebpf.model import build_state, read_object, read_objects
 from cozyebpf.sources import ChangeSet
 from cozyebpf.state import MapState
+from tests.support.clock import FakeClock
 from tests.support.k8s import Svc, objects
 
 Obj = dict[str, Any]
@@ -84,9 +85,14 @@ def moved(i: int, pod: str) -> Obj:
 
 
 @pytest.fixture
-def setup() -> tuple[Agent, ApiLikeSource, FakeDatapath]:
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def setup(clock: FakeClock) -> tuple[Agent, ApiLikeSource, FakeDatapath]:
     src, dp = ApiLikeSource(cluster()), FakeDatapath()
-    return Agent(src, dp, resync_interval=3600, retry_delay=0.1), src, dp
+    return Agent(src, dp, resync_interval=3600, retry_delay=0.1, clock=clock), src, dp
 
 
 def test_nothing_is_written_before_the_source_is_complete(
@@ -137,7 +143,9 @@ def test_changes_that_arrive_together_are_written_together(
 
 
 def test_a_failed_write_is_repaired_by_a_full_resync_after_a_delay(
-    setup: tuple[Agent, ApiLikeSource, FakeDatapath], caplog: pytest.LogCaptureFixture
+    setup: tuple[Agent, ApiLikeSource, FakeDatapath],
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     agent, src, dp = setup
     src.ready = True
@@ -148,11 +156,12 @@ def test_a_failed_write_is_repaired_by_a_full_resync_after_a_delay(
         agent.tick()
         src.put(moved(2, "10.244.5.2"))  # arrives while the maps are out of sync
         for _ in range(5):
-            agent.tick()  # no tight loop: nothing is tried before the delay
+            clock.advance(0.01)
+            agent.tick()  # no tight loop: nothing is tried before the delay (0.1 s)
     assert len(dp.applies) == 2 and dp.state != src.full_model()
     assert caplog.text.count("map full?") == 1
     reads = dp.reads
-    time.sleep(0.15)
+    clock.advance(0.06)  # past the delay
     agent.tick()
     assert dp.reads == reads + 1, "the repair reads the maps"
     assert dp.state == src.full_model()
@@ -162,29 +171,33 @@ def test_a_failed_write_is_repaired_by_a_full_resync_after_a_delay(
     assert dp.reads == reads + 1 and dp.state == src.full_model()
 
 
-def test_retries_back_off(setup: tuple[Agent, ApiLikeSource, FakeDatapath]) -> None:
+def test_retries_back_off(
+    setup: tuple[Agent, ApiLikeSource, FakeDatapath], clock: FakeClock
+) -> None:
     agent, src, dp = setup
     src.ready = True
     delays = []
     for _ in range(4):
         dp.fail_next_apply = DatapathError("boom")
-        agent._resync_at = 0.0
         agent.tick()
-        delays.append(round(agent._resync_at - time.monotonic(), 1))
-    assert delays == [0.1, 0.2, 0.4, 0.8]
+        delays.append(agent.next_timer())
+        clock.advance(agent.next_timer() + 0.001)  # the retry falls due
+    assert delays == pytest.approx([0.1, 0.2, 0.4, 0.8])
+    agent.tick()  # the fifth try writes
+    assert agent.synced_once and dp.state == src.full_model()
 
 
-def test_the_periodic_resync_repairs_drift() -> None:
+def test_the_periodic_resync_repairs_drift(clock: FakeClock) -> None:
     src, dp = ApiLikeSource(cluster()), FakeDatapath()
     src.ready = True
-    agent = Agent(src, dp, resync_interval=3600)
+    agent = Agent(src, dp, resync_interval=3600, clock=clock)
     agent.tick()
     lb = next(iter(dp.state.services))
     del dp.state.services[lb]  # someone deleted an entry
+    clock.advance(3599)
     agent.tick()
     assert lb not in dp.state.services, "not before the resync is due"
-    # the resync falls due (set, not waited for: a loaded machine must not decide this test)
-    agent._resync_at = time.monotonic()
+    clock.advance(1)  # the resync falls due
     agent.tick()
     assert dp.state == src.full_model()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from cozyebpf.errors import PermanentError
 from cozyebpf.health import HealthServer, parse_address
 from cozyebpf.model import read_objects
 from cozyebpf.sources import ChangeSet
+from tests.support.clock import FakeClock
 from tests.support.k8s import Svc, objects
 
 
@@ -56,9 +56,14 @@ def get(url: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[Agent, ListSource, FakeDatapath, str]]:
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def served(clock: FakeClock) -> Iterator[tuple[Agent, ListSource, FakeDatapath, str]]:
     src, dp = ListSource(), FakeDatapath()
-    agent = Agent(src, dp, resync_interval=3600, retry_delay=0.2)
+    agent = Agent(src, dp, resync_interval=3600, retry_delay=0.2, clock=clock)
     h = HealthServer("127.0.0.1:0", agent.liveness, agent.readiness)
     h.start()
     yield agent, src, dp, f"http://{h.address}"
@@ -81,16 +86,21 @@ def test_ready_only_after_the_first_complete_sync(
 
 
 def test_liveness_fails_when_the_loop_stalls(
-    served: tuple[Agent, ListSource, FakeDatapath, str],
+    served: tuple[Agent, ListSource, FakeDatapath, str], clock: FakeClock
 ) -> None:
     agent, _, _, url = served
-    agent.last_tick -= 3600
-    code, body = get(url + "/healthz")
-    assert code == 503 and body.startswith("agent loop stalled for")
+    agent.tick()
+    clock.advance(30)
+    assert get(url + "/healthz") == (200, "ok\n")
+    clock.advance(3570)  # an hour without a turn of the loop
+    assert agent.liveness() == "agent loop stalled for 3600s"
+    assert get(url + "/healthz") == (503, "agent loop stalled for 3600s\n")
+    agent.tick()
+    assert get(url + "/healthz") == (200, "ok\n")
 
 
 def test_a_failed_sync_is_retried_and_not_ready(
-    served: tuple[Agent, ListSource, FakeDatapath, str],
+    served: tuple[Agent, ListSource, FakeDatapath, str], clock: FakeClock
 ) -> None:
     from cozyebpf.errors import DatapathError
 
@@ -101,7 +111,7 @@ def test_a_failed_sync_is_retried_and_not_ready(
     assert get(url + "/readyz")[0] == 503
     agent.tick()  # not in a tight loop: the retry waits (0.2 s here, 1 s by default)
     assert get(url + "/readyz")[0] == 503 and agent.syncs == 0
-    time.sleep(0.25)
+    clock.advance(0.25)
     agent.tick()  # nothing changed in the source, but the failed sync is retried
     assert get(url + "/readyz")[0] == 200
     assert [s["lb_ip"] for s in dp.dump()["services"]] == ["203.0.113.10"]

@@ -15,6 +15,7 @@ from cozyebpf.errors import SourceError, TemporaryError
 from cozyebpf.model import build_state
 from cozyebpf.sources.manifest import ManifestSource
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry
+from tests.support.clock import FakeClock
 
 KEEP = "the previous state stays programmed"
 
@@ -352,17 +353,21 @@ def test_a_file_being_written_is_read_once_it_is_whole(tmp_path: Path) -> None:
     it: test_changes_are_seen_through_inotify)."""
     path = tmp_path / "m.yaml"
     path.write_text(SERVICE)
-    src = ManifestSource(path, poll_interval=0.2)
+    clock = FakeClock()
+    src = ManifestSource(path, poll_interval=0.2, clock=clock)
     first = src.take()
     assert first is not None and first.whole is not None and first.whole.services
     with open(path, "w") as f:  # truncated, not yet written
         changes = src.take()
         assert changes is not None and changes.whole is None  # not read: the state stays
-        time.sleep(0.15)
+        clock.advance(0.15)
         f.write(SLICE)
     changes = src.take()  # written, but just now: not yet
     assert changes is not None and changes.whole is None
-    time.sleep(0.15)
+    clock.advance(0.09)
+    changes = src.take()  # unchanged for less than half the poll interval: not yet
+    assert changes is not None and changes.whole is None
+    clock.advance(0.02)
     changes = src.take()
     assert changes is not None and changes.whole is not None
     assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
