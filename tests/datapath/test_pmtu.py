@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +53,26 @@ def sink(lab: Lab, port: int) -> socket.socket:
     return s
 
 
+def capture_until(rx: socket.socket, done: Callable[[list[bytes]], bool]) -> list[bytes]:
+    """Frames on `rx` (both directions) until `done` says they are enough, or 10 s passed."""
+    frames: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while not done(frames) and time.monotonic() < deadline:
+        frames += capture(rx, 0.2, incoming_only=False)
+    return frames
+
+
+def data_from(lb: str, frame: bytes) -> bytes:
+    """The TCP payload of a segment from `lb`, else b""."""
+    p = Ether(frame)
+    return bytes(p[TCP].payload) if TCP in p and IP in p and p[IP].src == lb else b""
+
+
+def big_from(lb: str, frame: bytes) -> bool:
+    p = Ether(frame)
+    return TCP in p and IP in p and p[IP].src == lb and len(p[IP]) > 1280
+
+
 @pytest.mark.parametrize(
     ("pod", "lb"), [(POD1, LB_WHOLE), (POD2, LB_FILT)], ids=["whole-ip", "port-filter"]
 )
@@ -73,12 +93,8 @@ def test_fragmentation_needed_reaches_the_pod(env: AgentLab, pod: object, lb: st
         lab.ip(lab.client, "link", "set", "eth0", "mtu", "1280")
         drain(rx)
         c.sendall(b"x" * 4000)
-        frames = list(capture(rx, 0.5, incoming_only=False))
-        big = [
-            f
-            for f in frames
-            if TCP in Ether(f) and len(Ether(f)[IP]) > 1280 and Ether(f)[IP].src == lb
-        ]
+        frames = capture_until(rx, lambda fs: any(big_from(lb, f) for f in fs))
+        big = [f for f in frames if big_from(lb, f)]
         assert big, f"full-size segments from the LB IP: {[Ether(f).summary() for f in frames]}"
         seg = Ether(big[0])[IP]
         assert seg.flags.DF
@@ -98,13 +114,10 @@ def test_fragmentation_needed_reaches_the_pod(env: AgentLab, pod: object, lb: st
         assert "mtu 1280" in wait_for(route_mtu, 5, "the pod's route cache to learn 1280")
         drain(rx)
         c.sendall(b"y" * 8000)
-        time.sleep(0.3)
-        sizes = [
-            len(Ether(f)[IP])
-            for f in capture(rx, 0.5, incoming_only=False)
-            if TCP in Ether(f) and Ether(f)[IP].src == lb and len(Ether(f)[TCP].payload)
-        ]
-        assert sizes and max(sizes) <= 1280, sizes
+        frames = capture_until(rx, lambda fs: sum(data_from(lb, f).count(b"y") for f in fs) >= 8000)
+        sizes = [len(Ether(f)[IP]) for f in frames if data_from(lb, f)]
+        assert sum(data_from(lb, f).count(b"y") for f in frames) >= 8000, sizes
+        assert max(sizes) <= 1280, sizes
     finally:
         c.close()
         server.close()

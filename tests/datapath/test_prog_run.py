@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address as A
@@ -34,6 +33,7 @@ from tests.fixtures.prog_run import (
     XDP_PASS,
     eth,
 )
+from tests.support.clock import age_flows
 from tests.support.packets import (
     CLIENT,
     LB_FILT,
@@ -339,7 +339,7 @@ def test_egress_looks_a_busy_flow_up_only_now_and_then(progs: Progs) -> None:
         bpfsys.map_delete(m.fds["flow4"], key)
         send("A")  # within the window: not looked up, so not added again
         assert entry() is None and new_flows() == n0 + 1
-        time.sleep(0.15)  # past CZ_SEEN_NS
+        age_flows(m, 150_000_000)  # past CZ_SEEN_NS
         send("A")
         assert entry() is not None and new_flows() == n0 + 2
         bpfsys.map_delete(m.fds["flow4"], key)
@@ -383,7 +383,7 @@ def test_replies_of_a_busy_flow_are_looked_up_only_now_and_then(progs: Progs, ho
             assert run(reply)[0] == XDP_PASS  # looked up, now in the slot
             bpfsys.map_delete(m.fds["flow4"], key)
             assert run(reply)[0] == XDP_PASS  # the slot vouches for it
-            time.sleep(0.15)  # past CZ_SEEN_NS
+            age_flows(m, 150_000_000)  # past CZ_SEEN_NS
             assert run(reply)[0] == XDP_DROP
             # an entry user space writes, expired: seen at once
             assert progs.tc(out)[0] == TC_NEXT
@@ -395,7 +395,7 @@ def test_replies_of_a_busy_flow_are_looked_up_only_now_and_then(progs: Progs, ho
             m.forget_seen()
             assert progs.tc(out)[0] == TC_NEXT
             assert run(reply)[0] == XDP_PASS
-            time.sleep(0.07)
+            age_flows(m, 70_000_000)  # within CZ_SEEN_NS, past the UDP timeout
             assert run(reply)[0] == XDP_DROP
         finally:
             t = timeouts

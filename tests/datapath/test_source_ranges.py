@@ -9,7 +9,6 @@ import contextlib
 import ipaddress
 import socket
 import struct
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +16,9 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
+from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
+from tests.support.clock import age_flows
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_echo, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
@@ -33,6 +34,12 @@ FAMILIES = {
     4: (socket.AF_INET, CLIENT_IP, OTHER_IP, {LB_WHOLE: POD1.ip, LB_FILT: POD2.ip}),
     6: (socket.AF_INET6, CLIENT_IP6, OTHER_IP6, {LB6_WHOLE: POD1.ip6, LB6_FILT: POD2.ip6}),
 }
+
+
+def older(env: AgentLab, seconds: float) -> None:
+    """The flows as they are `seconds` later (without waiting for them)."""
+    with PinnedMaps.open(env.pin_dir) as m:
+        age_flows(m, int(seconds * 1e9))
 
 
 def svcs(ranges: list[str] | None = INSIDE) -> tuple[Svc, Svc]:
@@ -220,7 +227,7 @@ def test_a_udp_reply_passes_before_the_timeout_and_not_after(env: AgentLab, vers
         assert peer[0] == lb_filt
         remote.sendto(b"r1", (lb_filt, 40053))
         assert pod.recvfrom(100)[0] == b"r1"  # within the timeout
-        time.sleep(TIMEOUT + 1.5)
+        older(env, TIMEOUT + 1.5)
         before = env.counters().get("drop_port", 0)
         remote.sendto(b"r2", (lb_filt, 40053))
         with pytest.raises(TimeoutError):
@@ -256,7 +263,14 @@ def test_a_closed_tcp_flow_stops_admitting_replies(env: AgentLab, version: int, 
     before = env.counters()
     tx.send(seg)
     wait_for(lambda: env.counters().get("pass_reply", 0) > before.get("pass_reply", 0), 2, "a pass")
-    time.sleep(TIMEOUT + 1.5)
+    with PinnedMaps.open(env.pin_dir) as m:
+        (flow,) = [
+            e
+            for e in m.flow_entries()
+            if e.flow.pod_port == pod_port and e.flow.remote_port == 9080
+        ]
+    assert flow.closing, "the pod's FIN or RST marked its flow"
+    older(env, TIMEOUT + 1.5)
     before = env.counters()
     tx.send(seg)
     wait_for(lambda: env.counters().get("drop_port", 0) > before.get("drop_port", 0), 2, "a drop")
