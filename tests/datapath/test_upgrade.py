@@ -34,7 +34,7 @@ from tests.support.env import IN_CI
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, udp_echo, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
-from tests.support.traffic import TcpChat, UdpStream, line_echo
+from tests.support.traffic import TcpChat, UdpStream, flowing, line_echo
 
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
@@ -178,12 +178,13 @@ def upgrade_under_traffic(env: AgentLab, old: Path, old_pins: str) -> Traffic:
         ]
         for s in t.all():
             s.start()
-        time.sleep(1.0)
+        # traffic before and after the switch, enough for Traffic.check's totals
+        flowing(t.all(), udp=600, tcp=30, other=120)
         assert env.stop_agent(signal.SIGTERM) == 0
         del env.env["PYTHONPATH"], env.env["PYTHONSAFEPATH"]
         env.cmd = new_cmd
         env.start_agent()  # the upgrade
-        time.sleep(1.0)
+        flowing(t.all(), udp=600, tcp=30, other=120)
         for s in t.all():
             s.stop()
     return t

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from tests.support.ciliumlike import CiliumLike
 from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
-from tests.support.traffic import TcpChat, UdpStream, line_echo
+from tests.support.traffic import TcpChat, UdpStream, flowing, line_echo
 
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
@@ -77,23 +76,26 @@ def test_no_packet_lost_across_restarts_kill_and_upgrade(env: AgentLab, tmp_path
     ):
         chat_in = TcpChat(lab, lab.client, (LB_WHOLE, 9102))  # to the whole-IP VM
         chat_out = TcpChat(lab, lab.pod_ns(POD2), (CLIENT_IP, 9103))  # a filtered pod's own
-        for s in (inbound, outbound, chat_in, chat_out):
+        streams = (inbound, outbound, chat_in, chat_out)
+        for s in streams:
             s.start()
-        time.sleep(0.5)
+        # each phase lets every stream move on (600 datagrams, 20 rounds): six phases make
+        # the totals asserted below, however long the agent takes to start
+        flowing(streams, udp=600, tcp=20)
         for _ in range(3):
             assert env.stop_agent(signal.SIGTERM) == 0
             env.start_agent()
-            time.sleep(0.3)
+            flowing(streams, udp=600, tcp=20)
         env.stop_agent(signal.SIGKILL)
-        time.sleep(0.5)  # nobody runs the datapath's control plane now
+        flowing(streams, udp=600, tcp=20)  # nobody runs the datapath's control plane now
         env.start_agent()
         before = tags(env)
         assert env.stop_agent(signal.SIGTERM) == 0
         env.env["COZYEBPF_BPF_DIR"] = str(upgraded_bpf_dir(tmp_path))
         env.start_agent()  # the upgrade
         after = tags(env)
-        time.sleep(0.5)
-        for s in (inbound, outbound, chat_in, chat_out):
+        flowing(streams, udp=600, tcp=20)
+        for s in streams:
             s.stop()
     assert (
         before["xdp"] != after["xdp"] and before["egress:cz_egress"] != after["egress:cz_egress"]

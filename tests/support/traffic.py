@@ -7,9 +7,11 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from cozyebpf.lab import Lab
+from cozyebpf.lab import Lab, wait_for
 
 
 @dataclass
@@ -121,3 +123,32 @@ def line_echo(s: socket.socket) -> None:
         conn.settimeout(30)
         while data := conn.recv(4096):
             conn.sendall(data)
+
+
+def progress(stream: Any) -> int:
+    """How far a stream got: datagrams received (UdpStream), rounds (TcpChat), answered
+    requests (anything with `answered`)."""
+    if isinstance(stream, UdpStream):
+        return len(stream.received)
+    if isinstance(stream, TcpChat):
+        return stream.rounds
+    return int(stream.answered)
+
+
+def flowing(
+    streams: Sequence[Any], udp: int, tcp: int, other: int = 0, timeout: float = 30
+) -> None:
+    """Wait until every stream has moved on by that much from now (UDP datagrams received, TCP
+    rounds, other streams' answers): traffic passes in this phase, however slow the machine."""
+    step = {UdpStream: udp, TcpChat: tcp}
+    need = {id(s): progress(s) + step.get(type(s), other) for s in streams}
+
+    def state(s: Any) -> str:
+        error = getattr(s, "error", None)
+        return f"{s.dst} at {progress(s)}/{need[id(s)]}" + (f" ({error!r})" if error else "")
+
+    wait_for(
+        lambda: all(progress(s) >= need[id(s)] for s in streams),
+        timeout,
+        lambda: "traffic: " + ", ".join(state(s) for s in streams),
+    )
