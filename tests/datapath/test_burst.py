@@ -23,6 +23,7 @@ from tests.support.kubeapi import FakeKubeAPI
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 
 Obj = dict[str, Any]
+HEALTH = "127.0.0.1:19811"  # in the lab's node namespace
 N = 200  # Services
 CHANGES = 1000
 
@@ -32,7 +33,10 @@ def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[tuple[AgentLab, Fak
     with agent_lab("b", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:1]) as env:
         api = FakeKubeAPI(bookmark_interval=0.5)
         env.lab.in_ns(env.lab.node, api.start)
-        env.source_args = ["--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig"))]
+        env.source_args = [
+            *("--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig"))),
+            *("--health-address", HEALTH),
+        ]
         try:
             yield env, api
         finally:
@@ -156,4 +160,5 @@ def test_a_burst_of_changes_converges_to_the_full_model(
     want = cluster.state()
     assert want.services and any(lb.version == 6 for lb in want.services)
     wait_for(lambda: lab.maps_state() == want, 30, lambda: f"convergence:\n{lab.log()[-3000:]}")
-    assert "sync failed" not in lab.log() and "failed, full resync" not in lab.log()
+    status = lab.agent_status(HEALTH)
+    assert status["sync_errors"] == 0, status  # every write succeeded

