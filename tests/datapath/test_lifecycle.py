@@ -45,6 +45,7 @@ def run_once(env: AgentLab, device: str) -> subprocess.CompletedProcess[str]:
         "--pin-dir",
         env.pin_dir,
         check=False,
+        timeout=120,  # it compiles before it fails: a bound for a hang, slow when loaded
     )
 
 

@@ -62,9 +62,9 @@ class AgentLab:
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
         )
-        wait_for(
+        wait_for(  # a bound for a hang, not an expectation: a loaded machine compiles slowly
             lambda: "datapath ready" in self.log()[offset:] or self.proc_exited(),
-            30,
+            120,
             "the agent to attach",
         )
         assert not self.proc_exited(), self.log()[offset:]
