@@ -35,11 +35,12 @@ def needs(item: pytest.Item) -> list[str]:
     return names
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     try:
         prereqs.forced()
         for item in items:
-            if DATAPATH_DIR in item.path.parents:
+            if DATAPATH_DIR in item.path.resolve().parents:
                 item.add_marker(pytest.mark.datapath)
             missing = prereqs.missing_of(needs(item))
             if not missing:
