@@ -81,17 +81,19 @@ class Agent:
         on_problems: Callable[[list[Problem]], None] | None = None,
         check_interval: float = 10.0,
         retry_delay: float = RETRY_FIRST,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
+        self.clock = clock  # monotonic seconds, for every timer (tests drive their own)
         self.controller = Controller(datapath)
-        self.model = IncrementalModel(proxy_name, datapath.capacity())
+        self.model = IncrementalModel(proxy_name, datapath.capacity(), clock=clock)
         self.resync_interval = resync_interval
         self.on_problems = on_problems
         self.check_interval = check_interval
         self.notifier = Notifier()
-        self._next_check = time.monotonic() + check_interval
+        self._next_check = self.clock() + check_interval
         self.synced_once = False  # readiness: a complete source was programmed once
-        self.last_tick = time.monotonic()
+        self.last_tick = self.clock()
         self._resync_at = 0.0  # the first complete source is synced at once
         self.retry_first = retry_delay
         self._retry_delay = retry_delay
@@ -109,7 +111,7 @@ class Agent:
     def _done(self, kind: str, started: float, ok: bool, wrote: bool = True) -> None:
         """Account for one write (`wrote`: False for changes that needed none) or failure,
         and tell the observers."""
-        duration = time.monotonic() - started
+        duration = self.clock() - started
         latencies: tuple[float, ...] = ()
         st = self.stats
         if ok:
@@ -184,7 +186,7 @@ class Agent:
     def tick(self) -> None:
         """One round: take the source's changes, update the model, write what changed (or run
         the full resync when it is due); check the attachments every `check_interval`."""
-        now = time.monotonic()
+        now = self.clock()
         self.last_tick = now
         self._check(now)
         changes = self.source.take()
@@ -224,8 +226,8 @@ class Agent:
 
     def next_timer(self) -> float:
         """Seconds until the loop must turn without a notification."""
-        now = time.monotonic()
-        held = self.model.next_deadline()  # on the model's clock, time.monotonic by default
+        now = self.clock()
+        held = self.model.next_deadline()  # on the same clock
         due = min(self._resync_at, self._next_check, math.inf if held is None else held)
         return max(0.0, due - now)
 
@@ -245,7 +247,7 @@ class Agent:
 
     def liveness(self) -> str | None:
         """None while the loop is turning; else why not (for /healthz)."""
-        stalled = time.monotonic() - self.last_tick
+        stalled = self.clock() - self.last_tick
         if stalled > 30.0:
             return f"agent loop stalled for {stalled:.0f}s"
         if not self.source.alive():

@@ -1,6 +1,6 @@
 """A three-node model of a Cozystack cluster, in network namespaces, with a real `cozyebpf run`
 agent per node: the lab of issue 18 (`make cluster-lab`, `python -m cozyebpf.clusterlab`,
-tests/test_cluster_lab.py).
+tests/datapath/test_cluster_lab.py).
 
 Layout "kubeovn" (the default; Kube-OVN with natOutgoing, as Cozystack runs it)::
 
@@ -50,7 +50,7 @@ Both layouts:
   writes it: wholeIP "true"/"false", allowICMP, externalTrafficPolicy Local,
   allocateLoadBalancerNodePorts false, port 65535 for a WholeIP Service) and plain pods. Each
   runs in its own namespace with echo servers (TCP 80, 81, UDP 53).
-- The API: one FakeKubeAPI (tests/kubeapi.py) in the namespace czc-api, listening on its
+- The API: one FakeKubeAPI (tests/support/kubeapi.py) in the namespace czc-api, listening on its
   127.0.0.1; a forwarder in each node namespace listens on the node's 127.0.0.1 at the same
   port and relays each connection to it (sockets keep the namespace they were made in, so no
   device and no packet is added to any node). EndpointSlices carry nodeName and targetRef.
@@ -126,7 +126,7 @@ from cozyebpf.explain import build_packet
 from cozyebpf.lab import PACKET_OUTGOING, Lab, drain, run, wait_for
 
 if TYPE_CHECKING:
-    from tests.kubeapi import FakeKubeAPI
+    from tests.support.kubeapi import FakeKubeAPI
 
 T = TypeVar("T")
 Check = tuple[bool, str]  # PASS?, what the peers saw
@@ -522,11 +522,11 @@ class EchoHub:
 
 def _fake_kube_api() -> FakeKubeAPI:
     try:
-        from tests.kubeapi import FakeKubeAPI
+        from tests.support.kubeapi import FakeKubeAPI
     except ImportError as e:  # the double lives with the tests
         raise click.ClickException(
-            "the cluster lab needs the API double tests/kubeapi.py: run it from the repository "
-            f"root (python -m cozyebpf.clusterlab, make cluster-lab): {e}"
+            "the cluster lab needs the API double tests/support/kubeapi.py: run it from the "
+            f"repository root (python -m cozyebpf.clusterlab, make cluster-lab): {e}"
         ) from e
     return FakeKubeAPI(bookmark_interval=1.0)
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Every option of `cozyebpf run`, named as its parameter (tests/test_cli.py holds the two
+    """Every option of `cozyebpf run`, named as its parameter (tests/unit/test_cli.py holds the two
     to each other; the defaults and help are the options')."""
 
     manifests: str | None

@@ -4,7 +4,7 @@ It builds the packet, runs the program attached for that device and direction wi
 BPF_PROG_RUN against the live maps, and reads the decision back: verdict, reason, Service and
 the packet as it would leave. It sends nothing and changes nothing. How the program knows
 (bpf/lib/dryrun.h): the frame carries an 802.1Q priority tag (VLAN 0), which the fast path
-never takes, so the full path decides it, by the same semantics (tests/test_differential.py
+never takes, so the full path decides it, by the same semantics (tests/datapath/test_differential.py
 holds both to one reference model); and a marker only BPF_PROG_RUN's caller can set (XDP
 metadata before the frame, or skb->cb for tc), by which the full path skips every side effect
 (counters, flow and fragment entries, monitor events) and records its decision with the

@@ -5,7 +5,7 @@
  * the map values in place: one address lookup, the inline allowed ports, the flow hint before
  * any flow lookup, no per-CPU scratch, no family-neutral copies. A frame the fast path does not
  * take whole gets CZ_SLOW and the full path (ingress.h, egress.c) decides it, with the same
- * semantics for every frame (docs/datapath-semantics.md); tests/test_differential.py holds
+ * semantics for every frame (docs/datapath-semantics.md); tests/datapath/test_differential.py holds
  * both paths to the reference model.
  */
 #ifndef COZYEBPF_FAST_H

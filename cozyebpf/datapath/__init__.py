@@ -1,8 +1,8 @@
 """The datapath interface: what the controller and the agent need from a datapath, real or fake.
 
 The datapath is the bottom layer: nothing in `cozyebpf.datapath` imports from above it (the
-model, the sources, the agent, the CLI or the presentation modules; tests/test_controller.py holds
-it to that)."""
+model, the sources, the agent, the CLI or the presentation modules;
+tests/unit/test_controller.py holds it to that)."""
 
 from __future__ import annotations
 

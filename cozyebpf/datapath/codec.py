@@ -1,7 +1,7 @@
 """The maps' keys and values as bytes, and the mirror of the state that encodes addr values.
 
 Every layout comes from the ctypes mirrors of bpf/lib/types.h (layout.py, checked against C by
-tests/test_layout.py): `packer()` turns a mirror into a struct.Struct at the mirror's offsets,
+tests/unit/test_layout.py): `packer()` turns a mirror into a struct.Struct at the mirror's offsets,
 so that a full read or write (130,000 addr values at 65,536 Services) packs and unpacks whole
 values without building a ctypes object for each.
 

@@ -1,6 +1,6 @@
 """Map layouts: ctypes mirrors of bpf/lib/types.h and the specification of every pinned map.
 
-The C header is the source of truth for field order; tests/test_layout.py checks these mirrors
+The C header is the source of truth for field order; tests/unit/test_layout.py checks these mirrors
 field by field against the classes bcc generates from that header, so a drift fails CI instead
 of corrupting maps.
 """
@@ -402,7 +402,7 @@ _PERCPU = bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY
 _NO_PREALLOC = bpfsys.BPF_F_NO_PREALLOC
 
 #: Every pinned map, the one place that names them: `Layout`, `SAME_SINCE`, `COUNTED` and the
-#: loader's -D flags derive from it; tests/test_layout.py checks it against bpf/lib (every
+#: loader's -D flags derive from it; tests/unit/test_layout.py checks it against bpf/lib (every
 #: declaration, every key and value field by field). A new map: its types in bpf/lib/types.h,
 #: its declaration in bpf/lib/maps.h, its ctypes mirrors above, an entry here and a field in
 #: Layout (and CZ_LAYOUT_VERSION/LAYOUT_VERSION + 1).

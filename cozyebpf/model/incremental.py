@@ -74,8 +74,8 @@ def _key(ref: ObjectRef) -> Key:
 
 class IncrementalModel:
     """The model kept up to date change by change, with the result of `build_state` on the same
-    objects at every `flush()` (tests/test_incremental.py checks that after every step of random
-    histories).
+    objects at every `flush()` (tests/unit/test_incremental.py checks that after every step of
+    random histories).
 
     Changes are recorded with `set_service`/`set_slices`/`set_problems` (or `replace` with a
     whole ObjectSet) and take effect at `flush()`, which re-evaluates only the Services whose
