@@ -374,9 +374,9 @@ def run(**options: Any) -> None:
 def _exit_at_once(status: int) -> NoReturn:
     """Exit without the interpreter's teardown, once everything that matters is done: the
     pins stay, the sources, servers and compiler child are stopped, our descriptors closed;
-    logs are flushed here. What the teardown would add is freeing the caches object by object
-    and the collector's passes over them: 3.8 s after "stopped" at 70,000 Services (a Pod's
-    grace period is 30 s), where the kernel frees the memory at once."""
+    logs are flushed here. The teardown would only free the caches object by object, with the
+    collector's passes over them: seconds after "stopped" at 70,000 Services (CHANGELOG), for
+    memory the kernel frees at once."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
