@@ -4,7 +4,7 @@
 #
 #   podman build -t cozyebpf .      (or: docker build -t cozyebpf .)
 #
-# The pod needs CAP_SYS_ADMIN and CAP_NET_ADMIN (tests/test_capabilities.py
+# The pod needs CAP_SYS_ADMIN and CAP_NET_ADMIN (tests/datapath/test_capabilities.py
 # proves that set), hostNetwork, and a hostPath /sys/fs/bpf. The host's kernel
 # headers go read-only to /host/lib/modules and /host/usr/src; without them
 # the entrypoint links the fallback headers below (docker/entrypoint.sh,

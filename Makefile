@@ -6,7 +6,7 @@ PYTHON ?= .venv/bin/python
 .PHONY: bench bench-quick bench-setup image-test cluster-lab deploy
 
 # deploy/ rendered from the chart (charts/cozyebpf), the one source of truth; run it after
-# every change to the chart (tests/test_chart.py fails while deploy/ differs).
+# every change to the chart (tests/unit/test_chart.py fails while deploy/ differs).
 deploy:
 	bash scripts/setup.sh
 	bash scripts/render-deploy.sh

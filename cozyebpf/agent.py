@@ -29,7 +29,7 @@ from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
 from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Problem
 from cozyebpf.sources import Notifier, Source, gc_paused
-from cozyebpf.state import Capacity, IPAddress, address_key
+from cozyebpf.state import IPAddress, address_key
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +80,20 @@ class Agent:
         resync_interval: float = 60.0,
         on_problems: Callable[[list[Problem]], None] | None = None,
         check_interval: float = 10.0,
-        capacity: Capacity | None = None,
         retry_delay: float = RETRY_FIRST,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
+        self.clock = clock  # monotonic seconds, for every timer (tests drive their own)
         self.controller = Controller(datapath)
-        self.model = IncrementalModel(proxy_name, capacity)
+        self.model = IncrementalModel(proxy_name, datapath.capacity(), clock=clock)
         self.resync_interval = resync_interval
         self.on_problems = on_problems
         self.check_interval = check_interval
         self.notifier = Notifier()
-        self._next_check = time.monotonic() + check_interval
+        self._next_check = self.clock() + check_interval
         self.synced_once = False  # readiness: a complete source was programmed once
-        self.last_tick = time.monotonic()
+        self.last_tick = self.clock()
         self._resync_at = 0.0  # the first complete source is synced at once
         self.retry_first = retry_delay
         self._retry_delay = retry_delay
@@ -110,7 +111,7 @@ class Agent:
     def _done(self, kind: str, started: float, ok: bool, wrote: bool = True) -> None:
         """Account for one write (`wrote`: False for changes that needed none) or failure,
         and tell the observers."""
-        duration = time.monotonic() - started
+        duration = self.clock() - started
         latencies: tuple[float, ...] = ()
         st = self.stats
         if ok:
@@ -163,13 +164,12 @@ class Agent:
             log.info("pod %s is settled: its port filter is strict again", pod)
 
     def _check(self, now: float) -> None:
-        check = getattr(self.controller.datapath, "check", None)
-        attached = getattr(self.controller.datapath, "attached", True)
-        if check is None or not attached or now < self._next_check:
+        datapath = self.controller.datapath
+        if not datapath.attached or now < self._next_check:
             return
         self._next_check = now + self.check_interval
         try:
-            check()
+            datapath.check()
         except Exception as e:  # a failed check must not stop the loop
             log.error("checking the attachments failed: %s", e)
 
@@ -186,7 +186,7 @@ class Agent:
     def tick(self) -> None:
         """One round: take the source's changes, update the model, write what changed (or run
         the full resync when it is due); check the attachments every `check_interval`."""
-        now = time.monotonic()
+        now = self.clock()
         self.last_tick = now
         self._check(now)
         changes = self.source.take()
@@ -226,8 +226,8 @@ class Agent:
 
     def next_timer(self) -> float:
         """Seconds until the loop must turn without a notification."""
-        now = time.monotonic()
-        held = self.model.next_deadline()  # on the model's clock, time.monotonic by default
+        now = self.clock()
+        held = self.model.next_deadline()  # on the same clock
         due = min(self._resync_at, self._next_check, math.inf if held is None else held)
         return max(0.0, due - now)
 
@@ -247,7 +247,7 @@ class Agent:
 
     def liveness(self) -> str | None:
         """None while the loop is turning; else why not (for /healthz)."""
-        stalled = time.monotonic() - self.last_tick
+        stalled = self.clock() - self.last_tick
         if stalled > 30.0:
             return f"agent loop stalled for {stalled:.0f}s"
         if not self.source.alive():
@@ -259,6 +259,6 @@ class Agent:
         (for /readyz)."""
         if not self.synced_once:
             return "not synced yet"
-        if not getattr(self.controller.datapath, "attached", True):
+        if not self.controller.datapath.attached:
             return "programs not attached yet"
         return None

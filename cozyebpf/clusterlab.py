@@ -1,6 +1,6 @@
 """A three-node model of a Cozystack cluster, in network namespaces, with a real `cozyebpf run`
 agent per node: the lab of issue 18 (`make cluster-lab`, `python -m cozyebpf.clusterlab`,
-tests/test_cluster_lab.py).
+tests/datapath/test_cluster_lab.py).
 
 Layout "kubeovn" (the default; Kube-OVN with natOutgoing, as Cozystack runs it)::
 
@@ -50,7 +50,7 @@ Both layouts:
   writes it: wholeIP "true"/"false", allowICMP, externalTrafficPolicy Local,
   allocateLoadBalancerNodePorts false, port 65535 for a WholeIP Service) and plain pods. Each
   runs in its own namespace with echo servers (TCP 80, 81, UDP 53).
-- The API: one FakeKubeAPI (tests/kubeapi.py) in the namespace czc-api, listening on its
+- The API: one FakeKubeAPI (tests/support/kubeapi.py) in the namespace czc-api, listening on its
   127.0.0.1; a forwarder in each node namespace listens on the node's 127.0.0.1 at the same
   port and relays each connection to it (sockets keep the namespace they were made in, so no
   device and no packet is added to any node). EndpointSlices carry nodeName and targetRef.
@@ -114,6 +114,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from ipaddress import ip_address
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -121,10 +122,11 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
-from cozyebpf.lab import Lab, run, wait_for
+from cozyebpf.explain import build_packet
+from cozyebpf.lab import PACKET_OUTGOING, Lab, drain, run, wait_for
 
 if TYPE_CHECKING:
-    from tests.kubeapi import FakeKubeAPI
+    from tests.support.kubeapi import FakeKubeAPI
 
 T = TypeVar("T")
 Check = tuple[bool, str]  # PASS?, what the peers saw
@@ -148,7 +150,6 @@ CANARY_LB = "203.0.113.250"
 SERVER_TCP, SERVER_UDP = 8443, 5353
 SERVER_PUSH = 8444  # the server sends without pause to whoever connects (a download)
 PROXY_LABEL = "service.kubernetes.io/service-proxy-name"
-PACKET_OUTGOING = 4
 ETH_P_ARP = 0x0806
 
 REPO = Path(__file__).resolve().parent.parent
@@ -273,6 +274,9 @@ HOST_PAIRS = ((1, "vm-a"), (1, "vm-b"))  # section 6: on the VM's node, on anoth
 #: two while both are ready (node1): going, the announcement moves at "new ready", after the
 #: switch; coming back, at "both ready", to the target before the VM runs there
 MIGRATIONS = (("vm-a", 3), ("vm-a", 1))
+#: section 10, (attacker, victim): another VM on the victim's node, a plain pod on another node
+SPOOFS = (("vm-e", "vm-a"), ("p3", "vm-a"))
+SPOOF_KINDS = ("tcp syn", "udp", "icmp echo")
 RESTART_NODE = 2  # section 8
 RESTART_STREAMS = ("vm-a", "vm-b", "vm-e")  # one or more VMs per node, node2's included
 
@@ -291,6 +295,23 @@ class Row:
 
 
 # -- Kube-OVN's nftables, Services ---------------------------------------------------------
+
+
+def _sources_with(cap: socket.socket, marker: bytes, seconds: float) -> set[str]:
+    """The IPv4 sources of the frames captured on `cap` within `seconds` that carry
+    `marker`."""
+    out: set[str] = set()
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        ready, _, _ = select.select([cap], [], [], left)
+        if not ready:
+            break
+        frame, addr = cap.recvfrom(65535)
+        if addr[2] == PACKET_OUTGOING:
+            continue  # the server's own answer
+        if frame[12:14] == b"\x08\x00" and marker in frame:
+            out.add(socket.inet_ntoa(frame[26:30]))
+    return out
 
 
 def kubeovn_ruleset(n: int) -> str:
@@ -501,11 +522,11 @@ class EchoHub:
 
 def _fake_kube_api() -> FakeKubeAPI:
     try:
-        from tests.kubeapi import FakeKubeAPI
+        from tests.support.kubeapi import FakeKubeAPI
     except ImportError as e:  # the double lives with the tests
         raise click.ClickException(
-            "the cluster lab needs the API double tests/kubeapi.py: run it from the repository "
-            f"root (python -m cozyebpf.clusterlab, make cluster-lab): {e}"
+            "the cluster lab needs the API double tests/support/kubeapi.py: run it from the "
+            f"repository root (python -m cozyebpf.clusterlab, make cluster-lab): {e}"
         ) from e
     return FakeKubeAPI(bookmark_interval=1.0)
 
@@ -1474,15 +1495,9 @@ class ClusterLab:
 
         wait_for(ready, timeout, f"{node_name(n)}'s agent to attach")
 
-    def learned(self, offsets: dict[int, int] | None = None) -> dict[str, int]:
+    def learned(self) -> dict[str, int]:
         """pass_learn packets per node (cumulative: the counters live as long as the pins)."""
-        from cozyebpf.datapath.maps import PinnedMaps
-
-        out = {}
-        for n, a in self.agents.items():
-            with PinnedMaps.open(a.pin_dir) as m:
-                out[node_name(n)] = m.counters().get("pass_learn", {}).get("packets", 0)
-        return out
+        return self.counted("pass_learn")
 
     def lb_map(self, a: Agent) -> dict[str, str]:
         from cozyebpf.datapath.maps import PinnedMaps
@@ -2020,6 +2035,71 @@ class ClusterLab:
             )
         return rows
 
+    # -- scenario 10: a pod sends as a VM's pod IP -----------------------------------------
+
+    def spoof_where(self, attacker: str, victim: str) -> str:
+        same = self.location[attacker] == self.location[victim]
+        return f"{self.where(attacker)} as {victim}'s pod IP ({'same' if same else 'another'} node)"
+
+    def run_spoof(self) -> list[Row]:
+        """Each attacker sends a TCP SYN, a UDP datagram and an ICMP echo to the external
+        server with the victim's pod IP as its source; the server must see none of them as the
+        victim's LB IP or pod IP (issue 21)."""
+        rows = []
+        cap = self.lab.packet_socket(self.server, "eth0")
+        try:
+            for attacker, victim in SPOOFS:
+                v = self.workloads[victim]
+                assert v.lb_ip is not None
+                before = self.counted("drop_spoofed")
+                for kind in SPOOF_KINDS:
+                    marker = f"cz-spoof {attacker} {kind}".encode()
+                    port = SERVER_UDP if kind == "udp" else SERVER_TCP
+                    proto = {"tcp syn": 6, "udp": 17, "icmp echo": 1}[kind]
+                    pkt = build_packet(
+                        ip_address(v.ip), ip_address(SERVER_IP), proto, 40001, port, marker
+                    )
+                    drain(cap)
+                    raw = self.lab.ns_socket(
+                        self.pod_ns(attacker), socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW
+                    )
+                    with raw:
+                        raw.sendto(pkt, (SERVER_IP, 0))
+                    seen = sorted(_sources_with(cap, marker, 1.0))
+                    bad = [ip for ip in seen if ip in (v.ip, v.lb_ip)]
+                    rows.append(
+                        Row(
+                            "10 spoofing",
+                            f"{self.spoof_where(attacker, victim)}: {kind}",
+                            self.layout,
+                            not bad,
+                            f"the server saw it from {', '.join(seen) or 'nobody'}",
+                        )
+                    )
+                after = self.counted("drop_spoofed")
+                spoofed = {n: after[n] - before.get(n, 0) for n in after}
+                last = rows[-1]
+                rows[-1] = Row(
+                    last.scenario,
+                    last.case,
+                    last.layout,
+                    last.ok,
+                    f"{last.detail}; drop_spoofed by node (the three): {spoofed}",
+                )
+        finally:
+            cap.close()
+        return rows
+
+    def counted(self, reason: str) -> dict[str, int]:
+        """Packets counted under `reason` per node (0 where the reason does not exist)."""
+        from cozyebpf.datapath.maps import PinnedMaps
+
+        out = {}
+        for n, a in self.agents.items():
+            with PinnedMaps.open(a.pin_dir) as m:
+                out[node_name(n)] = m.counters().get(reason, {}).get("packets", 0)
+        return out
+
     # -- scenario 9: what the Cilium-like program saw -------------------------------------
 
     def run_observer(self) -> list[Row]:
@@ -2051,6 +2131,7 @@ class ClusterLab:
             for name, to in MIGRATIONS:
                 rows += self.run_migration(name, to)
         rows += self.run_restart()
+        rows += self.run_spoof()
         rows += self.run_observer()
         return rows
 
@@ -2082,6 +2163,8 @@ def planned_cases(layout: str) -> list[tuple[str, str]]:
                 f"{node_name(RESTART_NODE)} restarts: udp 100 pkt/s to {lab.where(s)} ({where})",
             )
         )
+    for attacker, victim in SPOOFS:
+        rows += [("10 spoofing", f"{lab.spoof_where(attacker, victim)}: {k}") for k in SPOOF_KINDS]
     devs = f"ovn0 + {TUNNEL}" if layout == "kubeovn" else "eth0"
     rows += [("9 cilium view", f"{node_name(n)} {devs}: no packet to an LB IP") for n in NODES]
     return rows

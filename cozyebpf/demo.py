@@ -143,15 +143,23 @@ def main(manifests: str, cozyebpf_cmd: str) -> None:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-            for _ in range(300):
+            # the maps are filled while the programs compile (tens of seconds on a loaded
+            # machine): wait for both, as long as the tests give an agent to start
+            ready = False
+            for _ in range(1200):
                 text = Path(log.name).read_text()
-                # the maps are filled while the programs compile: wait for both
-                if ("programmed:" in text and "datapath ready" in text) or agent.poll() is not None:
+                ready = "programmed:" in text and "datapath ready" in text
+                if ready or agent.poll() is not None:
                     break
                 time.sleep(0.1)
             click.echo(Path(log.name).read_text().rstrip())
             if agent.poll() is not None:
                 raise click.ClickException("the agent stopped; see its log above")
+            if not ready:
+                raise click.ClickException(
+                    "the agent did not program the maps and attach its programs within 120 s; "
+                    "see its log above (a busy machine compiles slowly: run the demo again)"
+                )
 
             step("whole-IP (vm-whole): every port of the LB IP reaches pod1")
             show(lab, lab.client, "ping", "-c", "2", "-W", "2", LB_WHOLE)

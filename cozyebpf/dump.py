@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cozyebpf.state import IPAddress, MapState, address_key
 
 if TYPE_CHECKING:
-    from cozyebpf.datapath.maps import ServiceCounters
+    from cozyebpf.datapath.views import ServiceCounters
 
 
 #: flows the table lists (the JSON lists them all)
@@ -208,3 +208,26 @@ def render_dump(d: Mapping[str, Any]) -> str:
             )
         ]
     return "\n".join(out)
+
+
+def dump_pinned(pin_dir: str) -> dict[str, Any]:
+    """`maps dump`, also from another process: read the pins, no compilation."""
+    from cozyebpf.datapath.attach import list_attachments
+    from cozyebpf.datapath.maps import PinnedMaps, coarse_now_ns
+
+    with PinnedMaps.open(pin_dir) as m:
+        now = coarse_now_ns()
+        flows = sorted(
+            m.flow_entries(),
+            key=lambda e: (address_key(e.flow.pod_ip), address_key(e.flow.remote_ip), e.flow[2:]),
+        )
+        return build_dump(
+            m.read_state(),
+            m.flows_by_pod(),
+            m.counters(),
+            [a.as_dict() for a in list_attachments(pin_dir)],
+            pin_dir,
+            m.service_counters(),
+            [e.as_dict(now) for e in flows],
+            m.flow_timeouts(),
+        )

@@ -4,7 +4,7 @@ It builds the packet, runs the program attached for that device and direction wi
 BPF_PROG_RUN against the live maps, and reads the decision back: verdict, reason, Service and
 the packet as it would leave. It sends nothing and changes nothing. How the program knows
 (bpf/lib/dryrun.h): the frame carries an 802.1Q priority tag (VLAN 0), which the fast path
-never takes, so the full path decides it, by the same semantics (tests/test_differential.py
+never takes, so the full path decides it, by the same semantics (tests/datapath/test_differential.py
 holds both to one reference model); and a marker only BPF_PROG_RUN's caller can set (XDP
 metadata before the frame, or skb->cb for tc), by which the full path skips every side effect
 (counters, flow and fragment entries, monitor events) and records its decision with the
@@ -84,24 +84,27 @@ def _csum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def build_packet(src: IPAddress, dst: IPAddress, proto: int, sport: int, dport: int) -> bytes:
+def build_packet(
+    src: IPAddress, dst: IPAddress, proto: int, sport: int, dport: int, payload: bytes = PAYLOAD
+) -> bytes:
     """An IP packet (no link header) with valid checksums: TCP SYN, UDP datagram, SCTP INIT
-    header, ICMP/ICMPv6 echo request, or a bare payload for any other protocol."""
+    header, ICMP/ICMPv6 echo request (its identifier `sport`), or a bare payload for any other
+    protocol; `payload` after the header."""
     v6 = src.version == 6
     if proto == 6:
-        l4 = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 64240, 0, 0) + PAYLOAD
+        l4 = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 64240, 0, 0) + payload
         at = 16
     elif proto == 17:
-        l4 = struct.pack("!HHHH", sport, dport, 8 + len(PAYLOAD), 0) + PAYLOAD
+        l4 = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
         at = 6
     elif proto == 132:
-        l4 = struct.pack("!HHII", sport, dport, 0, 0) + PAYLOAD  # CRC32c: nobody checks it here
+        l4 = struct.pack("!HHII", sport, dport, 0, 0) + payload  # CRC32c: nobody checks it here
         at = -1
     elif proto in (1, 58) and (proto == 58) == v6:
-        l4 = struct.pack("!BBHHH", 128 if v6 else 8, 0, 0, sport or 1, 1) + PAYLOAD
+        l4 = struct.pack("!BBHHH", 128 if v6 else 8, 0, 0, sport or 1, 1) + payload
         at = 2
     else:
-        l4, at = PAYLOAD, -1
+        l4, at = payload, -1
     if v6:
         pseudo = src.packed + dst.packed + struct.pack("!I3xB", len(l4), proto)
     else:

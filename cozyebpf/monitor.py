@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime as dt
-import errno
-import fcntl
 import json
 import mmap
 import os
@@ -32,9 +30,11 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from cozyebpf.datapath.layout import EVENTS, MON_ALL, MON_DROPS, MON_OFF, CzEvent
-from cozyebpf.datapath.maps import MonitorState, PinnedMaps
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.pins import lock_pin_dir
 from cozyebpf.datapath.reasons import REASONS
-from cozyebpf.errors import CozyError, DatapathError
+from cozyebpf.datapath.views import MonitorState
+from cozyebpf.errors import CozyError
 
 DEFAULT_RATE = 1000  # events per second, per node
 MODES = {"drop": MON_DROPS, "all": MON_ALL}
@@ -49,44 +49,6 @@ _U32 = struct.Struct("=I")
 
 def proto_name(n: int) -> str:
     return PROTOS.get(n, str(n))
-
-
-class MonitorBusy(DatapathError):
-    """Another monitor holds the events."""
-
-
-def lock_pin_dir(pin_dir: str, wait: float = 0.0) -> int:
-    """An fd holding an exclusive flock on `pin_dir`, or MonitorBusy. A monitor holds it while
-    it runs; the agent takes it for an instant to see whether a monitor is alive."""
-    fd = os.open(pin_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
-                raise
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise MonitorBusy(
-                    f"another `cozyebpf monitor` is reading the events of {pin_dir} (one at a "
-                    "time); stop it first"
-                ) from None
-            time.sleep(0.05)
-
-
-def monitor_running(pin_dir: str) -> bool:
-    """Is a monitor holding the events (its lock) right now?"""
-    try:
-        fd = lock_pin_dir(pin_dir)
-    except MonitorBusy:
-        return True
-    except OSError:
-        return False
-    os.close(fd)
-    return False
 
 
 class RingBuffer:

@@ -2,14 +2,14 @@
 
 This module is the contract between the layers:
 
-    sources (manifest file, Kubernetes)  ->  model (pure)  ->  MapState
-    controller: diff(live MapState, desired MapState) -> MapDiff -> Datapath.apply()
+    sources (manifest file, Kubernetes)  ->  model (pure)  ->  MapState, a MapDiff per change
+    controller: Datapath.apply(MapDiff) per change; a resync: diff(live, desired) -> apply()
 
 It imports nothing from bcc or the kubernetes client. Addresses are `ipaddress.IPv4Address` or
 `ipaddress.IPv6Address` (`IPAddress`); each family has its own maps in the datapath (addr4/addr6
-hold services and pods, allow4/allow6 the allowed ports), and the key and the value of one entry
-are always of the same family: an IPv4 LB IP is translated to an IPv4 pod IP and an IPv6 LB IP
-to an IPv6 pod IP, never across.
+hold services and pods, allow4/allow6 the allowed ports, range4/range6 the source ranges), and
+the key and the value of one entry are always of the same family: an IPv4 LB IP is translated to
+an IPv4 pod IP and an IPv6 LB IP to an IPv6 pod IP, never across.
 `MapState` and `MapDiff` check that when they are built (`check()` checks again after in-place
 changes), and both datapaths refuse to apply a diff that mixes families.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import TypeAlias
 
@@ -165,24 +165,24 @@ def _mixed(
     pods: dict[IPAddress, PodEntry],
     ranges: Mapping[IPAddress, Ranges] | None = None,
 ) -> list[str]:
-    """One line per entry whose key and value are of different families."""
-    out = [
-        f"service {lb} -> pod {s.pod_ip}"
-        for lb, s in sorted(services.items(), key=lambda kv: address_key(kv[0]))
+    """One line per entry whose key and value are of different families: services, then pods,
+    then ranges, each in key order (found first, then sorted: every MapState and MapDiff is
+    checked when it is built)."""
+    found = [
+        (0, lb, f"service {lb} -> pod {s.pod_ip}")
+        for lb, s in services.items()
         if lb.version != s.version
     ]
-    out += [
-        f"pod {p} -> LB IP {e.lb_ip}"
-        for p, e in sorted(pods.items(), key=lambda kv: address_key(kv[0]))
-        if p.version != e.version
+    found += [
+        (1, p, f"pod {p} -> LB IP {e.lb_ip}") for p, e in pods.items() if p.version != e.version
     ]
-    out += [
-        f"source ranges of pod {p}: {net}"
-        for p, nets in sorted((ranges or {}).items(), key=lambda kv: address_key(kv[0]))
+    found += [
+        (2, p, f"source ranges of pod {p}: {net}")
+        for p, nets in (ranges or {}).items()
         for net in sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
         if net.version != p.version
     ]
-    return out
+    return [line for _, _, line in sorted(found, key=lambda f: (f[0], address_key(f[1])))]
 
 
 def _raise_mixed(what: str, errors: list[str]) -> None:
@@ -191,6 +191,12 @@ def _raise_mixed(what: str, errors: list[str]) -> None:
             f"{what} mixes address families (an IPv4 address is only ever translated to an "
             f"IPv4 address, an IPv6 one to an IPv6 one): {'; '.join(errors)}"
         )
+
+
+#: The MapState fields that map an address to a value: MapDiff has `<field>_set` (entries to
+#: add or modify) and `<field>_del` (keys to delete) for each. `allowed`, a set, has
+#: `allowed_add` and `allowed_del`.
+KEYED = ("services", "pods", "ranges")
 
 
 @dataclass
@@ -230,6 +236,35 @@ class MapState:
     def copy(self) -> MapState:
         return MapState(dict(self.services), dict(self.pods), set(self.allowed), dict(self.ranges))
 
+    def apply(self, d: MapDiff) -> None:
+        """Apply `d` in place, in the order a datapath writes it (`MapDiff`): allowed ports
+        added, entries set, keys deleted (a key that `d` sets and deletes goes; one it deletes
+        that is not here is no matter), allowed ports removed. Raises ValueError (and changes
+        nothing) if `d` mixes families."""
+        d.check()
+        self.allowed |= d.allowed_add
+        for kind in KEYED:
+            getattr(self, kind).update(getattr(d, f"{kind}_set"))
+        for kind in KEYED:
+            entries = getattr(self, kind)
+            for key in getattr(d, f"{kind}_del"):
+                entries.pop(key, None)
+        self.allowed -= d.allowed_del
+
+    def counts(self) -> dict[tuple[str, int], int]:
+        """The entries per (kind, family), as `Capacity.full` reads them ("ranges" counts
+        networks)."""
+        counts: dict[tuple[str, int], int] = {}
+        for kind, keys in (
+            ("services", self.services),
+            ("pods", self.pods),
+            ("allowed", [a.pod_ip for a in self.allowed]),
+            ("ranges", [pod for pod, nets in self.ranges.items() for _ in nets]),
+        ):
+            for ip in keys:
+                counts[(kind, ip.version)] = counts.get((kind, ip.version), 0) + 1
+        return counts
+
 
 @dataclass
 class MapDiff:
@@ -262,60 +297,36 @@ class MapDiff:
         _raise_mixed("the map diff", self.family_errors())
 
     def empty(self) -> bool:
-        return not (
-            self.services_set
-            or self.services_del
-            or self.pods_set
-            or self.pods_del
-            or self.allowed_add
-            or self.allowed_del
-            or self.ranges_set
-            or self.ranges_del
-        )
+        return not any(getattr(self, f.name) for f in fields(self))
 
 
-def _changed(old: ServiceEntry | PodEntry | None, new: ServiceEntry | PodEntry) -> bool:
-    """Whether `new` must be written over `old`: another value, or another Service."""
-    return old != new or old is None or old.service != new.service
+def _changed(old: object, new: object) -> bool:
+    """Whether `new` must be written over `old`: another value or, for a ServiceEntry or a
+    PodEntry, another Service (which is not part of their equality)."""
+    return old != new or getattr(old, "service", "") != getattr(new, "service", "")
 
 
 def diff(live: MapState, desired: MapState) -> MapDiff:
     """The changes that turn `live` into `desired`; unchanged entries (the same value and
     Service) are not touched."""
-    d = MapDiff()
-    for lb, svc in desired.services.items():
-        if _changed(live.services.get(lb), svc):
-            d.services_set[lb] = svc
-    d.services_del = set(live.services) - set(desired.services)
-    for pod, entry in desired.pods.items():
-        if _changed(live.pods.get(pod), entry):
-            d.pods_set[pod] = entry
-    d.pods_del = set(live.pods) - set(desired.pods)
-    d.allowed_add = desired.allowed - live.allowed
-    d.allowed_del = live.allowed - desired.allowed
-    for pod, nets in desired.ranges.items():
-        if live.ranges.get(pod) != nets:
-            d.ranges_set[pod] = nets
-    d.ranges_del = set(live.ranges) - set(desired.ranges)
+    d = MapDiff(
+        allowed_add=desired.allowed - live.allowed, allowed_del=live.allowed - desired.allowed
+    )
+    for kind in KEYED:
+        have, want = getattr(live, kind), getattr(desired, kind)
+        to_set = getattr(d, f"{kind}_set")
+        for key, value in want.items():
+            if _changed(have.get(key), value):
+                to_set[key] = value
+        getattr(d, f"{kind}_del").update(have.keys() - want.keys())
     return d
 
 
 def apply_to(state: MapState, d: MapDiff) -> MapState:
     """`state` with `d` applied (a new object); what a correct datapath must end up holding.
     Raises ValueError (and changes nothing) if `d` mixes families."""
-    d.check()
     out = state.copy()
-    out.allowed |= d.allowed_add
-    out.ranges.update(d.ranges_set)
-    out.services.update(d.services_set)
-    out.pods.update(d.pods_set)
-    for lb in d.services_del:
-        out.services.pop(lb, None)
-    for pod in d.pods_del:
-        out.pods.pop(pod, None)
-    out.allowed -= d.allowed_del
-    for pod in d.ranges_del:
-        out.ranges.pop(pod, None)
+    out.apply(d)
     return out
 
 

@@ -21,9 +21,9 @@ from cozyebpf import __version__
 from cozyebpf.datapath import attach
 from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_ALL, MON_DROPS
 from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.pins import monitor_running
 from cozyebpf.dump import mode_name
 from cozyebpf.errors import CozyError
-from cozyebpf.monitor import monitor_running
 
 if TYPE_CHECKING:
     from cozyebpf.agent import Agent

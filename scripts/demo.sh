@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The project's main job (README):
-#   sudo bash scripts/demo.sh [demo args...]
+#   ./scripts/demo.sh [demo args...]
+# as root, or as a user who may sudo: it runs itself again through sudo then.
 # Sets the machine up (scripts/setup.sh, idempotent), then runs the demo
 # module with the project's venv. Set-up messages go to stderr so that the
 # demo's own stdout stays clean; relative paths in the arguments are resolved
 # from the caller's directory.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/as-root.sh" "$@"  # as root, or again through sudo
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 

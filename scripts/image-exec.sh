@@ -27,7 +27,7 @@
 #
 # COZYEBPF_TEST_CAPS=cap_a,cap_b (set and empty: none): run with exactly these
 # capabilities (bounding, permitted and effective sets), dropped after the
-# chroot, which needs others; tests/test_capabilities.py sets it.
+# chroot, which needs others; tests/datapath/test_capabilities.py sets it.
 set -euo pipefail
 
 die() {

@@ -57,16 +57,16 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
 DEFAULT_TESTS=(
-	tests/test_demo.py
-	tests/test_lab.py
-	tests/test_zero_downtime.py
-	tests/test_lifecycle.py
-	tests/test_kube_e2e.py
-	tests/test_burst.py
-	tests/test_capabilities.py
-	tests/test_observability.py
-	tests/test_cli.py
-	tests/test_cluster_lab.py
+	tests/datapath/test_demo.py
+	tests/datapath/test_lab.py
+	tests/datapath/test_zero_downtime.py
+	tests/datapath/test_lifecycle.py
+	tests/datapath/test_kube_e2e.py
+	tests/datapath/test_burst.py
+	tests/datapath/test_capabilities.py
+	tests/datapath/test_observability.py
+	tests/unit/test_cli.py
+	tests/datapath/test_cluster_lab.py
 )
 TOP="${COZYEBPF_IMAGE_TEST_DIR:-/var/lib/cozyebpf-image-test}"
 MIRROR="${COZYEBPF_DEBIAN_MIRROR:-http://deb.debian.org/debian}"

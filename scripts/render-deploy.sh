@@ -10,7 +10,7 @@
 #
 # each with the chart's default values, as release `cozyebpf` in namespace `cozy-system`.
 # deploy/uninstall/ is not rendered (a one-shot DaemonSet for `cozyebpf detach`).
-# tests/test_chart.py renders into a temporary OUTDIR and fails when deploy/ differs.
+# tests/unit/test_chart.py renders into a temporary OUTDIR and fails when deploy/ differs.
 #
 # Environment: HELM (default: the repository's .venv/bin/helm, else helm on PATH;
 # scripts/install-helm.sh puts it in the venv).
@@ -48,7 +48,7 @@ render() {
 		printf '# Rendered from charts/cozyebpf/templates/%s by scripts/render-deploy.sh\n' "$template"
 		printf '# (release %s, namespace %s, the chart'"'"'s default values%s).\n' \
 			"$RELEASE" "$NAMESPACE" "${*:+; $*}"
-		printf '# Edit the chart and run `make deploy`; tests/test_chart.py fails when they differ.\n'
+		printf '# Edit the chart and run `make deploy`; tests/unit/test_chart.py fails when they differ.\n'
 		printf '%s\n' "$body" | sed -e '1{/^---$/d}' -e '/^# Source: /d'
 	} >"$OUT/$file"
 }

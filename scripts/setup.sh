@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a Debian 12 (bookworm) machine for cozyebpf development,
-# tests and the demo. Must run as root (it installs apt packages, links kernel
-# headers and mounts bpffs). Safe to run again: every step is skipped when its
-# result is already in place, so a second run takes a few seconds.
+# tests and the demo. Runs as root (it installs apt packages, links kernel
+# headers and mounts bpffs); started by another user, it runs itself again
+# through sudo (scripts/as-root.sh). Safe to run again: every step is skipped
+# when its result is already in place, so a second run takes a few seconds.
 #
 # Steps:
 #   1. apt packages (skipped when all are installed)
@@ -19,6 +20,7 @@
 #   COZYEBPF_MODULES_DIR  directory to link headers in
 #                         (default: /lib/modules/$(uname -r))
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/as-root.sh" "$@"  # as root, or again through sudo
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
@@ -30,10 +32,6 @@ die() {
 	printf 'setup.sh: ERROR: %s\n' "$*" >&2
 	exit 1
 }
-
-if [[ $(id -u) -ne 0 ]]; then
-	die "must run as root (installs apt packages, links kernel headers, mounts bpffs, loads BPF); try: sudo bash scripts/setup.sh"
-fi
 
 ARCH="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
 KREL="$(uname -r)"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The project's test command (README; also what CI runs through .ci/run):
-#   sudo bash scripts/test.sh [pytest args...]      (default pytest args: -q)
+#   ./scripts/test.sh [pytest args...]      (default pytest args: -q)
+# as root, or as a user who may sudo: it runs itself again through sudo then.
 #
 # 1. scripts/setup.sh (idempotent; fast when everything is in place)
 # 2. lint: ruff check, ruff format --check, mypy, clang-format on bpf/
-# 3. pytest (tests/test_chart.py too: helm from step 1 lints and renders the chart;
+# 3. pytest: tests/unit (no kernel needed) and tests/datapath (real BPF), pyproject.toml's
+#    testpaths (tests/unit/test_chart.py too: helm from step 1 lints and renders the chart;
 #    under CI=true a missing helm fails those tests, never skips them)
 # The tests run even when lint fails; the script exits non-zero when either
 # failed. pytest's exit code 5 (no tests collected) counts as a failure.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/as-root.sh" "$@"  # as root, or again through sudo
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT" || exit 1

@@ -1,11 +1,14 @@
-"""Shared fixtures. Datapath tests (marker `datapath`) need root, bcc, kernel headers, bpffs and
-iproute2. Outside CI a missing prerequisite skips them with the reason; under CI=true it FAILS
-them, so a CI run can never pass without exercising the datapath."""
+"""Shared fixtures, and what each test needs from the machine (tests/support/prereqs.py).
+
+Tests under tests/datapath get the marker `datapath` (root, bcc, kernel headers, bpffs, the
+lab's commands); `requires(...)` names further prerequisites, and some fixtures need their own
+(`helm`). They are checked at collection:
+outside CI a test whose prerequisites are missing is skipped with the reason before any of its
+fixtures runs; under CI=true it FAILS, so a CI run can never pass without exercising the
+datapath."""
 
 from __future__ import annotations
 
-import os
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -13,51 +16,50 @@ from typing import Any
 
 import pytest
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from tests.support import prereqs
+from tests.support.env import IN_CI, TEST_CMD
 
-#: Shell words that replace `python -m cozyebpf` wherever the tests run cozyebpf (the
-#: `cozyebpf_cmd` fixture). `make image-test` points it at scripts/image-exec.sh, which runs
-#: each command from the DaemonSet image's root filesystem, Env and Entrypoint.
-TEST_CMD = shlex.split(os.environ.get("COZYEBPF_TEST_CMD", ""))
+DATAPATH_DIR = Path(__file__).resolve().parent / "datapath"
+_MISSING = pytest.StashKey[str]()
 
 
-def _missing_prerequisites() -> list[str]:
-    missing = []
-    if os.geteuid() != 0:
-        missing.append("root (run as root: the tests load BPF programs and make namespaces)")
+def needs(item: pytest.Item) -> list[str]:
+    """The prerequisites `item` needs, by its markers."""
+    names: list[str] = []
+    if item.get_closest_marker("datapath") is not None:
+        names += prereqs.DATAPATH
+    for mark in item.iter_markers("requires"):
+        names += mark.args
+    for fixture in getattr(item, "fixturenames", ()):
+        names += prereqs.FIXTURES.get(fixture, ())
+    return names
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     try:
-        import bcc  # noqa: F401
-    except ImportError:
-        missing.append(
-            "bcc (apt-get install python3-bpfcc; use the .venv made by scripts/setup.sh)"
-        )
-    build = Path(f"/lib/modules/{os.uname().release}/build")
-    if not build.exists():
-        missing.append(f"kernel headers at {build} (run scripts/setup.sh)")
-    if not os.path.ismount("/sys/fs/bpf"):
-        missing.append("bpffs at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)")
-    for tool in ("ip", "nsenter", "nft", "curl", "ping"):
-        if not shutil.which(tool):
-            missing.append(f"the {tool} command")
-    return missing
+        prereqs.forced()
+        for item in items:
+            if DATAPATH_DIR in item.path.resolve().parents:
+                item.add_marker(pytest.mark.datapath)
+            missing = prereqs.missing_of(needs(item))
+            if not missing:
+                continue
+            reason = "missing: " + "; ".join(missing)
+            if IN_CI:
+                item.stash[_MISSING] = reason
+            else:
+                item.add_marker(pytest.mark.skip(reason=reason))
+    except ValueError as e:  # an unknown name in a marker or COZYEBPF_TEST_MISSING
+        raise pytest.UsageError(str(e)) from None
 
 
-_MISSING = _missing_prerequisites()
-
-
-@pytest.fixture(autouse=True)
-def _datapath_prerequisites(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("datapath") is None or not _MISSING:
-        return
-    msg = "datapath prerequisites missing: " + "; ".join(_MISSING)
-    if IN_CI:
-        pytest.fail(msg + " (CI=true: datapath tests must run)", pytrace=False)
-    pytest.skip(msg)
-
-
-def unique_prefix(tag: str) -> str:
-    """Namespace/pin prefix unique to this test process (parallel runs do not collide)."""
-    return f"cz{tag}{os.getpid() % 100000}"
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under CI=true a test with a missing prerequisite fails here, before its fixtures."""
+    reason = item.stash.get(_MISSING, None)
+    if reason is not None:
+        pytest.fail(f"{reason} (CI=true: these tests must run, not skip)", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +79,9 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The cluster lab's tables (tests/test_cluster_lab.py), whatever the verdicts, so that
-    every run's log shows them."""
-    mod = sys.modules.get("tests.test_cluster_lab")
+    """The cluster lab's tables (tests/datapath/test_cluster_lab.py), whatever the verdicts, so
+    that every run's log shows them."""
+    mod = sys.modules.get("tests.datapath.test_cluster_lab")
     for layout, table in getattr(mod, "TABLES", {}).items():
         terminalreporter.section(f"cluster lab: {layout}")
         terminalreporter.write_line(table)

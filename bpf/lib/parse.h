@@ -7,8 +7,8 @@
  * At the end, the fast paths' parse: the common frame -- untagged IPv4 without options or IPv6
  * without extension headers, TCP or UDP, not a fragment, every length consistent -- read in
  * place, without the scratch or family-neutral copies. A frame it does not take whole goes to a
- * full path (CZ_SLOW), which decides it by the same semantics; tests/test_differential.py holds
- * both paths to the reference model.
+ * full path (CZ_SLOW), which decides it by the same semantics;
+ * tests/datapath/test_differential.py holds both paths to the reference model.
  */
 #ifndef COZYEBPF_PARSE_H
 #define COZYEBPF_PARSE_H

@@ -1,15 +1,19 @@
-"""The datapath interface: what the controller needs from a datapath, real or fake."""
+"""The datapath interface: what the controller and the agent need from a datapath, real or fake.
+
+The datapath is the bottom layer: nothing in `cozyebpf.datapath` imports from above it (the
+model, the sources, the agent, the CLI or the presentation modules;
+tests/unit/test_controller.py holds it to that)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
-from cozyebpf.state import MapDiff, MapState
+from cozyebpf.state import Capacity, MapDiff, MapState
 
 
 class Datapath(Protocol):
     """A programmable datapath. `BpfDatapath` is the real one, `FakeDatapath` holds state in
-    memory for controller tests."""
+    memory for controller and agent tests."""
 
     def read_state(self) -> MapState:
         """What the maps hold now (the live state the controller diffs against)."""
@@ -21,6 +25,15 @@ class Datapath(Protocol):
         ports last. Raises DatapathError."""
         ...
 
-    def dump(self) -> dict[str, Any]:
-        """The whole state as JSON-ready data (the shape of `cozyebpf maps dump --json`)."""
+    def capacity(self) -> Capacity | None:
+        """What the maps can hold, in the model's terms (None: no limit)."""
+        ...
+
+    @property
+    def attached(self) -> bool:
+        """The programs are attached (the agent is ready and checks them)."""
+        ...
+
+    def check(self) -> list[str]:
+        """Verify the attachments and repair what is wrong; what was repaired, one line each."""
         ...

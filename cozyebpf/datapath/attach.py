@@ -438,7 +438,7 @@ def detach_all(pin_dir: str) -> list[str]:
     deletes anything else. Names of ours that are not there are skipped."""
     from pyroute2.netlink.exceptions import NetlinkError
 
-    from cozyebpf.datapath.layout import ALL_MAPS, V1_REPLACED
+    from cozyebpf.datapath.layout import ALL_MAPS
 
     removed: list[str] = []
     if os.path.isdir(pin_dir) and not on_bpffs(pin_dir):
@@ -460,7 +460,7 @@ def detach_all(pin_dir: str) -> list[str]:
                     f"removing our clsact filters from {dev} failed ({e}); this needs CAP_NET_ADMIN"
                 ) from e
     if os.path.isdir(pin_dir):
-        for spec in (*ALL_MAPS, *V1_REPLACED):  # and layout 1's, should an upgrade be unfinished
+        for spec in ALL_MAPS:
             path = os.path.join(pin_dir, spec.name)
             if os.path.exists(path):
                 os.unlink(path)

@@ -10,13 +10,12 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from cozyebpf.datapath import attach, bpfsys, loader
 from cozyebpf.datapath.compiler import Compilation, Request
-from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
+from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, MON_OFF
 from cozyebpf.datapath.maps import DEFAULT_FLOW_TIMEOUTS, DEFAULT_PIN_DIR, PinnedMaps
-from cozyebpf.dump import build_dump
+from cozyebpf.datapath.pins import monitor_running
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import Capacity, MapDiff, MapState
 
@@ -110,7 +109,7 @@ class BpfDatapath:
         """Take the loaded programs from the child and attach them to every device. Egress
         goes first on every device: the ingress program trusts the flow hints, which the egress
         program of this layout sets; flows that older programs recorded get theirs in between
-        (PinnedMaps.seed_flow_hints). The maps of an older layout go last."""
+        (PinnedMaps.seed_flow_hints)."""
         assert self._compilation is not None, "begin() first"
         compilation, self._compilation = self._compilation, None
         for name, kind, fd in compilation.result():
@@ -133,7 +132,6 @@ class BpfDatapath:
             log.info("flow hints seeded from %d flows", n)
         for dev in self.devices:
             self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
-        self.maps.finish_upgrade()
         self._drop_stale_pod_hooks()
         order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
         order += [(dev, "pod") for dev in pods]
@@ -281,9 +279,6 @@ class BpfDatapath:
     def _monitor_left_on(self) -> bool:
         """Turn the monitor's events off when they are on and no monitor holds them (its lock
         on the pin directory went with it); True when it did."""
-        from cozyebpf.datapath.layout import MON_OFF
-        from cozyebpf.monitor import monitor_running
-
         if self.maps is None:
             return False
         try:
@@ -330,9 +325,6 @@ class BpfDatapath:
     def apply(self, diff: MapDiff) -> None:
         self._maps().apply(diff)
 
-    def dump(self) -> dict[str, Any]:
-        return dump_pinned(self.pin_dir, self._maps())
-
     def close(self) -> None:
         """Release our descriptors (a running compilation is stopped); the pinned links keep
         the attached programs."""
@@ -346,37 +338,6 @@ class BpfDatapath:
             with contextlib.suppress(OSError):
                 os.close(prog.fd)
         self.programs, self._spares = {}, {}
-
-
-def dump_pinned(pin_dir: str = DEFAULT_PIN_DIR, maps: PinnedMaps | None = None) -> dict[str, Any]:
-    """`maps dump`, also from another process: read the pins, no compilation."""
-    m = maps or PinnedMaps.open(pin_dir)
-    try:
-        return build_dump(
-            m.read_state(),
-            m.flows_by_pod(),
-            m.counters(),
-            [a.as_dict() for a in attach.list_attachments(pin_dir)],
-            pin_dir,
-            m.service_counters(),
-            _flow_dicts(m),
-            m.flow_timeouts(),
-        )
-    finally:
-        if maps is None:
-            m.close()
-
-
-def _flow_dicts(m: PinnedMaps) -> list[dict[str, Any]]:
-    from cozyebpf.datapath.maps import coarse_now_ns
-    from cozyebpf.state import address_key
-
-    now = coarse_now_ns()
-    entries = sorted(
-        m.flow_entries(),
-        key=lambda e: (address_key(e.flow.pod_ip), address_key(e.flow.remote_ip), e.flow[2:]),
-    )
-    return [e.as_dict(now) for e in entries]
 
 
 COZY_PROXY_TABLE = ("ip", "cozy_proxy")

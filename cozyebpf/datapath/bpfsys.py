@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import platform
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,20 @@ CObj = Any
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
-SYS_BPF = 321  # x86_64
+#: bpf(2)'s number by `platform.machine()`: arch/x86/entry/syscalls/syscall_64.tbl and the
+#: generic table (include/uapi/asm-generic/unistd.h) that arm64 uses; the Dockerfile builds both
+_SYS_BPF_BY_MACHINE = {"x86_64": 321, "amd64": 321, "aarch64": 280, "arm64": 280}
+
+
+def sys_bpf_number(machine: str) -> int | None:
+    """bpf(2)'s syscall number on `machine` (as `platform.machine()` names it), None if unknown."""
+    return _SYS_BPF_BY_MACHINE.get(machine.lower())
+
+
+# Chosen at import; an unknown machine fails at the first bpf(2) call, not here, so that
+# what needs no syscall (the model, the fake datapath, --help) still works there.
+MACHINE = platform.machine()
+SYS_BPF = sys_bpf_number(MACHINE)
 
 # commands
 BPF_MAP_CREATE = 0
@@ -91,6 +105,12 @@ class BpfError(OSError):
 
 
 def _sys_bpf(cmd: int, attr: ctypes.Structure, what: str) -> int:
+    if SYS_BPF is None:
+        raise BpfError(
+            errno.ENOSYS,
+            f"{what}: no bpf(2) syscall number known for machine {MACHINE!r} "
+            f"(cozyebpf knows {', '.join(sorted(_SYS_BPF_BY_MACHINE))})",
+        )
     buf = ctypes.create_string_buffer(_ATTR_SIZE)
     ctypes.memmove(buf, ctypes.addressof(attr), ctypes.sizeof(attr))
     ret = _libc.syscall(SYS_BPF, cmd, buf, _ATTR_SIZE)

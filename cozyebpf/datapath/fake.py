@@ -1,26 +1,28 @@
-"""An in-memory datapath for controller tests: holds a MapState and dumps it like the real one."""
+"""An in-memory datapath for controller and agent tests: holds a MapState."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
-from cozyebpf.state import IPAddress, MapDiff, MapState, apply_to
+from cozyebpf.state import Capacity, IPAddress, MapDiff, MapState, apply_to
 
 
 class FakeDatapath:
     """Implements the Datapath protocol in memory, both address families in one MapState.
 
     Tests may replace or mutate `state` to simulate drift (someone editing the maps), set
-    `flows` (pod IP -> number of flow entries) to see them in the dump, and set
-    `fail_next_apply` to make the next apply() raise that exception without changing anything.
-    Like the real datapath, apply() refuses a diff whose entries mix address families.
+    `flows` (pod IP -> number of flow entries) for a dump, `limits` for capacity(), `attached`
+    for the agent's readiness, and `fail_next_apply` to make the next apply() raise that
+    exception without changing anything. Like the real datapath, apply() refuses a diff whose
+    entries mix address families. `cozyebpf.dump.build_dump(fake.state, fake.flows)` dumps it
+    like the real one.
     """
 
-    def __init__(self, state: MapState | None = None) -> None:
+    def __init__(self, state: MapState | None = None, limits: Capacity | None = None) -> None:
         self.state = state.copy() if state is not None else MapState()
         self.flows: dict[IPAddress, int] = {}
+        self.limits = limits
+        self.attached = True
+        self.checks = 0  # check() calls
         self.fail_next_apply: Exception | None = None
         self.reads = 0  # read_state() calls: a change must be written without one
         self.applies: list[MapDiff] = []  # every diff applied (or refused), in order
@@ -45,6 +47,9 @@ class FakeDatapath:
             )
         self.state = apply_to(self.state, diff)
 
-    def dump(self) -> dict[str, Any]:
-        """The held state in the shape of `cozyebpf maps dump --json` (no counters)."""
-        return build_dump(self.state, self.flows, pin_dir="(fake)")
+    def capacity(self) -> Capacity | None:
+        return self.limits
+
+    def check(self) -> list[str]:
+        self.checks += 1
+        return []

@@ -1,6 +1,6 @@
 """Map layouts: ctypes mirrors of bpf/lib/types.h and the specification of every pinned map.
 
-The C header is the source of truth for field order; tests/test_layout.py checks these mirrors
+The C header is the source of truth for field order; tests/unit/test_layout.py checks these mirrors
 field by field against the classes bcc generates from that header, so a drift fails CI instead
 of corrupting maps.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 
@@ -75,25 +76,6 @@ class Addr4Val(ctypes.Structure):
         ("in_slot", ctypes.c_uint32),
         ("out_slot", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
-    ]
-
-
-# -- layout version 1 (svc4/pod4/svc6/pod6): read once, when maps of that layout are upgraded --
-
-
-class Svc4Val(ctypes.Structure):
-    _fields_ = [
-        ("pod_ip", ctypes.c_uint32),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
-    ]
-
-
-class Pod4Val(ctypes.Structure):
-    _fields_ = [
-        ("lb_ip", ctypes.c_uint32),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
     ]
 
 
@@ -175,22 +157,6 @@ class Addr6Val(ctypes.Structure):
         ("in_slot", ctypes.c_uint32),
         ("out_slot", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
-    ]
-
-
-class Svc6Val(ctypes.Structure):
-    _fields_ = [
-        ("pod_ip", Ip6),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
-    ]
-
-
-class Pod6Val(ctypes.Structure):
-    _fields_ = [
-        ("lb_ip", Ip6),
-        ("flags", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 3),
     ]
 
 
@@ -371,17 +337,38 @@ def port_of(be: int) -> int:
     return int.from_bytes(be.to_bytes(2, sys.byteorder), "big")
 
 
+#: a ctypes mirror of a key or value
+CType = type[ctypes._SimpleCData] | type[ctypes.Structure] | type[ctypes.Array]  # type: ignore[type-arg]
+
+
 @dataclass(frozen=True)
 class MapSpec:
-    """One pinned map: its file name under the pin dir, kernel type, layout and size."""
+    """One pinned map: an entry of the registry (MAPS), and sized for a number of Services in
+    a Layout (`sized`)."""
 
-    name: str  # pin file name and (with the cz_ prefix) the kernel's map name
+    name: str  # the pin's file name; C declares it as cz_<name>, pinned at CZ_PIN_DIR "/<name>"
     map_type: int
-    key: type[ctypes._SimpleCData] | type[ctypes.Structure] | type[ctypes.Array]  # type: ignore[type-arg]
-    value: type[ctypes._SimpleCData] | type[ctypes.Structure] | type[ctypes.Array]  # type: ignore[type-arg]
-    max_entries: int
-    macro: str  # -D name of the size in bpf/lib/maps.h, "" where C does not need it
+    key: CType
+    value: CType
+    c_key: str  # the key and value as bpf/lib declares them ("": no C type)
+    c_value: str
+    #: max entries: a number, or a function of (Services, Services counted on their own)
+    size: int | Callable[[int, int], int]
+    since: int  # the first layout version since which its layout and meaning are unchanged
+    macro: str = ""  # -D name of the size in bpf/lib ("": C writes the number)
+    counted: bool = False  # a hash map whose fill `PinnedMaps.entries()` reports
+    in_c: bool = True  # declared by the programs (False: user space's alone)
     flags: int = 0  # map_create flags
+    max_entries: int = 0  # in a Layout
+
+    @property
+    def fixed(self) -> bool:
+        """Its size does not depend on the number of Services."""
+        return isinstance(self.size, int)
+
+    def sized(self, services: int, slots: int) -> MapSpec:
+        n = self.size if isinstance(self.size, int) else self.size(services, slots)
+        return replace(self, max_entries=n)
 
     @property
     def key_size(self) -> int:
@@ -394,6 +381,9 @@ class MapSpec:
 
 STATS_MAX = 64  # room for new reasons without a layout change
 assert len(REASONS) <= STATS_MAX
+EVENTS_SIZE = 256 * 1024  # bytes: about 3,600 events
+#: the fast paths' seen slots per CPU, a power of two
+SEEN_MAX = 256
 
 
 def _pow2(n: int) -> int:
@@ -401,103 +391,162 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-META = MapSpec("meta", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, MetaVal, 1, "")
-STATS = MapSpec(
-    "stats", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, StatVal, STATS_MAX, "CZ_STATS_MAX"
-)
-#: the full paths the entry programs hand uncommon frames to (bpf/lib/tail.h), one prog array
-#: per program type; pinned, so that they keep their programs when the agent is gone
-TAIL_XDP = MapSpec(
-    "tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, ctypes.c_uint32, ctypes.c_uint32, 4, ""
-)
-TAIL_TC = MapSpec(
-    "tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, ctypes.c_uint32, ctypes.c_uint32, 4, ""
-)
-#: the monitor (bpf/lib/monitor.h): its switch and token bucket, its counters, its ring buffer
-MONCTL = MapSpec("monctl", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, MonCtl, 1, "")
-MONSTATS = MapSpec("monstats", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, MonStat, 1, "")
-EVENTS_SIZE = 256 * 1024  # bytes: about 3,600 events
-_NOTHING = ctypes.c_uint8 * 0  # a ring buffer has no key or value
-EVENTS = MapSpec(
-    "events", bpfsys.BPF_MAP_TYPE_RINGBUF, _NOTHING, _NOTHING, EVENTS_SIZE, "CZ_EVENTS_SIZE"
-)
-#: explain's dry runs (bpf/lib/dryrun.h)
-DRYRUN = MapSpec("dryrun", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, DryRes, 1, "")
-#: the flows' timeouts (bpf/lib/types.h, struct flow_cfg)
-FLOWCFG = MapSpec("flowcfg", bpfsys.BPF_MAP_TYPE_ARRAY, ctypes.c_uint32, FlowCfg, 1, "")
-#: the fast paths' per-CPU cache of the flows they last looked up (struct flow4_seen): slots
-#: per CPU, a power of two (CZ_SEEN_MAX)
-SEEN_MAX = 256
-SEEN4 = MapSpec(
-    "seen4", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, Flow4Seen, SEEN_MAX, "CZ_SEEN_MAX"
-)
-SEEN6 = MapSpec("seen6", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, ctypes.c_uint32, Flow6Seen, SEEN_MAX, "")
+def _per_service(n: int) -> Callable[[int, int], int]:
+    return lambda services, _: n * services
+
+
+_u8, _u32, _u64, _nothing = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint8 * 0
+_HASH, _LRU = bpfsys.BPF_MAP_TYPE_HASH, bpfsys.BPF_MAP_TYPE_LRU_HASH
+_LPM, _ARRAY = bpfsys.BPF_MAP_TYPE_LPM_TRIE, bpfsys.BPF_MAP_TYPE_ARRAY
+_PERCPU = bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY
+_NO_PREALLOC = bpfsys.BPF_F_NO_PREALLOC
+
+#: Every pinned map, the one place that names them: `Layout`, `SAME_SINCE`, `COUNTED` and the
+#: loader's -D flags derive from it; tests/unit/test_layout.py checks it against bpf/lib (every
+#: declaration, every key and value field by field). A new map: its types in bpf/lib/types.h,
+#: its declaration in bpf/lib/maps.h, its ctypes mirrors above, an entry here and a field in
+#: Layout (and CZ_LAYOUT_VERSION/LAYOUT_VERSION + 1).
+MAPS: tuple[MapSpec, ...] = (
+    # the layout version (user space's: C knows it as CZ_LAYOUT_VERSION)
+    MapSpec("meta", _ARRAY, _u32, MetaVal, "__u32", "", 1, 1, in_c=False),
+    # an address: LB IP (its pod IP, filter flags), pod IP (its LB IP), both; 2 per Service
+    MapSpec(
+        "addr4", _HASH, _u32, Addr4Val, "__be32", "struct addr4_val", _per_service(2), 2,
+        "CZ_ADDR4_MAX", counted=True,
+    ),
+    MapSpec(
+        "addr6", _HASH, Ip6, Addr6Val, "struct ip6", "struct addr6_val", _per_service(2), 2,
+        "CZ_ADDR6_MAX", counted=True,
+    ),
+    # every allowed port: 4 per Service
+    MapSpec(
+        "allow4", _HASH, Allow4Key, _u8, "struct allow4_key", "__u8", _per_service(4), 1,
+        "CZ_ALLOW4_MAX", counted=True,
+    ),
+    MapSpec(
+        "allow6", _HASH, Allow6Key, _u8, "struct allow6_key", "__u8", _per_service(4), 1,
+        "CZ_ALLOW6_MAX", counted=True,
+    ),
+    # the flows the pods opened: 4 per Service (values gained the closing mark in layout 4, in
+    # a bit that layout 3 never set)
+    MapSpec(
+        "flow4", _LRU, Flow4Key, Flow4Val, "struct flow4_key", "struct flow4_val",
+        _per_service(4), 1, "CZ_FLOW4_MAX", counted=True,
+    ),
+    MapSpec(
+        "flow6", _LRU, Flow6Key, Flow4Val, "struct flow6_key", "struct flow4_val",
+        _per_service(4), 1, "CZ_FLOW6_MAX", counted=True,
+    ),
+    # fragments: 1 per 4 Services, at least 1024
+    MapSpec(
+        "frag4", _LRU, Frag4Key, FragVal, "struct frag4_key", "struct frag_val",
+        lambda s, _: max(1024, s // 4), 1, "CZ_FRAG4_MAX", counted=True,
+    ),
+    MapSpec(
+        "frag6", _LRU, Frag6Key, FragVal, "struct frag6_key", "struct frag_val",
+        lambda s, _: max(1024, s // 4), 1, "CZ_FRAG6_MAX", counted=True,
+    ),
+    # per-Service counter slot -> its Service (user space's, allocated as Services come) and
+    # slot 0, never given out; layout 3 (addr values name their slots in what was reserved, a
+    # zero there meaning "not counted per Service": values of layout 2 are valid as they are)
+    MapSpec(
+        "svcnames", _HASH, _u32, SvcName, "__u32", "struct svc_name", lambda _, n: n + 1, 3,
+        counted=True, in_c=False, flags=_NO_PREALLOC,
+    ),
+    # source ranges: 4 networks per Service, allocated as they come; layout 4 (addr values of
+    # layout 3 have no CZ_F_RANGES: valid as they are)
+    MapSpec(
+        "range4", _LPM, Range4Key, _u8, "struct range4_key", "__u8", _per_service(4), 4,
+        "CZ_RANGE4_MAX", counted=True, flags=_NO_PREALLOC,
+    ),
+    MapSpec(
+        "range6", _LPM, Range6Key, _u8, "struct range6_key", "__u8", _per_service(4), 4,
+        "CZ_RANGE6_MAX", counted=True, flags=_NO_PREALLOC,
+    ),
+    # the node-wide counters by reason
+    MapSpec(
+        "stats", _PERCPU, _u32, StatVal, "__u32", "struct stat_val", STATS_MAX, 1, "CZ_STATS_MAX"
+    ),
+    # the flow hint: 32 bits per Service and half (4 bits per flow-table entry of both
+    # families; a power of two)
+    MapSpec(
+        "flowhint", _ARRAY, _u32, _u64, "__u32", "__u64",
+        lambda s, _: 2 * _pow2(max(1, s // 2)), 2, "CZ_FLOWHINT_MAX",
+    ),
+    # the full paths the entry programs hand uncommon frames to (bpf/lib/tail.h), one prog array
+    # per program type; pinned, so that they keep their programs when the agent is gone
+    MapSpec("tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
+    MapSpec("tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
+    # per-Service counters: a slot per Service, as many as SVCSTATS_BUDGET allows on this
+    # machine unless chosen, and slot 0
+    MapSpec(
+        "svcstats", _PERCPU, _u32, SvcStat, "__u32", "struct svc_stat", lambda _, n: n + 1, 3,
+        "CZ_SVCSTATS_MAX",
+    ),
+    # the monitor (bpf/lib/monitor.h): its switch and token bucket, its counters, its ring buffer
+    MapSpec("monctl", _ARRAY, _u32, MonCtl, "__u32", "struct mon_ctl", 1, 3),
+    MapSpec("monstats", _PERCPU, _u32, MonStat, "__u32", "struct mon_stat", 1, 3),
+    MapSpec(
+        "events", bpfsys.BPF_MAP_TYPE_RINGBUF, _nothing, _nothing, "", "", EVENTS_SIZE, 3,
+        "CZ_EVENTS_SIZE",
+    ),
+    # explain's dry runs (bpf/lib/dryrun.h)
+    MapSpec("dryrun", _PERCPU, _u32, DryRes, "__u32", "struct dry_res", 1, 3),
+    # the flows' timeouts and the node's part (bpf/lib/cluster.h); layout 4
+    MapSpec("flowcfg", _ARRAY, _u32, FlowCfg, "__u32", "struct flow_cfg", 1, 4),
+    # the fast paths' per-CPU cache of the flows they last looked up; layout 5
+    MapSpec(
+        "seen4", _PERCPU, _u32, Flow4Seen, "__u32", "struct flow4_seen", SEEN_MAX, 5,
+        "CZ_SEEN_MAX",
+    ),
+    MapSpec(
+        "seen6", _PERCPU, _u32, Flow6Seen, "__u32", "struct flow6_seen", SEEN_MAX, 5,
+        "CZ_SEEN_MAX",
+    ),
+)  # fmt: skip
+
+#: the first layout version since which each map's layout (and meaning) is unchanged: a pin of
+#: that version or later is kept (or, with another size only, copied); older ones are rebuilt
+SAME_SINCE = {m.name: m.since for m in MAPS}
+#: the maps `PinnedMaps.entries()` counts (hash maps whose fill matters)
+COUNTED = tuple(m.name for m in MAPS if m.counted)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Every pinned map of one size: `map_specs(max_services)`. The sizes derive from the number
-    of Services: an addr map holds each Service's LB IP and its pod's IP (2 per Service), the
-    allowed-port and flow maps 4 per Service, the fragment maps 1 per 4 Services (at least
-    1024), the flow hint 32 bits per Service and half (4 bits per flow-table entry of both
-    families; a power of two), the per-Service counters and names one slot per Service, as many
-    as SVCSTATS_BUDGET allows on this machine unless chosen (and slot 0, never given out), the
-    source ranges 4 networks per Service (allocated as they come)."""
+    """Every pinned map of one size: `map_specs(max_services)`, the sizes from the registry
+    (MAPS), from the number of Services and of Services counted on their own."""
 
     max_services: int
     meta: MapSpec
     addr4: MapSpec
-    allow4: MapSpec
-    flow4: MapSpec
-    stats: MapSpec
     addr6: MapSpec
+    allow4: MapSpec
     allow6: MapSpec
+    flow4: MapSpec
     flow6: MapSpec
     frag4: MapSpec
     frag6: MapSpec
-    flowhint: MapSpec
-    svcstats: MapSpec
     svcnames: MapSpec
     range4: MapSpec
     range6: MapSpec
-    flowcfg: MapSpec = FLOWCFG
-    tail_xdp: MapSpec = TAIL_XDP
-    tail_tc: MapSpec = TAIL_TC
-    monctl: MapSpec = MONCTL
-    monstats: MapSpec = MONSTATS
-    events: MapSpec = EVENTS
-    dryrun: MapSpec = DRYRUN
-    seen4: MapSpec = SEEN4
-    seen6: MapSpec = SEEN6
+    stats: MapSpec
+    flowhint: MapSpec
+    tail_xdp: MapSpec
+    tail_tc: MapSpec
+    svcstats: MapSpec
+    monctl: MapSpec
+    monstats: MapSpec
+    events: MapSpec
+    dryrun: MapSpec
+    flowcfg: MapSpec
+    seen4: MapSpec
+    seen6: MapSpec
 
     @property
     def all(self) -> tuple[MapSpec, ...]:
-        return (
-            self.meta,
-            self.addr4,
-            self.allow4,
-            self.flow4,
-            self.stats,
-            self.addr6,
-            self.allow6,
-            self.flow6,
-            self.frag4,
-            self.frag6,
-            self.flowhint,
-            self.tail_xdp,
-            self.tail_tc,
-            self.svcstats,
-            self.svcnames,
-            self.monctl,
-            self.monstats,
-            self.events,
-            self.dryrun,
-            self.range4,
-            self.range6,
-            self.flowcfg,
-            self.seen4,
-            self.seen6,
-        )
+        """Every map, in the registry's order."""
+        return tuple(getattr(self, m.name) for m in MAPS)
 
     @property
     def slots(self) -> int:
@@ -516,67 +565,22 @@ class Layout:
 
 
 def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | None = None) -> Layout:
-    """The maps for `max_services` Services (see Layout), `service_slots` of them with counters
-    of their own (default: default_service_slots)."""
+    """The maps for `max_services` Services, `service_slots` of them with counters of their own
+    (default: default_service_slots)."""
     if max_services < 1:
         raise ValueError(f"max_services must be at least 1, not {max_services}")
-    s = max_services
-    slots = default_service_slots(s) if service_slots is None else service_slots
+    slots = default_service_slots(max_services) if service_slots is None else service_slots
     if slots < 1:
         raise ValueError(f"service_slots must be at least 1, not {slots}")
-    hash_, lru = bpfsys.BPF_MAP_TYPE_HASH, bpfsys.BPF_MAP_TYPE_LRU_HASH
-    lpm, no_prealloc = bpfsys.BPF_MAP_TYPE_LPM_TRIE, bpfsys.BPF_F_NO_PREALLOC
-    frags = max(1024, s // 4)
-    u64 = ctypes.c_uint64
-    return Layout(
-        s,
-        META,
-        MapSpec("addr4", hash_, ctypes.c_uint32, Addr4Val, 2 * s, "CZ_ADDR4_MAX"),
-        MapSpec("allow4", hash_, Allow4Key, ctypes.c_uint8, 4 * s, "CZ_ALLOW4_MAX"),
-        MapSpec("flow4", lru, Flow4Key, Flow4Val, 4 * s, "CZ_FLOW4_MAX"),
-        STATS,
-        MapSpec("addr6", hash_, Ip6, Addr6Val, 2 * s, "CZ_ADDR6_MAX"),
-        MapSpec("allow6", hash_, Allow6Key, ctypes.c_uint8, 4 * s, "CZ_ALLOW6_MAX"),
-        MapSpec("flow6", lru, Flow6Key, Flow4Val, 4 * s, "CZ_FLOW6_MAX"),
-        MapSpec("frag4", lru, Frag4Key, FragVal, frags, "CZ_FRAG4_MAX"),
-        MapSpec("frag6", lru, Frag6Key, FragVal, frags, "CZ_FRAG6_MAX"),
-        MapSpec(
-            "flowhint",
-            bpfsys.BPF_MAP_TYPE_ARRAY,
-            ctypes.c_uint32,
-            u64,
-            2 * _pow2(max(1, s // 2)),
-            "CZ_FLOWHINT_MAX",
-        ),
-        MapSpec(
-            "svcstats",
-            bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY,
-            ctypes.c_uint32,
-            SvcStat,
-            slots + 1,
-            "CZ_SVCSTATS_MAX",
-        ),
-        # user space only; entries are allocated as Services come (no preallocation)
-        MapSpec(
-            "svcnames", hash_, ctypes.c_uint32, SvcName, slots + 1, "", bpfsys.BPF_F_NO_PREALLOC
-        ),
-        MapSpec("range4", lpm, Range4Key, ctypes.c_uint8, 4 * s, "CZ_RANGE4_MAX", no_prealloc),
-        MapSpec("range6", lpm, Range6Key, ctypes.c_uint8, 4 * s, "CZ_RANGE6_MAX", no_prealloc),
-    )
+    return Layout(max_services, **{m.name: m.sized(max_services, slots) for m in MAPS})
 
 
 DEFAULT_LAYOUT = map_specs()
 ALL_MAPS: tuple[MapSpec, ...] = DEFAULT_LAYOUT.all
+META, STATS, EVENTS = DEFAULT_LAYOUT.meta, DEFAULT_LAYOUT.stats, DEFAULT_LAYOUT.events
 ADDR4, ALLOW4, FLOW4 = DEFAULT_LAYOUT.addr4, DEFAULT_LAYOUT.allow4, DEFAULT_LAYOUT.flow4
 ADDR6, ALLOW6, FLOW6 = DEFAULT_LAYOUT.addr6, DEFAULT_LAYOUT.allow6, DEFAULT_LAYOUT.flow6
 FRAG4, FRAG6, FLOWHINT = DEFAULT_LAYOUT.frag4, DEFAULT_LAYOUT.frag6, DEFAULT_LAYOUT.flowhint
-
-#: layout version 1's maps that version 2 replaced (by addr4/addr6), for the in-place upgrade
-V1_SVC4 = MapSpec("svc4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Svc4Val, 65536, "")
-V1_POD4 = MapSpec("pod4", bpfsys.BPF_MAP_TYPE_HASH, ctypes.c_uint32, Pod4Val, 65536, "")
-V1_SVC6 = MapSpec("svc6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Svc6Val, 65536, "")
-V1_POD6 = MapSpec("pod6", bpfsys.BPF_MAP_TYPE_HASH, Ip6, Pod6Val, 65536, "")
-V1_REPLACED = (V1_SVC4, V1_POD4, V1_SVC6, V1_POD6)
 
 
 def flow_hint_bit(

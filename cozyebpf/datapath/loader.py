@@ -77,7 +77,8 @@ def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None
     declaration matches it): `layout`, else the layout of the maps pinned in `pin_dir`."""
     lay = layout or pinned_layout(pin_dir)
     flags = [f'-DCZ_PIN_DIR="{pin_dir}"']
-    flags += [f"-D{s.macro}={s.max_entries}" for s in lay.all if s.macro]
+    sizes = {s.macro: s.max_entries for s in lay.all if s.macro}  # seen4 and seen6 share one
+    flags += [f"-D{macro}={n}" for macro, n in sizes.items()]
     flags += [f"-DCZ_FLOWHINT_LOG2={lay.hint_log2}", "-Wno-unused-function", *extra]
     return flags
 

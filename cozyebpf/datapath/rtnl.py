@@ -5,7 +5,7 @@ the agent only needs to *read* three things on its common path: which XDP progra
 (at attach and at every attachment check), our legacy clsact filters (to clean them up when tcx
 is used) and the devices of the default route (`--devices auto`). These are plain rtnetlink
 requests; pyroute2 stays for what changes the kernel's tc state (legacy clsact filters, on
-kernels without tcx), and is imported only there. tests/test_rtnl.py compares every answer
+kernels without tcx), and is imported only there. tests/datapath/test_rtnl.py compares every answer
 with pyroute2's.
 """
 

@@ -10,7 +10,7 @@ constructors: the result is SafeLoader's, about three times faster.
 
 Anything else (anchors and aliases, explicit tags, merge keys, complex keys) raises
 Unsupported, and the caller reads the file with CSafeLoader instead; a YAML error is raised as
-PyYAML raises it. tests/test_fastyaml.py checks the results against SafeLoader.
+PyYAML raises it. tests/unit/test_fastyaml.py checks the results against SafeLoader.
 """
 
 from __future__ import annotations

@@ -170,8 +170,10 @@ class ManifestSource:
         path: str | Path,
         proxy_name: str = DEFAULT_PROXY_NAME,
         poll_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = Path(path)
+        self.clock = clock  # monotonic seconds, for how long a signature has stayed (tests)
         self.proxy_name = proxy_name
         self.poll_interval = poll_interval
         self._loaded: Signature | None = None  # signature of the content last parsed
@@ -394,7 +396,7 @@ class ManifestSource:
         sig = self._signature()
         if sig is None or sig == self._whole:
             return True
-        now = time.monotonic()
+        now = self.clock()
         if sig != self._seen[0]:
             self._seen = (sig, now)
             return False

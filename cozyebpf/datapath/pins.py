@@ -1,0 +1,415 @@
+"""The pins: every map of the registry under one bpffs directory, created with a checked layout,
+opened from another process, migrated when a pin has another layout; and `Pins`, their file
+descriptors with the bulk reads and writes the rest of the datapath uses. A flock on the
+directory says that a monitor reads its events (one at a time)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.layout import (
+    LAYOUT_VERSION,
+    META,
+    SAME_SINCE,
+    Layout,
+    MapSpec,
+    MetaVal,
+    map_specs,
+    possible_cpus,
+)
+from cozyebpf.datapath.slots import ServiceSlots
+from cozyebpf.errors import DatapathError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PIN_DIR = "/sys/fs/bpf/cozyebpf"
+
+
+class MonitorBusy(DatapathError):
+    """Another monitor holds the events."""
+
+
+def lock_pin_dir(pin_dir: str, wait: float = 0.0) -> int:
+    """An fd holding an exclusive flock on `pin_dir`, or MonitorBusy. A monitor holds it while
+    it runs; the agent takes it for an instant to see whether a monitor is alive."""
+    fd = os.open(pin_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise MonitorBusy(
+                    f"another `cozyebpf monitor` is reading the events of {pin_dir} (one at a "
+                    "time); stop it first"
+                ) from None
+            time.sleep(0.05)
+
+
+def monitor_running(pin_dir: str) -> bool:
+    """Is a monitor holding the events (its lock) right now?"""
+    try:
+        fd = lock_pin_dir(pin_dir)
+    except MonitorBusy:
+        return True
+    except OSError:
+        return False
+    os.close(fd)
+    return False
+
+
+def read_version(fd: int) -> int | None:
+    val = MetaVal()
+    if not bpfsys.map_lookup(fd, ctypes.c_uint32(0), val):
+        return None
+    return int(val.layout_version)
+
+
+def _kind_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
+    """What differs in type, key or value size (the layout proper, not the size)."""
+    want = (spec.map_type, spec.key_size, spec.value_size)
+    have = (info.type, info.key_size, info.value_size)
+    names = ("type", "key size", "value size")
+    diffs = [f"{n} {h} (want {w})" for n, h, w in zip(names, have, want, strict=True) if h != w]
+    return ", ".join(diffs) or None
+
+
+def _size_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
+    if info.max_entries == spec.max_entries:
+        return None
+    return f"max entries {info.max_entries} (want {spec.max_entries})"
+
+
+def _check_bpffs(pin_dir: str) -> None:
+    """The pin directory, or where it will be made, must be on a bpf filesystem: pins cannot
+    live anywhere else, and nothing is created or changed (no mkdir, no chmod) elsewhere."""
+    from cozyebpf.datapath.attach import on_bpffs
+
+    existing = os.path.abspath(pin_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not on_bpffs(existing):
+        raise DatapathError(
+            f"--pin-dir {pin_dir} is not on a bpf filesystem ({existing} is not); give a "
+            f"directory under a bpffs mount such as {DEFAULT_PIN_DIR} (mount -t bpf bpf "
+            "/sys/fs/bpf)"
+        )
+
+
+@contextlib.contextmanager
+def closed_on_error(fds: dict[str, int], pin_dir: str = "") -> Iterator[None]:
+    """Close `fds` if the block fails; with `pin_dir`, a failed bpf(2) call becomes a
+    DatapathError about preparing the maps there."""
+    try:
+        yield
+    except BaseException as e:
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if pin_dir and isinstance(e, bpfsys.BpfError):
+            hint = " (cozyebpf needs CAP_SYS_ADMIN)" if e.errno == errno.EPERM else ""
+            raise DatapathError(f"preparing the maps in {pin_dir} failed: {e}{hint}") from e
+        raise
+
+
+def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
+    """Open existing pins (for `maps dump`), whatever their size; every map must be there with
+    our layout and version. Their fds, and the layout their sizes say."""
+    fds: dict[str, int] = {}
+    with closed_on_error(fds):
+        for spec in map_specs().all:
+            path = os.path.join(pin_dir, spec.name)
+            try:
+                fds[spec.name] = fd = bpfsys.obj_get(path)
+            except bpfsys.BpfError as e:
+                if e.errno == errno.ENOENT:
+                    raise DatapathError(
+                        f"no cozyebpf map pinned at {path}: is `cozyebpf run` running on this "
+                        f"node (and is --pin-dir the same)? (maps of an older cozyebpf are "
+                        f"upgraded by `cozyebpf run` of this version)"
+                    ) from None
+                raise DatapathError(f"cannot open {path}: {e}") from e
+            problem = _kind_problem(spec, bpfsys.map_info(fd))
+            if problem:
+                raise DatapathError(
+                    f"pinned map {path} has another layout ({problem}): it was made by another "
+                    f"cozyebpf version; this one cannot read it. `cozyebpf run` of this version "
+                    f"migrates it"
+                )
+        version = read_version(fds[META.name])
+        if version is None:
+            raise DatapathError(f"{pin_dir}/meta holds no layout version")
+        if version != LAYOUT_VERSION:
+            raise DatapathError(
+                f"maps in {pin_dir} have layout version {version}, this cozyebpf uses "
+                f"{LAYOUT_VERSION}; `cozyebpf run` of this version migrates them"
+            )
+        services = bpfsys.map_info(fds["addr4"]).max_entries // 2
+        slots = bpfsys.map_info(fds["svcstats"]).max_entries - 1
+    return fds, map_specs(max(1, services), max(1, slots))
+
+
+@dataclass
+class Ensured:
+    """What `ensure_pins` found and did."""
+
+    fds: dict[str, int] = field(default_factory=dict)
+    version: int | None = None  # the pins' layout version (None: none of ours, or newer)
+    created: list[str] = field(default_factory=list)
+    #: flow maps replaced by a resize, still open: their flows are copied again once the old
+    #: programs are gone (`FlowTables.seed_flow_hints`)
+    old_flows: list[tuple[MapSpec, int]] = field(default_factory=list)
+    reseed: bool = False  # the flow hint or the flow maps are new: seed the hints
+
+
+def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
+    """Open the pins of `layout`, creating (and pinning, mode 0600 in a 0700 dir) any that are
+    missing. A pin with another layout is never reused as it is: a map whose type, key and
+    value sizes are unchanged since its layout version (SAME_SINCE) and whose only change is its
+    size is migrated, its entries copied; any other map is rebuilt empty (the controller refills
+    services, pods and ports; flows and counters start over). Each migration is logged. The
+    layout version in meta is left as it was (the caller writes it last)."""
+    _check_bpffs(pin_dir)
+    os.makedirs(pin_dir, mode=0o700, exist_ok=True)
+    os.chmod(pin_dir, 0o700)
+    out = Ensured()
+    fds = out.fds
+    with closed_on_error(fds, pin_dir):
+        meta_path = os.path.join(pin_dir, META.name)
+        try:
+            fds[META.name] = bpfsys.obj_get(meta_path)
+        except bpfsys.BpfError as e:
+            if e.errno != errno.ENOENT:
+                raise DatapathError(f"cannot open {meta_path}: {e}") from e
+            fds[META.name] = _create(META, meta_path)
+            out.created.append(META.name)
+        else:
+            info = bpfsys.map_info(fds[META.name])
+            problem = _kind_problem(META, info) or _size_problem(META, info)
+            if problem:  # not a meta of ours: nothing is proven, a new one
+                fds[META.name] = _migrate(META, fds[META.name], info, meta_path, problem, False)
+            else:
+                out.version = read_version(fds[META.name])
+        version = out.version
+        if version is not None and version > LAYOUT_VERSION:
+            version = None  # a newer cozyebpf's: nothing is proven the same
+        for spec in layout.all:
+            if spec.name == META.name:
+                continue
+            path = os.path.join(pin_dir, spec.name)
+            try:
+                fd = bpfsys.obj_get(path)
+            except bpfsys.BpfError as e:
+                if e.errno != errno.ENOENT:
+                    raise DatapathError(f"cannot open {path}: {e}") from e
+                fds[spec.name] = _create(spec, path)
+                out.created.append(spec.name)
+                out.reseed = out.reseed or spec.name == "flowhint"
+                continue
+            info = bpfsys.map_info(fd)
+            proven = version is not None and version >= SAME_SINCE[spec.name]
+            kind_problem = _kind_problem(spec, info)
+            size_problem = _size_problem(spec, info)
+            if proven and not kind_problem and not size_problem:
+                fds[spec.name] = fd
+                continue
+            why = kind_problem or size_problem or f"layout version {version}"
+            if not proven and not kind_problem:
+                why = f"layout version {version} (want {LAYOUT_VERSION})"
+            # the flow hint's bits depend on its size: rebuilt, then seeded from the flows;
+            # prog arrays are filled by the loader
+            copy = proven and not kind_problem and spec.name != "flowhint"
+            copy = copy and spec.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
+            keep_old = copy and spec.name in ("flow4", "flow6")
+            fds[spec.name] = _migrate(spec, fd, info, path, why, copy, keep_old)
+            if keep_old:
+                out.old_flows.append((spec, fd))
+            out.reseed = out.reseed or spec.name in ("flowhint", "flow4", "flow6")
+    return out
+
+
+def _new_map(spec: MapSpec) -> int:
+    return bpfsys.map_create(
+        spec.map_type,
+        spec.key_size,
+        spec.value_size,
+        spec.max_entries,
+        f"cz_{spec.name}",
+        spec.flags,
+    )
+
+
+def _create(spec: MapSpec, path: str) -> int:
+    fd = _new_map(spec)
+    bpfsys.obj_pin(fd, path)
+    os.chmod(path, 0o600)
+    return fd
+
+
+def _migrate(
+    spec: MapSpec,
+    old_fd: int,
+    info: bpfsys.MapInfo,
+    path: str,
+    why: str,
+    copy: bool,
+    keep_old: bool = False,
+) -> int:
+    """Replace the pin at `path` by a map with our layout, copying entries if `copy`. The old
+    map's fd is closed unless `keep_old`."""
+    ringbuf = info.type == bpfsys.BPF_MAP_TYPE_RINGBUF  # no keys
+    keys = [] if ringbuf else bpfsys.map_keys(old_fd, info.key_size)
+    new_fd = _new_map(spec)
+    copied = copy_entries(spec, old_fd, new_fd, keys) if copy else 0
+    if not keep_old:
+        os.close(old_fd)
+    os.unlink(path)
+    bpfsys.obj_pin(new_fd, path)
+    os.chmod(path, 0o600)
+    if copy:
+        log.warning("migrated map %s (%s): %d of %d entries copied", path, why, copied, len(keys))
+    else:
+        log.warning(
+            "rebuilt map %s (%s): %d old entries dropped; until the first sync packets to its "
+            "addresses pass untranslated",
+            path,
+            why,
+            len(keys),
+        )
+    return new_fd
+
+
+def copy_entries(spec: MapSpec, old_fd: int, new_fd: int, keys: list[bytes]) -> int:
+    """Copy the entries of `keys` (those still there) from one map of `spec`'s layout to
+    another; those that do not fit are left out. How many were copied."""
+    per_cpu = spec.map_type == bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY
+    size = (spec.value_size + 7) // 8 * 8 * possible_cpus() if per_cpu else spec.value_size
+    copied = 0
+    for raw in keys:
+        key = ctypes.create_string_buffer(raw, len(raw))
+        val = ctypes.create_string_buffer(size)
+        if not bpfsys.map_lookup(old_fd, key, val):
+            continue
+        try:
+            bpfsys.map_update(new_fd, key, val)
+            copied += 1
+        except bpfsys.BpfError as e:
+            if e.errno not in (errno.E2BIG, errno.ENOSPC):
+                raise
+    return copied
+
+
+class Pins:
+    """File descriptors of every map under one pin directory, the Services' counter slots, and
+    bulk reads and writes (batched where the kernel has batch operations)."""
+
+    def __init__(self, pin_dir: str, fds: dict[str, int], layout: Layout) -> None:
+        self.pin_dir = pin_dir
+        self.fds = fds
+        self.layout = layout
+        self.slots = ServiceSlots(
+            fds[layout.svcnames.name], fds[layout.svcstats.name], layout.slots, possible_cpus()
+        )
+        self._no_batch = False  # set when the kernel refuses batch operations
+        self._old_flows: list[tuple[MapSpec, int]] = []  # flow maps replaced by a resize
+        #: the flow hints must be seeded again once the new egress program runs (the maps
+        #: were upgraded or resized while older programs were recording flows)
+        self.hints_need_seed = False
+
+    @property
+    def max_services(self) -> int:
+        return self.layout.max_services
+
+    def close(self) -> None:
+        for fd in [*self.fds.values(), *(f for _, f in self._old_flows)]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = {}
+        self._old_flows = []
+
+    def _items(self, spec: MapSpec) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs of a hash map: BPF_MAP_LOOKUP_BATCH (about 17x faster than a key
+        walk, bench/), or the walk on kernels without batch operations."""
+        fd, key_size, value_size = self.fds[spec.name], spec.key_size, spec.value_size
+        if not self._no_batch:
+            try:
+                yield from bpfsys.map_items_batch(fd, key_size, value_size)
+                return
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                self._no_batch = True
+        for raw in bpfsys.map_keys(fd, key_size):
+            val = ctypes.create_string_buffer(value_size)
+            if bpfsys.map_lookup(fd, ctypes.create_string_buffer(raw, key_size), val):
+                yield raw, val.raw  # gone meanwhile: skipped
+
+    def _keys(self, spec: MapSpec) -> list[bytes]:
+        return bpfsys.map_keys(self.fds[spec.name], spec.key_size)
+
+    def _lookup(self, spec: MapSpec, key: bytes) -> bytes | None:
+        """The value of `key`, by one lookup."""
+        val = ctypes.create_string_buffer(spec.value_size)
+        k = ctypes.create_string_buffer(key, len(key))
+        found = bpfsys.map_lookup(self.fds[spec.name], k, val)
+        return val.raw if found else None
+
+    def percpu(self, spec: MapSpec, key: int) -> list[bytes] | None:
+        """The value of `key` in a per-CPU array, one bytes per possible CPU."""
+        ncpu = possible_cpus()
+        stride = (spec.value_size + 7) // 8 * 8
+        buf = ctypes.create_string_buffer(stride * ncpu)
+        if not bpfsys.map_lookup(self.fds[spec.name], ctypes.c_uint32(key), buf):
+            return None
+        raw = buf.raw
+        return [raw[c * stride : c * stride + spec.value_size] for c in range(ncpu)]
+
+    def _read_slots(self) -> None:
+        self.slots.load(self._items(self.layout.svcnames))
+
+    def _update_batch(self, spec: MapSpec, keys: list[bytes], values: list[bytes]) -> None:
+        fd = self.fds[spec.name]
+        if not keys:
+            return
+        if not self._no_batch:
+            try:
+                bpfsys.map_update_batch(fd, b"".join(keys), b"".join(values), len(keys))
+                return
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                self._no_batch = True
+                log.info("this kernel has no batch map operations: one call per entry")
+        for k, v in zip(keys, values, strict=True):
+            bpfsys.map_update(
+                fd, ctypes.create_string_buffer(k, len(k)), ctypes.create_string_buffer(v, len(v))
+            )
+
+    def _delete_batch(self, spec: MapSpec, keys: list[bytes]) -> None:
+        fd = self.fds[spec.name]
+        if not keys:
+            return
+        if not self._no_batch:
+            try:
+                bpfsys.map_delete_batch(fd, b"".join(keys), spec.key_size)
+                return
+            except bpfsys.BpfError as e:
+                if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                    raise
+                self._no_batch = True
+        for k in keys:
+            bpfsys.map_delete(fd, ctypes.create_string_buffer(k, len(k)))

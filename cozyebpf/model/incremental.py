@@ -1,0 +1,400 @@
+"""The model kept up to date change by change (IncrementalModel), and what each change
+did (Delta)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cozyebpf.model.compose import (
+    ModelResult,
+    ServiceView,
+    _admit,
+    _age_order,
+    _compose,
+    _Eval,
+    _evaluate,
+    _Output,
+    _state_of,
+)
+from cozyebpf.model.records import (
+    DEFAULT_PROXY_NAME,
+    ForeignRecord,
+    Key,
+    ObjectRef,
+    ObjectSet,
+    Problem,
+    ServiceRecord,
+    SliceRecord,
+)
+from cozyebpf.state import Capacity, IPAddress, MapDiff, MapState, diff
+
+#: seconds a pod stays learning after its nodes changed (IncrementalModel): long enough for
+#: its first answer on the new node to record each flow it has (docs/design.md, "Live migration")
+MIGRATION_HOLD = 10.0
+
+
+@dataclass
+class Delta:
+    """What one `IncrementalModel.flush()` changed: `diff` turns the desired state before into
+    the desired state after; `new_services`/`new_pods` count the keys of `diff.services_set`/
+    `diff.pods_set` that did not exist before (for the summary line); the Problems that
+    appeared and went away; how many Services were recomputed."""
+
+    diff: MapDiff = field(default_factory=MapDiff)
+    new_services: int = 0
+    new_pods: int = 0
+    problems_added: list[Problem] = field(default_factory=list)
+    problems_removed: list[Problem] = field(default_factory=list)
+    recomputed: int = 0
+
+    def empty(self) -> bool:
+        return self.diff.empty() and not self.problems_added and not self.problems_removed
+
+
+def _tuple_add(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
+    keys = index.get(at, ())
+    if key not in keys:
+        index[at] = (*keys, key)
+
+
+def _tuple_discard(index: dict[Any, tuple[Key, ...]], at: Any, key: Key) -> None:
+    keys = tuple(k for k in index.get(at, ()) if k != key)
+    if keys:
+        index[at] = keys
+    else:
+        index.pop(at, None)
+
+
+def _key(ref: ObjectRef) -> Key:
+    return (ref.namespace, ref.name)
+
+
+class IncrementalModel:
+    """The model kept up to date change by change, with the result of `build_state` on the same
+    objects at every `flush()` (tests/unit/test_incremental.py checks that after every step of
+    random histories).
+
+    Changes are recorded with `set_service`/`set_slices`/`set_problems` (or `replace` with a
+    whole ObjectSet) and take effect at `flush()`, which re-evaluates only the Services whose
+    record or slices changed, plus every Service that shares an LB IP or a pod with them,
+    directly or through others (the older-wins rules connect exactly those), and returns the
+    difference as a MapDiff. Work per change is proportional to what it touches, not to the
+    cluster. Over capacity, the programmed state is chosen again over all Services (oldest
+    first): a slow path that only runs while the maps cannot hold everything.
+
+    Live migration: a chosen pod whose nodes change (one address ready on another node, or on
+    more than one) is held learning for `hold` seconds of `clock` after the change, on top of
+    the time it is ready on two nodes: its flows were recorded on the node it left, and its
+    answers record them here (docs/design.md, "Live migration")."""
+
+    def __init__(
+        self,
+        proxy_name: str = DEFAULT_PROXY_NAME,
+        capacity: Capacity | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        hold: float = MIGRATION_HOLD,
+    ) -> None:
+        self.proxy_name = proxy_name
+        self.capacity = capacity
+        self.clock = clock
+        self.hold = hold
+        self._held: dict[IPAddress, float] = {}  # pod -> until when it stays learning
+        self.services: dict[Key, ServiceRecord] = {}
+        self.slices: dict[Key, tuple[SliceRecord, ...]] = {}
+        self._slices_of: dict[Key, tuple[Key, ...]] = {}  # Service -> slices that name it
+        self.foreign: dict[Key, ForeignRecord] = {}
+        self._foreign_by_ip: dict[IPAddress, set[ForeignRecord]] = {}
+        self._foreign_dirty: set[IPAddress] = set()
+        self._unkeyed: list[Problem] = []
+        self._evals: dict[Key, _Eval] = {}
+        # LB IP or chosen pod -> the Services that claim it (tuples: mostly one, and small)
+        self._claims: dict[IPAddress, tuple[Key, ...]] = {}
+        self._outputs: dict[Key, _Output] = {}
+        self._full = MapState()  # every Service's entries
+        self._counts: dict[tuple[str, int], int] = {}  # of _full, per kind and family
+        self.state = self._full  # the desired state: _full, or what fits when over capacity
+        self._left_out: dict[ObjectRef, Problem] = {}
+        self._problems: dict[Problem, int] = {}
+        self._dirty: set[Key] = set()
+        self._added: set[Problem] = set()
+        self._removed: set[Problem] = set()
+
+    # -- recording changes ---------------------------------------------------------------
+
+    def set_service(self, key: Key, rec: ServiceRecord | None) -> bool:
+        """Record the Service `key` (None: gone); False when nothing changed."""
+        if self.services.get(key) == rec:
+            return False
+        if rec is None:
+            del self.services[key]
+        else:
+            self.services[key] = rec
+        self._dirty.add(key)
+        return True
+
+    def set_slices(self, key: Key, recs: tuple[SliceRecord, ...] | None) -> bool:
+        """Record the EndpointSlice `key` (usually one record; None or () : gone); False when
+        nothing changed."""
+        old = self.slices.get(key, ())
+        new = recs or ()
+        if old == new:
+            return False
+        for r in old:
+            service = (r.ref.namespace, r.service)
+            _tuple_discard(self._slices_of, service, key)
+            self._dirty.add(service)
+        for r in new:
+            service = (r.ref.namespace, r.service)
+            _tuple_add(self._slices_of, service, key)
+            self._dirty.add(service)
+        if new:
+            self.slices[key] = new
+        else:
+            del self.slices[key]
+        return True
+
+    def set_foreign(self, key: Key, rec: ForeignRecord | None) -> bool:
+        """Record the LB IPs of a Service that is not ours (None: gone, or none)."""
+        old = self.foreign.get(key)
+        if old == rec:
+            return False
+        if old is not None:
+            for ip in old.lb_ips:
+                recs = self._foreign_by_ip[ip]
+                recs.discard(old)
+                if not recs:
+                    del self._foreign_by_ip[ip]
+            self._foreign_dirty.update(old.lb_ips)
+            del self.foreign[key]
+        if rec is not None:
+            self.foreign[key] = rec
+            for ip in rec.lb_ips:
+                self._foreign_by_ip.setdefault(ip, set()).add(rec)
+            self._foreign_dirty.update(rec.lb_ips)
+        return True
+
+    def set_problems(self, problems: Iterable[Problem]) -> None:
+        """The Problems about objects without a usable name (a manifest's garbage)."""
+        new = list(problems)
+        if new == self._unkeyed:
+            return
+        self._count(self._unkeyed, -1)
+        self._count(new, +1)
+        self._unkeyed = new
+
+    def replace(self, objects: ObjectSet) -> None:
+        """Make the recorded objects exactly `objects` (a source's whole content); only what
+        differs is marked changed."""
+        for key in self.services.keys() - objects.services.keys():
+            self.set_service(key, None)
+        for key, rec in objects.services.items():
+            self.set_service(key, rec)
+        for key in self.slices.keys() - objects.slices.keys():
+            self.set_slices(key, None)
+        for key, recs in objects.slices.items():
+            self.set_slices(key, recs)
+        for key in self.foreign.keys() - objects.foreign.keys():
+            self.set_foreign(key, None)
+        for key, frec in objects.foreign.items():
+            self.set_foreign(key, frec)
+        self.set_problems(objects.problems)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a flush() has something to do (a held pod's time may be up)."""
+        if self._dirty or self._foreign_dirty or self._added or self._removed:
+            return True
+        deadline = self.next_deadline()
+        return deadline is not None and deadline <= self.clock()
+
+    @property
+    def held(self) -> frozenset[IPAddress]:
+        """The pods learning: on two nodes, or moved less than `hold` ago (build_state's
+        `held`)."""
+        return frozenset(self._held)
+
+    def next_deadline(self) -> float | None:
+        """When (on `clock`) the first held pod stops learning; None: none is held."""
+        return min(self._held.values(), default=None)
+
+    # -- computing -----------------------------------------------------------------------
+
+    def _count(self, problems: Iterable[Problem], step: int) -> None:
+        for p in problems:
+            n = self._problems.get(p, 0) + step
+            if n > 0:
+                self._problems[p] = n
+            else:
+                self._problems.pop(p, None)
+            if step > 0 and n == 1:
+                if p in self._removed:
+                    self._removed.discard(p)
+                else:
+                    self._added.add(p)
+            elif step < 0 and n == 0:
+                if p in self._added:
+                    self._added.discard(p)
+                else:
+                    self._removed.add(p)
+
+    def _slice_records(self, key: Key) -> list[SliceRecord]:
+        out = [
+            r
+            for sk in self._slices_of.get(key, ())
+            for r in self.slices[sk]
+            if (r.ref.namespace, r.service) == key
+        ]
+        out.sort(key=lambda r: r.ref)
+        return out
+
+    def _reevaluate(self, dirty: Iterable[Key]) -> tuple[set[Key], set[IPAddress]]:
+        """New evaluations of `dirty`: the Services whose evaluation changed, and the
+        addresses they claimed before or claim now."""
+        changed: set[Key] = set()
+        addresses: set[IPAddress] = set()
+        for key in dirty:
+            rec = self.services.get(key)
+            new = _evaluate(rec, self._slice_records(key)) if rec is not None else None
+            old = self._evals.get(key)
+            if new == old:
+                continue
+            if new is not None and (old is None or old.homes != new.homes):
+                self._moved(old, new)
+            if old is not None:
+                for ip in old.addresses():
+                    addresses.add(ip)
+                    _tuple_discard(self._claims, ip, key)
+                del self._evals[key]
+            changed.add(key)
+            if new is not None:
+                self._evals[key] = new
+                for ip in new.addresses():
+                    addresses.add(ip)
+                    _tuple_add(self._claims, ip, key)
+        return changed, addresses
+
+    def _moved(self, old: _Eval | None, new: _Eval) -> None:
+        """Hold learning each chosen pod that is ready on two nodes, or whose nodes changed
+        from some to others."""
+        before = dict(old.homes) if old is not None else {}
+        for pod, nodes in new.homes:
+            if len(nodes) > 1 or before.get(pod, nodes) != nodes:
+                self._held[pod] = self.clock() + self.hold
+
+    def _moving(self, pod: IPAddress) -> bool:
+        return any(pod in self._evals[k].moving() for k in self._claims.get(pod, ()))
+
+    def _expire(self) -> set[IPAddress]:
+        """Release the held pods whose time is up (one still on two nodes is held on); those
+        released."""
+        now = self.clock()
+        done = set()
+        for pod in [pod for pod, until in self._held.items() if until <= now]:
+            if self._moving(pod):
+                self._held[pod] = now + self.hold
+            else:
+                del self._held[pod]
+                done.add(pod)
+        return done
+
+    def _component(self, seeds: set[Key], addresses: set[IPAddress]) -> set[Key]:
+        """`seeds` and every Service linked to them through shared addresses, transitively."""
+        comp = set(seeds)
+        if comp >= self._evals.keys():
+            return comp  # everything (a first read): nothing to look for
+        frontier = list(addresses)
+        for key in seeds:
+            if key in self._evals:
+                frontier.extend(self._evals[key].addresses())
+        seen: set[IPAddress] = set()
+        while frontier:
+            ip = frontier.pop()
+            if ip in seen:
+                continue
+            seen.add(ip)
+            for key in self._claims.get(ip, ()):
+                if key not in comp:
+                    comp.add(key)
+                    frontier.extend(self._evals[key].addresses())
+        return comp
+
+    def _update_counts(self, st: MapState, step: int) -> None:
+        c = self._counts
+        for k, n in st.counts().items():
+            c[k] = c.get(k, 0) + step * n
+
+    def flush(self) -> Delta:
+        """Apply the recorded changes; the difference in the desired state and Problems."""
+        dirty, self._dirty = self._dirty, set()
+        changed, addresses = self._reevaluate(dirty)
+        # a foreign LB IP appeared or went: the Services that claim it are warned anew; a
+        # held pod's time is up: its Services stop learning
+        foreign, self._foreign_dirty = self._foreign_dirty, set()
+        foreign |= self._expire()
+        for ip in foreign:
+            changed.update(self._claims.get(ip, ()))
+        addresses |= foreign
+        comp = self._component(changed, addresses)
+        old_outputs = [self._outputs.pop(k) for k in comp if k in self._outputs]
+        new_by_ref = _compose(
+            (self._evals[k] for k in comp if k in self._evals), self._foreign_by_ip, self._held
+        )
+        for ref, o in new_by_ref.items():
+            self._outputs[_key(ref)] = o
+        for o in old_outputs:
+            self._count(o.problems, -1)
+        for o in new_by_ref.values():
+            self._count(o.problems, +1)
+        old, new = _state_of(old_outputs), _state_of(new_by_ref.values())
+        d = diff(old, new)
+        self._update_counts(old, -1)
+        self._update_counts(new, +1)
+        over = self.capacity is not None and self.capacity.full(self._counts) is not None
+        before = self.state
+        if over and before is self._full:
+            before = before.copy()  # the maps held the whole state until this change
+        self._full.apply(d)  # the same change on the whole unconstrained state, in place
+        if over or before is not self._full:
+            d, old = self._constrain(over, before), before
+        out = Delta(
+            d,
+            new_services=sum(1 for k in d.services_set if k not in old.services),
+            new_pods=sum(1 for k in d.pods_set if k not in old.pods),
+            problems_added=sorted(self._added),
+            problems_removed=sorted(self._removed),
+            recomputed=len(comp),
+        )
+        self._added, self._removed = set(), set()
+        return out
+
+    def _constrain(self, over: bool, before: MapState) -> MapDiff:
+        """Choose what is programmed again over all Services (the capacity slow path); the
+        difference to what was programmed (`before`)."""
+        self._count(self._left_out.values(), -1)
+        if over:
+            assert self.capacity is not None
+            outputs = {o.view.ref: o for o in self._outputs.values() if o.view is not None}
+            self.state, self._left_out = _admit(_age_order(outputs, self._evals), self.capacity)
+        else:
+            self.state, self._left_out = self._full, {}
+        self._count(self._left_out.values(), +1)
+        return diff(before, self.state)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def problems(self) -> list[Problem]:
+        """Every current Problem, sorted."""
+        return sorted(self._problems)
+
+    def views(self) -> list[ServiceView]:
+        """Every selected Service as understood, sorted by namespace/name."""
+        return sorted(
+            (o.view for o in self._outputs.values() if o.view is not None), key=lambda v: v.ref
+        )
+
+    def result(self) -> ModelResult:
+        """The whole result, as `build_state` gives it (for tests and tools)."""
+        return ModelResult(self.state.copy(), self.views(), self.problems())

@@ -1,0 +1,712 @@
+"""Objects -> records: each Service and EndpointSlice read on its own into the small,
+immutable records the model keeps (ServiceRecord, SliceRecord, ForeignRecord), with a Problem
+for each bad object or field. Pure and never raises on bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from ipaddress import IPv4Address, IPv6Address, ip_network
+from typing import Any, Literal, NamedTuple
+
+from cozyebpf.state import IPAddress, IPNetwork, Proto, Ranges, family_name
+
+LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
+DEFAULT_PROXY_NAME = "cozy-proxy"
+ANN_WHOLE_IP = "networking.cozystack.io/wholeIP"
+ANN_ALLOW_ICMP = "networking.cozystack.io/allowICMP"
+#: the older way to give loadBalancerSourceRanges (comma-separated); the spec field wins
+ANN_SOURCE_RANGES = "service.beta.kubernetes.io/load-balancer-source-ranges"
+#: The label that ties an EndpointSlice to its Service.
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+
+Severity = Literal["warning", "error"]
+
+_PROTOS = {"TCP": Proto.TCP, "UDP": Proto.UDP, "SCTP": Proto.SCTP}
+_DOTTED_QUAD = re.compile(r"\d+\.\d+\.\d+\.\d+")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#: what IPv4Address accepts, in its one canonical form (no leading zeros, four octets)
+_CANONICAL_V4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
+_BROADCAST = IPv4Address("255.255.255.255")
+#: EndpointSlice addressType -> address family
+_ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6}
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class ObjectRef:
+    """Names a Kubernetes object (or, for garbage, its position in the input) in messages."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        if not self.namespace:
+            return f"{self.kind} {self.name}"
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Problem:
+    """Something wrong with one object: `message` says what, and what to do about it."""
+
+    ref: ObjectRef
+    message: str
+    severity: Severity = "warning"
+
+    def __str__(self) -> str:
+        return f"{self.ref}: {self.message}"
+
+
+class PortSpec(NamedTuple):
+    """An allowed destination port of a Service, as (protocol, port)."""
+
+    proto: Proto
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.proto.name.lower()}/{self.port}"
+
+
+class _Invalid(Exception):
+    """A bad field; becomes a Problem about the object being read."""
+
+    def __init__(self, message: str, severity: Severity = "error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.severity = severity
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedService:
+    """A selected Service whose fields could be read (immutable: records are compared to drop
+    no-op updates and shared between threads)."""
+
+    ref: ObjectRef
+    created: datetime | None
+    port_filter: bool
+    allow_icmp: bool
+    lb_ips: tuple[IPAddress, ...]
+    ports: tuple[PortSpec, ...]
+    problems: tuple[Problem, ...]
+    source_ranges: tuple[IPNetwork, ...] | None = None  # None: no restriction
+
+    def ranges_of(self, version: int) -> Ranges | None:
+        """The source ranges that apply to addresses of one family (None: every source)."""
+        if self.source_ranges is None:
+            return None
+        return frozenset(n for n in self.source_ranges if n.version == version)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRecord:
+    """One selected Service as read from its object: `service`, or the `problem` that makes it
+    unusable (exactly one of the two is set)."""
+
+    ref: ObjectRef
+    service: ParsedService | None
+    problem: Problem | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRecord:
+    """One EndpointSlice as read from its object: the Service it belongs to (its
+    kubernetes.io/service-name label), its ready addresses and the Problems found reading it
+    (reported only while that Service is selected and usable, as `build_state` does). `nodes`
+    pairs each ready address with the nodeName of an endpoint that has it (sorted): during a
+    live migration one address is ready on two nodes."""
+
+    ref: ObjectRef
+    service: str
+    ready: frozenset[IPAddress]
+    problems: tuple[Problem, ...]
+    nodes: tuple[tuple[IPAddress, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignRecord:
+    """A Service that cozyebpf does not manage but that holds LoadBalancer IPs: a managed LB IP
+    shared with it is warned about (another proxy, Cilium for one, programs that IP too)."""
+
+    ref: ObjectRef
+    lb_ips: tuple[IPAddress, ...]
+    labelled: bool  # it has a service-proxy-name label (of another proxy)
+
+
+#: Objects are keyed by (namespace, name).
+Key = tuple[str, str]
+
+
+def _q(value: object) -> str:
+    """`value` quoted the way it would be written in YAML/JSON."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):  # non-string keys, circular structures
+        return repr(value)
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({_q(value)})"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"a string ({_q(value)})"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    """`value` as a mapping; a missing (null) field is an empty one."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _Invalid(f"{where} must be a mapping but is {_describe(value)}; fix the object")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any] | tuple[Any, ...]:
+    """`value` as a list; a missing (null) field is an empty one."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise _Invalid(f"{where} must be a list but is {_describe(value)}; fix the object")
+    return value
+
+
+def _unusable_ipv6(ip: IPv6Address) -> str | None:
+    """Why NAT cannot use `ip` as an LB or pod IP, or None."""
+    if ip.scope_id is not None:
+        return f"an IPv6 address with a zone index (%{ip.scope_id})"
+    if ip.ipv4_mapped is not None:
+        return f"an IPv4-mapped IPv6 address (::ffff:0:0/96, standing for {ip.ipv4_mapped})"
+    if ip.is_unspecified:
+        return "the unspecified IPv6 address"
+    if ip.is_loopback:
+        return "the IPv6 loopback address"
+    if ip.is_multicast:
+        return "an IPv6 multicast address"
+    if ip.is_link_local:
+        return "an IPv6 link-local address (fe80::/10)"
+    return None
+
+
+def _parse_ip(value: object, where: str, fix: str, version: int | None = None) -> IPAddress:
+    """A unicast address NAT can use, IPv4 or IPv6 (normalised: `IPv6Address` accepts the
+    compressed and the full forms, upper case too), or _Invalid (an error). `version` only
+    names the expected family in the message about an address that does not parse; the caller
+    checks the family of one that does."""
+    if not isinstance(value, str):
+        raise _Invalid(f"{where} must be a string but is {_describe(value)}; {fix}")
+    ip: IPAddress
+    try:
+        if _CANONICAL_V4.fullmatch(value):  # the common case, without ipaddress's parser
+            ip = IPv4Address(socket.inet_aton(value))
+        else:
+            ip = IPv4Address(value)
+    except ValueError:
+        try:
+            ip = IPv6Address(value)
+        except ValueError:
+            why = ""
+            if (
+                version != 6
+                and _DOTTED_QUAD.fullmatch(value)
+                and any(len(o) > 1 and o.startswith("0") for o in value.split("."))
+            ):
+                why = " (leading zeros are ambiguous)"
+            want = family_name(version) if version is not None else "IP"
+            raise _Invalid(
+                f"{where} {_q(value)} is not a valid {want} address{why}; {fix}"
+            ) from None
+    if isinstance(ip, IPv4Address):
+        if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip == _BROADCAST:
+            raise _Invalid(f"{where} {_q(value)} is not a unicast address NAT can use; {fix}")
+        return ip
+    unusable = _unusable_ipv6(ip)
+    if unusable is not None:
+        raise _Invalid(f"{where} {_q(value)} is {unusable}, which NAT cannot use; {fix}")
+    return ip
+
+
+def _parse_time(value: object) -> datetime | None:
+    """An RFC 3339 timestamp (a string, or the datetime YAML makes of an unquoted one) as an
+    aware datetime (UTC if it has no offset); None if it is not one."""
+    if isinstance(value, datetime):
+        t = value
+    elif isinstance(value, str):
+        try:
+            t = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def _flag(ann: Mapping[str, Any], key: str, problems: list[Problem], ref: ObjectRef) -> bool:
+    """cozy-proxy's rule: only the exact string "true" is true. Values other than "true" and
+    "false" (such as "True", " true", "" or an unquoted YAML boolean) are warned about."""
+    value = ann.get(key)
+    if value is None or value == "false":
+        return False
+    if value == "true":
+        return True
+    problems.append(
+        Problem(
+            ref,
+            f'annotation {key} is {_describe(value)}, which is not the string "true", so it '
+            'counts as "false"; write "true" or "false" (quoted, lower case)',
+        )
+    )
+    return False
+
+
+def _ident(
+    obj: Mapping[str, Any], kind: str, index: int
+) -> tuple[ObjectRef, Mapping[str, Any]] | Problem:
+    """The object's reference and metadata, or a Problem naming it as well as possible."""
+    unnamed = f"#{index} (unnamed)"
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        what = "is missing" if meta is None else f"must be a mapping but is {_describe(meta)}"
+        return Problem(
+            ObjectRef(kind, "", unnamed),
+            f"metadata {what}; give the object a metadata.name",
+            "error",
+        )
+    name = meta.get("name")
+    ns = meta.get("namespace")
+    if ns is None or ns == "":
+        ns = "default"
+    elif not isinstance(ns, str):
+        return Problem(
+            ObjectRef(kind, "", name if isinstance(name, str) and name else unnamed),
+            f"metadata.namespace must be a string but is {_describe(ns)}; fix the object",
+            "error",
+        )
+    if not isinstance(name, str) or not name:
+        ref = ObjectRef(kind, ns, unnamed)
+        if name is None or name == "":
+            what = "is missing"
+        else:
+            what = f"must be a string but is {_describe(name)}"
+        return Problem(ref, f"metadata.name {what}; give the object a name", "error")
+    return ObjectRef(kind, ns, name), meta
+
+
+def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any]) -> ParsedService:
+    """A selected Service's fields; _Invalid if the object cannot be used at all. Problems with
+    single LB IPs or ports are collected in `problems` and those entries skipped."""
+    problems: list[Problem] = []
+    ann = _mapping(meta.get("annotations"), "metadata.annotations")
+    port_filter = not _flag(ann, ANN_WHOLE_IP, problems, ref)
+    allow_icmp = _flag(ann, ANN_ALLOW_ICMP, problems, ref)
+
+    created = None
+    if meta.get("creationTimestamp") is not None:
+        created = _parse_time(meta["creationTimestamp"])
+        if created is None:
+            problems.append(
+                Problem(
+                    ref,
+                    f"metadata.creationTimestamp {_q(meta['creationTimestamp'])} is not an "
+                    "RFC 3339 time, so the Service counts as the newest when LoadBalancer IPs "
+                    "conflict; fix or remove it",
+                )
+            )
+
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
+    ingress = _list(lb.get("ingress"), "status.loadBalancer.ingress")
+    lb_ips: list[IPAddress] = []
+    for i, entry in enumerate(ingress):
+        where = f"status.loadBalancer.ingress[{i}]"
+        try:
+            entry = _mapping(entry, where)
+            if entry.get("ip") is None:
+                if entry.get("hostname") is None:
+                    raise _Invalid(f"{where} has neither ip nor hostname; fix the Service status")
+                raise _Invalid(
+                    f"{where} has hostname {_q(entry['hostname'])} but no ip, and only IP "
+                    "addresses can be NATed; it is ignored",
+                    "warning",
+                )
+            ip = _parse_ip(entry["ip"], f"{where}.ip", "fix the Service status")
+        except _Invalid as e:
+            problems.append(Problem(ref, e.message, e.severity))
+            continue
+        if ip not in lb_ips:
+            lb_ips.append(ip)
+    if not ingress:
+        problems.append(
+            Problem(
+                ref,
+                "has no LoadBalancer IP yet (status.loadBalancer.ingress is empty), so it is not "
+                "programmed; it will be once a load balancer assigns one",
+            )
+        )
+
+    ports: set[PortSpec] = set()
+    if port_filter:
+        for i, p in enumerate(_list(spec.get("ports"), "spec.ports")):
+            where = f"spec.ports[{i}]"
+            try:
+                p = _mapping(p, where)
+                proto = p.get("protocol")
+                if proto is None:
+                    proto = "TCP"
+                if not isinstance(proto, str) or proto not in _PROTOS:
+                    raise _Invalid(
+                        f"{where}.protocol {_q(proto)} is not TCP, UDP or SCTP, so the port "
+                        "filter does not allow it; fix the protocol"
+                    )
+                port = p.get("port")
+                if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                    raise _Invalid(
+                        f"{where}.port {_q(port)} is not a port number from 1 to 65535, so the "
+                        "port filter does not allow it; fix the port"
+                    )
+            except _Invalid as e:
+                problems.append(Problem(ref, e.message, e.severity))
+                continue
+            ports.add(PortSpec(_PROTOS[proto], port))
+    source_ranges = _source_ranges(spec, ann, problems, ref)
+    return ParsedService(
+        ref,
+        created,
+        port_filter,
+        allow_icmp,
+        tuple(lb_ips),
+        tuple(sorted(ports)),
+        tuple(problems),
+        source_ranges,
+    )
+
+
+def _parse_cidr(value: object, where: str) -> IPNetwork:
+    """A CIDR of either family (host bits allowed and cleared, as Kubernetes accepts them),
+    or _Invalid (a warning: the other ranges still apply)."""
+    fix = "it is ignored, the other ranges still apply; fix it"
+    if not isinstance(value, str):
+        raise _Invalid(f"{where} must be a string but is {_describe(value)}; {fix}", "warning")
+    if "/" not in value:
+        raise _Invalid(
+            f"{where} {_q(value)} is not a CIDR (no prefix length, e.g. {value}/32); {fix}",
+            "warning",
+        )
+    try:
+        return ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise _Invalid(f"{where} {_q(value)} is not a valid CIDR; {fix}", "warning") from None
+
+
+def _source_ranges(
+    spec: Mapping[str, Any], ann: Mapping[str, Any], problems: list[Problem], ref: ObjectRef
+) -> tuple[IPNetwork, ...] | None:
+    """The valid loadBalancerSourceRanges, from the spec field or else the annotation (as
+    Kubernetes reads them); None when there are none (every source may connect). Invalid ones
+    are reported and left out; a list in which none is valid lets no source in: never wider
+    than asked."""
+    field_value = spec.get("loadBalancerSourceRanges")
+    items: list[tuple[str, object]] = []
+    what = "spec.loadBalancerSourceRanges"
+    if field_value not in (None, [], ()):
+        if not isinstance(field_value, list | tuple):
+            problems.append(
+                Problem(
+                    ref,
+                    f"{what} must be a list but is {_describe(field_value)}, so no source may "
+                    "connect; fix the field",
+                    "error",
+                )
+            )
+            return ()
+        items = [(f"{what}[{i}]", v) for i, v in enumerate(field_value)]
+        if ann.get(ANN_SOURCE_RANGES) is not None:
+            problems.append(
+                Problem(
+                    ref,
+                    f"annotation {ANN_SOURCE_RANGES} is ignored because {what} is set (the "
+                    "field wins, as in Kubernetes); remove one of them",
+                )
+            )
+    else:
+        value = ann.get(ANN_SOURCE_RANGES)
+        if value is None:
+            return None
+        what = f"annotation {ANN_SOURCE_RANGES}"
+        if not isinstance(value, str):
+            problems.append(
+                Problem(
+                    ref,
+                    f"{what} must be a comma-separated string but is {_describe(value)}, so no "
+                    "source may connect; fix the annotation",
+                    "error",
+                )
+            )
+            return ()
+        parts = [p.strip() for p in value.split(",")]
+        items = [(f"{what} item {n}", p) for n, p in enumerate(parts, start=1) if p]
+        if not items:
+            return None
+    nets: set[IPNetwork] = set()
+    for where, v in items:
+        try:
+            nets.add(_parse_cidr(v, where))
+        except _Invalid as e:
+            problems.append(Problem(ref, e.message, e.severity))
+    if not nets:
+        problems.append(
+            Problem(
+                ref,
+                f"none of the {len(items)} source ranges in {what} is valid, so no source may "
+                "connect (never wider than asked); fix them",
+                "error",
+            )
+        )
+    return tuple(sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen)))
+
+
+def _ready_addresses(
+    ref: ObjectRef,
+    obj: Mapping[str, Any],
+    problems: list[Problem],
+    nodes: set[tuple[IPAddress, str]] | None = None,
+) -> set[IPAddress]:
+    """The first address of each ready, non-terminating endpoint of an IPv4 or IPv6
+    EndpointSlice; all of the slice's addressType (an address of the other family is an error
+    and skipped). Each with the endpoint's nodeName (a string) goes to `nodes` as well."""
+    address_type = obj.get("addressType")
+    if address_type == "FQDN":
+        problems.append(
+            Problem(
+                ref,
+                "addressType FQDN is not supported (NAT needs a pod IP, not a name), so its "
+                "endpoints are ignored; use an IPv4 or IPv6 EndpointSlice",
+                "error",
+            )
+        )
+        return set()
+    if not isinstance(address_type, str) or address_type not in _ADDRESS_TYPES:
+        problems.append(
+            Problem(
+                ref,
+                f"addressType {_q(address_type)} is not IPv4, IPv6 or FQDN, so its endpoints "
+                "are ignored; fix the EndpointSlice",
+                "error",
+            )
+        )
+        return set()
+    version = _ADDRESS_TYPES[address_type]
+    try:
+        endpoints = _list(obj.get("endpoints"), "endpoints")
+    except _Invalid as e:
+        problems.append(Problem(ref, e.message, e.severity))
+        return set()
+    out: set[IPAddress] = set()
+    for i, ep in enumerate(endpoints):
+        where = f"endpoints[{i}]"
+        try:
+            ep = _mapping(ep, where)
+            cond = _mapping(ep.get("conditions"), f"{where}.conditions")
+            ready, terminating = cond.get("ready"), cond.get("terminating")
+            for key, value in (("ready", ready), ("terminating", terminating)):
+                if value is not None and not isinstance(value, bool):
+                    raise _Invalid(
+                        f"{where}.conditions.{key} must be true, false or absent but is "
+                        f"{_describe(value)}, so the endpoint is ignored; fix the EndpointSlice"
+                    )
+            if ready is False or terminating is True:
+                continue
+            addresses = _list(ep.get("addresses"), f"{where}.addresses")
+            if not addresses:
+                raise _Invalid(f"{where}.addresses is empty; fix the EndpointSlice")
+            fix = "fix the EndpointSlice"
+            ip = _parse_ip(addresses[0], f"{where}.addresses[0]", fix, version)
+            if ip.version != version:
+                raise _Invalid(
+                    f"{where}.addresses[0] {_q(addresses[0])} is an {family_name(ip.version)} "
+                    f"address but the EndpointSlice's addressType is {address_type}, so the "
+                    f"endpoint is ignored; {fix}"
+                )
+            out.add(ip)
+            node = ep.get("nodeName")
+            if nodes is not None and isinstance(node, str) and node:
+                nodes.add((ip, node))
+        except _Invalid as e:
+            problems.append(Problem(ref, e.message, e.severity))
+    return out
+
+
+def _same(a: object, b: object) -> bool:
+    """a == b, and False for structures too deep (or self-referencing, via YAML anchors)."""
+    try:
+        return a == b
+    except RecursionError:
+        return False
+
+
+# -- reading objects ----------------------------------------------------------------------
+
+
+def _read_foreign(ref: ObjectRef, obj: Mapping[str, Any], labelled: bool) -> ForeignRecord | None:
+    """The valid LB IPs of a Service that is not ours (nothing is reported about it)."""
+    status = obj.get("status")
+    lb = status.get("loadBalancer") if isinstance(status, Mapping) else None
+    ingress = lb.get("ingress") if isinstance(lb, Mapping) else None
+    if not isinstance(ingress, list | tuple):
+        return None
+    ips: list[IPAddress] = []
+    for entry in ingress:
+        if isinstance(entry, Mapping):
+            try:
+                ip = _parse_ip(entry.get("ip"), "", "")
+            except _Invalid:
+                continue
+            if ip not in ips:
+                ips.append(ip)
+    return ForeignRecord(ref, tuple(ips), labelled) if ips else None
+
+
+def read_object(
+    obj: object, index: int, proxy_name: str = DEFAULT_PROXY_NAME
+) -> ServiceRecord | SliceRecord | ForeignRecord | Problem | None:
+    """One object of a source, read on its own: a ServiceRecord for a Service labelled for
+    `proxy_name`, a ForeignRecord for another Service that holds LoadBalancer IPs, a
+    SliceRecord for an EndpointSlice that names its Service, a Problem for an object that
+    cannot even be named (`index`, from 1, names it by its position), None for everything else
+    (other kinds, slices without a Service label). Pure and never raises on bad input."""
+    if not isinstance(obj, Mapping):
+        return Problem(
+            ObjectRef("object", "", f"#{index}"),
+            f"must be a Kubernetes object (a mapping) but is {_describe(obj)}; fix or remove it",
+            "error",
+        )
+    kind, api_version = obj.get("kind"), obj.get("apiVersion")
+    if kind == "Service" and api_version in (None, "v1"):
+        ident = _ident(obj, "Service", index)
+        if isinstance(ident, Problem):
+            return ident
+        ref, meta = ident
+        try:
+            labels = _mapping(meta.get("labels"), "metadata.labels")
+            if labels.get(LABEL_PROXY_NAME) != proxy_name:
+                return _read_foreign(ref, obj, LABEL_PROXY_NAME in labels)
+            return ServiceRecord(ref, _read_service(ref, obj, meta))
+        except _Invalid as e:
+            return ServiceRecord(ref, None, Problem(ref, e.message, e.severity))
+    if kind == "EndpointSlice" and api_version in (None, "discovery.k8s.io/v1"):
+        ident = _ident(obj, "EndpointSlice", index)
+        if isinstance(ident, Problem):
+            return ident
+        ref, meta = ident
+        slice_labels = meta.get("labels")
+        service = (
+            slice_labels.get(LABEL_SERVICE_NAME) if isinstance(slice_labels, Mapping) else None
+        )
+        if not isinstance(service, str):
+            return None
+        problems: list[Problem] = []
+        nodes: set[tuple[IPAddress, str]] = set()
+        ready = _ready_addresses(ref, obj, problems, nodes)
+        return SliceRecord(
+            ref, service, frozenset(ready), tuple(problems), tuple(sorted(nodes, key=_node_key))
+        )
+    return None
+
+
+def _node_key(pair: tuple[IPAddress, str]) -> tuple[int, IPAddress, str]:
+    return (pair[0].version, pair[0], pair[1])
+
+
+def duplicate_problem(ref: ObjectRef, copies: int) -> ServiceRecord:
+    """The record of a Service defined several times with different contents."""
+    return ServiceRecord(
+        ref,
+        None,
+        Problem(
+            ref,
+            f"is defined {copies} times with different contents, so it is not programmed; "
+            "keep one definition",
+            "error",
+        ),
+    )
+
+
+@dataclass
+class ObjectSet:
+    """Every object of a source, read: the model's input. Slices are kept per (namespace,
+    name) as a tuple, since a manifest may define one twice."""
+
+    services: dict[Key, ServiceRecord] = field(default_factory=dict)
+    slices: dict[Key, tuple[SliceRecord, ...]] = field(default_factory=dict)
+    foreign: dict[Key, ForeignRecord] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)  # objects that cannot be named
+
+
+#: what read_object makes of one object
+Read = ServiceRecord | SliceRecord | ForeignRecord | Problem | None
+
+
+def gather(results: Iterable[Read]) -> tuple[ObjectSet, set[Key]]:
+    """The records of a source's objects, in order, as an ObjectSet (a Service's first copy
+    counts), and the keys of Services defined more than once (see read_objects)."""
+    out = ObjectSet()
+    copies: dict[Key, int] = {}
+    for rec in results:
+        if isinstance(rec, ServiceRecord):
+            key = (rec.ref.namespace, rec.ref.name)
+            copies[key] = copies.get(key, 0) + 1
+            out.services.setdefault(key, rec)
+        elif isinstance(rec, SliceRecord):
+            key = (rec.ref.namespace, rec.ref.name)
+            out.slices[key] = (*out.slices.get(key, ()), rec)
+        elif isinstance(rec, ForeignRecord):
+            out.foreign[(rec.ref.namespace, rec.ref.name)] = rec
+        elif isinstance(rec, Problem):
+            out.problems.append(rec)
+    return out, {key for key, n in copies.items() if n > 1}
+
+
+def read_objects(
+    objects: Iterable[object],
+    proxy_name: str = DEFAULT_PROXY_NAME,
+    again: Callable[[], Iterable[object]] | None = None,
+) -> ObjectSet:
+    """Read every object (`read_object`), in one pass that keeps only records. A Service
+    defined more than once counts only when every copy is the same object: when that happens
+    the copies are compared in a second pass over `again()` (the same objects again; by default
+    `objects` itself, which must then be a list or tuple)."""
+    out, twice = gather(
+        read_object(obj, index, proxy_name)
+        for index, obj in enumerate(objects, start=1)
+        if obj is not None
+    )
+    if not twice:
+        return out
+    if again is None:
+        assert isinstance(objects, list | tuple), "pass `again` to read a stream"
+        again = lambda: objects  # noqa: E731
+    found: dict[Key, list[Mapping[str, Any]]] = {}
+    for index, obj in enumerate(again(), start=1):
+        if obj is None:
+            continue
+        rec = read_object(obj, index, proxy_name)
+        if isinstance(rec, ServiceRecord) and (rec.ref.namespace, rec.ref.name) in twice:
+            assert isinstance(obj, Mapping)
+            found.setdefault((rec.ref.namespace, rec.ref.name), []).append(obj)
+    for key, objs in found.items():
+        if not all(_same(o, objs[0]) for o in objs[1:]):
+            out.services[key] = duplicate_problem(out.services[key].ref, len(objs))
+    return out

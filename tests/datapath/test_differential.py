@@ -1,0 +1,184 @@
+"""Differential tests: the loaded BPF programs against the reference model
+(tests/support/refmodel.py).
+
+Each hypothesis example is one map state and a batch of frames (valid, edge-case and
+malformed). The maps are cleared and seeded from the state, then every frame runs through the
+programs with BPF_PROG_RUN (ingress frames through both the XDP and the tc ingress program,
+egress frames through the tc egress program) and the verdict, the output bytes and the counter
+increments must equal the model's. The model's flow and fragment records are applied as the
+frames go; at the end of the batch the kernel's flow and fragment tables must equal the
+model's.
+
+The generator (map states and frames, `FEATURES`, CZ_DIFF_EXAMPLES and CZ_DIFF_FEATURES) is
+tests/support/diffgen.py; loading, seeding, running and comparing, with scapy and a hexdump when
+something differs, tests/support/diffharness.py; the hand-written cases are a table in
+tests/fixtures/differential.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from scapy.layers.inet import TCP, UDP
+
+from cozyebpf.datapath import bpfsys, layout, loader
+from cozyebpf.datapath.layout import FLOW4, FRAG4
+from cozyebpf.datapath.maps import PinnedMaps
+from tests.fixtures.differential import (
+    CLIENT6,
+    LB6_FILT,
+    POD6_FILT,
+    REG_SEED,
+    REGRESSIONS,
+    Step,
+    v4,
+    v6,
+)
+from tests.support import refmodel as rm
+from tests.support.diffgen import (
+    DIFF_TIMEOUTS,
+    EXAMPLES,
+    FEATURES,
+    Scenario,
+    address,
+    build,
+    scenarios,
+)
+from tests.support.diffharness import PROGRAMS, Datapath, check_frame, check_tables, scapy_command
+from tests.support.packets import CLIENT, LB_FILT, POD_FILT, assert_frame
+from tests.support.refmodel import PORT_FILTER, Pod, RefState
+
+
+@pytest.fixture(scope="module")
+def dp(request: pytest.FixtureRequest) -> Iterator[Datapath]:
+    """The programs loaded once for the module; how much they ran is reported at the end."""
+    from cozyebpf.datapath.attach import detach_all
+    from tests.support.env import unique_prefix
+
+    pin_dir = f"/sys/fs/bpf/{unique_prefix('diff')}"
+    maps = PinnedMaps.ensure(pin_dir)
+    maps.set_flow_timeouts(**DIFF_TIMEOUTS)
+    started = time.monotonic()
+    try:
+        progs = {name: loader.load(*spec, pin_dir) for name, spec in PROGRAMS.items()}
+        d = Datapath(maps, progs)
+        yield d
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if capture is not None and d.frames:
+            with capture.global_and_fixture_disabled():
+                print(
+                    f"\ndifferential: {d.frames} frames checked against the model, {d.runs} "
+                    f"program runs, in {time.monotonic() - started:.0f} s"
+                )
+    finally:
+        maps.close()
+        detach_all(pin_dir)
+
+
+# -- the differential test -------------------------------------------------------------------
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    print_blob=True,
+    # 50 frames an example are deliberate: generation is slower and examples larger than
+    # hypothesis's defaults expect
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(scenario=scenarios())
+def test_programs_match_the_model(dp: Datapath, scenario: Scenario) -> None:
+    """Every frame: same verdict, output bytes and counter increments as the model."""
+    dp.clear()
+    now = time.monotonic_ns()
+    state = scenario.seed.state(now)
+    dp.seed(state, now)
+    for i, f in enumerate(scenario.frames):
+        frame = build(f)
+        result = check_frame(dp, state, frame, f.egress)
+        state.apply(result, time.monotonic_ns())
+        if result.new_flows or result.frags or result.flow_vals:
+            check_tables(dp, state, f"after frame {i}: {scapy_command(frame)}")
+    check_tables(dp, state, "after the batch")
+
+
+def test_the_run_met_source_ranges_expired_flows_and_learning(dp: Datapath) -> None:
+    """The generated states exercised what they are for: drops from outside a pod's ranges,
+    replies of flows (some expired), and TCP let in to migrating pods."""
+    if not {"ranges", "expiry", "learn"} <= FEATURES or dp.frames == 0:
+        pytest.skip("ranges, expiry or learn not generated in this run")
+    counts = dp.counters()
+    assert counts.get("drop_source", (0, 0))[0] > 0, counts
+    assert counts.get("pass_reply", (0, 0))[0] > 0, counts
+    assert counts.get("pass_learn", (0, 0))[0] > 0, counts
+
+
+@pytest.mark.parametrize("steps", REGRESSIONS)
+def test_regression(dp: Datapath, steps: tuple[Step, ...]) -> None:
+    """The cases the spec names: the model gives the hand-written answer, and so do the
+    programs (the XDP and tc ingress programs, or the egress program)."""
+    dp.clear()
+    now = time.monotonic_ns()
+    state = REG_SEED.state(now)
+    dp.seed(state, now)
+    for step in steps:
+        frame = bytes(step.frame)
+        model = (rm.egress if step.egress else rm.ingress)(state, frame, now)
+        want = {r: (1, 0 if r == "flow_new" else len(frame)) for r in step.reasons}
+        assert (model.verdict, model.counts) == (step.verdict, want), "the model"
+        expected = step.out if step.out is not None else frame
+        assert_frame(model.frame, expected, "the model's output")
+        check_frame(dp, state, frame, step.egress)
+        state.apply(model, now)
+    check_tables(dp, state, "after the steps")
+
+
+# -- the clock ------------------------------------------------------------------------------
+
+
+def test_timestamps_are_the_monotonic_clocks(dp: Datapath) -> None:
+    """Fragment entries are seeded with time.monotonic_ns(): the first fragment's timestamp
+    (bpf_ktime_get_ns) must be CLOCK_MONOTONIC. A flow's is bpf_ktime_get_coarse_ns (a tenth
+    of the cost on the egress path, and exact enough for a refresh once a second):
+    CLOCK_MONOTONIC_COARSE."""
+    dp.clear()
+    pod, lb = address(POD_FILT), address(LB_FILT)
+    dp.seed(RefState(pod={pod: Pod(lb, PORT_FILTER)}), 0)
+    coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6 on Linux; Python names it on 3.13+
+    before = time.clock_gettime_ns(coarse)
+    dp.run("egress", bytes(v4(CLIENT, src=POD_FILT) / TCP(sport=1, dport=2)))
+    after = time.clock_gettime_ns(coarse)
+    (key,) = bpfsys.map_keys(dp.maps.fds[FLOW4.name], FLOW4.key_size)
+    val = layout.Flow4Val()
+    assert bpfsys.map_lookup(dp.maps.fds[FLOW4.name], FLOW4.key.from_buffer_copy(key), val)
+    assert before <= val.last_seen_ns <= after
+    frag = v4(POD_FILT, id=30, flags="MF") / UDP(sport=5000, dport=9) / (b"q" * 16)
+    before = time.monotonic_ns()
+    dp.run("xdp", bytes(frag))
+    after = time.monotonic_ns()
+    (fkey,) = bpfsys.map_keys(dp.maps.fds[FRAG4.name], FRAG4.key_size)
+    fval = layout.FragVal()
+    assert bpfsys.map_lookup(dp.maps.fds[FRAG4.name], FRAG4.key.from_buffer_copy(fkey), fval)
+    assert before <= fval.seen_ns <= after and not fval.passed
+
+
+def test_the_flow_hint_bit_is_the_same_in_c_and_python(dp: Datapath) -> None:
+    """The egress program sets a new flow's bit in its half of the flow hint; user space
+    (layout.flow_hint_bit) computes the same bit for flows it seeds."""
+    dp.clear()
+    pod, lb = address(POD6_FILT), address(LB6_FILT)
+    dp.seed(RefState(pod={pod: Pod(lb, PORT_FILTER)}), 0)
+    fd, lay = dp.maps.fds["flowhint"], dp.maps.layout
+    for words in range(2 * lay.hint_words):  # start from an empty hint
+        bpfsys.map_update(fd, ctypes.c_uint32(words), ctypes.c_uint64(0))
+    dp.run("egress", bytes(v6(CLIENT6, src=POD6_FILT) / UDP(sport=40001, dport=53)))
+    bit = layout.flow_hint_bit(
+        pod.packed, address(CLIENT6).packed, 40001, 53, rm.UDP, lay.hint_log2
+    )
+    got = ctypes.c_uint64()
+    assert bpfsys.map_lookup(fd, ctypes.c_uint32(2 * (bit >> 6)), got)  # the programs' word
+    assert got.value == 1 << (bit & 63)

@@ -1,0 +1,132 @@
+"""End to end with the Kubernetes source: the agent in the lab's node namespace watches the API
+server double (listening inside that namespace) and programs the real datapath. A Service
+change reaches the datapath, an outage keeps traffic flowing, and after recovery the maps
+converge; readiness follows the first complete sync; conflicts become Events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cozyebpf.lab import DEFAULT_PODS
+from tests.support.k8s import Svc, objects
+from tests.support.kubeapi import FakeKubeAPI
+from tests.support.labtools import AgentLab, agent_lab, wait_for
+from tests.support.packets import LB_FILT, LB_WHOLE
+
+POD1, POD2 = DEFAULT_PODS[:2]
+WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
+FILT = Svc(
+    "vm2", LB_FILT, POD2.ip, [("TCP", 80)], allow_icmp="true", created="2026-01-02T00:00:00Z"
+)
+HEALTH = "127.0.0.1:19810"
+
+
+@pytest.fixture
+def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[tuple[AgentLab, FakeKubeAPI]]:
+    with agent_lab("k", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2]) as env:
+        api = FakeKubeAPI(bookmark_interval=0.5)
+        env.lab.in_ns(env.lab.node, api.start)  # the server socket lives in the node namespace
+        env.source_args = [
+            "--kubeconfig",
+            str(api.kubeconfig(tmp_path / "kubeconfig")),
+            "--node-name",
+            "node-a",
+            "--health-address",
+            HEALTH,
+        ]
+        try:
+            yield env, api
+        finally:
+            api.stop()
+
+
+def put(api: FakeKubeAPI, *svcs: Svc) -> None:
+    for s in svcs:
+        for o in objects(s):
+            api.apply(o)
+
+
+def lbs(env: AgentLab) -> set[str]:
+    return {str(lb) for lb in env.maps_state().services}
+
+
+def ping(env: AgentLab, lb: str) -> bool:
+    return (
+        env.lab.exec(env.lab.client, "ping", "-c", "1", "-W", "1", lb, check=False).returncode == 0
+    )
+
+
+def probe(env: AgentLab, path: str) -> str:
+    p = env.lab.exec(
+        env.lab.node,
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        f"http://{HEALTH}{path}",
+        check=False,
+    )
+    return p.stdout
+
+
+def test_changes_reach_the_datapath_and_outages_keep_traffic(
+    env: tuple[AgentLab, FakeKubeAPI],
+) -> None:
+    agent, api = env
+    put(api, WHOLE)
+    agent.start_agent()
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
+    assert ping(agent, LB_WHOLE)
+    assert probe(agent, "/readyz") == "200" and probe(agent, "/healthz") == "200"
+
+    put(api, FILT)  # a watch event
+    wait_for(lambda: lbs(agent) == {LB_WHOLE, LB_FILT}, 10, "the new Service")
+    assert ping(agent, LB_FILT)
+
+    api.set_down(True)  # outage: nothing changes in the datapath
+    api.delete("Service", "default", "vm1")
+    wait_for(lambda: "keeping the last known state" in agent.log(), 15, "the agent to notice")
+    assert lbs(agent) == {LB_WHOLE, LB_FILT} and ping(agent, LB_WHOLE)
+    assert probe(agent, "/healthz") == "200"
+
+    api.set_down(False)  # recovery: the maps converge on the API's state
+    wait_for(lambda: lbs(agent) == {LB_FILT}, 20, "convergence after the outage")
+    assert not ping(agent, LB_WHOLE) and ping(agent, LB_FILT)
+
+
+def test_not_ready_and_nothing_removed_until_the_first_list(
+    env: tuple[AgentLab, FakeKubeAPI],
+) -> None:
+    agent, api = env
+    put(api, WHOLE)
+    agent.start_agent()
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
+    agent.stop_agent()
+    api.set_down(True)
+    agent.start_agent()  # restart during an outage: the pinned state stays
+    wait_for(lambda: probe(agent, "/readyz") == "503", 10, "not ready")
+    assert probe(agent, "/healthz") == "200"
+    assert lbs(agent) == {LB_WHOLE} and ping(agent, LB_WHOLE)
+    api.set_down(False)
+    wait_for(lambda: probe(agent, "/readyz") == "200", 20, "ready after the list")
+
+
+def test_a_conflict_becomes_an_event_on_the_newer_service(
+    env: tuple[AgentLab, FakeKubeAPI],
+) -> None:
+    agent, api = env
+    thief = Svc("vm-late", LB_WHOLE, POD2.ip, [("TCP", 80)], created="2026-03-01T00:00:00Z")
+    put(api, WHOLE, thief)
+    agent.start_agent()
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
+    services = agent.maps_state().services  # the older Service keeps the LB IP
+    assert {str(lb): str(e.pod_ip) for lb, e in services.items()} == {LB_WHOLE: POD1.ip}
+    events = wait_for(lambda: api.events("default"), 10, "an Event")
+    (ev,) = events
+    assert ev["involvedObject"]["name"] == "vm-late" and ev["type"] == "Warning"
+    assert LB_WHOLE in ev["message"] and ev["source"]["host"] == "node-a"

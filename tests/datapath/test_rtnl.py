@@ -1,0 +1,139 @@
+"""cozyebpf's own rtnetlink reads (cozyebpf/datapath/rtnl.py) give what pyroute2 gives: the
+XDP program of a device, the cls_bpf filters of a clsact direction, the devices of the default
+route (multipath included). In a lab namespace, with real programs attached."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from cozyebpf.datapath import attach, bpfsys, rtnl
+from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab
+from tests.support.env import unique_prefix
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    with Lab(unique_prefix("rt"), pods=DEFAULT_PODS[:2]) as lab:
+        yield lab
+
+
+_MODULES: list[object] = []  # bcc modules keep their programs' fds open
+
+
+def trivial(prog_type: int, name: str) -> int:
+    """A loaded program that returns XDP_PASS / TC_ACT_UNSPEC."""
+    from bcc import BPF
+
+    text = f"int {name}(void *ctx) {{ return {2 if prog_type == BPF.XDP else -1}; }}"
+    module = BPF(text=text.encode())
+    _MODULES.append(module)
+    return int(module.load_func(name.encode(), prog_type).fd)
+
+
+def pyroute2_xdp(ifindex: int) -> int | None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        xdp = ipr.get_links(ifindex)[0].get_attr("IFLA_XDP")
+    prog_id = dict(xdp.get("attrs", [])).get("IFLA_XDP_PROG_ID") if xdp else None
+    return int(prog_id) if prog_id else None
+
+
+def test_xdp_program_of_a_device(lab: Lab) -> None:
+    from bcc import BPF
+
+    def check() -> None:
+        idx = socket.if_nametoindex(UPLINK)
+        assert rtnl.xdp_program(idx) is None and pyroute2_xdp(idx) is None
+        fd = trivial(BPF.XDP, "some_xdp")
+        link = bpfsys.link_create(fd, idx, bpfsys.BPF_XDP, flags=attach.XDP_MODES["native"])
+        try:
+            prog_id = bpfsys.prog_info(fd).id
+            assert rtnl.xdp_program(idx) == (prog_id, 1)  # native
+            assert pyroute2_xdp(idx) == prog_id
+            assert attach.current_xdp(idx) == (prog_id, "xdp")
+        finally:
+            bpfsys.link_detach(link)
+        assert rtnl.xdp_program(idx) is None
+
+    lab.in_ns(lab.node, check)
+
+
+def test_bpf_filters_of_a_clsact_direction(lab: Lab) -> None:
+    from bcc import BPF
+    from pyroute2 import IPRoute
+
+    def check() -> None:
+        idx = socket.if_nametoindex(UPLINK)
+        assert rtnl.bpf_filters(idx, attach.TC_EGRESS_PARENT) == []  # no clsact at all
+        fds = [trivial(BPF.SCHED_CLS, n) for n in ("cz_egress", "other_prog")]
+        with IPRoute() as ipr:
+            ipr.tc("add", "clsact", idx)
+            for prio, (fd, name) in enumerate(
+                zip(fds, ("cz_egress", "other_prog"), strict=True), start=3
+            ):
+                ipr.tc(
+                    "add-filter",
+                    "bpf",
+                    idx,
+                    parent=attach.TC_EGRESS_PARENT,
+                    prio=prio,
+                    fd=fd,
+                    name=name,
+                    direct_action=True,
+                )
+            theirs = sorted(
+                (f["info"] >> 16, f.get_attr("TCA_OPTIONS").get_attr("TCA_BPF_NAME"))
+                for f in ipr.get_filters(idx, parent=attach.TC_EGRESS_PARENT)
+                if f.get_attr("TCA_OPTIONS") and f.get_attr("TCA_OPTIONS").get_attr("TCA_BPF_NAME")
+            )
+        ours = sorted(rtnl.bpf_filters(idx, attach.TC_EGRESS_PARENT))
+        assert ours == theirs
+        assert [p for p, _ in ours] == [3, 4]
+        assert attach.legacy_filters(idx, attach.TC_EGRESS_PARENT) == [(3, "cz_egress")]
+        assert attach.remove_legacy(idx, attach.TC_EGRESS_PARENT) == [
+            "clsact filter cz_egress prio 3"
+        ]
+        assert [n for _, n in rtnl.bpf_filters(idx, attach.TC_EGRESS_PARENT)] == [theirs[1][1]]
+        assert rtnl.bpf_filters(idx, attach.TC_INGRESS_PARENT) == []
+
+    lab.in_ns(lab.node, check)
+
+
+def test_default_route_devices(lab: Lab) -> None:
+    from pyroute2 import IPRoute
+
+    def names() -> list[str]:
+        return [socket.if_indextoname(i) for i in rtnl.default_route_devices()]
+
+    assert lab.in_ns(lab.client, names) == ["eth0"]
+    assert lab.in_ns(lab.node, names) == []  # the node has no default route
+    # a multipath default route: every next hop
+    node = lab.node
+    lab.ip(
+        node,
+        "route",
+        "add",
+        "default",
+        "nexthop",
+        "dev",
+        UPLINK,
+        "nexthop",
+        "dev",
+        DEFAULT_PODS[0].host_dev,
+    )
+    assert lab.in_ns(node, names) == [UPLINK, DEFAULT_PODS[0].host_dev]
+
+    def theirs() -> list[int]:
+        with IPRoute() as ipr:
+            out = []
+            for r in ipr.get_default_routes(family=socket.AF_INET):
+                out += [r.get_attr("RTA_OIF")] + [
+                    h["oif"] for h in r.get_attr("RTA_MULTIPATH") or []
+                ]
+            return [i for i in out if i]
+
+    assert lab.in_ns(node, rtnl.default_route_devices) == lab.in_ns(node, theirs)

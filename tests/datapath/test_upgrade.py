@@ -1,0 +1,241 @@
+"""In-place upgrades of the map layout under live traffic: an agent of an older layout runs
+the datapath (the newest commit with that layout, `git archive`d, with its own package and
+compiler child), it stops, and this tree's agent takes over the pinned maps and links. Not one
+packet is lost: UDP streams each way, TCP connections to a whole-IP VM and from a port-filter
+pod (its replies pass by the flow it opened), and a port-filter pod that opens a new UDP flow
+every few milliseconds and needs every answer (flows recorded by the old egress program during
+the takeover must be in the new flow hints before the new ingress program trusts them).
+
+- layout 2 (no per-Service counters) -> this layout: the maps stay, the new ones (svcstats,
+  svcnames, the monitor's, dryrun) are created, every address gets its Service's slot at the
+  first sync, and the counters count from then on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cozyebpf.datapath.layout import LAYOUT_VERSION
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, Lab
+from tests.support.env import IN_CI
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import AgentLab, agent_lab, serve, udp_echo, wait_for
+from tests.support.packets import LB_FILT, LB_WHOLE
+from tests.support.traffic import TcpChat, UdpStream, flowing, line_echo
+
+POD1, POD2 = DEFAULT_PODS[:2]
+WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
+FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80), ("UDP", 9104)])
+
+
+def layout_tree(repo: Path, dest: Path, version: int) -> Path:
+    """The source tree of the newest commit with map layout `version` (what was running before
+    the next layout was merged), unpacked into `dest`."""
+    define = f"#define CZ_LAYOUT_VERSION {version}\n"
+
+    def version_of(rev: str) -> str:
+        p = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{rev}:bpf/lib/types.h"],
+            capture_output=True,
+            text=True,
+        )
+        return p.stdout if p.returncode == 0 else ""
+
+    revs = subprocess.run(
+        ["git", "-C", str(repo), "rev-list", "--max-count=500", "HEAD"],
+        capture_output=True,
+        text=True,
+    )
+    old = next(
+        (r for r in revs.stdout.split() if define in version_of(r)),
+        None,
+    )
+    if revs.returncode != 0 or old is None:
+        msg = f"no commit with map layout {version} in the history of {repo}: {revs.stderr.strip()}"
+        if IN_CI:
+            pytest.fail(msg + " (CI runs in a full clone)", pytrace=False)
+        pytest.skip(msg)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", old], capture_output=True, check=True
+    )
+    dest.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    assert define in (dest / "bpf/lib/types.h").read_text()
+    return dest
+
+
+@dataclass
+class NewFlows:
+    """From `ns`, one UDP request every few milliseconds, each from a new socket (a new source
+    port: a new flow for the port filter), each expecting the echo within a second."""
+
+    lab: Lab
+    ns: str
+    dst: tuple[str, int]
+    sent: int = 0
+    answered: int = 0
+    lost: list[int] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        def run() -> None:
+            while not self._stop.is_set():
+                with self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.settimeout(1.0)
+                    n = self.sent
+                    self.sent += 1
+                    s.sendto(n.to_bytes(8, "big"), self.dst)
+                    try:
+                        s.recvfrom(64)
+                        self.answered += 1
+                    except TimeoutError:
+                        self.lost.append(n)
+                time.sleep(0.003)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+
+
+@pytest.fixture
+def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    with agent_lab("u", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(WHOLE, FILT)) as env:
+        yield env
+
+
+@dataclass
+class Traffic:
+    """Everything that must not lose a packet while the agents change."""
+
+    lab: Lab
+    streams: list[UdpStream]
+    chats: list[TcpChat]
+    flows: NewFlows
+    #: the old agent's pinned maps: name -> map id
+    old_maps: dict[str, int] = field(default_factory=dict)
+
+    def all(self) -> list[UdpStream | TcpChat | NewFlows]:
+        return [*self.streams, *self.chats, self.flows]
+
+    def check(self) -> None:
+        for stream in self.streams:
+            assert stream.sent > 1000 and stream.lost() == [], stream.dst
+        assert self.streams[1].peers == {LB_FILT}  # translated all along
+        for chat in self.chats:
+            assert chat.error is None and chat.rounds > 50
+        flows = self.flows
+        assert flows.sent > 200 and flows.lost == [], f"{len(flows.lost)} of {flows.sent} lost"
+
+
+def upgrade_under_traffic(env: AgentLab, old: Path, old_pins: str) -> Traffic:
+    """Run the agent of the tree `old` (its maps: the pin `old_pins` is there), start the
+    traffic, replace the agent by this tree's, stop the traffic."""
+    lab = env.lab
+    new_cmd = env.cmd  # this tree's agent (or COZYEBPF_TEST_CMD's, e.g. the image's)
+    # the old agent: its own package and bpf/ with this Python (PYTHONSAFEPATH: not the current
+    # directory's package, for the compiler child it may start too)
+    env.cmd = [sys.executable, "-m", "cozyebpf"]
+    env.env.update(PYTHONPATH=str(old), PYTHONSAFEPATH="1")
+    env.start_agent()  # the manifest holds WHOLE and FILT already
+    wait_for(
+        lambda: "now 2 services, 2 pods, 2 allowed ports" in env.log(), 10, "the old agent's sync"
+    )
+    assert os.path.exists(f"{env.pin_dir}/{old_pins}"), "the old agent pins its layout's maps"
+    t = Traffic(
+        lab,
+        [
+            UdpStream(lab, lab.client, lab.pod_ns(POD1), (LB_WHOLE, 9100), 9100),
+            UdpStream(lab, lab.pod_ns(POD2), lab.client, (CLIENT_IP, 9101), 9101),
+            UdpStream(lab, lab.client, lab.pod_ns(POD2), (LB_FILT, 9104), 9104),  # allowed port
+        ],
+        [],
+        NewFlows(lab, lab.pod_ns(POD2), (CLIENT_IP, 9105)),
+        old_maps=env.map_ids(),
+    )
+    with (
+        serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 9102, line_echo),
+        serve(lab, lab.client, socket.SOCK_STREAM, 9103, line_echo),
+        serve(lab, lab.client, socket.SOCK_DGRAM, 9105, udp_echo),
+    ):
+        t.chats = [
+            TcpChat(lab, lab.client, (LB_WHOLE, 9102)),  # to the whole-IP VM
+            TcpChat(lab, lab.pod_ns(POD2), (CLIENT_IP, 9103)),  # a filtered pod's own
+        ]
+        for s in t.all():
+            s.start()
+        # traffic before and after the switch, enough for Traffic.check's totals
+        flowing(t.all(), udp=600, tcp=30, other=120)
+        assert env.stop_agent(signal.SIGTERM) == 0
+        del env.env["PYTHONPATH"], env.env["PYTHONSAFEPATH"]
+        env.cmd = new_cmd
+        env.start_agent()  # the upgrade
+        flowing(t.all(), udp=600, tcp=30, other=120)
+        for s in t.all():
+            s.stop()
+    return t
+
+
+def test_layout_2_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    old = layout_tree(repo_root, tmp_path / "layout2", 2)
+    traffic = upgrade_under_traffic(env, old, "addr4")
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    assert env.map_ids()["flow4"] == traffic.old_maps["flow4"], "the flows are kept"
+    traffic.check()
+    # the addresses carry their Services' slots, and the traffic after the upgrade counted
+    with PinnedMaps.open(env.pin_dir) as m:
+        names = {str(k): v.service for k, v in m.read_state().services.items()}
+        assert names == {LB_WHOLE: "default/vm1", LB_FILT: "default/vm2"}
+        counted = {c.service: c for c in m.service_counters()}
+    assert counted["default/vm1"].in_packets > 0 and counted["default/vm1"].out_packets > 0
+    assert counted["default/vm2"].in_packets > 0 and counted["default/vm2"].out_packets > 0
+    env.set_services(WHOLE)
+
+
+def test_layout_3_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    """Layout 4 adds the source ranges and the flows' timeouts beside the maps of layout 3,
+    which are kept (flows too: their values gained the closing mark in a bit layout 3 never
+    set)."""
+    old = layout_tree(repo_root, tmp_path / "layout3", 3)
+    traffic = upgrade_under_traffic(env, old, "svcstats")
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    assert env.map_ids()["flow4"] == traffic.old_maps["flow4"], "the flows are kept"
+    traffic.check()
+    with PinnedMaps.open(env.pin_dir) as m:
+        assert m.flow_timeouts()["udp"] == 120
+    env.set_services(WHOLE)
+
+
+def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    """Layout 5 adds the fast paths' seen slots beside the maps of layout 4, which are kept as
+    they are: the flows the old programs recorded still admit their replies."""
+    old = layout_tree(repo_root, tmp_path / "layout4", 4)
+    traffic = upgrade_under_traffic(env, old, "flowcfg")
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    new = env.map_ids()
+    assert set(new) - set(traffic.old_maps) == {"seen4", "seen6"}, "created beside the others"
+    assert {k: new[k] for k in traffic.old_maps} == traffic.old_maps, "every map kept as it is"
+    traffic.check()
+    env.set_services(WHOLE)

@@ -1,0 +1,140 @@
+"""What the tests need from the machine, checked once, at collection (tests/conftest.py).
+
+Each prerequisite has a name and a check that says, when it is missing, what is missing and how
+to get it. A test says what it needs with markers:
+
+- `datapath`: every test under tests/datapath (the directory adds the marker) and the few
+  elsewhere that need the kernel: the prerequisites in DATAPATH (root, bcc, kernel headers,
+  bpffs and the commands the namespace lab runs).
+- `requires("capsh")`, ...: further prerequisites by name (PREREQUISITES).
+- a fixture in FIXTURES, directly or through other fixtures: the fixture `helm` needs helm.
+
+Outside CI a test whose prerequisites are missing is skipped with the reason before any of its
+fixtures runs (module-scoped ones too: they would load BPF); under CI=true it fails.
+
+COZYEBPF_TEST_MISSING=bcc,root (comma-separated names) reports those prerequisites as missing
+whatever the machine has: how tests/unit/test_prerequisites.py checks this check.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FORCE_ENV = "COZYEBPF_TEST_MISSING"
+
+
+def _root() -> str | None:
+    if os.geteuid() == 0:
+        return None
+    return "root (run as root: the tests load BPF programs and make namespaces)"
+
+
+def _bcc() -> str | None:
+    try:
+        import bcc  # noqa: F401
+    except ImportError as e:
+        return f"bcc ({e}; apt-get install python3-bpfcc and use the .venv of scripts/setup.sh)"
+    return None
+
+
+def _admin_capabilities() -> str | None:
+    """CAP_SYS_ADMIN (21) and CAP_NET_ADMIN (12) in this process's effective set: a root in a
+    container may lack them."""
+    with open("/proc/self/status") as f:
+        eff = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    want = (1 << 21) | (1 << 12)
+    if eff & want == want:
+        return None
+    return "CAP_SYS_ADMIN and CAP_NET_ADMIN (a privileged container, or root on the host)"
+
+
+def _kernel_headers() -> str | None:
+    build = Path(f"/lib/modules/{os.uname().release}/build")
+    return None if build.exists() else f"kernel headers at {build} (run scripts/setup.sh)"
+
+
+def _bpffs() -> str | None:
+    if os.path.ismount("/sys/fs/bpf"):
+        return None
+    return "bpffs at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)"
+
+
+def find_helm() -> str | None:
+    """helm beside this Python, in the repository's .venv (scripts/setup.sh puts it there), or
+    on PATH."""
+    for candidate in (Path(sys.executable).parent / "helm", REPO / ".venv" / "bin" / "helm"):
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    return shutil.which("helm")
+
+
+def _helm() -> str | None:
+    return None if find_helm() else "helm (scripts/setup.sh installs it into .venv/bin)"
+
+
+def _command(name: str, package: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        return None if shutil.which(name) else f"the {name} command (apt-get install {package})"
+
+    return check
+
+
+#: name -> check: None when present, else what is missing and how to get it
+PREREQUISITES: dict[str, Callable[[], str | None]] = {
+    "root": _root,
+    "admin-capabilities": _admin_capabilities,
+    "bcc": _bcc,
+    "kernel-headers": _kernel_headers,
+    "bpffs": _bpffs,
+    "ip": _command("ip", "iproute2"),
+    "tc": _command("tc", "iproute2"),
+    "nsenter": _command("nsenter", "util-linux"),
+    "nft": _command("nft", "nftables"),
+    "curl": _command("curl", "curl"),
+    "ping": _command("ping", "iputils-ping"),
+    "ethtool": _command("ethtool", "ethtool"),
+    "capsh": _command("capsh", "libcap2-bin"),
+    "helm": _helm,
+}
+
+#: what the marker `datapath` needs: loading BPF and the namespace lab
+DATAPATH = (
+    *("root", "admin-capabilities", "bcc", "kernel-headers", "bpffs"),
+    *("ip", "tc", "nsenter", "nft", "curl", "ping", "ethtool"),
+)
+
+#: fixture -> what a test that uses it (directly or through another fixture) needs
+FIXTURES = {"helm": ("helm",)}
+
+
+def forced() -> frozenset[str]:
+    """The names COZYEBPF_TEST_MISSING reports as missing."""
+    names = frozenset(n.strip() for n in os.environ.get(FORCE_ENV, "").split(",") if n.strip())
+    unknown = names - set(PREREQUISITES)
+    if unknown:
+        raise ValueError(
+            f"{FORCE_ENV}: unknown prerequisites {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(PREREQUISITES)})"
+        )
+    return names
+
+
+@functools.cache
+def missing(name: str) -> str | None:
+    """Why prerequisite `name` is missing, or None (checked once per run)."""
+    if name not in PREREQUISITES:
+        raise ValueError(f"unknown prerequisite {name!r} (known: {', '.join(PREREQUISITES)})")
+    if name in forced():
+        return f"{name} ({FORCE_ENV} says it is missing)"
+    return PREREQUISITES[name]()
+
+
+def missing_of(names: Iterable[str]) -> list[str]:
+    """What is missing of `names`, in order, each once."""
+    return [m for n in dict.fromkeys(names) if (m := missing(n)) is not None]

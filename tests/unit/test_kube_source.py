@@ -1,0 +1,379 @@
+"""The Kubernetes source (informers on the official client) and the Event recorder, against
+the API server double in tests/support/kubeapi.py: list then watch from the list's resourceVersion,
+resume after a dropped watch, relist on 410, keep the last state through an outage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cozyebpf.agent import Agent
+from cozyebpf.datapath.fake import FakeDatapath
+from cozyebpf.dump import build_dump
+from cozyebpf.events import EventRecorder, event_name
+from cozyebpf.model import ObjectRef, Problem
+from cozyebpf.sources.kube import Backoff, KubeSource
+from tests.support.k8s import Svc, objects
+from tests.support.kubeapi import FakeKubeAPI
+from tests.support.labtools import wait_for
+
+VM1 = Svc("vm1", "203.0.113.10", "10.244.1.10", [("TCP", 22)], whole_ip="true")
+VM2 = Svc("vm2", "203.0.113.20", "10.244.1.20", [("TCP", 80)])
+OTHER = Svc("not-ours", "203.0.113.30", "10.244.1.30", proxy_name="kube-proxy")
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI(bookmark_interval=0.2) as a:
+        yield a
+
+
+@pytest.fixture
+def source(api: FakeKubeAPI) -> Iterator[KubeSource]:
+    src = KubeSource(api.api_client(), "cozy-proxy", watch_timeout=5, request_timeout=5)
+    for inf in src.informers:
+        inf.backoff = Backoff(base=0.05, cap=0.2)
+    yield src
+    src.stop()
+
+
+def put(api: FakeKubeAPI, *svcs: Svc) -> None:
+    for s in svcs:
+        for o in objects(s):
+            api.apply(o)
+
+
+class Taken:
+    """What the source handed over so far: the objects the agent's model would hold."""
+
+    def __init__(self, src: KubeSource) -> None:
+        self.src = src
+        self.services: dict[tuple[str, str], Any] = {}
+        self.slices: dict[tuple[str, str], Any] = {}
+        self.foreign: dict[tuple[str, str], Any] = {}
+
+    def take(self) -> bool:
+        """Take the source's changes; True when there were any."""
+        cs = self.src.take()
+        if cs is None:
+            return False
+        for mine, theirs in (
+            (self.services, cs.services),
+            (self.slices, cs.slices),
+            (self.foreign, cs.foreign),
+        ):
+            for key, rec in theirs.items():
+                if rec is None:
+                    mine.pop(key, None)
+                else:
+                    mine[key] = rec
+        return len(cs) > 0
+
+    def names(self) -> set[str]:
+        return {f"Service/{name}" for _, name in self.services}
+
+    def until(self, names: set[str]) -> bool:
+        """Take what there is; whether the Services are now `names`."""
+        self.take()
+        return self.names() == names
+
+
+@pytest.fixture
+def taken(source: KubeSource) -> Taken:
+    return Taken(source)
+
+
+def watches(api: FakeKubeAPI, path_part: str) -> list[dict[str, str]]:
+    return [r.query for r in api.requests if path_part in r.path and r.query.get("watch")]
+
+
+def lists(api: FakeKubeAPI, path_part: str) -> list[dict[str, str]]:
+    return [r.query for r in api.requests if path_part in r.path and not r.query.get("watch")]
+
+
+def test_nothing_is_reported_before_every_resource_is_listed(
+    api: FakeKubeAPI, source: KubeSource, taken: Taken
+) -> None:
+    put(api, VM1)
+    api.fail_next(3, 503, paths="endpointslices")
+    source.start()
+    wait_for(lambda: source.informers[0].synced, 5, "services listed")
+    assert source.take() is None
+    assert source.waiting_for() == "EndpointSlices"
+    wait_for(taken.take, 5, "both listed after the 503s")
+    # list items carry no kind: it is put back, so they are read as what they are
+    assert list(taken.services) == [("default", "vm1")]
+    assert [r.ref.kind for (r,) in taken.slices.values()] == ["EndpointSlice"]
+
+
+def test_selects_by_label_and_watches_from_the_list_resource_version(
+    api: FakeKubeAPI, source: KubeSource, taken: Taken
+) -> None:
+    put(api, VM1, OTHER)
+    rv_at_list = api.resource_version()
+    source.start()
+    wait_for(taken.take, 5, "the first list")
+    assert taken.names() == {"Service/vm1"}
+    # all Services are listed: of the others only their LB IPs are kept
+    assert "labelSelector" not in lists(api, "/services")[0]
+    assert [str(ip) for r in taken.foreign.values() for ip in r.lb_ips] == ["203.0.113.30"]
+    first_watch = wait_for(lambda: watches(api, "/services"), 5, "a watch")[0]
+    assert first_watch["allowWatchBookmarks"] == "true"
+    assert first_watch["resourceVersion"] == str(rv_at_list)  # no gap, no replay
+    put(api, VM2)
+    wait_for(taken.take, 5, "the watch event")
+    assert taken.names() == {"Service/vm1", "Service/vm2"}
+    api.delete("Service", "default", "vm1")
+    wait_for(taken.take, 5, "the delete")
+    assert taken.names() == {"Service/vm2"}
+    assert [inf.lists for inf in source.informers] == [1, 1]  # no relist needed
+
+
+def test_updates_that_change_nothing_the_model_reads_are_dropped(
+    api: FakeKubeAPI, source: KubeSource, taken: Taken
+) -> None:
+    put(api, VM1)
+    source.start()
+    wait_for(taken.take, 5, "the first list")
+    svc = api.get("Service", "default", "vm1")
+    assert svc is not None
+    svc["metadata"].setdefault("labels", {})["team"] = "a"  # not read by the model
+    rv = api.resource_version()
+    api.apply(svc)
+    wait_for(lambda: int(source.informers[0].resource_version or 0) > rv, 5, "the event")
+    assert not taken.take()  # nothing handed over
+    svc["metadata"]["annotations"] = {"networking.cozystack.io/wholeIP": "false"}
+    api.apply(svc)
+    wait_for(taken.take, 5, "the change of mode")
+    (rec,) = taken.services.values()
+    assert rec.service is not None and rec.service.port_filter
+
+
+def test_a_dropped_watch_resumes_without_a_relist(
+    api: FakeKubeAPI, source: KubeSource, taken: Taken
+) -> None:
+    put(api, VM1)
+    source.start()
+    wait_for(taken.take, 5, "the first list")
+    wait_for(lambda: api.open_watches() == 2, 5, "two watches")
+    rv_before = source.informers[0].resource_version
+    assert api.drop_watches() == 2
+    put(api, VM2)
+    wait_for(lambda: taken.until({"Service/vm1", "Service/vm2"}), 5, "the change")
+    assert taken.names() == {"Service/vm1", "Service/vm2"}
+    assert [inf.lists for inf in source.informers] == [1, 1]
+    resumed = [int(q["resourceVersion"]) for q in watches(api, "/services")]
+    assert resumed[-1] >= int(rv_before or 0) and len(resumed) >= 2
+
+
+def test_410_gone_relists(api: FakeKubeAPI, source: KubeSource, taken: Taken) -> None:
+    put(api, VM1)
+    source.start()
+    wait_for(taken.take, 5, "the first list")
+    wait_for(lambda: api.open_watches() == 2, 5, "two watches")
+    api.stop()  # the watches break while the history moves on and is compacted
+    put(api, VM2)
+    api.delete("Service", "default", "vm1")
+    api.compact()
+    api.start()
+    wait_for(lambda: source.informers[0].lists >= 2, 10, "a relist after 410")
+    wait_for(lambda: taken.until({"Service/vm2"}), 5, "the new state")
+    assert taken.names() == {"Service/vm2"}
+
+
+def test_outage_keeps_the_last_state_then_converges(
+    api: FakeKubeAPI, source: KubeSource, taken: Taken
+) -> None:
+    put(api, VM1)
+    source.start()
+    wait_for(taken.take, 5, "the first list")
+    assert taken.names() == {"Service/vm1"}
+    api.set_down(True)
+    wait_for(lambda: any(i.backoff.attempt for i in source.informers), 10, "a failed retry")
+    assert not taken.take() and taken.names() == {"Service/vm1"}  # fail-static
+    assert source.alive()
+    put(api, VM2)
+    api.set_down(False)
+    wait_for(lambda: taken.until({"Service/vm1", "Service/vm2"}), 10, "convergence")
+    assert taken.names() == {"Service/vm1", "Service/vm2"}
+
+
+def test_agent_programs_only_after_a_complete_list(api: FakeKubeAPI, source: KubeSource) -> None:
+    """An agent starting during an outage must not wipe the pinned state with nothing."""
+    from cozyebpf.state import MapState
+
+    dp = FakeDatapath()
+    put(api, VM1)
+    agent = Agent(source, dp)
+    pinned: dict[str, Any] = build_dump(dp.state)
+    api.set_down(True)
+    source.start()
+    agent.tick()
+    assert build_dump(dp.state) == pinned and agent.readiness() == "not synced yet"
+    api.set_down(False)
+    wait_for(lambda: source.synced, 10, "the list")
+    agent.tick()
+    assert [s["lb_ip"] for s in build_dump(dp.state)["services"]] == ["203.0.113.10"]
+    assert agent.readiness() is None
+    assert isinstance(dp.state, MapState)
+
+
+def test_paginated_lists_are_complete(api: FakeKubeAPI) -> None:
+    svcs = [Svc(f"vm{i}", f"203.0.113.{i + 1}", f"10.244.2.{i + 1}") for i in range(7)]
+    put(api, *svcs)
+    src = KubeSource(api.api_client(), "cozy-proxy", watch_timeout=5, request_timeout=5)
+    for inf in src.informers:
+        inf.page_size = 3
+    src.start()
+    try:
+        taken = Taken(src)
+        wait_for(taken.take, 5, "the list")
+        assert len(taken.names()) == 7
+        assert max(int(q.get("limit", 0)) for q in lists(api, "/services")) == 3
+        assert any(q.get("continue") for q in lists(api, "/services"))
+    finally:
+        src.stop()
+
+
+def problem(name: str, message: str) -> Problem:
+    return Problem(ObjectRef("Service", "default", name), message, "warning")
+
+
+def test_events_are_created_once_then_counted(api: FakeKubeAPI) -> None:
+    rec = EventRecorder(api.api_client(), "node-a")
+    rec.start()
+    try:
+        p = problem("vm2", "LB IP 203.0.113.10 is claimed by the older Service default/vm1")
+        rec.record([p])
+        wait_for(lambda: rec.sent == 1, 5, "the event")
+        (ev,) = api.events("default")
+        assert ev["metadata"]["name"] == event_name(p, "node-a")
+        assert ev["involvedObject"] == {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "namespace": "default",
+            "name": "vm2",
+        }
+        assert (ev["type"], ev["reason"], ev["count"]) == ("Warning", "CozyebpfWarning", 1)
+        assert ev["message"] == p.message and ev["source"] == {
+            "component": "cozyebpf",
+            "host": "node-a",
+        }
+        rec.record([p])
+        wait_for(lambda: rec.sent == 2, 5, "the repeat")
+        (ev,) = api.events("default")
+        assert ev["count"] == 2
+    finally:
+        rec.stop()
+    # a new recorder (agent restart) continues the count instead of failing on 409
+    rec2 = EventRecorder(api.api_client(), "node-a")
+    rec2.start()
+    try:
+        rec2.record([p])
+        wait_for(lambda: rec2.sent == 1, 5, "the event after a restart")
+        assert [e["count"] for e in api.events("default")] == [3]
+    finally:
+        rec2.stop()
+
+
+def test_event_failures_are_logged_not_fatal(
+    api: FakeKubeAPI, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = EventRecorder(api.api_client(), "node-a")
+    rec.start()
+    try:
+        api.fail_next(1, 500, paths="/events")
+        rec.record([problem("vm3", "something"), problem("vm4", "else")])
+        wait_for(lambda: rec.failed == 1 and rec.sent == 1, 5, "one failure, one success")
+        assert "could not record an Event for Service default/vm3: HTTP 500" in caplog.text
+    finally:
+        rec.stop()
+
+
+def test_an_lb_ip_shared_with_an_unmanaged_service_is_warned_about(
+    api: FakeKubeAPI, source: KubeSource
+) -> None:
+    """Cilium programs (and drops unlisted ports of) the LB IP of every Service it handles:
+    a managed LB IP that an unlabelled Service also holds gets a warning (a Problem, which the
+    agent logs) and an Event on the managed Service; an unmanaged Service with its own IP gets
+    nothing."""
+    rec = EventRecorder(api.api_client(), "node-a")
+    rec.start()
+    dp = FakeDatapath()
+    agent = Agent(source, dp, on_problems=rec.record)
+    unlabelled = Svc("web", VM1.lb_ip, "10.244.1.99", [("TCP", 443)])
+    put(api, VM1, VM2, OTHER)  # OTHER: another proxy's Service on its own IP
+    web = objects(unlabelled)[0]
+    del web["metadata"]["labels"]["service.kubernetes.io/service-proxy-name"]
+    source.start(agent.notify)
+    try:
+        wait_for(lambda: source.synced, 5, "the lists")
+        agent.tick()
+        assert agent.model.problems() == []
+        assert not [e for e in api.events("default") if "LoadBalancer IP" in e["message"]]
+        api.apply(web)
+        wait_for(lambda: (agent.tick(), agent.model.problems())[1], 5, "the warning")
+        message = (
+            "LoadBalancer IP 203.0.113.10 is also the LoadBalancer IP of Service default/web, "
+            "which has no service.kubernetes.io/service-proxy-name label, so the cluster's own "
+            "Service proxy programs it (Cilium adds a wildcard entry for the IP that drops "
+            "ports that Service does not list); traffic to the IP may not reach this Service's "
+            "pod: give each Service its own LoadBalancer IP"
+        )
+        assert agent.model.problems() == [problem("vm1", message)]
+        wait_for(lambda: rec.sent >= 1, 5, "the Event")
+        (ev,) = [e for e in api.events("default") if e["involvedObject"]["name"] == "vm1"]
+        assert ev["message"] == message and ev["reason"] == "CozyebpfWarning"
+        # the managed Service stays programmed, and the warning goes with the shared IP
+        services = build_dump(dp.state)["services"]
+        assert [s["lb_ip"] for s in services] == ["203.0.113.10", "203.0.113.20"]
+        api.delete("Service", "default", "web")
+        wait_for(lambda: (agent.tick(), not agent.model.problems())[1], 5, "the warning to go")
+    finally:
+        rec.stop()
+
+
+def test_the_trigger_time_of_a_change_is_read_from_the_endpointslice() -> None:
+    from cozyebpf.sources.kube import TRIGGER_ANNOTATION, trigger_time
+
+    obj: dict[str, Any] = {
+        "metadata": {"annotations": {TRIGGER_ANNOTATION: "2026-11-30T10:00:00Z"}}
+    }
+    assert trigger_time(obj) == 1796032800.0
+    assert trigger_time({"metadata": {}}) is None
+    obj["metadata"]["annotations"][TRIGGER_ANNOTATION] = "yesterday"
+    assert trigger_time(obj) is None
+
+
+def test_an_invalid_source_range_is_an_event_and_the_valid_ones_apply(
+    api: FakeKubeAPI, source: KubeSource
+) -> None:
+    """loadBalancerSourceRanges with a bad CIDR among good ones: a Warning Event on the Service
+    names the value; the valid ranges are programmed."""
+    rec = EventRecorder(api.api_client(), "node-a")
+    rec.start()
+    dp = FakeDatapath()
+    agent = Agent(source, dp, on_problems=rec.record)
+    ranged = Svc(
+        "vm1",
+        VM1.lb_ip,
+        VM1.pod_ip,
+        VM1.ports,
+        whole_ip="true",
+        source_ranges=["198.51.100.0/24", "198.51.100.300/32"],
+    )
+    put(api, ranged)
+    source.start(agent.notify)
+    try:
+        wait_for(lambda: source.synced, 5, "the lists")
+        agent.tick()
+        wait_for(lambda: rec.sent >= 1, 5, "the Event")
+        (ev,) = [e for e in api.events("default") if e["involvedObject"]["name"] == "vm1"]
+        assert ev["type"] == "Warning" and "198.51.100.300/32" in ev["message"], ev
+        assert "loadBalancerSourceRanges" in ev["message"]
+        (svc,) = build_dump(dp.state)["services"]
+        assert svc["source_ranges"] == ["198.51.100.0/24"]
+    finally:
+        rec.stop()

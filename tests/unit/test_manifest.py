@@ -1,0 +1,409 @@
+"""The manifest source: parsing, error messages, and change detection."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cozyebpf.errors import SourceError, TemporaryError
+from cozyebpf.model import build_state
+from cozyebpf.sources.manifest import ManifestSource
+from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry
+from tests.support.clock import FakeClock
+
+KEEP = "the previous state stays programmed"
+
+SERVICE = """\
+apiVersion: v1
+kind: Service
+metadata:
+  name: vm1
+  namespace: tenant-a
+  labels:
+    service.kubernetes.io/service-proxy-name: cozy-proxy
+  annotations:
+    networking.cozystack.io/wholeIP: "false"
+    networking.cozystack.io/allowICMP: "true"
+  creationTimestamp: 2024-01-02T03:04:05Z
+spec:
+  type: LoadBalancer
+  ports:
+  - name: ssh
+    port: 22
+  - name: dns
+    port: 53
+    protocol: UDP
+status:
+  loadBalancer:
+    ingress:
+    - ip: 192.0.2.10
+"""
+
+SLICE = """\
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: vm1-x7k2p
+  namespace: tenant-a
+  labels:
+    kubernetes.io/service-name: vm1
+addressType: IPv4
+endpoints:
+- addresses: ["10.244.0.5"]
+  conditions: {ready: true}
+"""
+
+SERVICE_OBJ: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {
+        "name": "vm1",
+        "namespace": "tenant-a",
+        "labels": {"service.kubernetes.io/service-proxy-name": "cozy-proxy"},
+        "annotations": {
+            "networking.cozystack.io/wholeIP": "false",
+            "networking.cozystack.io/allowICMP": "true",
+        },
+        "creationTimestamp": dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+    },
+    "spec": {
+        "type": "LoadBalancer",
+        "ports": [{"name": "ssh", "port": 22}, {"name": "dns", "port": 53, "protocol": "UDP"}],
+    },
+    "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}},
+}
+SLICE_OBJ: dict[str, Any] = {
+    "apiVersion": "discovery.k8s.io/v1",
+    "kind": "EndpointSlice",
+    "metadata": {
+        "name": "vm1-x7k2p",
+        "namespace": "tenant-a",
+        "labels": {"kubernetes.io/service-name": "vm1"},
+    },
+    "addressType": "IPv4",
+    "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": True}}],
+}
+CONFIGMAP_OBJ = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+
+
+def _indent(text: str) -> str:
+    return "".join("  " + line + "\n" for line in text.splitlines())
+
+
+LOAD_CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
+    ("empty-file", "", []),
+    ("only-comments", "# nothing here\n---\n# still nothing\n", []),
+    ("two-documents", SERVICE + "---\n" + SLICE, [SERVICE_OBJ, SLICE_OBJ]),
+    (
+        "empty-documents-and-separators",
+        "---\n---\n" + SERVICE + "---\n\n---\n" + SLICE + "---\n",
+        [SERVICE_OBJ, SLICE_OBJ],
+    ),
+    (
+        "other-kinds-passed-through",
+        "kind: ConfigMap\napiVersion: v1\nmetadata: {name: c}\n",
+        [CONFIGMAP_OBJ],
+    ),
+    (
+        "kind-list-flattened",
+        "apiVersion: v1\nkind: List\nitems:\n- "
+        + _indent(SERVICE).lstrip()
+        + "- "
+        + _indent(SLICE).lstrip()
+        + "- null\n",
+        [SERVICE_OBJ, SLICE_OBJ],
+    ),
+    ("kind-list-without-items", "apiVersion: v1\nkind: List\n", []),
+    (
+        "list-and-documents",
+        "kind: List\nitems:\n- " + _indent(SLICE).lstrip() + "---\n" + SERVICE,
+        [SLICE_OBJ, SERVICE_OBJ],
+    ),
+    ("utf8-bom", "\ufeff" + SLICE, [SLICE_OBJ]),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [c[1:] for c in LOAD_CASES], ids=[c[0] for c in LOAD_CASES]
+)
+def test_load(tmp_path: Path, text: str, expected: list[dict[str, Any]]) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert ManifestSource(path).load() == expected
+
+
+ERROR_CASES: list[tuple[str, bytes, str]] = [
+    (
+        "mapping-values",
+        b"kind: Service\nmetadata:\n  name: a: b\n",
+        f"m.yaml: line 3, column 10: mapping values are not allowed here; {KEEP}",
+    ),
+    (
+        "bad-indentation",
+        SLICE.encode() + b"  extra: 1\n bad: 2\n",
+        "m.yaml: line 13, column 2: expected <block end>, but found '<block mapping start>' "
+        f"(while parsing a block mapping that starts at line 1); {KEEP}",
+    ),
+    (
+        "unclosed-flow-sequence",
+        b"kind: Service\nspec:\n  ports: [1, 2\n",
+        "m.yaml: line 4, column 1: expected ',' or ']', but got '<stream end>' "
+        f"(while parsing a flow sequence that starts at line 3); {KEEP}",
+    ),
+    (
+        "python-tag",
+        b"kind: Service\nx: !!python/object:os.system ls\n",
+        "m.yaml: line 2, column 4: could not determine a constructor for the tag "
+        f"'tag:yaml.org,2002:python/object:os.system'; {KEEP}",
+    ),
+    (
+        "top-level-list",
+        b"- kind: Service\n",
+        "m.yaml: document 1 (line 1) is a list, not a Kubernetes object; fix its indentation or "
+        f"remove it; {KEEP}",
+    ),
+    (
+        "scalar-document",
+        SLICE.encode() + b"---\n\n\njust words\n",
+        "m.yaml: document 2 (line 15) is a string, not a Kubernetes object; fix its indentation "
+        f"or remove it; {KEEP}",
+    ),
+    (
+        "list-items-not-a-list",
+        b"kind: List\nitems: {a: 1}\n",
+        "m.yaml: document 1 (line 1): items of a List must be a list but is a mapping; fix the "
+        f"file; {KEEP}",
+    ),
+    (
+        "list-item-not-a-mapping",
+        b"---\nkind: List\nitems:\n- kind: Service\n- 42\n",
+        "m.yaml: document 1 (line 2): items[1] is a number, not a Kubernetes object; fix or "
+        f"remove it; {KEEP}",
+    ),
+    (
+        "not-utf8",
+        b"kind: Service\nmetadata: {name: \xff}\n",
+        f"m.yaml: line 2, column 18: byte 0xff is not valid UTF-8; save the file as UTF-8; {KEEP}",
+    ),
+    (
+        "control-character",
+        b"kind: Service\nmetadata:\n  name: a\x00b\n",
+        f"m.yaml: line 3, column 10: character #x0000 is not allowed in YAML; remove it; {KEEP}",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"), [c[1:] for c in ERROR_CASES], ids=[c[0] for c in ERROR_CASES]
+)
+def test_load_errors_name_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.yaml").write_bytes(data)
+    src = ManifestSource("m.yaml")
+    with pytest.raises(SourceError) as info:
+        src.load()
+    assert str(info.value) == message
+    assert isinstance(info.value, TemporaryError)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "examples" / "x.yaml"
+    src = ManifestSource(str(path))
+    for _ in range(2):  # reported again on every poll until the file appears
+        assert src.changed()
+        with pytest.raises(SourceError) as info:
+            src.load()
+        assert str(info.value) == f"{path}: no such file; {KEEP}"
+    path.parent.mkdir()
+    path.write_text(SLICE)
+    assert src.changed()
+    assert src.load() == [SLICE_OBJ]
+    assert not src.changed()
+    path.unlink()
+    assert src.changed()
+
+
+def test_unreadable_path_stays_changed(tmp_path: Path) -> None:
+    src = ManifestSource(tmp_path)  # a directory: stat works, open does not
+    with pytest.raises(SourceError) as info:
+        src.load()
+    assert str(info.value) == f"{tmp_path}: cannot be read: Is a directory; {KEEP}"
+    assert src.changed()
+
+
+def _set_mtime(path: Path, ns: int) -> None:
+    os.utime(path, ns=(ns, ns))
+
+
+def test_changed(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(SLICE)
+    _set_mtime(path, 1_000_000_000_000_000_000)
+    src = ManifestSource(path)
+    assert src.changed(), "the first call is always True"
+    assert src.changed(), "and stays True until load()"
+    assert src.load() == [SLICE_OBJ]
+    assert not src.changed()
+    assert not src.changed()
+
+    # in-place rewrite, same size, new mtime
+    path.write_text(SLICE.replace("10.244.0.5", "10.244.0.6"))
+    _set_mtime(path, 1_000_000_000_000_000_001)
+    assert src.changed()
+    assert src.load()[0]["endpoints"][0]["addresses"] == ["10.244.0.6"]
+    assert not src.changed()
+
+    # in-place rewrite, same mtime, new size
+    path.write_text(SLICE + "# comment\n")
+    _set_mtime(path, 1_000_000_000_000_000_001)
+    assert src.changed()
+    src.load()
+    assert not src.changed()
+
+    # an editor's atomic rename: same size and mtime, new inode
+    tmp = tmp_path / ".m.yaml.swp"
+    tmp.write_text(SLICE.replace("10.244.0.5", "10.244.0.7") + "# comment\n")
+    _set_mtime(tmp, 1_000_000_000_000_000_001)
+    os.replace(tmp, path)
+    assert src.changed()
+    assert src.load()[0]["endpoints"][0]["addresses"] == ["10.244.0.7"]
+    assert not src.changed()
+
+
+def test_bad_yaml_is_reported_once_until_fixed(tmp_path: Path) -> None:
+    """A file that fails to parse is not re-read until it changes; then the fix is picked up."""
+    path = tmp_path / "m.yaml"
+    path.write_text("kind: Service\nmetadata:\n  name: a: b\n")
+    src = ManifestSource(path)
+    assert src.changed()
+    with pytest.raises(SourceError):
+        src.load()
+    assert not src.changed()
+    path.write_text(SERVICE)
+    assert src.changed()
+    assert src.load() == [SERVICE_OBJ]
+
+
+def test_manifest_to_state(tmp_path: Path) -> None:
+    """The YAML a user writes (unquoted IPs and timestamps) gives the expected state."""
+    path = tmp_path / "m.yaml"
+    path.write_text(SERVICE + "---\n" + SLICE)
+    result = build_state(ManifestSource(path).load())
+    pod, lb = IPv4Address("10.244.0.5"), IPv4Address("192.0.2.10")
+    assert result.state == MapState(
+        services={lb: ServiceEntry(pod, True, True)},
+        pods={pod: PodEntry(lb, True, True)},
+        allowed={AllowedPort(pod, Proto.TCP, 22), AllowedPort(pod, Proto.UDP, 53)},
+    )
+    assert result.problems == []
+
+
+@pytest.mark.parametrize("how", ["in-place", "rename", "configmap"])
+def test_changes_are_seen_through_inotify(tmp_path: Path, how: str) -> None:
+    """With a poll interval of an hour, a change still wakes the agent at once: an in-place
+    write, an editor's atomic rename, and a ConfigMap volume's `..data` symlink swap."""
+    import threading
+
+    woke = threading.Event()
+    if how == "configmap":  # what the kubelet's atomic writer does
+        (tmp_path / "..v1").mkdir()
+        (tmp_path / "..v1" / "m.yaml").write_text(SERVICE)
+        (tmp_path / "..data").symlink_to("..v1")
+        (tmp_path / "m.yaml").symlink_to("..data/m.yaml")
+    else:
+        (tmp_path / "m.yaml").write_text(SERVICE)
+    src = ManifestSource(tmp_path / "m.yaml", poll_interval=3600)
+    assert src.take() is not None
+    src.start(woke.set)
+    try:
+        assert src.inotify
+        (tmp_path / "other.txt").write_text("not ours")  # another file: no wake-up
+        time.sleep(0.2)
+        assert not woke.is_set()
+        if how == "in-place":
+            (tmp_path / "m.yaml").write_text(SLICE)
+        elif how == "rename":
+            (tmp_path / ".m.yaml.tmp").write_text(SLICE)
+            os.replace(tmp_path / ".m.yaml.tmp", tmp_path / "m.yaml")
+        else:
+            (tmp_path / "..v2").mkdir()
+            (tmp_path / "..v2" / "m.yaml").write_text(SLICE)
+            (tmp_path / "..data_tmp").symlink_to("..v2")
+            os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+        assert woke.wait(10), "inotify did not report the change"
+        changes = src.take()
+        assert changes is not None and changes.whole is not None
+        assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
+    finally:
+        src.stop()
+
+
+def test_a_file_being_written_is_read_once_it_is_whole(tmp_path: Path) -> None:
+    """A writer that truncates the file and then writes it leaves it empty for a moment: read
+    then, it would be a manifest without Services. take() reads a changed file only once its
+    signature has stayed the same for half a poll interval (or inotify said its writer closed
+    it: test_changes_are_seen_through_inotify)."""
+    path = tmp_path / "m.yaml"
+    path.write_text(SERVICE)
+    clock = FakeClock()
+    src = ManifestSource(path, poll_interval=0.2, clock=clock)
+    first = src.take()
+    assert first is not None and first.whole is not None and first.whole.services
+    with open(path, "w") as f:  # truncated, not yet written
+        changes = src.take()
+        assert changes is not None and changes.whole is None  # not read: the state stays
+        clock.advance(0.15)
+        f.write(SLICE)
+    changes = src.take()  # written, but just now: not yet
+    assert changes is not None and changes.whole is None
+    clock.advance(0.09)
+    changes = src.take()  # unchanged for less than half the poll interval: not yet
+    assert changes is not None and changes.whole is None
+    clock.advance(0.02)
+    changes = src.take()
+    assert changes is not None and changes.whole is not None
+    assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
+
+
+def test_unchanged_documents_are_not_parsed_again(tmp_path: Path) -> None:
+    """A file read again after an edit gives exactly what a fresh read gives, and only the
+    documents whose text changed are parsed (the others' records are reused)."""
+    import yaml as y
+
+    from cozyebpf.sources.manifest import split_documents
+    from tests.support.k8s import Svc, objects
+
+    docs = [
+        o
+        for i in range(50)
+        for o in objects(Svc(f"vm{i}", f"192.0.2.{i + 1}", f"10.244.0.{i + 1}"))
+    ]
+    path = tmp_path / "m.yaml"
+    path.write_text(y.safe_dump_all(docs))
+    src = ManifestSource(path)
+    first = src.read()
+    assert len(first.services) == 50 and len(src._cache) == 100
+    docs[21]["endpoints"][0]["addresses"] = ["10.244.9.9"]  # vm10's EndpointSlice
+    path.write_text(y.safe_dump_all(docs))
+    parsed: list[str] = []
+    real = src._document_list
+    src._document_list = lambda text, loader: parsed.append(text) or real(text, loader)  # type: ignore[method-assign]
+    second = src.read()
+    assert len(parsed) == 1 and "10.244.9.9" in parsed[0]
+    assert second == ManifestSource(path).read() != first
+    # what a piece cannot say alone goes through a whole read: directives, an alias, an error
+    assert split_documents("%YAML 1.1\n---\na: 1\n") is None
+    assert split_documents("a: 1\n...\n---\nb: 2\n") is None
+    assert split_documents("a: 1\n---\nb: 2\n--- c\n") == ["a: 1\n", "---\nb: 2\n", "--- c\n"]
+    path.write_text(
+        y.safe_dump_all(docs) + "---\nkind: List\nitems:\n- &x {kind: ConfigMap}\n- *x\n"
+    )
+    assert ManifestSource(path).read() == second
