@@ -5,15 +5,61 @@
  * translated too. In port-filter mode the packet must first pass the filter (also when sent to
  * the pod IP directly). Everything else passes untouched. docs/datapath-semantics.md.
  *
- * cz_ingress decides the common frame (lib/fast.h); every other frame goes on to
+ * cz_ingress decides the common frame (fast_xdp4, ingress6); every other frame goes on to
  * cz_ingress_slow by a tail call (lib/tail.h).
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
-#include "lib/fast.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
 #include "lib/tail.h"
+
+/*
+ * XDP, IPv4: the whole fast path in one piece -- decision, counter and rewrite -- with nothing
+ * on the stack but map keys, so that the code and data a packet touches stay few cache lines.
+ * An XDP verdict, or CZ_SLOW.
+ */
+static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_end,
+				     struct iphdr *ip)
+{
+	struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
+	__be16 sport, dport;
+	__u32 reason;
+	__be32 pod, from;
+	__u16 *c;
+	__u8 proto, tf = 0;
+
+	if (!v)
+		return XDP_PASS;
+	if (cz_unlikely(fast_hdrs4(ip, data_end, data_end - data, &sport, &dport, &c, &tf) < 0))
+		return CZ_SLOW;
+	proto = ip->protocol;
+	from = ip->daddr;
+	pod = (v->kind & CZ_K_LB) ? v->pod_ip : from;
+	reason = CZ_NAT_INGRESS;
+	if (v->flags & CZ_F_FLOWS)
+		reason = fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
+				     (struct ip6 *)&ip->saddr, proto, sport, dport, tf);
+	if (reason == CZ_DROP_PORT) { /* the flood's path: every index a constant */
+		fast_count(0, CZ_DROP_PORT, v->in_slot, data_end - data);
+		fast_monitor(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
+			     sport, dport);
+		return XDP_DROP;
+	}
+	if (reason == CZ_DROP_SOURCE) {
+		fast_count(0, CZ_DROP_SOURCE, v->in_slot, data_end - data);
+		fast_monitor(ctx, 1, 0, CZ_DROP_SOURCE, v->in_slot, data_end - data, 0, proto, ip,
+			     sport, dport);
+		return XDP_DROP;
+	}
+	fast_count(0, reason, v->in_slot, data_end - data);
+	fast_monitor(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport);
+	if (!(v->kind & CZ_K_LB))
+		return XDP_PASS; /* sent to the pod IP directly: passed as it is */
+	if ((void *)(c + 1) <= data_end)
+		cz_l4_fix(c, proto, nat_xdp4(ip, from, pod));
+	return XDP_PASS;
+}
 
 /* A frame the fast path does not take: to the outside program or the full path. */
 static __always_inline int ingress_slow(struct xdp_md *ctx, void *data, void *data_end)
@@ -43,8 +89,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_e
 	fast_monitor(ctx, 1, 0, reason, f.slot, data_end - data, 1, f.proto, ip6, f.sport, f.dport);
 	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE)
 		return XDP_DROP;
-	if (f.rewrite)
-		fast_nat_xdp(&f, data_end, &to);
+	if (f.rewrite && (void *)(f.csum + 1) <= data_end)
+		cz_l4_fix(f.csum, f.proto, nat_xdp6(ip6, &to));
 	return XDP_PASS;
 }
 
@@ -58,54 +104,19 @@ int cz_ingress(struct xdp_md *ctx)
 	if (!ip)
 		return ingress6(ctx, data, data_end);
 	verdict = fast_xdp4(ctx, data, data_end, ip);
-	if (cz_unlikely(verdict == CZ_FAST_SLOW))
+	if (cz_unlikely(verdict == CZ_SLOW))
 		return ingress_slow(ctx, data, data_end);
 	return verdict;
-}
-
-/*
- * The full parse and decision; `outside` (a constant): the decision for a packet from outside
- * the pod's source ranges, which the full path hands to a program of its own (so that neither
- * program's verification follows both decisions).
- */
-static __always_inline int ingress_full(struct xdp_md *ctx, int outside)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct hdr_cursor nh = {.pos = data, .start = data};
-	struct pkt p = {};
-	struct inner in = {};
-	struct ip6 pod = {};
-	__u32 reason, slot = 0;
-	int rewrite;
-
-	cz_dry_begin(cz_dry_nonce_xdp(ctx));
-	p.frame_len = data_end - data;
-	if (parse_frame(&nh, data, data_end, &p) < 0) {
-		slow_not_ours(ctx, 1);
-		return XDP_PASS;
-	}
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot, outside);
-	if (reason == CZ_NOT_OURS) {
-		slow_not_ours(ctx, 1);
-		return XDP_PASS;
-	}
-	if (rewrite && !cz_is_drop(reason)) {
-		if (p.icmp_error && in.rewrite)
-			nat_inner(&p, &in, data_end, 1, &pod);
-		nat_xdp(&p, data_end, 1, &pod);
-	}
-	return slow_finish(ctx, 1, 0, &p, reason, slot, data_end - data, 0);
 }
 
 /* Every frame the fast path does not take. */
 int cz_ingress_slow(struct xdp_md *ctx)
 {
-	return ingress_full(ctx, 0);
+	return ingress_full(ctx, 1, 0);
 }
 
 /* A frame from outside the source ranges of a restricted pod. */
 int cz_ingress_outside(struct xdp_md *ctx)
 {
-	return ingress_full(ctx, 1);
+	return ingress_full(ctx, 1, 1);
 }

@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Ingress as a tc program, for devices without native XDP or when --ingress-hook tcx is
- * chosen: the same decision as the XDP program (lib/fast.h, lib/ingress.h), attached through
+ * chosen: the same decision as the XDP program (lib/ingress.h), attached through
  * tcx before every other program, so Cilium's tc programs still only see pod IPs.
  * cz_ingress_tc decides the common frame; every other frame goes on to cz_ingress_tc_slow.
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
-#include "lib/fast.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
 #include "lib/tail.h"
@@ -46,46 +45,14 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	return CZ_TC_NEXT;
 }
 
-/* The full parse and decision; `outside` as in ingress.c. */
-static __always_inline int ingress_tc_full(struct __sk_buff *skb, int outside)
-{
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct hdr_cursor nh = {.pos = data, .start = data};
-	struct pkt p = {};
-	struct inner in = {};
-	struct ip6 pod = {};
-	__u32 reason, slot = 0;
-	int rewrite;
-
-	cz_dry_begin(cz_dry_nonce_tc(skb));
-	p.frame_len = skb->len; /* lengths count paged data too; accesses stay linear */
-	if (parse_frame(&nh, data, data_end, &p) < 0) {
-		slow_not_ours(skb, 0);
-		return CZ_TC_NEXT;
-	}
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot, outside);
-	if (reason == CZ_NOT_OURS) {
-		slow_not_ours(skb, 0);
-		return CZ_TC_NEXT;
-	}
-	if (!cz_is_drop(reason) && rewrite) {
-		if (p.icmp_error && in.rewrite)
-			nat_inner(&p, &in, data_end, 1, &pod); /* direct writes first */
-		if (nat_skb_helpers(skb, &p, data, 1, &pod) < 0)
-			reason = CZ_DROP_MALFORMED;
-	}
-	return slow_finish(skb, 0, 0, &p, reason, slot, skb->len, 0);
-}
-
 /* Every frame the fast path does not take. */
 int cz_ingress_tc_slow(struct __sk_buff *skb)
 {
-	return ingress_tc_full(skb, 0);
+	return ingress_full(skb, 0, 0);
 }
 
 /* A frame from outside the source ranges of a restricted pod. */
 int cz_ingress_tc_outside(struct __sk_buff *skb)
 {
-	return ingress_tc_full(skb, 1);
+	return ingress_full(skb, 0, 1);
 }

@@ -22,8 +22,12 @@
 #ifndef COZYEBPF_CLUSTER_H
 #define COZYEBPF_CLUSTER_H
 
-#include "fast.h"
+#include "account.h"
+#include "flow.h"
+#include "ingress.h"
 #include "lookup.h"
+#include "nat.h"
+#include "tc.h"
 
 #define CZ_AF_INET 2		    /* AF_INET, for bpf_fib_lookup */
 #define CZ_FIB_SKIP_NEIGH (1U << 2) /* BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.5) */
@@ -113,8 +117,8 @@ static __always_inline struct addr4_val *pod_side4(struct __sk_buff *skb, void *
 	/* to this node, or to another pod-facing device (a pod on this node) */
 	if (fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &csum, &tf) < 0)
 		return NULL;
-	if (!flow_exists(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
-			 ip->protocol))
+	if (!flow_reply(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
+			ip->protocol, 0))
 		return NULL;
 	return v;
 }
@@ -188,7 +192,7 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 		return CZ_TC_DROP;
 	}
 	/* only what the pod's filter let in: the flow admits what the client sends as well */
-	fast_flow_record(0, &pod, &client, f.dport, f.sport, f.proto, f.tcp_flags);
+	flow_record(0, &pod, &client, f.dport, f.sport, f.proto, 0, f.tcp_flags, 1);
 	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {
 		fast_count(0, CZ_DROP_MALFORMED, f.slot, skb->len);
 		return CZ_TC_DROP;

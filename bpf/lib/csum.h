@@ -68,6 +68,13 @@ static __always_inline __u16 cz_csum_replace16(__u16 sum, __u16 from, __u16 to)
 	return (__u16)~cz_csum_fold32(c);
 }
 
+/* The change of an address of either family, as cz_csum_delta32. */
+static __always_inline __u32 cz_csum_delta_addr(const struct ip6 *from, const struct ip6 *to,
+						int v6)
+{
+	return v6 ? cz_csum_delta_addr6(from, to) : cz_csum_delta32(from->a[0], to->a[0]);
+}
+
 /* ... after an address changed (IPv4: only a[0] differs, the rest are zero in both). */
 static __always_inline __u16 cz_csum_replace_addr(__u16 sum, const struct ip6 *from,
 						  const struct ip6 *to, int v6)

@@ -3,11 +3,13 @@
  * The port filter of the default mode (docs/datapath-semantics.md, "Ingress"). It keys on the
  * pod IP, as cozy-proxy does, so traffic sent to the pod IP directly is filtered like traffic
  * sent to the LB IP. The verdict is taken before any rewrite, so a dropped packet costs no
- * checksum work.
+ * checksum work. filter() decides for the full paths, fast_filter() for the fast paths on the
+ * addr value in place.
  */
 #ifndef COZYEBPF_FILTER_H
 #define COZYEBPF_FILTER_H
 
+#include "flow.h"
 #include "lookup.h"
 #include "stats.h"
 
@@ -38,7 +40,9 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 				    __u8 flags, int out)
 {
 	__u8 echo_reply = p->v6 ? ICMPV6_ECHO_REPLY : ICMP_ECHOREPLY;
-	__u64 now = bpf_ktime_get_coarse_ns(); /* once per decision: flows admit replies by it */
+	/* the clock once per decision, not per flow looked up: fewer states (design.md, "Reply
+	 * flows expire in the datapath") */
+	__u64 now = bpf_ktime_get_coarse_ns();
 
 	if (!p->first_frag) {
 		struct frag_val *f = frag_find(p, pod);
@@ -51,10 +55,13 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
+		/* allow4/allow6, not the inline ports: a branch per slot here multiplied the
+		 * states (XDP: 734,000 instructions); fast_ports_have is the fast paths' */
 		if (!out && is_allowed(p->v6, pod, p->proto, p->dport))
 			return CZ_PASS_PORT;
 		if (flow_live(p->v6, pod, &p->src, p->dport, p->sport, p->proto, now))
 			return CZ_PASS_REPLY;
+		/* no pass_learn here (types.h, CZ_F_LEARN): a third more to verify with it */
 		return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
@@ -72,6 +79,65 @@ static __always_inline __u32 filter(struct pkt *p, struct inner *in, const struc
 	default:
 		return out ? CZ_DROP_SOURCE : CZ_DROP_PROTO;
 	}
+}
+
+/*
+ * A packet to a migrating pod (CZ_F_LEARN) that may belong to a flow recorded on another node:
+ * TCP that opens no connection (a lone SYN does). It passes, unrecorded (types.h, CZ_F_LEARN).
+ */
+static __always_inline int cz_learns(__u8 flags, __u8 proto, __u8 tcp_flags)
+{
+	return (flags & CZ_F_LEARN) && proto == IPPROTO_TCP &&
+	       (tcp_flags & (CZ_TCP_SYN | CZ_TCP_ACK)) != CZ_TCP_SYN;
+}
+
+/*
+ * Is `word` one of the first `nports` inline ports (all 8 when they spill)? Here, in a program
+ * that is verified on its own and small, a branch per slot costs the verifier nothing, and the
+ * common Service with few ports pays for those only.
+ */
+static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 nports, __u32 word)
+{
+	const __u32 *w = (const __u32 *)ports;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < CZ_INLINE_PORTS; i++) {
+		if (i >= nports)
+			return 0;
+		if (w[i] == word)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * The fast paths' port filter and source ranges, both families (`flags`, `ports` and `nports`
+ * of the address's value; flags has CZ_F_PORT_FILTER or CZ_F_RANGES): a source outside the ranges
+ * gets replies only (else drop_source); then whole-IP passes, the port filter an allowed port
+ * (inline, or in allow4/allow6 when they spill), else a reply of a flow, else, for a migrating
+ * pod, TCP that opens nothing (pass_learn), else drop_port.
+ */
+static __always_inline __u32 fast_filter(int v6, __u8 flags, const struct cz_port *ports,
+					 __u8 nports, const struct ip6 *pod,
+					 const struct ip6 *remote, __u8 proto, __be16 sport,
+					 __be16 dport, __u8 tcp_flags)
+{
+	int out = (flags & CZ_F_RANGES) && !src_in_range(v6, pod, remote);
+
+	if (!out) {
+		if (!(flags & CZ_F_PORT_FILTER))
+			return CZ_NAT_INGRESS;
+		if (fast_ports_have(ports, nports, cz_port_word(proto, dport)))
+			return CZ_PASS_PORT;
+		if (nports == CZ_PORTS_SPILL && is_allowed(v6, pod, proto, dport))
+			return CZ_PASS_PORT;
+	}
+	if (flow_reply(v6, pod, remote, dport, sport, proto, 1))
+		return CZ_PASS_REPLY;
+	if (cz_unlikely(cz_learns(flags, proto, tcp_flags)))
+		return CZ_PASS_LEARN;
+	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }
 
 #endif

@@ -3,6 +3,12 @@
  * Cursor-style parsing shared by every program. Both families are described by one struct pkt,
  * addresses as struct ip6 (an IPv4 address in a[0], the rest zero), so that the decisions above
  * this layer are written once. The checks follow docs/datapath-semantics.md, "Parsing".
+ *
+ * At the end, the fast paths' parse: the common frame -- untagged IPv4 without options or IPv6
+ * without extension headers, TCP or UDP, not a fragment, every length consistent -- read in
+ * place, without the scratch or family-neutral copies. A frame it does not take whole goes to a
+ * full path (CZ_SLOW), which decides it by the same semantics;
+ * tests/datapath/test_differential.py holds both paths to the reference model.
  */
 #ifndef COZYEBPF_PARSE_H
 #define COZYEBPF_PARSE_H
@@ -23,9 +29,15 @@
 #define CZ_IP_MF 0x2000
 #define CZ_IP_OFFSET 0x1fff
 #define CZ_ETH_P_8021AD 0x88A8
+#define CZ_TCP_FIN 0x01
+#define CZ_TCP_SYN 0x02
+#define CZ_TCP_RST 0x04
+#define CZ_TCP_ACK 0x10
 
 #define CZ_OK 0
 #define CZ_BAD -1 /* malformed: drop_malformed */
+#define cz_unlikely(x) __builtin_expect(!!(x), 0)
+#define cz_likely(x) __builtin_expect(!!(x), 1)
 
 struct hdr_cursor {
 	void *pos;
@@ -264,6 +276,7 @@ static __always_inline int parse_frame(struct hdr_cursor *nh, void *data, void *
 {
 	int proto = parse_eth(nh, data_end);
 
+	/* the offset after the tags laundered (cz_scratch): every number of tags, one state on */
 	if (proto < 0 || launder_pos(nh, data, data_end) < 0)
 		return -1;
 	if (proto == bpf_htons(ETH_P_IP))
@@ -281,6 +294,49 @@ static __always_inline int cz_icmp_is_error(__u8 v6, __u8 type)
 	       type == ICMP_PARAMETERPROB;
 }
 
+/*
+ * The TCP or UDP header at `l4`, `len` bytes of the IP packet from it (docs/datapath-semantics.md,
+ * "Parsing", 5.): TCP 20 bytes, a data offset from 5 to `len`; UDP 8 bytes, a length from 8 to
+ * `len`, or beyond `len` in a first fragment with more to come (`more`: it counts the whole
+ * datagram). The one check of both, for the full paths (parse_l4) and the fast paths: CZ_OK with
+ * the ports, the checksum field and TCP's flags byte (what a caller leaves unread is not loaded),
+ * or CZ_BAD, also for any other protocol.
+ */
+static __always_inline int cz_tcpudp(__u8 proto, void *l4, void *data_end, __u32 len, int more,
+				     __be16 *sport, __be16 *dport, __u16 **csum, __u8 *tcp_flags)
+{
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+		__u32 ulen;
+
+		if (cz_unlikely((void *)(uh + 1) > data_end || len < sizeof(*uh)))
+			return CZ_BAD;
+		ulen = bpf_ntohs(uh->len);
+		if (cz_unlikely(ulen < sizeof(*uh) || (!more && ulen > len)))
+			return CZ_BAD;
+		*sport = uh->source;
+		*dport = uh->dest;
+		*csum = &uh->check;
+		*tcp_flags = 0;
+		return CZ_OK;
+	}
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+
+		if (cz_unlikely((void *)(th + 1) > data_end))
+			return CZ_BAD;
+		/* (no cz_barrier_var on th: with one, every program took more to verify) */
+		if (cz_unlikely(len < sizeof(*th) || th->doff < 5 || th->doff * 4 > len))
+			return CZ_BAD;
+		*sport = th->source;
+		*dport = th->dest;
+		*csum = &th->check;
+		*tcp_flags = ((__u8 *)th)[13];
+		return CZ_OK;
+	}
+	return CZ_BAD;
+}
+
 /* The L4 header of a packet that carries one (first fragment). CZ_OK or CZ_BAD. */
 static __always_inline int parse_l4(struct pkt *p, void *data_end)
 {
@@ -292,31 +348,14 @@ static __always_inline int parse_l4(struct pkt *p, void *data_end)
 	if (!p->first_frag)
 		return CZ_OK;
 	switch (p->proto) {
-	case IPPROTO_TCP: {
-		struct tcphdr *th = l4;
-
-		if ((void *)(th + 1) > data_end)
-			return CZ_BAD;
-		cz_barrier_var(th);
-		if (len < sizeof(*th))
-			return CZ_BAD;
-		if (th->doff < 5 || th->doff * 4 > len)
-			return CZ_BAD;
-		p->sport = th->source;
-		p->dport = th->dest;
-		break;
-	}
+	case IPPROTO_TCP:
 	case IPPROTO_UDP: {
-		struct udphdr *uh = l4;
-		__u32 ulen;
+		__u16 *csum;
+		__u8 tcp_flags;
 
-		if ((void *)(uh + 1) > data_end || len < sizeof(*uh))
+		if (cz_tcpudp(p->proto, l4, data_end, len, p->more_frags, &p->sport, &p->dport,
+			      &csum, &tcp_flags) < 0)
 			return CZ_BAD;
-		ulen = bpf_ntohs(uh->len);
-		if (ulen < sizeof(*uh) || (!p->more_frags && ulen > len))
-			return CZ_BAD;
-		p->sport = uh->source;
-		p->dport = uh->dest;
 		break;
 	}
 	case IPPROTO_SCTP: {
@@ -516,6 +555,92 @@ static __always_inline int parse_inner(struct pkt *p, void *data_end, struct inn
 		in->sport = ih->un.echo.id;
 		in->dport = ih->un.echo.id;
 	}
+	return 0;
+}
+
+/* What the fast parse found; the L4 header is TCP or UDP and valid. */
+struct cz_fast {
+	void *l3;
+	__u16 *csum;	/* the TCP or UDP checksum */
+	__u32 csum_off; /* its offset in the frame (tc helpers) */
+	__be16 sport;
+	__be16 dport;
+	__u32 slot; /* the Service's svcstats slot (ingress: in_slot) */
+	__u8 proto;
+	__u8 v6;
+	__u8 rewrite;	/* ingress: the destination is an LB IP (CZ_K_LB) */
+	__u8 tcp_flags; /* TCP: the flags byte */
+};
+
+/* An untagged IPv4 frame: the IP header, or NULL. */
+static __always_inline struct iphdr *fast_ip4(void *data, void *data_end)
+{
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+
+	/* the EtherType as one load (struct ethhdr is packed: byte loads) */
+	if ((void *)(ip + 1) > data_end || *(__be16 *)(data + 12) != bpf_htons(ETH_P_IP))
+		return NULL;
+	return ip;
+}
+
+static __always_inline struct ipv6hdr *fast_ip6(void *data, void *data_end)
+{
+	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+	if ((void *)(ip6 + 1) > data_end || *(__be16 *)(data + 12) != bpf_htons(ETH_P_IPV6))
+		return NULL;
+	return ip6;
+}
+
+/*
+ * The rest of an untagged IPv4 header whose address matched -- no options, not a fragment, the
+ * lengths consistent -- and its TCP or UDP header (cz_tcpudp): 0 with the ports, the checksum
+ * field and TCP's flags byte, or -1 (the full path decides).
+ */
+static __always_inline int fast_hdrs4(struct iphdr *ip, void *data_end, __u32 frame_len,
+				      __be16 *sport, __be16 *dport, __u16 **csum, __u8 *tcp_flags)
+{
+	__u32 tot;
+
+	if (cz_unlikely(*(__u8 *)ip != 0x45 || (ip->frag_off & bpf_htons(CZ_IP_MF | CZ_IP_OFFSET))))
+		return -1;
+	tot = bpf_ntohs(ip->tot_len);
+	if (cz_unlikely(tot < sizeof(*ip) || sizeof(struct ethhdr) + tot > frame_len))
+		return -1;
+	return cz_tcpudp(ip->protocol, ip + 1, data_end, tot - sizeof(*ip), 0, sport, dport, csum,
+			 tcp_flags);
+}
+
+/* The rest of a managed IPv4 header (fast_hdrs4) into *f. 0 or -1. */
+static __always_inline int fast_check4(struct cz_fast *f, struct iphdr *ip, void *data,
+				       void *data_end, __u32 frame_len)
+{
+	if (fast_hdrs4(ip, data_end, frame_len, &f->sport, &f->dport, &f->csum, &f->tcp_flags) < 0)
+		return -1;
+	f->l3 = ip;
+	f->v6 = 0;
+	f->proto = ip->protocol;
+	f->csum_off = (void *)f->csum - data;
+	return 0;
+}
+
+static __always_inline int fast_check6(struct cz_fast *f, struct ipv6hdr *ip6, void *data,
+				       void *data_end, __u32 frame_len)
+{
+	__u32 plen;
+
+	if ((*(__u8 *)ip6 >> 4) != 6)
+		return -1;
+	plen = bpf_ntohs(ip6->payload_len);
+	if (plen == 0 || sizeof(struct ethhdr) + sizeof(*ip6) + plen > frame_len)
+		return -1;
+	if (cz_tcpudp(ip6->nexthdr, ip6 + 1, data_end, plen, 0, &f->sport, &f->dport, &f->csum,
+		      &f->tcp_flags) < 0)
+		return -1;
+	f->l3 = ip6;
+	f->v6 = 1;
+	f->proto = ip6->nexthdr;
+	f->csum_off = (void *)f->csum - data;
 	return 0;
 }
 

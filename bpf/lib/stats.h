@@ -30,6 +30,11 @@ enum cz_reason {
 };
 
 #define CZ_NOT_OURS 0xffffffff /* not for a managed address: passed untouched, not counted */
+/*
+ * Not decided by a fast path: the full path decides (tail.h). Neither a reason nor, as an int
+ * (-2), an XDP or tc verdict, so that a fast path returns it in place of either.
+ */
+#define CZ_SLOW 0xfffffffe
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct stat_val, cz_stats, CZ_STATS_MAX,
 		 CZ_PIN_DIR "/stats");

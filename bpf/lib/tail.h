@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * The full paths as programs of their own: an entry program decides the common frame itself
- * (lib/fast.h) and hands every other frame over with a tail call. Each program is verified on
+ * (its fast path) and hands every other frame over with a tail call. Each program is verified on
  * its own, so the fast path adds nothing to the full path's verification and neither shapes the
  * other's code. The prog arrays are pinned (a prog array loses its programs when no file
  * descriptor or pin holds it); the loader puts a compilation's full paths in before it returns

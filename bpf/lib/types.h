@@ -187,7 +187,7 @@ struct flow6_key {
  * refreshed or added), when (checked), and the time the entry then held (time: bits 0-62 of
  * last_seen_ns). Within CZ_SEEN_NS of `checked` the slot stands for the entry: egress need not
  * refresh it while `time` is under a second old, and a reply passes while `time` is live under
- * both of its protocol's timeouts (lib/fast.h, fast_flow_record, fast_reply). A zeroed slot
+ * both of its protocol's timeouts (lib/flow.h, flow_record, flow_reply). A zeroed slot
  * matches no flow. User space zeroes every slot when it writes, deletes or replaces flow
  * entries; an entry the LRU evicts from under a busy flow is recorded again, and stops
  * admitting replies, within CZ_SEEN_NS.
