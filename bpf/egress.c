@@ -48,6 +48,21 @@ static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *da
 	return CZ_TC_NEXT;
 }
 
+/*
+ * A packet from the managed pod IP at `l3` (v6, a constant) that did not enter from that pod's
+ * device (cz_spoofed): dropped before anything is recorded, counted node-wide and for the Service
+ * of the address it claimed (`slot`), shown to a running monitor.
+ */
+static __always_inline int spoof_drop(struct __sk_buff *skb, void *l3, int v6, __u32 slot)
+{
+	__u8 proto = v6 ? ((struct ipv6hdr *)l3)->nexthdr : ((struct iphdr *)l3)->protocol;
+
+	fast_monitor(skb, 0, 1, CZ_DROP_SPOOFED, slot, skb->len, v6, proto, l3, 0, 0);
+	cz_count(CZ_DROP_SPOOFED, skb->len);
+	cz_svc_drop(slot, CZ_DROP_SPOOFED);
+	return CZ_TC_DROP;
+}
+
 /* The common frame: a verdict, or CZ_SLOW. */
 static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *data_end)
 {
@@ -60,6 +75,8 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 
 		if (!v || !(v->kind & CZ_K_POD))
 			return to_lb4(skb, data, data_end, ip);
+		if (cz_unlikely(cz_spoofed(skb, &v->dev, 0, &ip->saddr, skb->ingress_ifindex)))
+			return spoof_drop(skb, ip, 0, v->out_slot);
 		return fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
 				 v->pod_flags);
 	}
@@ -69,6 +86,8 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	v6 = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
 	if (!v6 || !(v6->kind & CZ_K_POD))
 		return CZ_TC_NEXT;
+	if (cz_unlikely(cz_spoofed(skb, &v6->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
+		return spoof_drop(skb, ip6, 1, v6->out_slot);
 	return fast_snat(skb, data, data_end, ip6, 1, &v6->lb_ip, v6->out_slot, v6->pod_flags);
 }
 
@@ -88,11 +107,31 @@ int cz_egress(struct __sk_buff *skb)
 }
 
 /*
+ * The pod-facing hook, IPv6: only the source check (cz_spoofed); the translation is left to the
+ * uplinks' egress.
+ */
+static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *data_end)
+{
+	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
+	struct addr6_val *v;
+
+	if (!ip6)
+		return CZ_TC_NEXT;
+	v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
+	if (v && (v->kind & CZ_K_POD) &&
+	    cz_unlikely(cz_spoofed(skb, &v->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
+		return spoof_drop(skb, ip6, 1, v->out_slot);
+	return CZ_TC_NEXT;
+}
+
+/*
  * The pod-facing hook: tcx ingress, first, on each --pod-devices device (Kube-OVN's ovn0), so it
- * runs before netfilter. A managed pod's packet that leaves the node by an uplink, or answers a
- * connection this node opened to the pod's LB IP, is translated as egress translates it, flow
- * record included (lib/cluster.h, pod_side4); everything else passes untouched. A packet to a
- * managed LB IP ends the device's tc chain here (pod_next4). IPv6 is left to the uplinks' egress.
+ * runs before netfilter. A packet whose source is a managed pod IP and that did not enter from
+ * that pod's device is dropped (cz_spoofed; both families). A managed pod's packet that leaves
+ * the node by an uplink, or answers a connection this node opened to the pod's LB IP, is
+ * translated as egress translates it, flow record included (lib/cluster.h, pod_side4);
+ * everything else passes untouched. A packet to a managed LB IP ends the device's tc chain here
+ * (pod_next4). IPv6 is translated by the uplinks' egress.
  */
 int cz_pod_ingress(struct __sk_buff *skb)
 {
@@ -106,10 +145,14 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	data_end = (void *)(long)skb->data_end;
 	ip = fast_ip4(data, data_end);
 	if (!ip)
-		return CZ_TC_NEXT;
+		return pod_check6(skb, data, data_end);
 	next = pod_next4(ip);
-	v = pod_side4(skb, data_end, ip);
-	if (!v)
+	v = cz_addr4.lookup(&ip->saddr);
+	if (!v || !(v->kind & CZ_K_POD))
+		return next;
+	if (cz_unlikely(cz_spoofed(skb, &v->dev, 0, &ip->saddr, skb->ingress_ifindex)))
+		return spoof_drop(skb, ip, 0, v->out_slot);
+	if (!pod_side4(skb, data_end, ip))
 		return next;
 	rc = fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
 		       v->pod_flags);
@@ -141,7 +184,9 @@ static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 		return CZ_TC_NEXT;
 	}
 	cz_done_addrs(&p); /* here, where the ways through the parser are few */
-	if (check_ip(&p, data, data_end) != CZ_OK) {
+	if (cz_spoofed(skb, &e.dev, p.v6, &p.src, skb->ingress_ifindex)) {
+		reason = CZ_DROP_SPOOFED; /* (e.dev: a copy; the fast paths keep the cache) */
+	} else if (check_ip(&p, data, data_end) != CZ_OK) {
 		reason = CZ_DROP_MALFORMED;
 	} else {
 		/* an error about a packet the pod received: its destination was the pod IP */

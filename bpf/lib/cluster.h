@@ -30,6 +30,7 @@
 #include "tc.h"
 
 #define CZ_AF_INET 2		    /* AF_INET, for bpf_fib_lookup */
+#define CZ_AF_INET6 10		    /* AF_INET6 */
 #define CZ_FIB_SKIP_NEIGH (1U << 2) /* BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.5) */
 
 /* bcc 0.26 declares bpf_redirect_neigh without its plen argument: the kernel's signature */
@@ -85,18 +86,62 @@ static __always_inline int cz_fib_forwards(int rc)
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
 }
 
+/* The reverse path's question for cz_spoofed: the route to `src`, as for a packet from `in`. */
+static __always_inline void cz_fib_rev(struct bpf_fib_lookup *fib, int v6, const void *src,
+				       __u32 in)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	if (v6) {
+		fib->family = CZ_AF_INET6;
+		__builtin_memcpy(fib->ipv6_dst, src, 16);
+	} else {
+		fib->family = CZ_AF_INET;
+		fib->ipv4_dst = *(const __be32 *)src;
+	}
+	fib->ifindex = in;
+}
+
 /*
- * The pod-facing hook, IPv4: is this packet, as it enters the node from a pod, one to translate
- * as egress does (then its source's entry, else NULL)? Yes when its source is a managed pod IP and
- * it leaves the node by an uplink (the pod's own traffic out of the cluster), or it answers a
+ * Source verification (docs/design.md, "A pod speaks only for itself"): is a packet whose source
+ * is the managed pod IP `src` (v6: 16 bytes, else 4), entering the node by device `in`, spoofed?
+ * It is not when `in` is the device the node routes that IP to -- the kernel's reverse path, as
+ * strict rp_filter asks it: the FIB's route to the pod IP, looked up as from `in`, leaves by `in`
+ * -- nor when `in` is 0 (tc egress of a packet the node itself sent). The answer is cached in the
+ * pod's address value (`dev`): a packet from the cached device costs one compare; one from any
+ * other asks the FIB, and a confirmed device replaces the cache (a VM that migrated here, a
+ * re-created veth). Behind a device that carries every pod (Kube-OVN's ovn0) every pod passes:
+ * only the CNI can tell its pods apart there. 1: spoofed.
+ */
+static __always_inline int cz_spoofed(struct __sk_buff *skb, __u32 *dev, int v6, const void *src,
+				      __u32 in)
+{
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	if (cz_likely(*dev == in) || !in)
+		return 0;
+	cz_fib_rev(&fib, v6, src, in);
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), CZ_FIB_SKIP_NEIGH);
+	if (rc < 0) { /* a kernel before 6.5: without BPF_FIB_LOOKUP_SKIP_NEIGH */
+		cz_fib_rev(&fib, v6, src, in);
+		rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	}
+	if (!cz_fib_forwards(rc) || fib.ifindex != in)
+		return 1;
+	*dev = in;
+	return 0;
+}
+
+/*
+ * The pod-facing hook, IPv4: is this packet, whose source is a managed pod IP and which entered
+ * from that pod's device (cz_spoofed), one to translate as egress does? Yes when it leaves the
+ * node by an uplink (the pod's own traffic out of the cluster), or it answers a
  * connection that to_lb4 translated to the pod's LB IP on this node (a flow it recorded): one this
  * node opened, the answer then for this node, or one of a pod on another pod-facing device of this
  * node.
  */
-static __always_inline struct addr4_val *pod_side4(struct __sk_buff *skb, void *data_end,
-						   struct iphdr *ip)
+static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, struct iphdr *ip)
 {
-	struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
 	struct bpf_fib_lookup fib;
 	struct flow_cfg *c;
 	__be16 sport, dport;
@@ -104,23 +149,19 @@ static __always_inline struct addr4_val *pod_side4(struct __sk_buff *skb, void *
 	__u8 tf = 0;
 	int rc;
 
-	if (!v || !(v->kind & CZ_K_POD))
-		return NULL;
 	c = cz_cfg();
 	if (!c)
-		return NULL;
+		return 0;
 	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex);
 	if (cz_fib_forwards(rc) && cz_is_uplink(c, fib.ifindex))
-		return v;
+		return 1;
 	if (!cz_fib_forwards(rc) && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
-		return NULL; /* unreachable, blackhole, forwarding off: the kernel decides */
+		return 0; /* unreachable, blackhole, forwarding off: the kernel decides */
 	/* to this node, or to another pod-facing device (a pod on this node) */
 	if (fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &csum, &tf) < 0)
-		return NULL;
-	if (!flow_reply(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
-			ip->protocol, 0))
-		return NULL;
-	return v;
+		return 0;
+	return flow_reply(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
+			  ip->protocol, 0);
 }
 
 /*

@@ -23,6 +23,7 @@ struct cz_entry {
 	struct ip6 lb;	/* CZ_K_POD: the LB IP */
 	__u32 in_slot;	/* ingress: the Service's svcstats slot */
 	__u32 out_slot; /* egress: the Service's svcstats slot */
+	__u32 dev;	/* CZ_K_POD: the device its IP is routed to, as last confirmed */
 	__u8 kind;	/* CZ_K_* */
 	__u8 flags;	/* ingress: CZ_F_* */
 	__u8 pod_flags; /* egress: CZ_F_* */
@@ -39,6 +40,7 @@ static __always_inline int lookup_addr(int v6, const struct ip6 *addr, struct cz
 		e->lb = v->lb_ip;
 		e->in_slot = v->in_slot;
 		e->out_slot = v->out_slot;
+		e->dev = v->dev;
 		e->kind = v->kind;
 		e->flags = v->flags;
 		e->pod_flags = v->pod_flags;
@@ -52,6 +54,7 @@ static __always_inline int lookup_addr(int v6, const struct ip6 *addr, struct cz
 		cz_ip4_set(&e->lb, v->lb_ip);
 		e->in_slot = v->in_slot;
 		e->out_slot = v->out_slot;
+		e->dev = v->dev;
 		e->kind = v->kind;
 		e->flags = v->flags;
 		e->pod_flags = v->pod_flags;

@@ -9,7 +9,7 @@
 
 #include <linux/types.h>
 
-#define CZ_LAYOUT_VERSION 5
+#define CZ_LAYOUT_VERSION 6
 
 /* addr4_val.flags, .pod_flags */
 #define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
@@ -61,7 +61,12 @@ struct addr4_val {
 	struct cz_port ports[CZ_INLINE_PORTS]; /* the ingress pod IP's allowed ports, sorted */
 	__u32 in_slot; /* svcstats slot of ingress: the LB IP's Service, else the pod's (0: none) */
 	__u32 out_slot; /* svcstats slot of egress (CZ_K_POD): the Service of lb_ip (0: none) */
-	__u32 reserved; /* zero */
+	/*
+	 * CZ_K_POD: the device the node routes the pod IP to, as the programs last confirmed it
+	 * (cz_spoofed in cluster.h); user space writes 0 ("not known yet"). Was `reserved`, zero:
+	 * values of older layouts are valid as they are.
+	 */
+	__u32 dev;
 };
 
 /* allow4: a set; value __u8 (1). Every allowed port of every pod, also those inline in addr4 */
@@ -153,7 +158,7 @@ struct addr6_val {
 	struct cz_port ports[CZ_INLINE_PORTS];
 	__u32 in_slot;	/* as addr4_val */
 	__u32 out_slot; /* as addr4_val */
-	__u32 reserved; /* zero */
+	__u32 dev;	/* as addr4_val */
 };
 
 /* allow6: a set; value __u8 (1) */
@@ -241,7 +246,7 @@ struct stat_val {
  * reason (stats.h) is counted here once more for its Service: accepted ones by direction,
  * dropped ones by reason.
  */
-#define CZ_SVC_DROPS 8 /* drops[]: cz_drop_index() of each drop reason (all used) */
+#define CZ_SVC_DROPS 16 /* drops[]: cz_drop_index() of each drop reason (9 used); layout 6 */
 
 struct svc_stat {
 	__u64 in_packets; /* accepted on ingress: translated or passed by the port filter */

@@ -68,13 +68,14 @@ class AddrVal(NamedTuple):
     ports: bytes
     in_slot: int
     out_slot: int
-    reserved: int
+    dev: int  # the programs' cache (cz_spoofed): user space writes 0 and never compares it
 
 
 _ADDR_RAW = ("pod_ip", "lb_ip", "ports")
 #: by the length of the address
 ADDR_VAL = {4: packer(Addr4Val, _ADDR_RAW), 16: packer(Addr6Val, _ADDR_RAW)}
 assert all(AddrVal._fields == tuple(f[0] for f in v._fields_) for v in (Addr4Val, Addr6Val))
+assert all(v.dev.offset == ctypes.sizeof(v) - 4 for v in (Addr4Val, Addr6Val))  # same_addr_val
 CZ_PORT = packer(CzPort, (), "!")
 ALLOW_KEY = {4: packer(Allow4Key, ("pod_ip",), "!"), 16: packer(Allow6Key, ("pod_ip",), "!")}
 RANGE_KEY = {4: packer(Range4Key, ("pod_ip", "src")), 16: packer(Range6Key, ("pod_ip", "src"))}
@@ -83,6 +84,11 @@ _ZERO = {4: bytes(4), 16: bytes(16)}
 
 def address(raw: bytes) -> IPAddress:
     return IPv4Address(raw) if len(raw) == 4 else IPv6Address(raw)
+
+
+def same_addr_val(a: bytes, b: bytes) -> bool:
+    """Do two addr values say the same, the programs' cache (`dev`, last) aside?"""
+    return a[:-4] == b[:-4]
 
 
 def addr_val(raw: bytes, n: int) -> AddrVal:

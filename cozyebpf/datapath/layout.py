@@ -18,7 +18,7 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
 
 #: bump with CZ_LAYOUT_VERSION in bpf/lib/types.h whenever a layout below changes
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 
 F_PORT_FILTER = 0x01
 F_ALLOW_ICMP = 0x02
@@ -52,7 +52,7 @@ def possible_cpus() -> int:
 
 def default_service_slots(max_services: int) -> int:
     """Every Service, as long as svcstats stays within SVCSTATS_BUDGET on this machine."""
-    per_slot = 96 * possible_cpus()  # sizeof(struct svc_stat) per CPU
+    per_slot = ctypes.sizeof(SvcStat) * possible_cpus()
     return max(1, min(max_services, SVCSTATS_BUDGET // per_slot - 1))
 
 
@@ -75,7 +75,7 @@ class Addr4Val(ctypes.Structure):
         ("ports", CzPort * INLINE_PORTS),
         ("in_slot", ctypes.c_uint32),
         ("out_slot", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("dev", ctypes.c_uint32),  # the programs' cache of the pod's device (cz_spoofed)
     ]
 
 
@@ -156,7 +156,7 @@ class Addr6Val(ctypes.Structure):
         ("ports", CzPort * INLINE_PORTS),
         ("in_slot", ctypes.c_uint32),
         ("out_slot", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("dev", ctypes.c_uint32),  # the programs' cache of the pod's device (cz_spoofed)
     ]
 
 
@@ -227,7 +227,7 @@ class MetaVal(ctypes.Structure):
     _fields_ = [("layout_version", ctypes.c_uint32), ("reserved", ctypes.c_uint32 * 3)]
 
 
-SVC_DROPS = 8  # CZ_SVC_DROPS: svc_stat.drops[]
+SVC_DROPS = 16  # CZ_SVC_DROPS: svc_stat.drops[] (layout 6; 9 used)
 
 
 class SvcStat(ctypes.Structure):
@@ -478,9 +478,10 @@ MAPS: tuple[MapSpec, ...] = (
     MapSpec("tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
     MapSpec("tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
     # per-Service counters: a slot per Service, as many as SVCSTATS_BUDGET allows on this
-    # machine unless chosen, and slot 0
+    # machine unless chosen, and slot 0; layout 6 (room for drop_spoofed: rebuilt, so the
+    # counters of an upgraded node start again from zero)
     MapSpec(
-        "svcstats", _PERCPU, _u32, SvcStat, "__u32", "struct svc_stat", lambda _, n: n + 1, 3,
+        "svcstats", _PERCPU, _u32, SvcStat, "__u32", "struct svc_stat", lambda _, n: n + 1, 6,
         "CZ_SVCSTATS_MAX",
     ),
     # the monitor (bpf/lib/monitor.h): its switch and token bucket, its counters, its ring buffer

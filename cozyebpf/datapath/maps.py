@@ -24,6 +24,7 @@ from cozyebpf.datapath.codec import (
     pod_entry,
     range_key,
     range_of,
+    same_addr_val,
     service_entry,
 )
 from cozyebpf.datapath.flows import (
@@ -212,7 +213,11 @@ class PinnedMaps(Views, FlowTables):
             active = set(self.slots.active().values())
             self.slots.activate(sorted(set(m.refs) - active))
             self.slots.park(sorted(active - set(m.refs)))
-            stale = [k for k, v in raw.items() if m.value(k, self.slots.slot) not in (v, None)]
+            stale = [
+                k
+                for k, v in raw.items()
+                if (want := m.value(k, self.slots.slot)) is not None and not same_addr_val(want, v)
+            ]
             if stale:
                 log.warning(
                     "%d addr entries disagreed with the allowed ports (edited by hand?): rewritten",

@@ -22,6 +22,7 @@ REASONS: tuple[str, ...] = (
     "drop_icmp_inner",
     "drop_source",
     "pass_learn",
+    "drop_spoofed",
 )
 
 DESCRIPTIONS: dict[str, str] = {
@@ -43,6 +44,7 @@ DESCRIPTIONS: dict[str, str] = {
     "drop_icmp_inner": "ICMP error with a truncated, invalid or nested inner packet",
     "drop_source": "source ranges: a source outside them, not a reply to the pod's flow",
     "pass_learn": "port filter: TCP that opens nothing, to a pod that is migrating",
+    "drop_spoofed": "a managed pod IP as source, from a device the node does not route it to",
 }
 
 #: the drop reasons in the order of svc_stat.drops[] (cz_drop_index in bpf/lib/stats.h: the
@@ -52,8 +54,7 @@ SVC_DROP_REASONS: tuple[str, ...] = tuple(r for r in REASONS if r.startswith("dr
 
 def drop_index(reason: int) -> int:
     """cz_drop_index(): where a drop reason (its enum value) counts in svc_stat.drops[]."""
-    fragment = REASONS.index("drop_fragment")
-    return reason - fragment + 4 if reason >= fragment else reason - REASONS.index("drop_port")
+    return SVC_DROP_REASONS.index(REASONS[reason])
 
 
 #: reasons that are not packets but events (flow-table insertions): no Service counts them
