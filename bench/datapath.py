@@ -54,9 +54,9 @@ PATHS: dict[str, tuple[str, ...]] = {
     "port-allowed": ("plain", "xdp-pass", "nft", "nft-noct", "min-xdp", *_CZ),
     "port-drop": ("gen-only", "xdp-drop", "nft", "nft-noct", "min-xdp", *_CZ),
     "reply": ("plain", "xdp-pass", "nft", *_CZ),
-    "egress-snat": ("plain", "tc-next", "nft", "nft-noct", "min-snat", *_CZ),
+    "egress-snat": ("plain", "tc-next", "nft", "nft-noct", "min-snat", *_CZ, "cz-xdp-nospoof"),
     # the same SNAT from the whole-IP pod, which records no flows: what the flow record costs
-    "egress-whole": ("plain", "tc-next", "min-snat", "cz-xdp"),
+    "egress-whole": ("plain", "tc-next", "min-snat", "cz-xdp", "cz-xdp-nospoof"),
     # the pod-facing hook (--pod-devices, tcx ingress of the pods' host devices): the same SNAT
     # taken there, and a plain pod's traffic, which it (and the uplink's egress) only looks at
     "pod-side-snat": ("plain", "cz-xdp", "cz-xdp-podnext", "cz-pod"),
@@ -68,6 +68,7 @@ VARIANT_LABELS = {
     "nft-noct": "cozy-proxy nftables without conntrack",
     "cz-xdp": "cozyebpf, XDP ingress",
     "cz-xdp-nosvc": "cozyebpf, XDP ingress, built without per-Service counters",
+    "cz-xdp-nospoof": "cozyebpf, XDP ingress, egress built without the source check",
     "cz-xdp-mon": "cozyebpf, XDP ingress, with `cozyebpf monitor --type all` running",
     "cz-xdp-ranges": "cozyebpf, XDP ingress, both Services with source ranges (client inside)",
     "cz-tcx": "cozyebpf, tcx ingress",
@@ -216,6 +217,9 @@ class DatapathBench:
         nosvc = ["-DCZ_NO_SVC_STATS"]
         self.nosvc_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin, nosvc)
         self.nosvc_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin, nosvc)
+        self.nospoof_egress = loader.load(
+            "egress.c", "cz_egress", "sched_cls", self.pin, ["-DCZ_NO_SPOOF_CHECK"]
+        )
         self.cz_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin)
         self.cz_ingress_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin)
         self.cz_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin)
@@ -257,6 +261,7 @@ class DatapathBench:
         elif v in (
             "cz-xdp",
             "cz-xdp-nosvc",
+            "cz-xdp-nospoof",
             "cz-xdp-mon",
             "cz-xdp-ranges",
             "cz-pod",
@@ -267,6 +272,8 @@ class DatapathBench:
             ing, eg = (
                 (self.nosvc_ingress, self.nosvc_egress)
                 if v == "cz-xdp-nosvc"
+                else (self.cz_ingress, self.nospoof_egress)
+                if v == "cz-xdp-nospoof"
                 else (self.cz_ingress, self.cz_egress)
             )
             lab.in_ns(lab.node, lambda: attach.attach_xdp(ing.fd, UPLINK, pin))
@@ -455,6 +462,8 @@ class DatapathBench:
                         continue
                     if v == "cz-xdp-nosvc":
                         prog = self.nosvc_egress if path == "egress-snat" else self.nosvc_ingress
+                    elif v == "cz-xdp-nospoof":
+                        prog = self.nospoof_egress
                     elif v == "cz-pod":
                         prog = self.cz_pod  # the hook's own cost (the uplink's egress runs too)
                     elif path.startswith(("egress-", "pod-side-")):

@@ -140,6 +140,12 @@ CASES: dict[str, tuple[str, bytes, int, str]] = {
     "part/hint": ("part-hint", _ingress(LB_F, 53, 40000), 2, "flow hint: hash, 2 array words"),
     "part/count": ("part-count", _ingress(LB_F, 53, 40000), 2, "per-CPU counter"),
     "part/rewrite": ("part-rewrite", _ingress(LB_F, 53, 40000), 2, "IPv4 daddr + checksum"),
+    "part/fib": (
+        "part-fib",
+        _ingress(LB_F, 53, 40000),
+        2,
+        "bpf_fib_lookup of the source (a source check without the cache)",
+    ),
     "floor/tc": ("tc-floor", _ingress(LB_W, 1000, 5000), -1, "return TCX_NEXT"),
 }
 # the same paths without the per-Service counters (built with -DCZ_NO_SVC_STATS), and with a
@@ -157,6 +163,12 @@ _SVC_CASES = (
 for _name in _SVC_CASES:
     _prog, _frame, _want, _what = CASES[_name]
     CASES[f"nosvc/{_name}"] = (f"{_prog}-nosvc", _frame, _want, "without per-Service counters")
+# egress without the source check (-DCZ_NO_SPOOF_CHECK): what it costs. The frames of
+# BPF_PROG_RUN carry ingress_ifindex 0, which the check compares with the pod's cached device
+# (0 too) and passes at once: the same instructions as a packet from the cached device
+for _name in ("egress/whole-ip", "egress/port-filter"):
+    _prog, _frame, _want, _what = CASES[_name]
+    CASES[f"nospoof/{_name}"] = (f"{_prog}-nospoof", _frame, _want, "without the source check")
 for _name in ("xdp/whole-ip", "xdp/port-drop", "tc/whole-ip", "egress/port-filter"):
     _prog, _frame, _want, _what = CASES[_name]
     CASES[f"mon/{_name}"] = (_prog, _frame, _want, "with a monitor running (--type all)")
@@ -184,6 +196,9 @@ class ProgRunBench:
             "xdp-nosvc": loader.load("ingress.c", "cz_ingress", "xdp", self.pin, nosvc),
             "tc-nosvc": loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin, nosvc),
             "egress-nosvc": loader.load("egress.c", "cz_egress", "sched_cls", self.pin, nosvc),
+            "egress-nospoof": loader.load(
+                "egress.c", "cz_egress", "sched_cls", self.pin, ["-DCZ_NO_SPOOF_CHECK"]
+            ),
         }
         self.progs = {
             "xdp": loader.load("ingress.c", "cz_ingress", "xdp", self.pin),
@@ -248,7 +263,7 @@ class ProgRunBench:
         for name, (prog, _, _, what) in CASES.items():
             ns = median(res[name])
             base = floor["xdp"] if prog.startswith(("xdp", "min", "part")) else floor["tc"]
-            if name.startswith(("nosvc/", "mon/")):
+            if name.startswith(("nosvc/", "mon/", "nospoof/")):
                 what = f"{CASES[name.split('/', 1)[1]][3]}; {what}"
             out["cases"][name] = {
                 "ns": round(ns, 1),

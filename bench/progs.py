@@ -118,7 +118,7 @@ class Parts:
     bpf: Any
     fds: dict[str, int]
 
-    NAMES = ("addr_hit", "addr_miss", "flow_hit", "hint", "count", "rewrite")
+    NAMES = ("addr_hit", "addr_miss", "flow_hit", "hint", "count", "rewrite", "fib")
 
     @classmethod
     def load(cls) -> Parts:

@@ -284,11 +284,15 @@ def _migrate(
         log.warning("migrated map %s (%s): %d of %d entries copied", path, why, copied, len(keys))
     else:
         log.warning(
-            "rebuilt map %s (%s): %d old entries dropped; until the first sync packets to its "
-            "addresses pass untranslated",
+            "rebuilt map %s (%s): %d old entries dropped%s",
             path,
             why,
             len(keys),
+            "; until the first sync packets to its addresses pass untranslated"
+            if spec.name in ("addr4", "addr6")
+            else " (counters start again from zero)"
+            if spec.name == "svcstats"
+            else "",
         )
     return new_fd
 

@@ -21,7 +21,7 @@ PLAN = {layout: planned_cases(layout) for layout in LAYOUTS}
 #: shows the table of scenario x case x layout as `make cluster-lab` prints it
 TABLES: dict[str, str] = {}
 #: rows that show a hole not closed yet: they must fail until it is (strict)
-OPEN = {"10 spoofing": "issue 21: the egress rewrite trusts the source address"}
+OPEN: dict[str, str] = {}
 CASES = [
     pytest.param(
         layout, s, c, marks=[pytest.mark.xfail(strict=True, reason=OPEN[s])] if s in OPEN else []

@@ -236,6 +236,32 @@ def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
     assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
     new = env.map_ids()
     assert set(new) - set(traffic.old_maps) == {"seen4", "seen6"}, "created beside the others"
-    assert {k: new[k] for k in traffic.old_maps} == traffic.old_maps, "every map kept as it is"
+    kept = {k: v for k, v in traffic.old_maps.items() if k != "svcstats"}  # layout 6: rebuilt
+    assert {k: new[k] for k in kept} == kept, "every other map kept as it is"
+    assert new["svcstats"] != traffic.old_maps["svcstats"]
     traffic.check()
+    env.set_services(WHOLE)
+
+
+def test_layout_5_is_upgraded_in_place_without_a_lost_packet(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    """Layout 6 gives the per-Service counters room for drop_spoofed: svcstats is rebuilt (its
+    counters start again from zero), every other map is kept as it is, and the programs count
+    into the new one."""
+    old = layout_tree(repo_root, tmp_path / "layout5", 5)
+    traffic = upgrade_under_traffic(env, old, "seen4")
+    assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
+    new = env.map_ids()
+    assert set(new) == set(traffic.old_maps)
+    assert {k: new[k] for k in new if k != "svcstats"} == {
+        k: v for k, v in traffic.old_maps.items() if k != "svcstats"
+    }, "every map but svcstats kept as it is"
+    assert new["svcstats"] != traffic.old_maps["svcstats"], "svcstats rebuilt"
+    assert "rebuilt map" in env.log() and "svcstats" in env.log()
+    traffic.check()
+    with PinnedMaps.open(env.pin_dir) as m:
+        counted = {c.service: c for c in m.service_counters()}
+    # the new programs count into the new map: traffic after the switch
+    assert counted["default/vm1"].in_packets > 0 and counted["default/vm2"].out_packets > 0
     env.set_services(WHOLE)
