@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from tests.support.kubeapi import FakeKubeAPI
 from tests.support.labtools import wait_for
 
 Obj = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def with_pods(svc: Svc, *pods: tuple[str, str]) -> list[Obj]:
@@ -355,3 +357,15 @@ def test_a_missing_pod_is_named_once_and_pods_of_other_nodes_are_not_read(
         )
     finally:
         rig.stop()
+
+
+def test_the_shipped_clusterrole_is_the_one_the_403_warning_names() -> None:
+    import yaml
+
+    from cozyebpf.portsec import CLUSTER_ROLE
+
+    docs = yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert role["metadata"]["name"] == CLUSTER_ROLE
+    pods = [r for r in role["rules"] if "pods" in r["resources"]]
+    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
