@@ -21,15 +21,19 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
-from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Problem
-from cozyebpf.sources import Notifier, Source, gc_paused
+from cozyebpf.model import DEFAULT_PROXY_NAME, IncrementalModel, Key, Problem
+from cozyebpf.sources import ChangeSet, Notifier, Source, gc_paused
 from cozyebpf.state import IPAddress, address_key
+
+if TYPE_CHECKING:
+    from cozyebpf.portsec import PortSecurity
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +86,17 @@ class Agent:
         check_interval: float = 10.0,
         retry_delay: float = RETRY_FIRST,
         clock: Callable[[], float] = time.monotonic,
+        portsec: PortSecurity | None = None,
+        unverified: Sequence[str] = (),
     ) -> None:
         self.source = source
+        #: the port security of the backend pods behind a shared pod-facing device (None: no
+        #: such device, or no API to read pods from); its Problems join the model's
+        self.portsec = portsec
+        #: the pod-facing devices behind which source addresses are not verified (ovn0)
+        self.unverified = tuple(unverified)
+        if portsec is not None:
+            portsec.notify = self.notify
         self.clock = clock  # monotonic seconds, for every timer (tests drive their own)
         self.controller = Controller(datapath)
         self.model = IncrementalModel(proxy_name, datapath.capacity(), clock=clock)
@@ -143,13 +156,37 @@ class Agent:
         """Wake the loop (a source has changes)."""
         self.notifier.notify()
 
-    def _report(self, delta: Delta) -> None:
-        for p in delta.problems_added:
+    def _report(self, added: list[Problem], removed: list[Problem]) -> None:
+        for p in added:
             log.log(_LEVELS.get(p.severity, logging.WARNING), "%s", p)
-        for p in delta.problems_removed:
+        for p in removed:
             log.debug("resolved: %s", p)
-        if delta.problems_added and self.on_problems:
-            self.on_problems(delta.problems_added)
+        if added and self.on_problems:
+            self.on_problems(added)
+
+    def problems(self) -> list[Problem]:
+        """Every open Problem: the model's and the port-security check's (sorted)."""
+        extra = self.portsec.problems() if self.portsec is not None else []
+        return sorted([*self.model.problems(), *extra]) if extra else self.model.problems()
+
+    def _touched(self, changes: ChangeSet) -> set[Key] | None:
+        """The Services whose record or EndpointSlices `changes` change (None: every one);
+        before they are recorded in the model (a slice's Service before and after)."""
+        if changes.whole is not None:
+            return None
+        keys = set(changes.services)
+        for key, recs in changes.slices.items():
+            for r in (*self.model.slices.get(key, ()), *(recs or ())):
+                keys.add((r.ref.namespace, r.service))
+        return keys
+
+    def _check_pods(self, ps: PortSecurity, touched: set[Key] | None) -> None:
+        """Hand the backend pods of the `touched` Services to the port-security check; report
+        the Problems it found since the last turn."""
+        keys = touched if touched is not None else self.model.services.keys() | ps.services()
+        for key in keys:
+            ps.set_backends(key, self.model.backend_pods(key, ps.node))
+        self._report(*ps.take())
 
     def _report_moves(self, before: frozenset[IPAddress], after: frozenset[IPAddress]) -> None:
         for pod in sorted(after - before, key=address_key):
@@ -195,12 +232,16 @@ class Agent:
         self._triggers += changes.triggers
         big = changes.whole is not None or len(changes) > 1000
         held = self.model.held
+        ps = self.portsec
         with gc_paused() if big else contextlib.nullcontext():
+            touched = self._touched(changes) if ps is not None else set()
             changes.record_into(self.model)
             delta = self.model.flush() if self.model.pending else None
         if delta is not None:
-            self._report(delta)
+            self._report(delta.problems_added, delta.problems_removed)
             self._report_moves(held, self.model.held)
+        if ps is not None:
+            self._check_pods(ps, touched)
         if now >= self._resync_at:
             try:
                 self.controller.sync(self.model.state)

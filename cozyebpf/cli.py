@@ -281,6 +281,7 @@ def run(**options: Any) -> None:
     from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
     from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
+    from cozyebpf.portsec import checks
     from cozyebpf.sources import Source
 
     stop = threading.Event()
@@ -302,8 +303,10 @@ def run(**options: Any) -> None:
     try:
         devs = resolve_devices(cfg.devices)
         pod_devs = resolve_pod_devices(cfg.pod_devices, devs)
+        node = cfg.node_name or socket.gethostname()
         source: Source
         on_problems = None
+        client = None
         if cfg.manifests:
             from cozyebpf.sources.manifest import ManifestSource
 
@@ -315,19 +318,31 @@ def run(**options: Any) -> None:
 
             client = api_client(cfg.kubeconfig)
             source = KubeSource(client, cfg.proxy_name)
-            recorder = EventRecorder(client, cfg.node_name or socket.gethostname())
+            recorder = EventRecorder(client, node)
             recorder.start()
             stoppers.append(recorder.stop)
             on_problems = recorder.record
+        # behind ovn0: one warning now, and each VM's pod on this node needs port security
+        unverified, portsec = checks(pod_devs, client, node, cfg.resync_interval)
         dp = cfg.datapath(devs, pod_devs)
         handle_cozy_proxy(cfg.remove_cozy_proxy_table)
         dp.prepare()
         dp.begin()  # compiling in a child; the control plane starts meanwhile
         agent = Agent(
-            source, dp, cfg.proxy_name, cfg.resync_interval, on_problems, cfg.check_interval
+            source,
+            dp,
+            cfg.proxy_name,
+            cfg.resync_interval,
+            on_problems,
+            cfg.check_interval,
+            portsec=portsec,
+            unverified=unverified,
         )
         source.start(agent.notify)
         stoppers.insert(0, source.stop)
+        if portsec is not None:
+            portsec.start()
+            stoppers.insert(0, portsec.stop)
         if cfg.health_address:
             from cozyebpf.health import HealthServer
             from cozyebpf.status import agent_status

@@ -146,7 +146,7 @@ class AgentCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         agent = self.agent
         views: list[ServiceView] = read_model(agent.model.views)
-        problems: list[Problem] = read_model(agent.model.problems)
+        problems: list[Problem] = read_model(agent.problems)
         services = GaugeMetricFamily(
             "cozyebpf_services", "Services cozyebpf manages, by mode.", labels=["mode"]
         )

@@ -49,7 +49,7 @@ def read_model(read: Callable[[], list[T]]) -> list[T]:
 def agent_status(agent: Agent) -> dict[str, Any]:
     """The agent's side of `status`, served at /status."""
     views = read_model(agent.model.views)
-    problems = read_model(agent.model.problems)
+    problems = read_model(agent.problems)
     st = agent.stats
     modes = Counter(mode_name(v.port_filter) for v in views)
     return {
@@ -66,6 +66,8 @@ def agent_status(agent: Agent) -> dict[str, Any]:
         "problems": [
             {"severity": p.severity, "object": str(p.ref), "message": p.message} for p in problems
         ],
+        # pod-facing devices every pod's packets cross: sources behind them are not verified
+        "unverified_sources": list(agent.unverified),
     }
 
 
@@ -197,6 +199,11 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
         + (f", took {dur * 1000:.1f} ms" if dur is not None else "")
         + f"; {ag['syncs']} syncs ({ag['full_syncs']} full), {ag['sync_errors']} errors"
     )
+    if ag.get("unverified_sources"):
+        out.append(
+            f"source addresses not verified behind: {', '.join(ag['unverified_sources'])} "
+            "(only the CNI's port security can)"
+        )
     problems = ag.get("problems", [])
     out.append(f"problems: {len(problems)}")
     out += [f"  {p['severity']}: {p['object']}: {p['message']}" for p in problems]

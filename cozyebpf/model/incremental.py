@@ -389,6 +389,20 @@ class IncrementalModel:
         """Every current Problem, sorted."""
         return sorted(self._problems)
 
+    def backend_pods(self, key: Key, node: str | None = None) -> frozenset[Key]:
+        """The pods (namespace, name) of the ready endpoints of the Service `key` while it is
+        selected and usable, empty otherwise; with `node`, only those on that node (or of an
+        endpoint without a nodeName). For the port-security check (cozyebpf/portsec.py)."""
+        rec = self.services.get(key)
+        if rec is None or rec.service is None:
+            return frozenset()
+        return frozenset(
+            (ns, name)
+            for r in self._slice_records(key)
+            for ns, name, on in r.pods
+            if node is None or on in (node, "")
+        )
+
     def views(self) -> list[ServiceView]:
         """Every selected Service as understood, sorted by namespace/name."""
         return sorted(

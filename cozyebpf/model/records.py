@@ -118,13 +118,17 @@ class SliceRecord:
     kubernetes.io/service-name label), its ready addresses and the Problems found reading it
     (reported only while that Service is selected and usable, as `build_state` does). `nodes`
     pairs each ready address with the nodeName of an endpoint that has it (sorted): during a
-    live migration one address is ready on two nodes."""
+    live migration one address is ready on two nodes. `pods` names the pods of its ready
+    endpoints (a targetRef of kind Pod) as (namespace, name, the endpoint's nodeName or ""),
+    sorted: the model does not use them; the agent reads their port security
+    (cozyebpf/portsec.py)."""
 
     ref: ObjectRef
     service: str
     ready: frozenset[IPAddress]
     problems: tuple[Problem, ...]
     nodes: tuple[tuple[IPAddress, str], ...] = ()
+    pods: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,10 +487,12 @@ def _ready_addresses(
     obj: Mapping[str, Any],
     problems: list[Problem],
     nodes: set[tuple[IPAddress, str]] | None = None,
+    pods: set[tuple[str, str, str]] | None = None,
 ) -> set[IPAddress]:
     """The first address of each ready, non-terminating endpoint of an IPv4 or IPv6
     EndpointSlice; all of the slice's addressType (an address of the other family is an error
-    and skipped). Each with the endpoint's nodeName (a string) goes to `nodes` as well."""
+    and skipped). Each with the endpoint's nodeName (a string) goes to `nodes` as well, and
+    (namespace, name, nodeName or "") of its targetRef of kind Pod to `pods`."""
     address_type = obj.get("addressType")
     if address_type == "FQDN":
         problems.append(
@@ -544,9 +550,24 @@ def _ready_addresses(
             node = ep.get("nodeName")
             if nodes is not None and isinstance(node, str) and node:
                 nodes.add((ip, node))
+            if pods is not None:
+                pod = _pod_of(ep.get("targetRef"), ref.namespace)
+                if pod is not None:
+                    pods.add((*pod, node if isinstance(node, str) else ""))
         except _Invalid as e:
             problems.append(Problem(ref, e.message, e.severity))
     return out
+
+
+def _pod_of(target: object, namespace: str) -> tuple[str, str] | None:
+    """(namespace, name) of an endpoint's targetRef when it names a Pod (its namespace
+    defaults to the slice's); None for anything else."""
+    if not isinstance(target, Mapping) or target.get("kind") != "Pod":
+        return None
+    name, ns = target.get("name"), target.get("namespace") or namespace
+    if not isinstance(name, str) or not name or not isinstance(ns, str):
+        return None
+    return (ns, name)
 
 
 def _same(a: object, b: object) -> bool:
@@ -619,9 +640,15 @@ def read_object(
             return None
         problems: list[Problem] = []
         nodes: set[tuple[IPAddress, str]] = set()
-        ready = _ready_addresses(ref, obj, problems, nodes)
+        pods: set[tuple[str, str, str]] = set()
+        ready = _ready_addresses(ref, obj, problems, nodes, pods)
         return SliceRecord(
-            ref, service, frozenset(ready), tuple(problems), tuple(sorted(nodes, key=_node_key))
+            ref,
+            service,
+            frozenset(ready),
+            tuple(problems),
+            tuple(sorted(nodes, key=_node_key)),
+            tuple(sorted(pods)),
         )
     return None
 

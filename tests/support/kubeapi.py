@@ -1,19 +1,20 @@
-"""A test double of the Kubernetes API server: Services, EndpointSlices and core/v1 Events.
+"""A test double of the Kubernetes API server: Services, EndpointSlices, Pods and core/v1 Events.
 
 `FakeKubeAPI` serves HTTP/1.1 on 127.0.0.1 and follows the API conventions closely enough that
 the official `kubernetes` client cannot tell it from a kube-apiserver for the calls it supports:
 lists with label/field selectors and `limit`/`continue` pagination over a consistent snapshot,
 chunked watches replayed from a history log (410 Expired once compacted), bookmarks, Events
 create/patch/list, discovery, and errors as `Status` objects. Tests drive the state with
-`apply`/`delete` and inject faults with `fail_next`, `drop_watches`, `set_latency`, `set_down`
-and `compact`; `requests` records every request the server read. `stop()` then `start()` is an
-apiserver restart: same port and state, connections refused in between.
+`apply`/`delete` and inject faults with `fail_next`, `drop_watches`, `set_latency`, `set_down`,
+`compact` and `forbid` (RBAC's 403 for every request on a resource); `requests` records every
+request the server read. `stop()` then `start()` is an apiserver restart: same port and state,
+connections refused in between.
 
 Known deviations from a real kube-apiserver:
 - HTTP only; no authentication, authorization, admission, validation of object contents,
   managedFields, metadata.generation, dryRun, fieldValidation, server-side apply, protobuf,
   Table output, legacy /watch/ paths or sendInitialEvents.
-- Services and EndpointSlices are read-only over HTTP (tests write them with `apply`); Events
+- Services, EndpointSlices and Pods are read-only over HTTP (tests write them with `apply`); Events
   take POST and PATCH only (no PUT or DELETE).
 - PATCH takes merge and strategic-merge patches, both applied as RFC 7386 JSON merge patches
   (no list merge keys, no $patch directives); json-patch and apply-patch answer 415.
@@ -122,6 +123,7 @@ _KINDS = {
             ("get", "list", "watch"),
             {**_META_FIELDS, "addressType": ("addressType",)},
         ),
+        _Kind("Pod", "v1", "pods", "pod", ("po",), ("get", "list", "watch"), {**_META_FIELDS}),
         _Kind(
             "Event",
             "v1",
@@ -440,6 +442,7 @@ class FakeKubeAPI:
         self._watchers: set[_Watcher] = set()
         self._continues: dict[str, tuple[_Snapshot, int]] = {}
         self._faults: list[_Fault] = []
+        self._forbidden: set[str] = set()  # plurals answered 403 (forbid)
         self._requests: list[RequestRecord] = []
         self._connections: set[socket.socket] = set()
         self._latency = 0.0
@@ -590,6 +593,15 @@ class FakeKubeAPI:
         when None) with `status` and a Status body, without touching the state."""
         with self._cv:
             self._faults.append(_Fault(n, status, paths))
+
+    def forbid(self, plural: str, forbidden: bool = True) -> None:
+        """Answer every request on the resource `plural` (e.g. "pods") with 403 Forbidden, as
+        the API server does for a service account whose role lacks the verb."""
+        with self._cv:
+            if forbidden:
+                self._forbidden.add(plural)
+            else:
+                self._forbidden.discard(plural)
 
     def drop_watches(self) -> int:
         """Cut every open watch connection with a TCP RST, mid-stream (no terminating chunk).
@@ -946,6 +958,21 @@ class _Handler(BaseHTTPRequestHandler):
         if m is None or kind is None or (m["name"] and not m["ns"]):
             raise _ApiError(404, "the server could not find the requested resource", {})
         ns, name = m["ns"], m["name"]
+        with api._cv:
+            forbidden = kind.plural in api._forbidden
+        if forbidden:
+            verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(
+                method, "get" if name else "watch" if _parse_bool(query, "watch") else "list"
+            )
+            group = kind.api_version.rpartition("/")[0]
+            where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
+            raise _ApiError(
+                403,
+                f"{kind.plural} {f'{chr(34)}{name}{chr(34)} ' if name else ''}is forbidden: User "
+                f'"system:serviceaccount:cozy-system:cozyebpf" cannot {verb} resource '
+                f'"{kind.plural}" in API group "{group}"{where}',
+                {"name": name or "", "kind": kind.plural},
+            )
         if method == "GET" and name:
             self._send_json(200, api._get(kind, ns, name))
         elif method == "GET" and _parse_bool(query, "watch"):

@@ -366,6 +366,8 @@ def test_rbac_is_what_the_agent_reads_and_writes(
             "verbs": ["get", "list", "watch"],
         },
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        # one pod at a time, for its port-security annotation (cozyebpf/portsec.py)
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]
     sa = by_kind["ServiceAccount"]["metadata"]
     pod = daemonset(objs)["spec"]["template"]["spec"]

@@ -581,6 +581,41 @@ def test_kubeconfig_and_discovery(api: FakeKubeAPI, tmp_path: Path) -> None:
         groups = client.ApisApi(api_client).get_api_versions().groups
         assert [g.name for g in groups] == ["discovery.k8s.io"]
         core_resources = client.CoreV1Api(api_client).get_api_resources().resources
-        assert {r.name for r in core_resources} == {"services", "events"}
+        assert {r.name for r in core_resources} == {"services", "pods", "events"}
         slices = client.DiscoveryV1Api(api_client).list_endpoint_slice_for_all_namespaces()
         assert [s.metadata.name for s in slices.items] == ["web-abc"]
+
+
+# --- pods and RBAC --------------------------------------------------------------------------------
+
+
+def test_a_pod_is_read_with_its_annotations_and_forbid_answers_as_rbac(api: FakeKubeAPI) -> None:
+    api.apply(
+        {
+            "kind": "Pod",
+            "metadata": {
+                "name": "virt-launcher-vm1-abcde",
+                "namespace": NS,
+                "annotations": {"ovn.kubernetes.io/port_security": "true"},
+            },
+        }
+    )
+    with api.api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        pod = core.read_namespaced_pod("virt-launcher-vm1-abcde", NS)
+        assert pod.metadata.annotations == {"ovn.kubernetes.io/port_security": "true"}
+        with pytest.raises(ApiException) as e:
+            core.read_namespaced_pod("nope", NS)
+        assert e.value.status == 404
+        api.forbid("pods")
+        with pytest.raises(ApiException) as e:
+            core.read_namespaced_pod("virt-launcher-vm1-abcde", NS)
+        assert e.value.status == 403
+        assert json.loads(e.value.body)["message"] == (
+            'pods "virt-launcher-vm1-abcde" is forbidden: User '
+            '"system:serviceaccount:cozy-system:cozyebpf" cannot get resource "pods" in API '
+            f'group "" in the namespace "{NS}"'
+        )
+        assert core.list_namespaced_service(NS).items == []  # other resources still answer
+        api.forbid("pods", False)
+        assert core.read_namespaced_pod("virt-launcher-vm1-abcde", NS).metadata.name
