@@ -485,6 +485,13 @@ def status(pin_dir: str, as_json: bool, agent_address: str) -> None:
     help="ingress: arriving on the device (XDP or tc ingress); egress: a pod's packet leaving.",
 )
 @click.option("--device", help="The device whose program runs; not needed with one device.")
+@click.option(
+    "--from-device",
+    "in_device",
+    metavar="DEV",
+    help="egress: the device the packet entered the node by (a pod's veth, ovn0), for the "
+    "source check; without it the packet is one the node itself sends.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pin_dir_option
 def explain(
@@ -493,6 +500,7 @@ def explain(
     proto: str,
     direction: str,
     device: str | None,
+    in_device: str | None,
     as_json: bool,
     pin_dir: str,
 ) -> None:
@@ -507,11 +515,11 @@ def explain(
       cozyebpf explain --from 198.51.100.2 --to 203.0.113.10:443
       cozyebpf explain --from 198.51.100.2 --to 203.0.113.20 --proto icmp
       cozyebpf explain --from 10.244.1.20:40000 --to 198.51.100.2:53 --proto udp \\
-          --direction egress --json
+          --direction egress --from-device lxc-vm1 --json
     """
     from cozyebpf.explain import explain as run_explain
 
-    e, given = run_explain(pin_dir, src, dst, proto, direction, device)
+    e, given = run_explain(pin_dir, src, dst, proto, direction, device, in_device)
     click.echo(json.dumps(e.as_dict()) if as_json else e.text(given))
 
 

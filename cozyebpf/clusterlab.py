@@ -277,8 +277,9 @@ HOST_PAIRS = ((1, "vm-a"), (1, "vm-b"))  # section 6: on the VM's node, on anoth
 #: two while both are ready (node1): going, the announcement moves at "new ready", after the
 #: switch; coming back, at "both ready", to the target before the VM runs there
 MIGRATIONS = (("vm-a", 3), ("vm-a", 1))
-#: section 10, (attacker, victim): another VM on the victim's node, a plain pod on another node
-SPOOFS = (("vm-e", "vm-a"), ("p3", "vm-a"))
+#: section 10, (attacker, victim): another VM on the victim's node, a plain pod on another node,
+#: and a VM without port security (behind ovn0 nothing stops it: the rows say what happens)
+SPOOFS = (("vm-e", "vm-a"), ("p3", "vm-a"), ("vm-f", "vm-b"))
 SPOOF_KINDS = ("tcp syn", "udp", "icmp echo")
 RESTART_NODE = 2  # section 8
 RESTART_STREAMS = ("vm-a", "vm-b", "vm-e")  # one or more VMs per node, node2's included
@@ -411,6 +412,24 @@ def service_object(w: Workload, created: str = "2026-01-01T00:00:00Z") -> dict[s
             ],
         },
         "status": {"loadBalancer": {"ingress": [{"ip": w.lb_ip, "ipMode": "VIP"}]}},
+    }
+
+
+def pod_object(w: Workload, name: str, node: int) -> dict[str, Any]:
+    """A VM's virt-launcher pod, for the agents' port-security reads (the annotation as
+    KubeVirt copies it from the VM's template; none without port security)."""
+    ann = {"ovn.kubernetes.io/port_security": "true"} if w.port_security else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"vm.kubevirt.io/name": w.name},
+            "annotations": ann,
+        },
+        "spec": {"nodeName": node_name(node)},
+        "status": {"podIP": w.ip},
     }
 
 
@@ -1173,6 +1192,7 @@ class ClusterLab:
         )
         for w in self.vms:
             self.api.api.apply(service_object(w))
+            self.api.api.apply(pod_object(w, self.pod_names[w.name], self.location[w.name]))
             self._set_endpoints(w, [self.location[w.name]])
         self._canary_bump()
         for n in NODES:
@@ -1859,6 +1879,7 @@ class ClusterLab:
             step("load", lambda: wait_for(lambda: udp.got and tin.echoes and tout.echoes, 5))
             # "old ready" -> "both ready": one address, two nodeNames
             t["both"] = time.monotonic()
+            self.api.api.apply(pod_object(w, new_pod, to))
             self._set_endpoints(w, [frm, to], [self.pod_names[name], new_pod])
             step("both ready", self.sync_agents)
             owners["both"] = self.announce({**self._ready(), name: [frm, to]})[w.lb_ip]
@@ -2057,7 +2078,12 @@ class ClusterLab:
 
     def spoof_where(self, attacker: str, victim: str) -> str:
         same = self.location[attacker] == self.location[victim]
-        return f"{self.where(attacker)} as {victim}'s pod IP ({'same' if same else 'another'} node)"
+        where = (
+            f"{self.where(attacker)} as {victim}'s pod IP ({'same' if same else 'another'} node)"
+        )
+        if self.layout == "kubeovn" and not self.workloads[attacker].port_security:
+            return f"{where}, no port security: leaves as {victim}'s LB IP"
+        return where
 
     def run_spoof(self) -> list[Row]:
         """Each attacker sends a TCP SYN, a UDP datagram and an ICMP echo to the external
@@ -2092,12 +2118,15 @@ class ClusterLab:
                         if after[n] != before.get(n, 0)
                     }
                     # per-pod devices: the attacker's node drops it (drop_spoofed); behind ovn0
-                    # only the attacker's port security (the lab's OVN) can
-                    ok = not bad and (
-                        spoofed == {node: 1}
-                        if self.layout == "perpod"
-                        else not spoofed and self.workloads[attacker].port_security
-                    )
+                    # only the attacker's port security (the lab's OVN) can, and without it the
+                    # packet leaves as the victim's LB IP: what the agents' warnings are about
+                    secured = self.workloads[attacker].port_security
+                    if self.layout == "perpod":
+                        ok = not bad and spoofed == {node: 1}
+                    elif secured:
+                        ok = not bad and not spoofed
+                    else:
+                        ok = bad == [v.lb_ip] and not spoofed
                     rows.append(
                         Row(
                             "10 spoofing",
@@ -2106,11 +2135,62 @@ class ClusterLab:
                             ok,
                             f"the server saw it from {', '.join(seen) or 'nobody'}; "
                             f"drop_spoofed by node: {spoofed or 'none'}"
-                            + ("" if self.layout == "perpod" else "; the attacker's port security"),
+                            + (
+                                ""
+                                if self.layout == "perpod"
+                                else "; the attacker's port security"
+                                if secured
+                                else "; behind ovn0 without port security it leaves, as expected"
+                            ),
                         )
                     )
         finally:
             cap.close()
+        return rows
+
+    def run_source_warnings(self) -> list[Row]:
+        """What the agents say about the sources they cannot verify (issue 21): behind ovn0
+        each agent once at start, naming it, and the node of a VM whose pod has no port
+        security an Event on its Service; on per-pod veths neither."""
+        assert self.api is not None
+        s, shared = "11 source warnings", self.layout == "kubeovn"
+        rows = []
+        for n in NODES:
+            log = self.agent_log(n)
+            said = log.count("source addresses behind ovn0 are not verified")
+            starts = sum(1 for line in log.splitlines() if line.startswith("=== "))
+            rows.append(
+                Row(
+                    s,
+                    f"{node_name(n)}: "
+                    + (
+                        "warns at each start that ovn0 hides the sender"
+                        if shared
+                        else "no such warning"
+                    ),
+                    self.layout,
+                    said == (starts if shared else 0),
+                    f"said {said} times in {starts} starts",
+                )
+            )
+        events = [
+            e
+            for e in self.api.api.events("default")
+            if e["involvedObject"]["kind"] == "Service" and "port security" in e["message"]
+        ]
+        for w in self.vms:
+            got = [e for e in events if e["involvedObject"]["name"] == w.name]
+            want = shared and not w.port_security
+            rows.append(
+                Row(
+                    s,
+                    f"{w.name} ({'no ' if not w.port_security else ''}port security): "
+                    + ("a Warning Event on its Service" if want else "no port-security Event"),
+                    self.layout,
+                    bool(got) == want and all(e["type"] == "Warning" for e in got),
+                    "; ".join(f"{e['source'].get('host')}: {e['message']}" for e in got) or "none",
+                )
+            )
         return rows
 
     def counted(self, reason: str) -> dict[str, int]:
@@ -2155,6 +2235,7 @@ class ClusterLab:
                 rows += self.run_migration(name, to)
         rows += self.run_restart()
         rows += self.run_spoof()
+        rows += self.run_source_warnings()
         rows += self.run_observer()
         return rows
 
@@ -2188,6 +2269,24 @@ def planned_cases(layout: str) -> list[tuple[str, str]]:
         )
     for attacker, victim in SPOOFS:
         rows += [("10 spoofing", f"{lab.spoof_where(attacker, victim)}: {k}") for k in SPOOF_KINDS]
+    shared = layout == "kubeovn"
+    rows += [
+        (
+            "11 source warnings",
+            f"{node_name(n)}: "
+            + ("warns at each start that ovn0 hides the sender" if shared else "no such warning"),
+        )
+        for n in NODES
+    ]
+    for w in lab.vms:
+        what = "a Warning Event on its Service" if shared and not w.port_security else None
+        rows.append(
+            (
+                "11 source warnings",
+                f"{w.name} ({'no ' if not w.port_security else ''}port security): "
+                + (what or "no port-security Event"),
+            )
+        )
     devs = f"ovn0 + {TUNNEL}" if layout == "kubeovn" else "eth0"
     rows += [("9 cilium view", f"{node_name(n)} {devs}: no packet to an LB IP") for n in NODES]
     return rows

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import struct
 from dataclasses import asdict, dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
@@ -243,6 +244,12 @@ def _hint(
         )
     if reason == "drop_malformed":
         return "the packet is malformed (truncated or invalid headers): it is never translated"
+    if reason == "drop_spoofed":
+        return (
+            f"the packet claims the pod IP of {svc} but did not come from the device that IP is "
+            "routed to: only that pod may send as it (a spoofed source, or a route that sends "
+            "the pod's traffic back another way)"
+        )
     if reason.startswith("drop_"):
         return f"dropped as {reason}: see docs/datapath-semantics.md"
     to = leaves[1] if direction == "ingress" else leaves[0]
@@ -269,11 +276,23 @@ def explain(
     proto_text: str = "tcp",
     direction: str = "ingress",
     device: str | None = None,
+    in_device: str | None = None,
 ) -> tuple[Explanation, tuple[str, str, int | None, int | None]]:
     """Run the packet through the attached program (a dry run); the explanation and the
-    packet as given (src, dst, sport, dport)."""
+    packet as given (src, dst, sport, dport). `in_device` (egress): the device it entered the
+    node by, for the source check (None: the node's own packet)."""
     if direction not in ("ingress", "egress"):
         raise ExplainError(f"--direction must be ingress or egress, not {direction!r}")
+    in_ifindex = 0
+    if in_device is not None:
+        if direction != "egress":
+            raise ExplainError("--from-device goes with --direction egress")
+        try:
+            in_ifindex = socket.if_nametoindex(in_device)
+        except OSError:
+            raise ExplainError(
+                f"--from-device {in_device}: no such device in this network namespace"
+            ) from None
     src, sport = parse_endpoint(src_text, "--from")
     dst, dport = parse_endpoint(dst_text, "--to")
     if src.version != dst.version:
@@ -297,7 +316,7 @@ def explain(
     fd = bpfsys.prog_fd_by_id(a.prog_id)
     try:
         with PinnedMaps.open(pin_dir) as maps:
-            run = dry_run(maps, fd, a.hook == "xdp", packet)
+            run = dry_run(maps, fd, a.hook == "xdp", packet, in_ifindex)
             reason = None
             service = None
             if run.result is not None and run.result.reason != NOT_OURS:
@@ -333,10 +352,13 @@ class DryRun:
     result: DryRes | None  # what the full path recorded; None: it did not decide the frame
 
 
-def dry_run(maps: PinnedMaps, prog_fd: int, xdp: bool, packet: bytes) -> DryRun:
+def dry_run(
+    maps: PinnedMaps, prog_fd: int, xdp: bool, packet: bytes, in_ifindex: int = 0
+) -> DryRun:
     """Run an IP packet through a loaded program of ours (XDP or tc) as a dry run: with the
     802.1Q tag that sends it to the full path and the marker that makes the full path change
-    nothing (bpf/lib/dryrun.h)."""
+    nothing (bpf/lib/dryrun.h). tc: `in_ifindex` is the skb's ingress_ifindex (the device it
+    entered the node by; 0: the node's own)."""
     ethertype = b"\x86\xdd" if packet[0] >> 4 == 6 else b"\x08\x00"
     frame = DST_MAC + SRC_MAC + VLAN_TAG + ethertype + packet
     nonce = secrets.randbits(64) | 1  # odd: the program records nonce | 1
@@ -344,9 +366,9 @@ def dry_run(maps: PinnedMaps, prog_fd: int, xdp: bool, packet: bytes) -> DryRun:
     if xdp:  # struct xdp_md: data (the metadata's length), data_end, data_meta
         data = marker + frame
         ctx = struct.pack("=III", len(marker), len(data), 0)
-    else:  # struct __sk_buff up to cb[5] (offset 48): cb[0..3] the marker
+    else:  # struct __sk_buff up to cb[5] (offset 48): ingress_ifindex (36), cb[0..3] the marker
         data = frame
-        ctx = bytes(48) + marker + bytes(4)
+        ctx = bytes(36) + struct.pack("=I", in_ifindex) + bytes(8) + marker + bytes(4)
     r = bpfsys.prog_test_run(prog_fd, data, ctx=ctx)
     out = r.data[len(marker) :] if xdp else r.data  # XDP returns the metadata too
     if out[12:14] == VLAN_TAG[:2]:

@@ -193,6 +193,7 @@ def tables(env: AgentLab) -> tuple[Any, ...]:
         )
 
 
+EGRESS_OF_POD2 = ["--direction", "egress", "--from", f"{POD2.ip}:40002", "--to", f"{CLIENT_IP}:443"]
 EXPLAIN = [
     (
         "whole-ip",
@@ -232,9 +233,21 @@ EXPLAIN = [
     ),
     (
         "egress of a port-filter pod",
-        ["--direction", "egress", "--from", f"{POD2.ip}:40002", "--to", f"{CLIENT_IP}:443"],
+        EGRESS_OF_POD2,
         {"verdict": "pass", "reason": "nat_egress", "service": "default/vm-filt"},
         {"src": LB_FILT, "dst": CLIENT_IP, "sport": 40002, "dport": 443},
+    ),
+    (
+        "egress from the pod's own veth",
+        [*EGRESS_OF_POD2, "--from-device", POD2.host_dev],
+        {"verdict": "pass", "reason": "nat_egress", "service": "default/vm-filt"},
+        {"src": LB_FILT, "dst": CLIENT_IP},
+    ),
+    (
+        "egress as a pod ip from another pod's veth",
+        [*EGRESS_OF_POD2, "--from-device", POD1.host_dev],
+        {"verdict": "drop", "reason": "drop_spoofed", "service": "default/vm-filt"},
+        {"src": POD2.ip, "dst": CLIENT_IP},
     ),
 ]
 
