@@ -76,10 +76,17 @@ Both layouts:
   Cilium 1.19's wildcard entry does; on ovn0 (ingress and egress) and on the tunnel device of
   each node (kubeovn), on each node's eth0 ingress (perpod, where Cilium's bpf_host sits).
 
+- OVN port security (kubeovn): a rule per pod port in each OVS namespace drops what a pod with
+  `ovn.kubernetes.io/port_security: "true"` sends from another address (the IP part of OVN's
+  port security; by port name, so it holds wherever the pod migrates). Every workload has it
+  but vm-f, whose Service the agents must warn about. The API holds a Pod per virt-launcher pod
+  with that annotation, which the agents read (`get`).
+
 What the lab leaves out: OVS and OVN themselves (flows, logical switch ports, ACLs, conntrack
-zones in OVS), GENEVE, Cilium itself (only the observer stands in for its programs), kube-proxy
-and ClusterIP Services, IPv6 (Cozystack patches it out of Kube-OVN), KubeVirt's memory copy and
-the pod annotation kubevirt.io/migration-target-ready-timestamp (the agent reads no Pods), a
+zones in OVS; port security's MAC and ARP parts), GENEVE, Cilium itself (only the observer
+stands in for its programs), kube-proxy and ClusterIP Services, IPv6 (Cozystack patches it out
+of Kube-OVN), KubeVirt's memory copy and the pod annotation
+kubevirt.io/migration-target-ready-timestamp (the agent reads Pods only for port security), a
 MetalLB memberlist (elections are computed by the lab from the EndpointSlices it writes), more
 than one VLAN or subnet, and rp_filter (0 everywhere, as Cilium sets it on its devices).
 

@@ -313,9 +313,27 @@ def move_tcx_first(new_prog_fd: int, device: str, pin_dir: str, direction: str) 
     ifindex = ifindex_of(device)
     attach_type, _ = DIRECTIONS[direction]
     path = link_pin(pin_dir, f"tcx-{direction}", device)
+    # the new link is pinned beside the old one and renamed over it once the old one is
+    # detached, so the pin is never missing (a reader of the links saw a gap before)
+    tmp = os.path.join(os.path.dirname(path), "new-" + os.path.basename(path))
+    detach_link(tmp)  # left by an agent that stopped half way
     fd = bpfsys.link_create(new_prog_fd, ifindex, attach_type, flags=bpfsys.BPF_F_BEFORE)
-    detach_link(path)
-    _pin_link(fd, path)
+    _pin_link(fd, tmp)
+    old = _open_pin(path)
+    if old is not None:
+        try:
+            with contextlib.suppress(OSError):
+                bpfsys.link_detach(old)
+        finally:
+            os.close(old)
+    os.replace(tmp, path)
+
+
+def _open_pin(path: str) -> int | None:
+    try:
+        return bpfsys.obj_get(path)
+    except OSError:
+        return None
 
 
 def detach_link(path: str) -> bool:
