@@ -4,10 +4,11 @@
 Each hypothesis example is one map state and a batch of frames (valid, edge-case and
 malformed). The maps are cleared and seeded from the state, then every frame runs through the
 programs with BPF_PROG_RUN (ingress frames through both the XDP and the tc ingress program,
-egress frames through the tc egress program) and the verdict, the output bytes and the counter
-increments must equal the model's. The model's flow and fragment records are applied as the
-frames go; at the end of the batch the kernel's flow and fragment tables must equal the
-model's.
+egress frames through the tc egress program, each as if it entered the node by a device: none,
+the one the pod's addr value caches, or one the FIB does not know) and the verdict, the output
+bytes and the counter increments must equal the model's. The model's flow and fragment records
+are applied as the frames go; at the end of the batch the kernel's flow and fragment tables, and
+the devices the pods' addr values cache, must equal the model's.
 
 The generator (map states and frames, `FEATURES`, CZ_DIFF_EXAMPLES and CZ_DIFF_FEATURES) is
 tests/support/diffgen.py; loading, seeding, running and comparing, with scapy and a hexdump when
@@ -18,6 +19,7 @@ tests/fixtures/differential.py.
 from __future__ import annotations
 
 import ctypes
+import socket
 import time
 from collections.abc import Iterator
 
@@ -43,12 +45,20 @@ from tests.support.diffgen import (
     DIFF_TIMEOUTS,
     EXAMPLES,
     FEATURES,
+    SPOOF_DEVS,
     Scenario,
     address,
     build,
     scenarios,
 )
-from tests.support.diffharness import PROGRAMS, Datapath, check_frame, check_tables, scapy_command
+from tests.support.diffharness import (
+    PROGRAMS,
+    Datapath,
+    check_devs,
+    check_frame,
+    check_tables,
+    scapy_command,
+)
 from tests.support.packets import CLIENT, LB_FILT, POD_FILT, assert_frame
 from tests.support.refmodel import PORT_FILTER, Pod, RefState
 
@@ -59,6 +69,9 @@ def dp(request: pytest.FixtureRequest) -> Iterator[Datapath]:
     from cozyebpf.datapath.attach import detach_all
     from tests.support.env import unique_prefix
 
+    for dev in SPOOF_DEVS:  # the FIB must know none of them (spoofed unless cached)
+        with pytest.raises(OSError):
+            socket.if_indextoname(dev)
     pin_dir = f"/sys/fs/bpf/{unique_prefix('diff')}"
     maps = PinnedMaps.ensure(pin_dir)
     maps.set_flow_timeouts(**DIFF_TIMEOUTS)
@@ -99,11 +112,14 @@ def test_programs_match_the_model(dp: Datapath, scenario: Scenario) -> None:
     dp.seed(state, now)
     for i, f in enumerate(scenario.frames):
         frame = build(f)
-        result = check_frame(dp, state, frame, f.egress)
+        result = check_frame(dp, state, frame, f.egress, f.in_dev)
         state.apply(result, time.monotonic_ns())
         if result.new_flows or result.frags or result.flow_vals:
             check_tables(dp, state, f"after frame {i}: {scapy_command(frame)}")
+        if result.devs:
+            check_devs(dp, state, f"after frame {i}: {scapy_command(frame)}")
     check_tables(dp, state, "after the batch")
+    check_devs(dp, state, "after the batch")
 
 
 def test_the_run_met_source_ranges_expired_flows_and_learning(dp: Datapath) -> None:
@@ -117,6 +133,14 @@ def test_the_run_met_source_ranges_expired_flows_and_learning(dp: Datapath) -> N
     assert counts.get("pass_learn", (0, 0))[0] > 0, counts
 
 
+def test_the_run_met_spoofed_sources(dp: Datapath) -> None:
+    """Egress frames from managed pod IPs entered by a device that is not theirs: dropped."""
+    if "spoof" not in FEATURES or dp.frames == 0:
+        pytest.skip("spoof not generated in this run")
+    counts = dp.counters()
+    assert counts.get("drop_spoofed", (0, 0))[0] > 0, counts
+
+
 @pytest.mark.parametrize("steps", REGRESSIONS)
 def test_regression(dp: Datapath, steps: tuple[Step, ...]) -> None:
     """The cases the spec names: the model gives the hand-written answer, and so do the
@@ -127,14 +151,18 @@ def test_regression(dp: Datapath, steps: tuple[Step, ...]) -> None:
     dp.seed(state, now)
     for step in steps:
         frame = bytes(step.frame)
-        model = (rm.egress if step.egress else rm.ingress)(state, frame, now)
+        if step.egress:
+            model = rm.egress(state, frame, now, step.in_dev)
+        else:
+            model = rm.ingress(state, frame, now)
         want = {r: (1, 0 if r == "flow_new" else len(frame)) for r in step.reasons}
         assert (model.verdict, model.counts) == (step.verdict, want), "the model"
         expected = step.out if step.out is not None else frame
         assert_frame(model.frame, expected, "the model's output")
-        check_frame(dp, state, frame, step.egress)
+        check_frame(dp, state, frame, step.egress, step.in_dev)
         state.apply(model, now)
     check_tables(dp, state, "after the steps")
+    check_devs(dp, state, "after the steps")
 
 
 # -- the clock ------------------------------------------------------------------------------

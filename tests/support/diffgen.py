@@ -55,6 +55,7 @@ FEATURES: frozenset[str] = frozenset(
         "ranges",  # loadBalancerSourceRanges of several lengths, none at all, both families
         "expiry",  # flows idle for longer than their protocol's timeout, TCP closing
         "learn",  # migrating pods (CZ_F_LEARN), TCP with every kind of flags
+        "spoof",  # egress entering by no device, the pod's cached one, or another (spoofed)
     }
 )
 # Disabled classes, and why: none. (To narrow a run down: CZ_DIFF_FEATURES=ipv4,vlan,...)
@@ -164,6 +165,10 @@ RANGE_SETS: dict[int, tuple[frozenset[Net], ...]] = {
 #: that the seconds a run takes change nothing)
 DIFF_TIMEOUTS = {"udp": 60, "icmp": 60, "tcp": 600, "tcp_closing": 30}
 FLOW_AGES = (0, 45, 700)
+#: the devices of "spoof" (ifindexes that exist nowhere, checked by the test: the FIB, asked
+#: about one, fails, so a packet from a managed pod IP entering by one is spoofed unless the
+#: pod's addr value caches that very device): the first two are what a pod's value may cache
+SPOOF_DEVS = (2_000_000_001, 2_000_000_002, 2_000_000_003)
 
 # -- map states ------------------------------------------------------------------------------
 
@@ -189,6 +194,7 @@ class Seed:
     frags: tuple[tuple[FragKey, bool, bool], ...] = ()  # key, passed, expired
     ranges: tuple[tuple[Addr, frozenset[Net]], ...] = ()  # restricted pods
     flow_ages: tuple[tuple[FlowKey, int, bool], ...] = ()  # key, age (s), closing
+    devs: tuple[tuple[Addr, int], ...] = ()  # the pods' cached devices (addr value `dev`)
 
     @functools.cached_property
     def maps(self) -> RefState:
@@ -198,6 +204,7 @@ class Seed:
     def state(self, now_ns: int) -> RefState:
         """The maps; fragment entries are 1 s old, or 60 s (expired) at `now_ns`."""
         state = RefState(allow=set(self.allow), flow=set(self.flows), ranges=dict(self.ranges))
+        state.dev = dict(self.devs)
         state.timeouts = {k: v * 1_000_000_000 for k, v in DIFF_TIMEOUTS.items()}
         for key, age, closing in self.flow_ages:
             state.flow_val[key] = FlowVal(max(0, now_ns - age * 1_000_000_000), closing)
@@ -262,6 +269,10 @@ def seeds(draw: st.DrawFn) -> Seed:
         for pod in sorted(set(pods), key=lambda a: (a.version, int(a))):
             if pick(draw, (False, True)):
                 ranges[pod] = pick(draw, RANGE_SETS[pod.version])
+    devs: dict[Addr, int] = {}
+    if "spoof" in FEATURES:
+        for pod in sorted(set(pods), key=lambda a: (a.version, int(a))):
+            devs[pod] = pick(draw, (0, SPOOF_DEVS[0], SPOOF_DEVS[0], SPOOF_DEVS[1]))
     frags: list[tuple[FragKey, bool, bool]] = []
     if "fragments" in FEATURES:
         for _ in range(draw(_index(4))):
@@ -277,6 +288,7 @@ def seeds(draw: st.DrawFn) -> Seed:
         tuple(frags),
         tuple(ranges.items()),
         tuple(ages),
+        tuple((p, d) for p, d in devs.items() if d),
     )
 
 
@@ -332,6 +344,7 @@ class Frame:
     arg: int = 0
     pad: int = 0  # bytes after the IP packet
     translated: tuple[Addr, Addr] | None = None  # csum "zero-after": (address, translated)
+    in_dev: int = 0  # egress: the device it entered the node by (0: the node sent it)
 
     __repr__ = compact_repr
 
@@ -708,6 +721,16 @@ def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
             translated = (ip.src, maps.pod[ip.src].lb_ip)
         elif not egress and ip.dst in maps.svc:
             translated = (ip.dst, maps.svc[ip.dst].pod_ip)
+    in_dev = 0
+    if egress and "spoof" in FEATURES:
+        # mostly by no device or by the cached one (the packet is translated as before),
+        # one in six by another device (spoofed, if its source is a managed pod IP)
+        own = dict(seed.devs).get(ip.src, 0)
+        kind = c.pick(("none", "none", "own", "own", "own", "other"))
+        if kind == "own":
+            in_dev = own
+        elif kind == "other":
+            in_dev = c.pick([d for d in SPOOF_DEVS if d != own])
     return Frame(
         egress,
         ip,
@@ -717,6 +740,7 @@ def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
         arg=c.pick(range(60)),
         pad=c.pick((0,) * 8 + (1, 6, 30)),
         translated=translated,
+        in_dev=in_dev,
     )
 
 

@@ -90,6 +90,9 @@ class Datapath:
 
     def seed(self, state: RefState, now_ns: int) -> None:
         self.maps.apply(diff(MapState(), map_state(state)))
+        for pod_ip, dev in state.dev.items():  # the programs' cache: user space writes 0
+            if pod_ip in state.pod:
+                self.set_dev(pod_ip, dev)
         for f in state.flow:
             v = state.flow_val.get(f, FlowVal(now_ns))
             self.maps.add_flows([Flow(*f)], v.seen_ns, v.closing)
@@ -105,6 +108,23 @@ class Datapath:
             bpfsys.map_update(
                 self._fd(FRAG4 if k.pod_ip.version == 4 else FRAG6), gkey, layout.FragVal(*v)
             )
+
+    def _addr_val(self, ip: Addr) -> tuple[int, ctypes.Array[ctypes.c_char], Any]:
+        fd = self.maps.fds["addr4" if ip.version == 4 else "addr6"]
+        val = layout.Addr4Val() if ip.version == 4 else layout.Addr6Val()
+        key = ctypes.create_string_buffer(ip.packed, len(ip.packed))
+        assert bpfsys.map_lookup(fd, key, val), f"no addr value for {ip}"
+        return fd, key, val
+
+    def dev(self, ip: Addr) -> int:
+        """The `dev` of the addr value of `ip`: the device the programs cached for the pod."""
+        return int(self._addr_val(ip)[2].dev)
+
+    def set_dev(self, ip: Addr, dev: int) -> None:
+        """Write the programs' cache of the pod `ip` into its addr value, as they would."""
+        fd, key, val = self._addr_val(ip)
+        val.dev = dev
+        bpfsys.map_update(fd, key, val)
 
     def flows(self) -> dict[FlowKey, bool]:
         """The flows, and whether each is closing."""
@@ -142,10 +162,21 @@ class Datapath:
         per_cpu = [fmt.unpack_from(raw, c * size) for c in range(ncpu)]
         return tuple(sum(col) for col in zip(*per_cpu, strict=True))
 
-    def run(self, prog: str, frame: bytes) -> tuple[int, bytes]:
-        r = bpfsys.prog_test_run(self.fds[prog], frame)
+    def run(self, prog: str, frame: bytes, in_dev: int = 0) -> tuple[int, bytes]:
+        """Run `prog` on `frame`; a tc program's frame as if it entered by device `in_dev`."""
+        r = bpfsys.prog_test_run(self.fds[prog], frame, ctx=skb_ctx(in_dev) if in_dev else None)
         self.runs += 1
         return r.retval, r.data
+
+
+#: struct __sk_buff up to and including ingress_ifindex (offset 36, linux/bpf.h): the context
+#: BPF_PROG_RUN takes, shorter than the struct (the rest is zero)
+SKB_CTX = struct.Struct("=9II")
+
+
+def skb_ctx(ingress_ifindex: int) -> bytes:
+    """A tc program's context for BPF_PROG_RUN: the device the frame entered the node by."""
+    return SKB_CTX.pack(*(0,) * 9, ingress_ifindex)
 
 
 PROGRAMS = {  # name -> (source, function, program type)
@@ -194,7 +225,7 @@ def describe_state(state: RefState) -> str:
 
     return "\n".join(
         f"  {name}: {fmt(getattr(state, name))}"
-        for name in ("svc", "pod", "allow", "flow", "frag", "ranges", "flow_val")
+        for name in ("svc", "pod", "allow", "flow", "frag", "ranges", "flow_val", "dev")
     )
 
 
@@ -207,13 +238,14 @@ def mismatch(
     got_code: int,
     got: bytes,
     got_counts: dict[str, tuple[int, int]],
+    in_dev: int = 0,
 ) -> str | None:
     """None when the program did what the model says, else a report of the difference."""
     if (got_code, got, got_counts) == (want_code, want.frame, want.counts):
         return None
     lines = [
         f"{prog}: the program and the model disagree",
-        f"frame ({len(frame)} bytes): {scapy_command(frame)}",
+        f"frame ({len(frame)} bytes, entered by device {in_dev}): {scapy_command(frame)}",
         f"  hex {frame.hex()}",
         "map state (before this frame):",
         describe_state(state),
@@ -264,14 +296,17 @@ def per_service(counts: dict[str, tuple[int, int]], egress: bool) -> tuple[int, 
     return tuple(out)
 
 
-def check_frame(dp: Datapath, state: RefState, frame: bytes, egress: bool) -> Result:
-    """Run `frame` through the program(s) of its direction; assert they match the model, and
-    that the per-Service counters of the address (slot 0 here) count it once. Returns the
-    model's result (not yet applied to `state`)."""
+def check_frame(
+    dp: Datapath, state: RefState, frame: bytes, egress: bool, in_dev: int = 0
+) -> Result:
+    """Run `frame` through the program(s) of its direction (egress: as if it entered the node
+    by device `in_dev`); assert they match the model, and that the per-Service counters of the
+    address (slot 0 here) count it once. Returns the model's result (not yet applied to
+    `state`)."""
     now = time.monotonic_ns()
     dp.frames += 1
     if egress:
-        want = rm.egress(state, frame, now)
+        want = rm.egress(state, frame, now, in_dev)
         runs = [("egress", rm.tc_code(want.verdict))]
     else:
         want = rm.ingress(state, frame, now)
@@ -280,9 +315,9 @@ def check_frame(dp: Datapath, state: RefState, frame: bytes, egress: bool) -> Re
         if prog != "xdp" and not tc_can_run(frame):
             continue
         before, svc_before = dp.counters(), dp.unnamed()
-        got_code, got = dp.run(prog, frame)
+        got_code, got = dp.run(prog, frame, in_dev if egress else 0)
         problem = mismatch(
-            prog, frame, state, want, code, got_code, got, _delta(dp.counters(), before)
+            prog, frame, state, want, code, got_code, got, _delta(dp.counters(), before), in_dev
         )
         if problem:
             pytest.fail(problem)
@@ -294,6 +329,14 @@ def check_frame(dp: Datapath, state: RefState, frame: bytes, egress: bool) -> Re
                 f"{want.counts}\nframe: {scapy_command(frame)}"
             )
     return want
+
+
+def check_devs(dp: Datapath, state: RefState, context: str) -> None:
+    """Each pod's addr value caches the device the model's does (0: none)."""
+    got = {p: dp.dev(p) for p in state.pod}
+    want = {p: state.dev.get(p, 0) for p in state.pod}
+    if got != want:
+        pytest.fail(f"{context}: the pods' cached devices {got}, the model's {want}")
 
 
 def check_tables(dp: Datapath, state: RefState, context: str) -> None:

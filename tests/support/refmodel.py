@@ -149,10 +149,17 @@ class RefState:
     #: a flow's value; a flow without one was last seen "now" (never expired), not closing
     flow_val: dict[FlowKey, FlowVal] = field(default_factory=dict)
     timeouts: dict[str, int] = field(default_factory=lambda: dict(TIMEOUTS))
+    #: a managed pod's cached device (its addr value's `dev`): the device its IP was last
+    #: confirmed to be routed to; none (0): not known yet
+    dev: dict[Addr, int] = field(default_factory=dict)
+    #: the FIB, as an input: pod IP -> the device the node routes it to; a pod without one, or
+    #: a device that does not exist, is confirmed on no device
+    routes: dict[Addr, int] = field(default_factory=dict)
 
     def apply(self, result: Result, now_ns: int) -> None:
         """Record the entries `result` created or refreshed, as the datapath does."""
         self.flow |= result.new_flows
+        self.dev.update(result.devs)
         self.flow_val.update(result.flow_vals)
         for key, passed in result.frags.items():
             self.frag[key] = Frag(now_ns, passed)
@@ -188,6 +195,7 @@ class Result:
     new_flows: frozenset[FlowKey] = frozenset()
     frags: dict[FragKey, bool] = field(default_factory=dict)  # recorded: key -> passed
     flow_vals: dict[FlowKey, FlowVal] = field(default_factory=dict)  # flows written (egress)
+    devs: dict[Addr, int] = field(default_factory=dict)  # pod IP -> its cached device written
 
 
 def _untouched(frame: bytes) -> Result:
@@ -598,8 +606,22 @@ def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
     return Result(verdict, out, {reason: (1, len(frame))}, frags=frags)
 
 
-def egress(state: RefState, frame: bytes, now_ns: int) -> Result:
-    """tc `cz_egress`."""
+def spoofed(state: RefState, pod_ip: Addr, in_dev: int) -> tuple[bool, int | None]:
+    """Source verification: is a packet from the managed pod IP `pod_ip` that entered the node
+    by device `in_dev` spoofed, and the device to cache for the pod (None: the cache stays)?
+    Not spoofed when `in_dev` is 0 (the node's own packet, tc egress), the pod's cached device,
+    or the device the FIB routes the pod IP to (the kernel's reverse path, strict rp_filter);
+    that confirmation replaces the cache."""
+    if in_dev == 0 or in_dev == state.dev.get(pod_ip, 0):
+        return False, None
+    if state.routes.get(pod_ip) == in_dev:
+        return False, in_dev
+    return True, None
+
+
+def egress(state: RefState, frame: bytes, now_ns: int, in_dev: int = 0) -> Result:
+    """tc `cz_egress`, for a frame that entered the node by device `in_dev` (0: the node sent
+    it)."""
     where = _locate_ip(frame)
     if where is None:
         return _untouched(frame)
@@ -608,9 +630,19 @@ def egress(state: RefState, frame: bytes, now_ns: int) -> Result:
     pod = state.pod.get(src)
     if pod is None:
         return _untouched(frame)
+    # Source verification comes first, before the packet is parsed further: a spoofed packet is
+    # dropped as it is, malformed or not, and records nothing.
+    spoof, confirmed = spoofed(state, src, in_dev)
+    if spoof:
+        return _counted(frame, DROP, "drop_spoofed")
+    # Reading (the spec does not say yet; bpf/lib/cluster.h, cz_spoofed): the confirmed device
+    # is cached by the fast path only, which checks the source of any untagged IPv4/IPv6 frame
+    # before it looks at the rest of the headers (not only `_fast_shaped` ones); a tagged frame
+    # (the full path only) caches nothing.
+    devs = {src: confirmed} if confirmed is not None and l3 == 14 else {}
     p = _parse_ip(frame, family, l3)
     if p is None or not _l4_fits(frame, p):
-        return _counted(frame, DROP, "drop_malformed")
+        return replace(_counted(frame, DROP, "drop_malformed"), devs=devs)
     counts = {"nat_egress": (1, len(frame))}
     new_flows: set[FlowKey] = set()
     flow_vals: dict[FlowKey, FlowVal] = {}
@@ -642,4 +674,4 @@ def egress(state: RefState, frame: bytes, now_ns: int) -> Result:
     inner = _inner(frame, p) if icmp_type in ICMP_ERRORS[family] else None
     inner_new = pod.lb_ip if inner is not None and inner.dst == src else None
     out = _translate(frame, p, "src", pod.lb_ip, inner, inner_new)
-    return Result(PASS, out, counts, frozenset(new_flows), flow_vals=flow_vals)
+    return Result(PASS, out, counts, frozenset(new_flows), flow_vals=flow_vals, devs=devs)
