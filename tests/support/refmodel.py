@@ -635,10 +635,10 @@ def egress(state: RefState, frame: bytes, now_ns: int, in_dev: int = 0) -> Resul
     spoof, confirmed = spoofed(state, src, in_dev)
     if spoof:
         return _counted(frame, DROP, "drop_spoofed")
-    # Reading (the spec does not say yet; bpf/lib/cluster.h, cz_spoofed): the confirmed device
-    # is cached by the fast path only, which checks the source of any untagged IPv4/IPv6 frame
-    # before it looks at the rest of the headers (not only `_fast_shaped` ones); a tagged frame
-    # (the full path only) caches nothing.
+    # The confirmed device is cached by the fast path only, which checks the source of any
+    # untagged IPv4/IPv6 frame before it looks at the rest of the headers (not only
+    # `_fast_shaped` ones); a tagged frame (the full path only) caches nothing
+    # (docs/datapath-semantics.md, Egress).
     devs = {src: confirmed} if confirmed is not None and l3 == 14 else {}
     p = _parse_ip(frame, family, l3)
     if p is None or not _l4_fits(frame, p):
