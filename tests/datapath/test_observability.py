@@ -20,6 +20,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +346,44 @@ def test_monitor_shows_drops_while_they_happen_and_stops_cleanly(env: AgentLab) 
         assert ev["service"] == "default/vm-filt" and ev["len"] == 54
     with PinnedMaps.open(env.pin_dir) as m:
         assert m.monitor_state().mode == MON_OFF
+
+
+def test_monitor_shows_a_spoofed_source_and_its_service_counts_it(env: AgentLab) -> None:
+    """Issue 21: pod1 sends with pod2's IP as source; the uplink's egress drops it (it came from
+    pod1's veth, pod2's IP is routed to pod2's) and the monitor and pod2's Service say so."""
+    from cozyebpf.explain import build_packet
+
+    proc = env.lab.popen(
+        env.lab.node,
+        *env.cmd,
+        "monitor",
+        "--json",
+        "--pin-dir",
+        env.pin_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        text = "monitoring dropped packets"
+        assert text in read_line_with(proc.stderr, text)
+        pkt = build_packet(ip_address(POD2.ip), ip_address(CLIENT_IP), 17, 40003, 9999, b"spoof")
+        with env.lab.ns_socket(
+            env.lab.pod_ns(POD1), socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW
+        ) as raw:
+            raw.sendto(pkt, (CLIENT_IP, 0))
+        events = read_events(proc, 1, 5)
+    finally:
+        _, err = interrupt(proc)
+    assert proc.returncode == 0, err
+    assert [
+        (e["device"], e["direction"], e["reason"], e["proto"], e["src"], e["dst"], e["service"])
+        for e in events
+    ] == [(UPLINK, "egress", "drop_spoofed", "udp", POD2.ip, CLIENT_IP, "default/vm-filt")]
+    with PinnedMaps.open(env.pin_dir) as m:
+        counted = {c.service: c.drops for c in m.service_counters()}
+        assert counted["default/vm-filt"].get("drop_spoofed") == 1
+        assert m.counters()["drop_spoofed"]["packets"] == 1
 
 
 def test_a_killed_monitors_switch_is_turned_off_by_the_agent(env: AgentLab) -> None:
