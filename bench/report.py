@@ -186,6 +186,19 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{cz} vs {mini} Mpps",
             )
     pr = res.get("progrun")
+    if pr and pr.get("spoof"):
+        sp = pr["spoof"]
+        for case in sp["cached"]:
+            on, off, fib = (sp[b][case]["min"] for b in ("cached", "nocheck", "fib"))
+            add(
+                f"{case}: BPF_PROG_RUN with the source check vs without (cost <= 2 %)",
+                on / off if off else None,
+                1 / SPOOF_CHECK_GOAL,
+                "x",
+                f"{on} vs {off} ns (min over interleaved rounds); asking the FIB for every "
+                f"packet instead of the cache: {fib} ns",
+                higher_is_better=False,
+            )
     if pr:
         cases = pr["cases"]
         for path in ("whole-ip", "port-allowed", "port-drop"):
@@ -412,6 +425,19 @@ def table(res: dict[str, Any]) -> str:
                 f"{c['ns_bpf_stats']:7.1f}   {c['what']}"
             )
         lines.append(f"  program sizes (xlated insns): {pr['insns']}")
+        sp = pr.get("spoof")
+        if sp:
+            lines.append(
+                "  the source check (cz_egress from the pod's device, the cache filled), ns min / "
+                "median over interleaved rounds: "
+                + "; ".join(
+                    f"{case} "
+                    + ", ".join(
+                        f"{b} {sp[b][case]['min']:.0f}/{sp[b][case]['median']:.0f}" for b in sp
+                    )
+                    for case in next(iter(sp.values()))
+                )
+            )
     mw = res.get("mapwrites")
     if mw:
         lines.append("")

@@ -63,6 +63,22 @@ static __always_inline int spoof_drop(struct __sk_buff *skb, void *l3, int v6, _
 	return CZ_TC_DROP;
 }
 
+/*
+ * The fast path's half of the source check: a packet from the pod's cached device, or the node's
+ * own, goes on; any other is left to the full path, which asks the FIB (the FIB's call in the
+ * entry program cost whole-IP egress 10 ns in BPF_PROG_RUN: docs/design.md). The benchmark's
+ * CZ_SPOOF_FIB_ALWAYS asks the FIB here for every packet instead (the other way issue 21 named).
+ */
+static __always_inline int spoof_unsure(struct __sk_buff *skb, __u32 dev, int v6, const void *src)
+{
+	__u32 in = skb->ingress_ifindex;
+
+#ifdef CZ_SPOOF_FIB_ALWAYS
+	return in && !cz_routed_by(skb, v6, src, in);
+#endif
+	return cz_src_unsure(dev, in);
+}
+
 /* The common frame: a verdict, or CZ_SLOW. */
 static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *data_end)
 {
@@ -75,8 +91,8 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 
 		if (!v || !(v->kind & CZ_K_POD))
 			return to_lb4(skb, data, data_end, ip);
-		if (cz_unlikely(cz_spoofed(skb, &v->dev, 0, &ip->saddr, skb->ingress_ifindex)))
-			return spoof_drop(skb, ip, 0, v->out_slot);
+		if (cz_unlikely(spoof_unsure(skb, v->dev, 0, &ip->saddr)))
+			return CZ_SLOW; /* the full path asks the FIB (egress_full) */
 		return fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
 				 v->pod_flags);
 	}
@@ -86,8 +102,8 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	v6 = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
 	if (!v6 || !(v6->kind & CZ_K_POD))
 		return CZ_TC_NEXT;
-	if (cz_unlikely(cz_spoofed(skb, &v6->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
-		return spoof_drop(skb, ip6, 1, v6->out_slot);
+	if (cz_unlikely(spoof_unsure(skb, v6->dev, 1, &ip6->saddr)))
+		return CZ_SLOW;
 	return fast_snat(skb, data, data_end, ip6, 1, &v6->lb_ip, v6->out_slot, v6->pod_flags);
 }
 
@@ -164,6 +180,20 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
 }
 
+/*
+ * The full path's source check, for a packet not from the pod's cached device (`from`): does the
+ * FIB route the pod IP `src` to `from`? Then that device is cached, but not by a dry run.
+ */
+static __always_inline int src_confirm(struct __sk_buff *skb, int v6, const struct ip6 *src,
+				       __u32 from)
+{
+	if (!cz_routed_by(skb, v6, src, from))
+		return 0;
+	if (!cz_dry())
+		cz_dev_set(v6, src, from);
+	return 1;
+}
+
 /* The full parse and translation; `pod_side`: for cz_pod_ingress, whose verdict is pod_next4's */
 static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 {
@@ -173,7 +203,7 @@ static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 	struct pkt p = {};
 	struct inner in = {};
 	struct cz_entry e = {}, d;
-	__u32 reason = CZ_NAT_EGRESS;
+	__u32 reason = CZ_NAT_EGRESS, from;
 	int flow, rc;
 
 	cz_dry_begin(cz_dry_nonce_tc(skb));
@@ -184,10 +214,11 @@ static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 		return CZ_TC_NEXT;
 	}
 	cz_done_addrs(&p); /* here, where the ways through the parser are few */
-	if (cz_spoofed(skb, &e.dev, p.v6, &p.src, skb->ingress_ifindex)) {
-		reason = CZ_DROP_SPOOFED; /* (e.dev: a copy; the fast paths keep the cache) */
-	} else if (check_ip(&p, data, data_end) != CZ_OK) {
+	from = skb->ingress_ifindex;
+	if (check_ip(&p, data, data_end) != CZ_OK) {
 		reason = CZ_DROP_MALFORMED;
+	} else if (cz_src_unsure(e.dev, from) && !src_confirm(skb, p.v6, &p.src, from)) {
+		reason = CZ_DROP_SPOOFED; /* after check_ip: counted with its protocol and ports */
 	} else {
 		/* an error about a packet the pod received: its destination was the pod IP */
 		if (p.icmp_error && parse_inner(&p, data_end, &in) == 0 &&

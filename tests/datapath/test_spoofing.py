@@ -214,22 +214,32 @@ def test_egress_from_the_routed_device_only(node: Node, state: RefState, family:
 
 
 @pytest.mark.parametrize("family", [4, 6])
-def test_only_the_fast_path_caches(node: Node, state: RefState, family: int) -> None:
-    """A tagged frame (the full path only) from A is translated, and the cache stays empty;
-    an untagged one that the fast path hands to the full path (IPv4 options, an IPv6
-    extension header) was checked by the fast path first: it caches A."""
+def test_the_full_path_caches_but_not_a_dry_run(node: Node, state: RefState, family: int) -> None:
+    """The entry program hands a frame from another device than the cached one to the full
+    path, which asks the FIB: a dry run (explain) from A is translated and caches nothing; a
+    tagged frame (the full path only) from A caches A, as does an untagged one the fast path
+    would not take (IPv4 options, an IPv6 extension header) after the route moved to B."""
+    from cozyebpf.explain import dry_run
+
     pod = ip_address(POD4 if family == 4 else POD6)
     inner = from_pod(family, 40010).payload
+    run = node.inside(
+        lambda: dry_run(node.dp.maps, node.dp.fds["egress"], False, bytes(inner), node.a)
+    )
+    assert not run.drop and run.result is not None
+    assert node.dp.dev(pod) == 0, "a dry run cached the device"
     r = egress(node, state, eth() / Dot1Q(vlan=7) / inner, node.a)
     assert r.verdict == rm.PASS and "nat_egress" in r.counts
-    assert node.dp.dev(pod) == 0
+    assert node.dp.dev(pod) == node.a
+    node.route_pod_via("spb")
+    state.routes[pod] = node.b
     if family == 4:
         odd = eth() / IP(src=POD4, dst=CLIENT4, options=b"\x01\x01\x01\x01") / UDP(dport=9)
     else:
         odd = eth() / IPv6(src=POD6, dst=CLIENT6) / IPv6ExtHdrDestOpt() / ICMPv6EchoRequest()
-    r = egress(node, state, odd, node.a)
+    r = egress(node, state, odd, node.b)
     assert r.verdict == rm.PASS and "nat_egress" in r.counts
-    assert node.dp.dev(pod) == node.a
+    assert node.dp.dev(pod) == node.b
 
 
 @pytest.mark.parametrize("family", [4, 6])

@@ -630,19 +630,17 @@ def egress(state: RefState, frame: bytes, now_ns: int, in_dev: int = 0) -> Resul
     pod = state.pod.get(src)
     if pod is None:
         return _untouched(frame)
-    # Source verification comes first, before the packet is parsed further: a spoofed packet is
-    # dropped as it is, malformed or not, and records nothing.
+    p = _parse_ip(frame, family, l3)
+    if p is None or not _l4_fits(frame, p):
+        return _counted(frame, DROP, "drop_malformed")
+    # Source verification, once the headers are known good: a spoofed packet is dropped as it is
+    # and records nothing. A confirmed device is cached, whichever path decided the frame (the
+    # entry program hands a frame from another device to the full path, which asks the FIB); a
+    # dry run, which the model does not make, caches nothing (docs/datapath-semantics.md).
     spoof, confirmed = spoofed(state, src, in_dev)
     if spoof:
         return _counted(frame, DROP, "drop_spoofed")
-    # The confirmed device is cached by the fast path only, which checks the source of any
-    # untagged IPv4/IPv6 frame before it looks at the rest of the headers (not only
-    # `_fast_shaped` ones); a tagged frame (the full path only) caches nothing
-    # (docs/datapath-semantics.md, Egress).
-    devs = {src: confirmed} if confirmed is not None and l3 == 14 else {}
-    p = _parse_ip(frame, family, l3)
-    if p is None or not _l4_fits(frame, p):
-        return replace(_counted(frame, DROP, "drop_malformed"), devs=devs)
+    devs = {src: confirmed} if confirmed is not None else {}
     counts = {"nat_egress": (1, len(frame))}
     new_flows: set[FlowKey] = set()
     flow_vals: dict[FlowKey, FlowVal] = {}
