@@ -69,10 +69,22 @@ class AgentStats:
 def release_memory() -> None:
     """Give memory freed by a large piece of work (the first list or file, the first sync)
     back to the system: a collection, then glibc's malloc_trim, which returns the free pages
-    of every malloc arena (threads that parsed API lists leave theirs fragmented)."""
+    of every malloc arena (threads that parsed API lists leave theirs fragmented). What is left
+    is frozen (`freeze_heap`)."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
+    freeze_heap()
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the collector's sight (gc.freeze), after a large
+    batch: the caches of 70,000 Services are 1.8 million objects, a full collection over them
+    took 1.4-1.6 s (0.0 frozen), and Python runs a signal handler only after it, so a SIGTERM
+    that landed during one waited for it (3.1 s once). Frozen objects are still freed by
+    reference counting, which frees the caches (acyclic records and dicts); only a cycle made
+    before the freeze and dropped later stays."""
+    gc.freeze()
 
 
 class Agent:
@@ -237,6 +249,8 @@ class Agent:
             touched = self._touched(changes) if ps is not None else set()
             changes.record_into(self.model)
             delta = self.model.flush() if self.model.pending else None
+        if big:
+            freeze_heap()
         if delta is not None:
             self._report(delta.problems_added, delta.problems_removed)
             self._report_moves(held, self.model.held)
