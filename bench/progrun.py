@@ -305,11 +305,10 @@ def spoof_check(params: Params, rounds: int) -> dict[str, Any]:
     """ns per packet (BPF_PROG_RUN) of each SPOOF_BUILDS build on each SPOOF_CASES frame, the
     builds loaded twice each and run in interleaved rounds; per build and case the minimum over
     the rounds (the figure least moved by other work) and the median."""
-    import ctypes
     import struct
-    import threading
 
     from bench.common import TAG, sh
+    from cozyebpf.lab import in_netns
 
     ns, dev = f"{TAG}-spoof", "pod0"
     pin = pin_dir("spoof")
@@ -336,37 +335,22 @@ def spoof_check(params: Params, rounds: int) -> dict[str, Any]:
         res: dict[str, dict[str, list[float]]] = {
             b: {c: [] for c in SPOOF_CASES} for b in SPOOF_BUILDS
         }
-        errors: list[BaseException] = []
 
         def run() -> None:
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-                try:
-                    if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET: this thread only
-                        raise OSError(ctypes.get_errno(), f"setns {ns}")
-                finally:
-                    os.close(fd)
-                for case, frame in SPOOF_CASES.items():  # the first run fills the cache
+            for case, frame in SPOOF_CASES.items():  # the first run fills the cache
+                for name, prog in loads:
+                    r = bpfsys.prog_test_run(prog.fd, frame, ctx=ctx)
+                    if r.retval != -1:
+                        raise RuntimeError(f"{name} {case}: verdict {r.retval}, want -1")
+            for _ in range(rounds):
+                for case, frame in SPOOF_CASES.items():
                     for name, prog in loads:
-                        r = bpfsys.prog_test_run(prog.fd, frame, ctx=ctx)
-                        if r.retval != -1:
-                            raise RuntimeError(f"{name} {case}: verdict {r.retval}, want -1")
-                for _ in range(rounds):
-                    for case, frame in SPOOF_CASES.items():
-                        for name, prog in loads:
-                            r = bpfsys.prog_test_run(
-                                prog.fd, frame, repeat=params.progrun_repeat, ctx=ctx
-                            )
-                            res[name][case].append(r.duration_ns)
-            except BaseException as e:
-                errors.append(e)
+                        r = bpfsys.prog_test_run(
+                            prog.fd, frame, repeat=params.progrun_repeat, ctx=ctx
+                        )
+                        res[name][case].append(r.duration_ns)
 
-        t = threading.Thread(target=run)
-        t.start()
-        t.join()
-        if errors:
-            raise errors[0]
+        in_netns(ns, run)  # bpf_fib_lookup asks the caller's namespace
         cached = {p: getattr(maps._addr(A(p)), "dev", None) for p in (POD_W, POD_F, LB_W, LB_F)}
         if set(cached.values()) != {ifindex} or maps.counters()["drop_spoofed"]["packets"]:
             raise RuntimeError(f"the pods' entries cache {cached}, not {dev}'s {ifindex}")

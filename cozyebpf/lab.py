@@ -103,6 +103,33 @@ def run(
     return p
 
 
+def in_netns(ns: str, fn: Callable[[], T]) -> T:
+    """Run `fn` in a thread that has entered only the network namespace `ns` (/run/netns/ns).
+    Sockets (netlink included) it opens stay in `ns`; file descriptors stay usable by the
+    caller; BPF_PROG_RUN from it runs in `ns` (bpf_fib_lookup asks that namespace's routes)."""
+    out: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {ns}")
+            finally:
+                os.close(fd)
+            out["result"] = fn()
+        except BaseException as e:  # re-raised in the caller's thread
+            out["err"] = e
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    if "err" in out:
+        raise out["err"]
+    result: T = out["result"]
+    return result
+
+
 @dataclass
 class Lab:
     prefix: str = "cz"
@@ -237,29 +264,8 @@ class Lab:
         return subprocess.Popen([*self.nsenter(ns), *cmd], text=True, **kw)
 
     def in_ns(self, ns: str, fn: Callable[[], T]) -> T:
-        """Run `fn` in a thread that has entered only the network namespace `ns`. Sockets
-        (netlink included) it opens stay in `ns`; file descriptors stay usable by the caller."""
-        out: dict[str, Any] = {}
-
-        def worker() -> None:
-            try:
-                fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-                try:
-                    if _libc.setns(fd, CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), f"setns {ns}")
-                finally:
-                    os.close(fd)
-                out["result"] = fn()
-            except BaseException as e:  # re-raised in the caller's thread
-                out["err"] = e
-
-        t = threading.Thread(target=worker)
-        t.start()
-        t.join()
-        if "err" in out:
-            raise out["err"]
-        result: T = out["result"]
-        return result
+        """Run `fn` in a thread inside `ns` (`in_netns`)."""
+        return in_netns(ns, fn)
 
     def ns_socket(self, ns: str, family: int, type: int, proto: int = 0) -> socket.socket:
         """A socket created inside `ns` (a socket keeps the namespace it was made in)."""

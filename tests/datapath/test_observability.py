@@ -292,7 +292,8 @@ def read_events(proc: subprocess.Popen[str], n: int, timeout: float) -> list[dic
     return out
 
 
-def test_monitor_shows_drops_while_they_happen_and_stops_cleanly(env: AgentLab) -> None:
+def drop_monitor(env: AgentLab) -> subprocess.Popen[str]:
+    """`cozyebpf monitor --json --type drop`, once it said it is monitoring."""
     proc = env.lab.popen(
         env.lab.node,
         *env.cmd,
@@ -309,6 +310,15 @@ def test_monitor_shows_drops_while_they_happen_and_stops_cleanly(env: AgentLab) 
         assert proc.stderr is not None
         text = "monitoring dropped packets"
         assert text in read_line_with(proc.stderr, text)
+    except BaseException:
+        interrupt(proc)
+        raise
+    return proc
+
+
+def test_monitor_shows_drops_while_they_happen_and_stops_cleanly(env: AgentLab) -> None:
+    proc = drop_monitor(env)
+    try:
         send(env, [client_frame(LB_WHOLE, "udp", SINK_PORT, 0)])  # passes: no event
         send(env, [client_frame(LB_FILT, "tcp", 443, i) for i in range(3)])
         events = read_events(proc, 3, 5)
@@ -353,20 +363,8 @@ def test_monitor_shows_a_spoofed_source_and_its_service_counts_it(env: AgentLab)
     pod1's veth, pod2's IP is routed to pod2's) and the monitor and pod2's Service say so."""
     from cozyebpf.explain import build_packet
 
-    proc = env.lab.popen(
-        env.lab.node,
-        *env.cmd,
-        "monitor",
-        "--json",
-        "--pin-dir",
-        env.pin_dir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = drop_monitor(env)
     try:
-        assert proc.stderr is not None
-        text = "monitoring dropped packets"
-        assert text in read_line_with(proc.stderr, text)
         pkt = build_packet(ip_address(POD2.ip), ip_address(CLIENT_IP), 17, 40003, 9999, b"spoof")
         with env.lab.ns_socket(
             env.lab.pod_ns(POD1), socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW

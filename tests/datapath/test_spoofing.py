@@ -12,14 +12,11 @@ per-Service counters, and the device the pod's addr value caches (`dev`).
 
 from __future__ import annotations
 
-import ctypes
-import os
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from ipaddress import ip_address
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from scapy.layers.inet import IP, TCP, UDP
@@ -29,6 +26,7 @@ from scapy.packet import Packet
 
 from cozyebpf.datapath import loader
 from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.lab import in_netns
 from tests.support import refmodel as rm
 from tests.support.diffharness import Datapath, check_devs, check_frame, check_tables
 from tests.support.packets import MAC_A, MAC_B
@@ -36,8 +34,6 @@ from tests.support.refmodel import PORT_FILTER, Pod, RefState
 
 T = TypeVar("T")
 
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 POD4, LB4, CLIENT4 = "10.244.77.10", "203.0.113.77", "198.51.100.2"
 POD6, LB6, CLIENT6 = "2001:db8:244::77", "2001:db8:113::77", "2001:db8:100::2"
@@ -59,27 +55,7 @@ class Node:
 
     def inside(self, fn: Callable[[], T]) -> T:
         """Run `fn` in a thread that has entered only the namespace's network namespace."""
-        out: dict[str, Any] = {}
-
-        def worker() -> None:
-            try:
-                fd = os.open(f"/run/netns/{self.ns}", os.O_RDONLY)
-                try:
-                    if _libc.setns(fd, CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), f"setns {self.ns}")
-                finally:
-                    os.close(fd)
-                out["result"] = fn()
-            except BaseException as e:  # re-raised in the caller's thread
-                out["err"] = e
-
-        t = threading.Thread(target=worker)
-        t.start()
-        t.join()
-        if "err" in out:
-            raise out["err"]
-        result: T = out["result"]
-        return result
+        return in_netns(self.ns, fn)
 
     def run(self, prog: str, frame: Packet, in_dev: int) -> tuple[int, bytes]:
         return self.inside(lambda: self.dp.run(prog, bytes(frame), in_dev))
