@@ -34,6 +34,8 @@ from cozyebpf.state import IPAddress, address_key
 
 if TYPE_CHECKING:
     from cozyebpf.portsec import PortSecurity
+    from cozyebpf.sources.local import LocalAddresses
+    from cozyebpf.state import IPNetwork
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +102,14 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         portsec: PortSecurity | None = None,
         unverified: Sequence[str] = (),
+        local: LocalAddresses | None = None,
+        reserved_cidrs: Sequence[IPNetwork] = (),
     ) -> None:
         self.source = source
+        #: this node's addresses, followed in the kernel (None: not checked, for tests)
+        self.local = local
+        if local is not None:
+            local.notify = self.notify
         #: the port security of the backend pods behind a shared pod-facing device (None: no
         #: such device, or no API to read pods from); its Problems join the model's
         self.portsec = portsec
@@ -111,7 +119,9 @@ class Agent:
             portsec.notify = self.notify
         self.clock = clock  # monotonic seconds, for every timer (tests drive their own)
         self.controller = Controller(datapath)
-        self.model = IncrementalModel(proxy_name, datapath.capacity(), clock=clock)
+        self.model = IncrementalModel(
+            proxy_name, datapath.capacity(), clock=clock, reserved_cidrs=reserved_cidrs
+        )
         self.resync_interval = resync_interval
         self.on_problems = on_problems
         self.check_interval = check_interval
@@ -238,6 +248,10 @@ class Agent:
         now = self.clock()
         self.last_tick = now
         self._check(now)
+        if self.local is not None:
+            addresses = self.local.take()
+            if addresses is not None:
+                self.model.set_local(addresses)
         changes = self.source.take()
         if changes is None:  # never read completely: change nothing (fail-static)
             return
@@ -307,6 +321,8 @@ class Agent:
             return f"agent loop stalled for {stalled:.0f}s"
         if not self.source.alive():
             return "a watch thread died"
+        if self.local is not None and not self.local.alive():
+            return "the thread that follows the node's addresses died"
         return None
 
     def readiness(self) -> str | None:

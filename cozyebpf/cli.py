@@ -261,6 +261,20 @@ def main() -> None:
     show_default=True,
     help="Seconds a TCP flow admits replies once the pod sent a FIN or RST; 0: never.",
 )
+@click.option(
+    "--reserved-cidrs",
+    default="",
+    help="Comma-separated prefixes no LB IP may take, besides the node's and every Node's "
+    "addresses, the managed pods' IPs and 169.254.0.0/16 (always refused); e.g. the "
+    "Service ClusterIP range and the pod CIDR: 10.96.0.0/12,10.244.0.0/16.",
+)
+@click.option(
+    "--reserved-exclude-devices",
+    default="kube-ipvs0",
+    show_default=True,
+    help="Comma-separated devices whose addresses are Services', not the node's own "
+    "(kube-proxy's IPVS dummy device): an LB IP may be one of them.",
+)
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -283,6 +297,7 @@ def run(**options: Any) -> None:
     from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
     from cozyebpf.portsec import checks
     from cozyebpf.sources import Source
+    from cozyebpf.sources.local import LocalAddresses
 
     stop = threading.Event()
     agent: Agent | None = None
@@ -301,6 +316,7 @@ def run(**options: Any) -> None:
     dp: BpfDatapath | None = None
     stoppers: list[Callable[[], None]] = []
     try:
+        reserved_cidrs = cfg.reserved_networks()
         devs = resolve_devices(cfg.devices)
         pod_devs = resolve_pod_devices(cfg.pod_devices, devs)
         node = cfg.node_name or socket.gethostname()
@@ -328,6 +344,8 @@ def run(**options: Any) -> None:
         handle_cozy_proxy(cfg.remove_cozy_proxy_table)
         dp.prepare()
         dp.begin()  # compiling in a child; the control plane starts meanwhile
+        local = LocalAddresses(cfg.exclude_devices())
+        stoppers.append(local.stop)
         agent = Agent(
             source,
             dp,
@@ -337,7 +355,10 @@ def run(**options: Any) -> None:
             cfg.check_interval,
             portsec=portsec,
             unverified=unverified,
+            local=local,
+            reserved_cidrs=reserved_cidrs,
         )
+        local.start()
         source.start(agent.notify)
         stoppers.insert(0, source.stop)
         if portsec is not None:
@@ -408,19 +429,33 @@ def maps() -> None:
     """Inspect the pinned maps."""
 
 
+agent_option = click.option(
+    "--agent",
+    "agent_address",
+    envvar=["COZYEBPF_STATUS_AGENT", "COZYEBPF_RUN_HEALTH_ADDRESS"],
+    default="127.0.0.1:9810",
+    show_default=True,
+    help="HOST:PORT of the agent's --health-address, for what only the agent knows (its "
+    "last sync, problems, refused Services; default: COZYEBPF_RUN_HEALTH_ADDRESS, as the "
+    "DaemonSet sets it); empty: do not ask.",
+)
+
+
 @maps.command("dump")
 @pin_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def maps_dump(pin_dir: str, as_json: bool) -> None:
-    """Show services, allowed ports, flows, counters and attachments from the pinned maps.
+@agent_option
+def maps_dump(pin_dir: str, as_json: bool, agent_address: str) -> None:
+    """Show services, allowed ports, flows, counters and attachments from the pinned maps,
+    and the Services the agent refused (an LB IP already in use: they have no entry).
 
     Works from any process on the node while `cozyebpf run` is running (or after it stopped:
-    the datapath stays pinned).
+    the datapath stays pinned; the refused Services then are unknown).
     """
-    from cozyebpf.dump import dump_pinned, render_dump
+    from cozyebpf.dump import dump_pinned, render_dump, with_refused
 
     try:
-        d = dump_pinned(pin_dir)
+        d = with_refused(dump_pinned(pin_dir), agent_address)
     except CozyError as e:
         _fail(e)
         return
@@ -430,15 +465,7 @@ def maps_dump(pin_dir: str, as_json: bool) -> None:
 @main.command()
 @pin_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option(
-    "--agent",
-    "agent_address",
-    envvar=["COZYEBPF_STATUS_AGENT", "COZYEBPF_RUN_HEALTH_ADDRESS"],
-    default="127.0.0.1:9810",
-    show_default=True,
-    help="HOST:PORT of the agent's --health-address, for its last sync and problems "
-    "(default: COZYEBPF_RUN_HEALTH_ADDRESS, as the DaemonSet sets it).",
-)
+@agent_option
 def status(pin_dir: str, as_json: bool, agent_address: str) -> None:
     """The node at a glance: attachments, map layout, Services by mode, the last sync, open
     problems, whether a monitor runs, the top drop reasons.
@@ -494,6 +521,7 @@ def status(pin_dir: str, as_json: bool, agent_address: str) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pin_dir_option
+@agent_option
 def explain(
     src: str,
     dst: str,
@@ -503,6 +531,7 @@ def explain(
     in_device: str | None,
     as_json: bool,
     pin_dir: str,
+    agent_address: str,
 ) -> None:
     """What the datapath does with one packet, and why: verdict, reason, Service, the packet as
     it would leave, and what to change.
@@ -519,7 +548,7 @@ def explain(
     """
     from cozyebpf.explain import explain as run_explain
 
-    e, given = run_explain(pin_dir, src, dst, proto, direction, device, in_device)
+    e, given = run_explain(pin_dir, src, dst, proto, direction, device, in_device, agent_address)
     click.echo(json.dumps(e.as_dict()) if as_json else e.text(given))
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from ipaddress import ip_network
 from typing import TYPE_CHECKING
+
+from cozyebpf.errors import PermanentError
+from cozyebpf.state import IPNetwork
 
 if TYPE_CHECKING:
     from cozyebpf.datapath.bpf import BpfDatapath
@@ -41,6 +45,25 @@ class RunConfig:
     flow_timeout_icmp: float
     flow_timeout_tcp: float
     flow_timeout_tcp_closing: float
+    reserved_cidrs: str  # comma-separated CIDRs, or ""
+    reserved_exclude_devices: str  # comma-separated device names, or ""
+
+    def reserved_networks(self) -> tuple[IPNetwork, ...]:
+        """--reserved-cidrs as networks; PermanentError naming a bad item."""
+        out: list[IPNetwork] = []
+        for item in _items(self.reserved_cidrs):
+            try:
+                out.append(ip_network(item, strict=False))
+            except ValueError:
+                raise PermanentError(
+                    f"--reserved-cidrs: {item!r} is not a CIDR (e.g. 10.96.0.0/12 or "
+                    "fd00:10:96::/112); fix the option (or the chart's reservedCIDRs)"
+                ) from None
+        return tuple(out)
+
+    def exclude_devices(self) -> tuple[str, ...]:
+        """--reserved-exclude-devices as names."""
+        return tuple(_items(self.reserved_exclude_devices))
 
     def datapath(self, devices: Sequence[str], pod_devices: Sequence[str]) -> BpfDatapath:
         """The datapath on `devices` and `pod_devices` (as resolved from `devices` and
@@ -64,3 +87,7 @@ class RunConfig:
             },
             pod_devices=pod_devices,
         )
+
+
+def _items(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]

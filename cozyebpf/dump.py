@@ -119,6 +119,14 @@ def render_dump(d: Mapping[str, Any]) -> str:
             )
         ]
     out.append(f"services ({len(d['services'])}):")
+    refused = d.get("refused")
+    if refused:
+        from cozyebpf.status import render_refused
+
+        out.append(f"refused, not programmed: LB IP already in use ({len(refused)}):")
+        out += render_refused(refused)
+    elif d.get("refused_error"):
+        out.append(f"refused Services unknown: {d['refused_error']}")
     if d["services"]:
         rows = [
             (
@@ -208,6 +216,22 @@ def render_dump(d: Mapping[str, Any]) -> str:
             )
         ]
     return "\n".join(out)
+
+
+def with_refused(d: dict[str, Any], agent_address: str | None) -> dict[str, Any]:
+    """`d` with the Services the running agent refused (they have no map entry: an LB IP of
+    theirs is an address in use), asked from its /status; `refused_error` when it cannot
+    be asked."""
+    if not agent_address:
+        return d
+    from cozyebpf.status import fetch_agent
+
+    ag = fetch_agent(agent_address)
+    if "error" in ag:
+        d["refused_error"] = ag["error"]
+    else:
+        d["refused"] = ag.get("refused", [])
+    return d
 
 
 def dump_pinned(pin_dir: str) -> dict[str, Any]:

@@ -212,6 +212,7 @@ def _hint(
     proto: int,
     dport: int | None,
     leaves: tuple[str, str, int | None, int | None],
+    refused: str | None = None,
 ) -> str:
     svc = service or "its Service"
     name = proto_name(proto)
@@ -221,6 +222,8 @@ def _hint(
                 f"{src} is not the pod IP of a Service cozyebpf manages here: its packets leave "
                 "untranslated, from the pod IP"
             )
+        if refused:
+            return refused
         return (
             f"{dst} is not an LB IP or pod IP that cozyebpf manages here, so the packet passes "
             "untouched; check that the Service is labelled service.kubernetes.io/"
@@ -269,6 +272,32 @@ def _hint(
     return f"nothing to change: {svc} takes every port and protocol; it goes to {to}"
 
 
+def reserved_why(dst: IPAddress, agent_address: str | None) -> str | None:
+    """Why a packet to `dst`, which no entry matched, is not ours although it may look so: a
+    Service the agent refused asks for `dst` (an address in use), or `dst` is this node's own
+    address, which no LB IP may take (issue 31). None: neither."""
+    if agent_address:
+        from cozyebpf.status import fetch_agent
+
+        for r in fetch_agent(agent_address).get("refused", []):
+            if r.get("lb_ip") == str(dst):
+                return (
+                    f"{dst} is not ours: {r['service']} asks for it as its LB IP but is not "
+                    f"programmed, since {dst} is {r['why']} (a whole LB IP would take every "
+                    "packet to it); the packet goes where it would without cozyebpf. Give the "
+                    "Service an address of its own (`cozyebpf status` lists the refusals)"
+                )
+    from cozyebpf.sources.local import read_local
+
+    device = read_local(()).get(dst)
+    if device is not None:
+        return (
+            f"{dst} is not ours: it is this node's address on {device}, which no LB IP may "
+            "take; the packet goes to the node itself"
+        )
+    return None
+
+
 def explain(
     pin_dir: str,
     src_text: str,
@@ -277,10 +306,12 @@ def explain(
     direction: str = "ingress",
     device: str | None = None,
     in_device: str | None = None,
+    agent_address: str | None = None,
 ) -> tuple[Explanation, tuple[str, str, int | None, int | None]]:
     """Run the packet through the attached program (a dry run); the explanation and the
     packet as given (src, dst, sport, dport). `in_device` (egress): the device it entered the
-    node by, for the source check (None: the node's own packet)."""
+    node by, for the source check (None: the node's own packet). `agent_address`: the
+    agent's --health-address, asked why an address no entry matches is refused."""
     if direction not in ("ingress", "egress"):
         raise ExplainError(f"--direction must be ingress or egress, not {direction!r}")
     in_ifindex = 0
@@ -324,7 +355,10 @@ def explain(
                 reason = REASONS[n] if n < len(REASONS) else str(n)
                 service = maps.service_of_slot(run.result.slot) or None
             leaves = _parse_output(run.frame) if not run.drop else given
-            hint = _hint(reason, service, direction, src, dst, proto, dport, leaves)
+            refused = None
+            if reason is None and direction == "ingress":
+                refused = reserved_why(dst, agent_address)
+            hint = _hint(reason, service, direction, src, dst, proto, dport, leaves, refused)
     finally:
         os.close(fd)
     return (

@@ -156,6 +156,7 @@ class AgentCollector(Collector):
         for mode, n in modes.items():
             services.add_metric([mode], n)
         yield services
+        yield from self._refused(views)
         by_severity = GaugeMetricFamily(
             "cozyebpf_problems",
             "Open problems with Services (logged, and Events on the Services), by severity.",
@@ -185,6 +186,28 @@ class AgentCollector(Collector):
         )
         info.add_metric([__version__], 1)
         yield info
+
+    @staticmethod
+    def _refused(views: list[ServiceView]) -> Iterator[Metric]:
+        """The Services refused because an LB IP of theirs is an address in use (issue 31):
+        a count to alert on (0 on a healthy node), and one series per such LB IP."""
+        count = GaugeMetricFamily(
+            "cozyebpf_services_refused",
+            "Services not programmed at all because an LB IP of theirs is an address already "
+            "in use (the node's, a Node's, a pod's, link-local or --reserved-cidrs).",
+        )
+        count.add_metric([], sum(1 for v in views if v.refused))
+        yield count
+        each = GaugeMetricFamily(
+            "cozyebpf_service_refused",
+            "1 for each refused LB IP: the Service, the address and what it already is "
+            "(node-address, node, pod, link-local, reserved-cidr).",
+            labels=["service", "lb_ip", "reason"],
+        )
+        for v in views:
+            for r in v.refused:
+                each.add_metric([f"{v.ref.namespace}/{v.ref.name}", str(r.lb), r.kind], 1)
+        yield each
 
 
 class SyncObserver:

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cozyebpf import __version__
@@ -27,6 +27,7 @@ from cozyebpf.errors import CozyError
 
 if TYPE_CHECKING:
     from cozyebpf.agent import Agent
+    from cozyebpf.model import ServiceView
 
 DEFAULT_AGENT = "127.0.0.1:9810"  # the DaemonSet's --health-address
 TOP = 5
@@ -68,7 +69,23 @@ def agent_status(agent: Agent) -> dict[str, Any]:
         ],
         # pod-facing devices every pod's packets cross: sources behind them are not verified
         "unverified_sources": list(agent.unverified),
+        "refused": refused(views),
     }
+
+
+def refused(views: Iterable[ServiceView]) -> list[dict[str, str]]:
+    """The Services not programmed because an LB IP of theirs is an address in use (issue
+    31): one row per such LB IP, with its kind (for metrics) and what the address is."""
+    return [
+        {"service": str(v.ref), "lb_ip": str(r.lb), "kind": r.kind, "why": r.what}
+        for v in views
+        for r in v.refused
+    ]
+
+
+def render_refused(rows: Iterable[dict[str, str]]) -> list[str]:
+    """The lines `status` and `maps dump` print for refused Services."""
+    return [f"  {r['service']}: LB IP {r['lb_ip']} is {r['why']}: not programmed" for r in rows]
 
 
 def fetch_agent(address: str, timeout: float = 2.0) -> dict[str, Any]:
@@ -204,6 +221,9 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
             f"source addresses not verified behind: {', '.join(ag['unverified_sources'])} "
             "(only the CNI's port security can)"
         )
+    rows = ag.get("refused", [])
+    out.append(f"refused (LB IP already in use, not programmed): {len(rows)}")
+    out += render_refused(rows)
     problems = ag.get("problems", [])
     out.append(f"problems: {len(problems)}")
     out += [f"  {p['severity']}: {p['object']}: {p['message']}" for p in problems]

@@ -1,9 +1,10 @@
-"""The three things the agent reads from rtnetlink, without pyroute2.
+"""The four things the agent reads from rtnetlink, without pyroute2.
 
 pyroute2 costs the agent's process about 11 MB once imported, for the rest of its life, and
-the agent only needs to *read* three things on its common path: which XDP program a device has
+the agent only needs to *read* four things on its common path: which XDP program a device has
 (at attach and at every attachment check), our legacy clsact filters (to clean them up when tcx
-is used) and the devices of the default route (`--devices auto`). These are plain rtnetlink
+is used), the devices of the default route (`--devices auto`) and the node's own addresses
+(which no LB IP may take), followed as they change (`address_events`). These are plain rtnetlink
 requests; pyroute2 stays for what changes the kernel's tc state (legacy clsact filters, on
 kernels without tcx), and is imported only there. tests/datapath/test_rtnl.py compares every answer
 with pyroute2's.
@@ -22,6 +23,7 @@ NLM_F_DUMP = 0x300
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
 RTM_NEWLINK, RTM_GETLINK = 16, 18
+RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_GETROUTE = 24, 26
 RTM_NEWTFILTER, RTM_GETTFILTER = 44, 46
 IFLA_XDP = 43
@@ -30,12 +32,15 @@ IFLA_XDP_PROG_ID = 4
 TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_BPF_NAME, TCA_BPF_ID = 7, 11  # include/uapi/linux/pkt_cls.h
 RTA_OIF, RTA_MULTIPATH, RTA_TABLE = 4, 9, 15
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
 RT_TABLE_MAIN = 254
 NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, proto, scope, type
 _RTATTR = struct.Struct("=HH")  # len, type
 _RTNEXTHOP = struct.Struct("=HBBi")  # len, flags, hops, ifindex
@@ -165,3 +170,28 @@ def default_route_devices() -> list[int]:
             off += _align(length)
         out += [i for i in oifs if i and i not in out]
     return out
+
+
+def addresses() -> list[tuple[str, int]]:
+    """Every address of every device in this network namespace, as (address text, ifindex):
+    IPv4's IFA_LOCAL (IFA_ADDRESS is the peer of a point-to-point link), IPv6's IFA_ADDRESS."""
+    out: list[tuple[str, int]] = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        body = _IFADDRMSG.pack(family, 0, 0, 0, 0)
+        for kind, payload in request(RTM_GETADDR, body, dump=True):
+            if kind != RTM_NEWADDR:
+                continue
+            fam, _plen, _flags, _scope, index = _IFADDRMSG.unpack_from(payload)
+            a = dict(attrs(payload, _IFADDRMSG.size))
+            raw = a.get(IFA_LOCAL, a.get(IFA_ADDRESS))
+            if raw is not None and fam == family:
+                out.append((socket.inet_ntop(family, raw), index))
+    return out
+
+
+def address_events() -> socket.socket:
+    """A netlink socket that receives a message whenever an address is added to or removed
+    from a device of this network namespace (both families); the caller reads and closes it."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+    s.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+    return s

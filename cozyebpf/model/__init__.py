@@ -29,6 +29,8 @@ used outside the package are re-exported here (`X as X`: explicitly, for mypy an
 """
 
 from cozyebpf.model.compose import ModelResult as ModelResult
+from cozyebpf.model.compose import Refusal as Refusal
+from cozyebpf.model.compose import Reserved as Reserved
 from cozyebpf.model.compose import ServiceView as ServiceView
 from cozyebpf.model.compose import build_state as build_state
 from cozyebpf.model.incremental import MIGRATION_HOLD as MIGRATION_HOLD
@@ -43,6 +45,7 @@ from cozyebpf.model.records import LABEL_PROXY_NAME as LABEL_PROXY_NAME
 from cozyebpf.model.records import LABEL_SERVICE_NAME as LABEL_SERVICE_NAME
 from cozyebpf.model.records import ForeignRecord as ForeignRecord
 from cozyebpf.model.records import Key as Key
+from cozyebpf.model.records import NodeRecord as NodeRecord
 from cozyebpf.model.records import ObjectRef as ObjectRef
 from cozyebpf.model.records import ObjectSet as ObjectSet
 from cozyebpf.model.records import PortSpec as PortSpec

@@ -5,9 +5,10 @@ The underscored names are the package's own: incremental.py uses them, nothing o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from ipaddress import ip_network
 from typing import Any
 
 from cozyebpf.model.records import (
@@ -16,6 +17,7 @@ from cozyebpf.model.records import (
     LABEL_SERVICE_NAME,
     ForeignRecord,
     Key,
+    NodeRecord,
     ObjectRef,
     ObjectSet,
     ParsedService,
@@ -37,6 +39,96 @@ from cozyebpf.state import (
     ServiceEntry,
     family_name,
 )
+
+#: IPv4 link-local: the pods' gateway 169.254.1.1 (Calico, the per-pod layout), the cloud
+#: metadata service 169.254.169.254, NodeLocal DNSCache's 169.254.20.10
+LINK_LOCAL_V4 = ip_network("169.254.0.0/16")
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Refusal:
+    """Why a Service is not programmed at all: its LB IP `lb` is an address already in use
+    (issue 31). `kind` is one of REFUSAL_KINDS (for metrics); `what` says what the address
+    already is, e.g. "this node's address on eth0"."""
+
+    lb: IPAddress
+    kind: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.lb} is {self.what}"
+
+
+#: Refusal.kind -> the fix named in the Problem
+REFUSAL_FIXES = {
+    "node-address": "the node's own services (SSH, the kubelet) would reach the pod instead",
+    "node": "that node's own traffic to its address would reach the pod instead",
+    "link-local": "pods and nodes use link-local addresses for their gateway and metadata",
+    "pod": "that pod's own traffic would be translated as this Service's",
+    "reserved-cidr": "the operator reserved that range with --reserved-cidrs",
+}
+
+
+class Reserved:
+    """The addresses an LB IP may not be, and what each already is: this node's own
+    addresses (read from the kernel, `set_local`), every Node's addresses (`set_node`), IPv4
+    link-local and the operator's `cidrs` (--reserved-cidrs). A pod IP of a managed Service is
+    checked by `_compose`, which knows the pods. A whole LB IP takes every packet to its
+    address, so a Service that claims one of these would cut off what already answers there."""
+
+    def __init__(self, cidrs: Iterable[IPNetwork] = ()) -> None:
+        self.cidrs = tuple(cidrs)
+        self.local: dict[IPAddress, str] = {}  # address -> its device
+        self.nodes: dict[IPAddress, dict[str, str]] = {}  # address -> node name -> type
+
+    def set_local(self, addresses: Mapping[IPAddress, str]) -> set[IPAddress]:
+        """This node's addresses, each with its device; the addresses whose meaning changed."""
+        old, self.local = self.local, dict(addresses)
+        return {ip for ip in old.keys() | self.local.keys() if old.get(ip) != self.local.get(ip)}
+
+    def set_node(self, old: NodeRecord | None, new: NodeRecord | None) -> set[IPAddress]:
+        """One Node's addresses changed from `old` to `new`; the addresses concerned."""
+        changed: set[IPAddress] = set()
+        if old is not None:
+            for ip, _ in old.addresses:
+                names = self.nodes.get(ip, {})
+                names.pop(old.ref.name, None)
+                if not names:
+                    self.nodes.pop(ip, None)
+                changed.add(ip)
+        if new is not None:
+            for ip, kind in new.addresses:
+                self.nodes.setdefault(ip, {})[new.ref.name] = kind
+                changed.add(ip)
+        return changed
+
+    def why(self, ip: IPAddress) -> Refusal | None:
+        """What `ip` already is, or None: it may be an LB IP."""
+        device = self.local.get(ip)
+        if device is not None:
+            return Refusal(ip, "node-address", f"this node's address on {device}")
+        names = self.nodes.get(ip)
+        if names:
+            name = min(names)
+            return Refusal(ip, "node", f"node {name}'s {names[name]}")
+        if ip.version == 4 and ip in LINK_LOCAL_V4:
+            return Refusal(ip, "link-local", f"an IPv4 link-local address ({LINK_LOCAL_V4})")
+        for net in self.cidrs:
+            if ip.version == net.version and ip in net:
+                what = f"in the reserved range {net} (--reserved-cidrs)"
+                return Refusal(ip, "reserved-cidr", what)
+        return None
+
+
+def _refused_problem(ref: ObjectRef, r: Refusal) -> Problem:
+    return Problem(
+        ref,
+        f"is not programmed: its LoadBalancer IP {r.lb} is {r.what}, and a whole LB IP takes "
+        f"every packet to its address ({REFUSAL_FIXES[r.kind]}); give the Service an address "
+        "of its own: fix the load balancer's IP pool (MetalLB IPAddressPool, Cilium "
+        "LB-IPAM) or spec.loadBalancerIP so that it overlaps no node, pod or reserved address",
+        "error",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +152,8 @@ class ServiceView:
     source_ranges: tuple[IPNetwork, ...] | None = None
     #: backends that are migrating (ready on two nodes, or moved less than MIGRATION_HOLD ago)
     migrating: tuple[IPAddress, ...] = ()
+    #: why the Service is not programmed at all: LB IPs that are addresses in use (issue 31)
+    refused: tuple[Refusal, ...] = ()
 
     def pod_for(self, lb: IPAddress) -> IPAddress | None:
         """The backend `lb` is translated to: the pod IP of its family, or None."""
@@ -73,7 +167,10 @@ class ServiceView:
 
     @property
     def programmed_lb_ips(self) -> tuple[IPAddress, ...]:
-        """The LB IPs that have entries in the desired state (a pod IP of their family)."""
+        """The LB IPs that have entries in the desired state (a pod IP of their family; none
+        when the Service is refused)."""
+        if self.refused:
+            return ()
         return tuple(lb for lb in self.lb_ips if self.pod_for(lb) is not None)
 
     @property
@@ -110,6 +207,8 @@ class ServiceView:
             mode += " from " + (",".join(map(str, self.source_ranges)) or "(no source)")
         if self.migrating:
             mode += " migrating " + ",".join(map(str, self.migrating))
+        if self.refused:
+            mode += " REFUSED: " + "; ".join(map(str, self.refused))
         return f"{self.ref}: {self._target()} {mode}"
 
 
@@ -258,13 +357,19 @@ def _shared_problem(ref: ObjectRef, lb: IPAddress, other: ForeignRecord) -> Prob
     )
 
 
+def _nothing_reserved(ip: IPAddress) -> Refusal | None:
+    return None
+
+
 def _compose(
     evals: Iterable[_Eval],
     foreign: Mapping[IPAddress, Iterable[ForeignRecord]],
     held: Iterable[IPAddress],
+    reserved: Callable[[IPAddress], Refusal | None] = _nothing_reserved,
 ) -> dict[ObjectRef, _Output]:
     """The cross-Service rules over `evals`, which must hold every Service that shares an LB
-    IP or a pod with one of them: the older Service keeps a contested LB IP, the oldest
+    IP or a pod with one of them: a Service with an LB IP that is `reserved` or the pod IP of
+    any of them is refused whole, the older Service keeps a contested LB IP, the oldest
     Service of a pod owns its egress, the allowed ports of a pod are the union of its
     port-filter Services'. A pod that is moving, or in `held` (moved a moment ago), is
     marked learning. One output per Service."""
@@ -276,9 +381,14 @@ def _compose(
             out[e.ref] = _Output(problems=e.problems)
         else:
             valid.append(e)
+    valid.sort(key=lambda e: e.age)
+    pod_of: dict[IPAddress, ObjectRef] = {}  # every chosen pod -> the oldest Service behind it
+    for e in valid:
+        for _, ip in e.chosen:
+            pod_of.setdefault(ip, e.ref)
     lb_owner: dict[IPAddress, ObjectRef] = {}
     pod_owner: dict[IPAddress, tuple[ObjectRef, IPAddress]] = {}  # -> (owner, its egress LB)
-    for e in sorted(valid, key=lambda e: e.age):
+    for e in valid:
         s = e.service
         assert s is not None
         problems = list(e.problems)
@@ -305,6 +415,7 @@ def _compose(
         pod_ips = tuple(chosen[v] for v in FAMILIES if v in chosen)
         migrating = e.moving() | (held & set(pod_ips))
         name = f"{s.ref.namespace}/{s.ref.name}"  # whose counters its entries feed
+        refused = _refusals(s.lb_ips, reserved, pod_of)
         view = ServiceView(
             s.ref,
             tuple(kept),
@@ -314,7 +425,12 @@ def _compose(
             s.ports,
             s.source_ranges,
             tuple(p for p in pod_ips if p in migrating),
+            refused,
         )
+        if refused:  # not programmed at all; it keeps its claim on its other LB IPs
+            problems += [_refused_problem(s.ref, r) for r in refused]
+            out[e.ref] = _Output(problems=tuple(problems), view=view)
+            continue
         for version in FAMILIES:
             lbs = [lb for lb in kept if lb.version == version]
             if not lbs:
@@ -359,6 +475,22 @@ def _compose(
             tuple(services), tuple(pods), tuple(allowed), tuple(problems), view, tuple(ranges)
         )
     return out
+
+
+def _refusals(
+    lb_ips: Iterable[IPAddress],
+    reserved: Callable[[IPAddress], Refusal | None],
+    pod_of: Mapping[IPAddress, ObjectRef],
+) -> tuple[Refusal, ...]:
+    """The LB IPs among `lb_ips` that are addresses in use, with what each is."""
+    out: list[Refusal] = []
+    for lb in lb_ips:
+        r = reserved(lb)
+        if r is None and lb in pod_of:
+            r = Refusal(lb, "pod", f"the pod IP of the backend of {pod_of[lb]}")
+        if r is not None:
+            out.append(r)
+    return tuple(out)
 
 
 def _admit(
@@ -444,13 +576,23 @@ def slices_by_service(
 
 
 def compose(
-    objects: ObjectSet, capacity: Capacity | None = None, held: Iterable[IPAddress] = ()
+    objects: ObjectSet,
+    capacity: Capacity | None = None,
+    held: Iterable[IPAddress] = (),
+    local: Mapping[IPAddress, str] | None = None,
+    reserved_cidrs: Iterable[IPNetwork] = (),
 ) -> ModelResult:
     """The desired state of an ObjectSet, every selected Service's view and every Problem;
-    the pods in `held` moved a moment ago (IncrementalModel.held) and are still learning."""
+    the pods in `held` moved a moment ago (IncrementalModel.held) and are still learning;
+    `local` are this node's addresses (address -> device) and `reserved_cidrs` the operator's
+    reserved ranges, which no LB IP may take (nor a Node's address, see `Reserved`)."""
+    reserved = Reserved(reserved_cidrs)
+    reserved.set_local(local or {})
+    for node in objects.nodes.values():
+        reserved.set_node(None, node)
     by_service = slices_by_service(objects.slices)
     evals = {key: _evaluate(rec, by_service.get(key, ())) for key, rec in objects.services.items()}
-    outputs = _compose(evals.values(), foreign_by_ip(objects.foreign.values()), held)
+    outputs = _compose(evals.values(), foreign_by_ip(objects.foreign.values()), held, reserved.why)
     problems = list(objects.problems)
     state = _state_of(outputs.values())
     for o in outputs.values():
@@ -467,9 +609,12 @@ def build_state(
     proxy_name: str = DEFAULT_PROXY_NAME,
     capacity: Capacity | None = None,
     held: Iterable[IPAddress] = (),
+    local: Mapping[IPAddress, str] | None = None,
+    reserved_cidrs: Iterable[IPNetwork] = (),
 ) -> ModelResult:
     """The desired MapState for the Services labelled for `proxy_name`, with a view of each and
     every Problem found. Never raises on bad input; the result does not depend on input order.
     The reference for `IncrementalModel`, which must always give the same result (given its
-    `held` pods: the one thing it knows that the objects do not say, when a pod moved)."""
-    return compose(read_objects(objects, proxy_name), capacity, held)
+    `held` pods, when a pod moved, and this node's `local` addresses: what the objects do not
+    say)."""
+    return compose(read_objects(objects, proxy_name), capacity, held, local, reserved_cidrs)

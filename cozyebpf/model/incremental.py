@@ -4,12 +4,13 @@ did (Delta)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cozyebpf.model.compose import (
     ModelResult,
+    Reserved,
     ServiceView,
     _admit,
     _age_order,
@@ -23,13 +24,14 @@ from cozyebpf.model.records import (
     DEFAULT_PROXY_NAME,
     ForeignRecord,
     Key,
+    NodeRecord,
     ObjectRef,
     ObjectSet,
     Problem,
     ServiceRecord,
     SliceRecord,
 )
-from cozyebpf.state import Capacity, IPAddress, MapDiff, MapState, diff
+from cozyebpf.state import Capacity, IPAddress, IPNetwork, MapDiff, MapState, diff
 
 #: seconds a pod stays learning after its nodes changed (IncrementalModel): long enough for
 #: its first answer on the new node to record each flow it has (docs/design.md, "Live migration")
@@ -77,8 +79,9 @@ class IncrementalModel:
     objects at every `flush()` (tests/unit/test_incremental.py checks that after every step of
     random histories).
 
-    Changes are recorded with `set_service`/`set_slices`/`set_problems` (or `replace` with a
-    whole ObjectSet) and take effect at `flush()`, which re-evaluates only the Services whose
+    Changes are recorded with `set_service`/`set_slices`/`set_foreign`/`set_node`/
+    `set_problems` (or `replace` with a whole ObjectSet) and `set_local` (this node's
+    addresses) and take effect at `flush()`, which re-evaluates only the Services whose
     record or slices changed, plus every Service that shares an LB IP or a pod with them,
     directly or through others (the older-wins rules connect exactly those), and returns the
     difference as a MapDiff. Work per change is proportional to what it touches, not to the
@@ -96,6 +99,7 @@ class IncrementalModel:
         capacity: Capacity | None = None,
         clock: Callable[[], float] = time.monotonic,
         hold: float = MIGRATION_HOLD,
+        reserved_cidrs: Iterable[IPNetwork] = (),
     ) -> None:
         self.proxy_name = proxy_name
         self.capacity = capacity
@@ -107,7 +111,12 @@ class IncrementalModel:
         self._slices_of: dict[Key, tuple[Key, ...]] = {}  # Service -> slices that name it
         self.foreign: dict[Key, ForeignRecord] = {}
         self._foreign_by_ip: dict[IPAddress, set[ForeignRecord]] = {}
-        self._foreign_dirty: set[IPAddress] = set()
+        self.nodes: dict[Key, NodeRecord] = {}
+        #: the addresses no LB IP may take (issue 31): Nodes', this node's, reserved ranges
+        self.reserved = Reserved(reserved_cidrs)
+        # addresses whose meaning changed (a foreign LB IP, a Node's or this node's address):
+        # the Services that claim them are composed again
+        self._ip_dirty: set[IPAddress] = set()
         self._unkeyed: list[Problem] = []
         self._evals: dict[Key, _Eval] = {}
         # LB IP or chosen pod -> the Services that claim it (tuples: mostly one, and small)
@@ -167,14 +176,33 @@ class IncrementalModel:
                 recs.discard(old)
                 if not recs:
                     del self._foreign_by_ip[ip]
-            self._foreign_dirty.update(old.lb_ips)
+            self._ip_dirty.update(old.lb_ips)
             del self.foreign[key]
         if rec is not None:
             self.foreign[key] = rec
             for ip in rec.lb_ips:
                 self._foreign_by_ip.setdefault(ip, set()).add(rec)
-            self._foreign_dirty.update(rec.lb_ips)
+            self._ip_dirty.update(rec.lb_ips)
         return True
+
+    def set_node(self, key: Key, rec: NodeRecord | None) -> bool:
+        """Record a Node's addresses (None: gone); False when nothing changed."""
+        old = self.nodes.get(key)
+        if old == rec:
+            return False
+        if rec is None:
+            del self.nodes[key]
+        else:
+            self.nodes[key] = rec
+        self._ip_dirty |= self.reserved.set_node(old, rec)
+        return True
+
+    def set_local(self, addresses: Mapping[IPAddress, str]) -> bool:
+        """Record this node's own addresses (address -> device, read from the kernel); False
+        when nothing changed."""
+        changed = self.reserved.set_local(addresses)
+        self._ip_dirty |= changed
+        return bool(changed)
 
     def set_problems(self, problems: Iterable[Problem]) -> None:
         """The Problems about objects without a usable name (a manifest's garbage)."""
@@ -200,12 +228,16 @@ class IncrementalModel:
             self.set_foreign(key, None)
         for key, frec in objects.foreign.items():
             self.set_foreign(key, frec)
+        for key in self.nodes.keys() - objects.nodes.keys():
+            self.set_node(key, None)
+        for key, nrec in objects.nodes.items():
+            self.set_node(key, nrec)
         self.set_problems(objects.problems)
 
     @property
     def pending(self) -> bool:
         """Whether a flush() has something to do (a held pod's time may be up)."""
-        if self._dirty or self._foreign_dirty or self._added or self._removed:
+        if self._dirty or self._ip_dirty or self._added or self._removed:
             return True
         deadline = self.next_deadline()
         return deadline is not None and deadline <= self.clock()
@@ -330,17 +362,21 @@ class IncrementalModel:
         """Apply the recorded changes; the difference in the desired state and Problems."""
         dirty, self._dirty = self._dirty, set()
         changed, addresses = self._reevaluate(dirty)
-        # a foreign LB IP appeared or went: the Services that claim it are warned anew; a
-        # held pod's time is up: its Services stop learning
-        foreign, self._foreign_dirty = self._foreign_dirty, set()
-        foreign |= self._expire()
-        for ip in foreign:
+        # a foreign LB IP, a Node's or this node's address appeared or went: the Services
+        # that claim it are warned or refused anew; a held pod's time is up: its Services stop
+        # learning
+        ips, self._ip_dirty = self._ip_dirty, set()
+        ips |= self._expire()
+        for ip in ips:
             changed.update(self._claims.get(ip, ()))
-        addresses |= foreign
+        addresses |= ips
         comp = self._component(changed, addresses)
         old_outputs = [self._outputs.pop(k) for k in comp if k in self._outputs]
         new_by_ref = _compose(
-            (self._evals[k] for k in comp if k in self._evals), self._foreign_by_ip, self._held
+            (self._evals[k] for k in comp if k in self._evals),
+            self._foreign_by_ip,
+            self._held,
+            self.reserved.why,
         )
         for ref, o in new_by_ref.items():
             self._outputs[_key(ref)] = o

@@ -10,7 +10,7 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from ipaddress import IPv4Address, IPv6Address, ip_network
+from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from typing import Any, Literal, NamedTuple
 
 from cozyebpf.state import IPAddress, IPNetwork, Proto, Ranges, family_name
@@ -129,6 +129,16 @@ class SliceRecord:
     problems: tuple[Problem, ...]
     nodes: tuple[tuple[IPAddress, str], ...] = ()
     pods: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A Node's IP addresses (`status.addresses`, each with its type: InternalIP, ExternalIP),
+    sorted: an LB IP may not be one of them (issue 31). Nodes are cluster-scoped: the ref's
+    namespace is empty."""
+
+    ref: ObjectRef
+    addresses: tuple[tuple[IPAddress, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,14 +610,40 @@ def _read_foreign(ref: ObjectRef, obj: Mapping[str, Any], labelled: bool) -> For
     return ForeignRecord(ref, tuple(ips), labelled) if ips else None
 
 
+def _read_node(obj: Mapping[str, Any]) -> NodeRecord | None:
+    """The IP addresses of a Node (status.addresses[] entries whose address is an IP, of any
+    type; Hostname and DNS entries are names, not addresses). Nothing is reported about a
+    Node: an address that does not parse is not one an LB IP can take either."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        return None
+    status = obj.get("status")
+    entries = status.get("addresses") if isinstance(status, Mapping) else None
+    found: set[tuple[IPAddress, str]] = set()
+    for entry in entries if isinstance(entries, list | tuple) else ():
+        if not isinstance(entry, Mapping):
+            continue
+        value, kind = entry.get("address"), entry.get("type")
+        if not isinstance(value, str):
+            continue
+        try:
+            ip = ip_address(value.strip())
+        except ValueError:
+            continue  # a Hostname or InternalDNS entry
+        found.add((ip, kind if isinstance(kind, str) and kind else "address"))
+    return NodeRecord(ObjectRef("Node", "", name), tuple(sorted(found, key=_node_key)))
+
+
 def read_object(
     obj: object, index: int, proxy_name: str = DEFAULT_PROXY_NAME
-) -> ServiceRecord | SliceRecord | ForeignRecord | Problem | None:
+) -> ServiceRecord | SliceRecord | ForeignRecord | NodeRecord | Problem | None:
     """One object of a source, read on its own: a ServiceRecord for a Service labelled for
     `proxy_name`, a ForeignRecord for another Service that holds LoadBalancer IPs, a
-    SliceRecord for an EndpointSlice that names its Service, a Problem for an object that
-    cannot even be named (`index`, from 1, names it by its position), None for everything else
-    (other kinds, slices without a Service label). Pure and never raises on bad input."""
+    SliceRecord for an EndpointSlice that names its Service, a NodeRecord for a Node (its
+    addresses, which no LB IP may take), a Problem for an object that cannot even be named
+    (`index`, from 1, names it by its position), None for everything else (other kinds,
+    slices without a Service label). Pure and never raises on bad input."""
     if not isinstance(obj, Mapping):
         return Problem(
             ObjectRef("object", "", f"#{index}"),
@@ -650,6 +686,8 @@ def read_object(
             tuple(sorted(nodes, key=_node_key)),
             tuple(sorted(pods)),
         )
+    if kind == "Node" and api_version in (None, "v1"):
+        return _read_node(obj)
     return None
 
 
@@ -680,10 +718,11 @@ class ObjectSet:
     slices: dict[Key, tuple[SliceRecord, ...]] = field(default_factory=dict)
     foreign: dict[Key, ForeignRecord] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)  # objects that cannot be named
+    nodes: dict[Key, NodeRecord] = field(default_factory=dict)  # ("", name)
 
 
 #: what read_object makes of one object
-Read = ServiceRecord | SliceRecord | ForeignRecord | Problem | None
+Read = ServiceRecord | SliceRecord | ForeignRecord | NodeRecord | Problem | None
 
 
 def gather(results: Iterable[Read]) -> tuple[ObjectSet, set[Key]]:
@@ -701,6 +740,8 @@ def gather(results: Iterable[Read]) -> tuple[ObjectSet, set[Key]]:
             out.slices[key] = (*out.slices.get(key, ()), rec)
         elif isinstance(rec, ForeignRecord):
             out.foreign[(rec.ref.namespace, rec.ref.name)] = rec
+        elif isinstance(rec, NodeRecord):
+            out.nodes[("", rec.ref.name)] = rec
         elif isinstance(rec, Problem):
             out.problems.append(rec)
     return out, {key for key, n in copies.items() if n > 1}

@@ -17,6 +17,7 @@ from cozyebpf.model import (
     ForeignRecord,
     IncrementalModel,
     Key,
+    NodeRecord,
     ObjectSet,
     ServiceRecord,
     SliceRecord,
@@ -31,6 +32,7 @@ class ChangeSet:
     services: dict[Key, ServiceRecord | None] = field(default_factory=dict)
     foreign: dict[Key, ForeignRecord | None] = field(default_factory=dict)
     slices: dict[Key, tuple[SliceRecord, ...] | None] = field(default_factory=dict)
+    nodes: dict[Key, NodeRecord | None] = field(default_factory=dict)
     whole: ObjectSet | None = None
     since: float | None = None  # time.monotonic() of the oldest change in the set
     #: when each change was made, in seconds since the epoch: an EndpointSlice's
@@ -44,7 +46,13 @@ class ChangeSet:
         self.triggers.append(trigger if trigger is not None else time.time())
 
     def __len__(self) -> int:
-        return len(self.services) + len(self.foreign) + len(self.slices) + (self.whole is not None)
+        return (
+            len(self.services)
+            + len(self.foreign)
+            + len(self.slices)
+            + len(self.nodes)
+            + (self.whole is not None)
+        )
 
     def record_into(self, model: IncrementalModel) -> int:
         """Record the changes in `model` (no computation yet); how many objects changed."""
@@ -59,6 +67,8 @@ class ChangeSet:
             n += model.set_foreign(key, frec)
         for key, recs in self.slices.items():
             n += model.set_slices(key, recs)
+        for key, nrec in self.nodes.items():
+            n += model.set_node(key, nrec)
         return n
 
 

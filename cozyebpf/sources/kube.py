@@ -1,5 +1,5 @@
-"""The Kubernetes source: Services and EndpointSlices from the API server, with informer
-semantics built on the official client.
+"""The Kubernetes source: Services, EndpointSlices and Nodes from the API server, with
+informer semantics built on the official client.
 
 Each resource is listed (in pages), then watched from the list's resourceVersion. A watch that
 ends is resumed from the last resourceVersion seen (bookmarks included); a 410 Gone means the
@@ -16,7 +16,9 @@ relist hands over only the objects whose record differs.
 
 Services are watched without a label selector: the labelled ones are ours; of the others only
 their LoadBalancer IPs are kept, so that an LB IP shared with a Service we do not manage can be
-warned about.
+warned about. Of Nodes only their addresses are kept: no LB IP may take one (issue 31). Nodes
+are optional: an agent whose ClusterRole cannot list them (an older chart's) says so and goes
+on without that check rather than program nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from cozyebpf.errors import SourceError
 from cozyebpf.model import (
     ForeignRecord,
     Key,
+    NodeRecord,
     Problem,
     ServiceRecord,
     SliceRecord,
@@ -45,7 +48,7 @@ from cozyebpf.sources import ChangeSet, gc_paused
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-Record = ServiceRecord | SliceRecord | ForeignRecord
+Record = ServiceRecord | SliceRecord | ForeignRecord | NodeRecord
 
 #: set by the EndpointSlice controller: when the change that this version reflects happened
 TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
@@ -153,6 +156,9 @@ class Resource:
     rest: KubeRest
     path: str  # e.g. /api/v1/services: every namespace
     label_selector: str | None = None
+    #: what the agent loses without it, when the API forbids listing it (403); None: the
+    #: resource is required, and the source waits for it
+    optional: str | None = None
 
 
 @dataclass
@@ -319,6 +325,17 @@ class Informer:
                     log.info("%s: 410 Gone; listing again", what)
                     need_list = True
                     continue
+                if code == 403 and self.resource.optional and not self.synced:
+                    log.error(
+                        "listing %s is forbidden (HTTP 403), so %s; grant list and watch on "
+                        "%s to the agent's ClusterRole (the chart's has them); retrying",
+                        what,
+                        self.resource.optional,
+                        self.resource.path.rsplit("/", 1)[-1],
+                    )
+                    with self.lock:
+                        self.synced = True  # go on without it rather than program nothing
+                    self.on_synced()
                 delay = self.backoff.next()
                 log.warning(
                     "%s %s failed (%s); retrying in %.1fs, keeping the last known state",
@@ -384,6 +401,21 @@ class KubeSource:
                 watch_timeout=watch_timeout,
                 request_timeout=request_timeout,
             ),
+            Informer(
+                Resource(
+                    "Node",
+                    "v1",
+                    rest,
+                    "/api/v1/nodes",
+                    optional="no LB IP is checked against the Nodes' addresses",
+                ),
+                self._read,
+                self._node_changed,
+                self._lock,
+                self._synced,
+                watch_timeout=watch_timeout,
+                request_timeout=request_timeout,
+            ),
         ]
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -411,6 +443,13 @@ class KubeSource:
     ) -> None:
         self._pending.touch(trigger)
         self._pending.slices[key] = (new,) if isinstance(new, SliceRecord) else None
+        self._notify()
+
+    def _node_changed(
+        self, key: Key, old: Record | None, new: Record | None, trigger: float | None
+    ) -> None:
+        self._pending.touch(trigger)
+        self._pending.nodes[key] = new if isinstance(new, NodeRecord) else None
         self._notify()
 
     def _synced(self) -> None:

@@ -88,6 +88,7 @@ class _Kind:
     short_names: tuple[str, ...]
     verbs: tuple[str, ...]
     fields: dict[str, tuple[str, ...]]  # field selector label -> path in the object
+    namespaced: bool = True  # False: cluster-scoped (Nodes), stored under namespace ""
 
     @property
     def prefix(self) -> str:
@@ -124,6 +125,16 @@ _KINDS = {
             {**_META_FIELDS, "addressType": ("addressType",)},
         ),
         _Kind("Pod", "v1", "pods", "pod", ("po",), ("get", "list", "watch"), {**_META_FIELDS}),
+        _Kind(
+            "Node",
+            "v1",
+            "nodes",
+            "node",
+            ("no",),
+            ("get", "list", "watch"),
+            {"metadata.name": ("metadata", "name")},
+            namespaced=False,
+        ),
         _Kind(
             "Event",
             "v1",
@@ -547,7 +558,7 @@ class FakeKubeAPI:
         meta = obj.get("metadata") or {}
         if not meta.get("name"):
             raise ValueError("apply() needs metadata.name")
-        key = (meta.get("namespace") or "default", meta["name"])
+        key = (meta.get("namespace") or "default" if kind.namespaced else "", meta["name"])
         with self._cv:
             prev = self._objects[kind.kind].get(key)
             new = self._prepare(kind, obj, key, prev)
@@ -645,6 +656,8 @@ class FakeKubeAPI:
         new["kind"], new["apiVersion"] = kind.kind, kind.api_version
         meta = new.setdefault("metadata", {})
         meta["namespace"], meta["name"] = key
+        if not kind.namespaced:
+            del meta["namespace"]
         if prev is None:
             meta["uid"] = meta.get("uid") or str(uuid.uuid4())
             meta["creationTimestamp"] = meta.get("creationTimestamp") or _now()
@@ -657,7 +670,7 @@ class FakeKubeAPI:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         meta = obj["metadata"]
-        self._objects[kind.kind][(meta["namespace"], meta["name"])] = obj
+        self._objects[kind.kind][(meta.get("namespace", ""), meta["name"])] = obj
         self._record(_Change(self._rv, "ADDED" if prev is None else "MODIFIED", kind, obj, prev))
 
     def _record(self, change: _Change) -> None:
@@ -841,7 +854,7 @@ def _discovery(api: FakeKubeAPI, host: str, path: str) -> Obj | None:
                 {
                     "name": k.plural,
                     "singularName": k.singular,
-                    "namespaced": True,
+                    "namespaced": k.namespaced,
                     "kind": k.kind,
                     "verbs": list(k.verbs),
                     **({"shortNames": list(k.short_names)} if k.short_names else {}),

@@ -366,6 +366,8 @@ def test_rbac_is_what_the_agent_reads_and_writes(
             "verbs": ["get", "list", "watch"],
         },
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        # the Nodes' addresses, which no LB IP may take (cozyebpf/sources/kube.py)
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
         # one pod at a time, for its port-security annotation (cozyebpf/portsec.py)
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]

@@ -1,13 +1,15 @@
 """The incremental model against the full one: after every step of random histories (Services
 and EndpointSlices added, changed and deleted; LB IP conflicts and pods shared between
 Services; endpoints becoming ready or not; families changing; bad fields; a capacity too small
-for everything), IncrementalModel gives exactly what build_state gives on the same objects,
-and each flush's MapDiff turns the previous desired state into the new one."""
+for everything; Nodes and this node's addresses coming and going under programmed LB IPs),
+IncrementalModel gives exactly what build_state gives on the same objects, and each flush's
+MapDiff turns the previous desired state into the new one."""
 
 from __future__ import annotations
 
 import copy
 import os
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 import pytest
@@ -36,7 +38,21 @@ NAMESPACES = ("default", "tenant")
 NAMES = ("vm0", "vm1", "vm2", "vm3")
 SLICE_NAMES = ("s0", "s1", "s2", "s3", "s4")
 # few addresses, so that Services collide on LB IPs and share pods
-LB_IPS = ("192.0.2.1", "192.0.2.2", "192.0.2.3", "2001:db8::1", "2001:db8::2", "010.0.0.1")
+LB_IPS = (
+    "192.0.2.1",
+    "192.0.2.2",
+    "192.0.2.3",
+    "2001:db8::1",
+    "2001:db8::2",
+    "010.0.0.1",
+    "169.254.1.1",  # link-local: always refused
+    "10.244.0.2",  # a pod IP too: refused while a Service has chosen that pod
+    "198.51.100.9",  # in RESERVED_CIDRS
+)
+#: the addresses Nodes and this node may have: some are LB IPs above
+NODE_IPS = ("192.0.2.1", "192.0.2.2", "2001:db8::1", "198.51.100.1", "10.244.0.1")
+NODE_NAMES = ("node1", "node2")
+RESERVED_CIDRS = (ip_network("198.51.100.0/24"),)
 POD_IPS = ("10.244.0.1", "10.244.0.2", "10.244.0.3", "fd00::1", "fd00::2", "nonsense")
 TIMES = (None, "2024-01-01T00:00:00Z", "2024-06-01T00:00:00Z", "2025-01-01T00:00:00Z", "never")
 FLAGS = (None, "true", "false", "True", True)
@@ -129,8 +145,15 @@ class Histories(RuleBasedStateMachine):
         self.services: dict[tuple[str, str], Obj] = {}
         self.slices: dict[tuple[str, str], Obj] = {}
         self.garbage: list[Obj] = []
+        self.nodes: dict[str, Obj] = {}
+        self.local: dict[Any, str] = {}
         self.now = 0.0
-        self.model = IncrementalModel(DEFAULT_PROXY_NAME, self.capacity, clock=lambda: self.now)
+        self.model = IncrementalModel(
+            DEFAULT_PROXY_NAME,
+            self.capacity,
+            clock=lambda: self.now,
+            reserved_cidrs=RESERVED_CIDRS,
+        )
         self.before = MapState()
         self.problems_before: set[Problem] = set()
 
@@ -138,6 +161,7 @@ class Histories(RuleBasedStateMachine):
         return [
             *(self.services[k] for k in sorted(self.services)),
             *(self.slices[k] for k in sorted(self.slices)),
+            *(self.nodes[k] for k in sorted(self.nodes)),
             *self.garbage,
         ]
 
@@ -196,6 +220,40 @@ class Histories(RuleBasedStateMachine):
         self.slices.pop(key, None)
         self.feed()
 
+    @rule(
+        name=st.sampled_from(NODE_NAMES),
+        addresses=st.lists(
+            st.tuples(st.sampled_from(NODE_IPS), st.sampled_from(["InternalIP", "ExternalIP"])),
+            max_size=3,
+        ),
+    )
+    def put_node(self, name: str, addresses: list[tuple[str, str]]) -> None:
+        """A Node joins or its addresses change: an LB IP that is one is refused."""
+        self.nodes[name] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name},
+            "status": {
+                "addresses": [{"type": t, "address": a} for a, t in addresses]
+                + [{"type": "Hostname", "address": name}]
+            },
+        }
+        self.feed()
+
+    @rule(name=st.sampled_from(NODE_NAMES))
+    def delete_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.feed()
+
+    @rule(
+        addresses=st.lists(st.sampled_from(NODE_IPS), max_size=3),
+        device=st.sampled_from(["eth0", "br0"]),
+    )
+    def local_addresses(self, addresses: list[str], device: str) -> None:
+        """This node's addresses change (read from the kernel, not from an object)."""
+        self.local = {ip_address(a): device for a in addresses}
+        self.model.set_local(self.local)
+
     @rule()
     def garbage_object(self) -> None:
         self.garbage = [] if self.garbage else [{"kind": "Service", "metadata": {}}]
@@ -213,7 +271,14 @@ class Histories(RuleBasedStateMachine):
         delta = self.model.flush()
         assert not self.model.pending
         got = self.model.result()
-        want = build_state(self.objects(), DEFAULT_PROXY_NAME, self.capacity, self.model.held)
+        want = build_state(
+            self.objects(),
+            DEFAULT_PROXY_NAME,
+            self.capacity,
+            self.model.held,
+            self.local,
+            RESERVED_CIDRS,
+        )
         assert_same(got, want)
         # the diff is exactly what the controller must write
         assert apply_to(self.before, delta.diff) == want.state

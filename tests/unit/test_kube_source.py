@@ -100,6 +100,7 @@ def test_nothing_is_reported_before_every_resource_is_listed(
     api.fail_next(3, 503, paths="endpointslices")
     source.start()
     wait_for(lambda: source.informers[0].synced, 5, "services listed")
+    wait_for(lambda: source.informers[2].synced, 5, "nodes listed")
     assert source.take() is None
     assert source.waiting_for() == "EndpointSlices"
     wait_for(taken.take, 5, "both listed after the 503s")
@@ -128,7 +129,7 @@ def test_selects_by_label_and_watches_from_the_list_resource_version(
     api.delete("Service", "default", "vm1")
     wait_for(taken.take, 5, "the delete")
     assert taken.names() == {"Service/vm2"}
-    assert [inf.lists for inf in source.informers] == [1, 1]  # no relist needed
+    assert [inf.lists for inf in source.informers] == [1, 1, 1]  # no relist needed
 
 
 def test_updates_that_change_nothing_the_model_reads_are_dropped(
@@ -157,13 +158,13 @@ def test_a_dropped_watch_resumes_without_a_relist(
     put(api, VM1)
     source.start()
     wait_for(taken.take, 5, "the first list")
-    wait_for(lambda: api.open_watches() == 2, 5, "two watches")
+    wait_for(lambda: api.open_watches() == 3, 5, "three watches")
     rv_before = source.informers[0].resource_version
-    assert api.drop_watches() == 2
+    assert api.drop_watches() == 3
     put(api, VM2)
     wait_for(lambda: taken.until({"Service/vm1", "Service/vm2"}), 5, "the change")
     assert taken.names() == {"Service/vm1", "Service/vm2"}
-    assert [inf.lists for inf in source.informers] == [1, 1]
+    assert [inf.lists for inf in source.informers] == [1, 1, 1]
     resumed = [int(q["resourceVersion"]) for q in watches(api, "/services")]
     assert resumed[-1] >= int(rv_before or 0) and len(resumed) >= 2
 
@@ -172,7 +173,7 @@ def test_410_gone_relists(api: FakeKubeAPI, source: KubeSource, taken: Taken) ->
     put(api, VM1)
     source.start()
     wait_for(taken.take, 5, "the first list")
-    wait_for(lambda: api.open_watches() == 2, 5, "two watches")
+    wait_for(lambda: api.open_watches() == 3, 5, "three watches")
     api.stop()  # the watches break while the history moves on and is compacted
     put(api, VM2)
     api.delete("Service", "default", "vm1")

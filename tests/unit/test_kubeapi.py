@@ -581,7 +581,7 @@ def test_kubeconfig_and_discovery(api: FakeKubeAPI, tmp_path: Path) -> None:
         groups = client.ApisApi(api_client).get_api_versions().groups
         assert [g.name for g in groups] == ["discovery.k8s.io"]
         core_resources = client.CoreV1Api(api_client).get_api_resources().resources
-        assert {r.name for r in core_resources} == {"services", "pods", "events"}
+        assert {r.name for r in core_resources} == {"services", "pods", "events", "nodes"}
         slices = client.DiscoveryV1Api(api_client).list_endpoint_slice_for_all_namespaces()
         assert [s.metadata.name for s in slices.items] == ["web-abc"]
 
