@@ -130,3 +130,45 @@ def test_a_conflict_becomes_an_event_on_the_newer_service(
     (ev,) = events
     assert ev["involvedObject"]["name"] == "vm-late" and ev["type"] == "Warning"
     assert LB_WHOLE in ev["message"] and ev["source"]["host"] == "node-a"
+
+
+def test_an_lb_ip_that_is_another_nodes_address_is_refused(
+    env: tuple[AgentLab, FakeKubeAPI],
+) -> None:
+    """Issue 31 with the API: a Service whose LB IP is another Node's InternalIP is not
+    programmed, gets a Warning Event that says why, and shows in the metrics; when that Node
+    goes, the Service is programmed."""
+    agent, api = env
+    other_node = "198.51.100.50"
+    api.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "node-b"},
+            "status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": other_node},
+                    {"type": "Hostname", "address": "node-b"},
+                ]
+            },
+        }
+    )
+    claim = Svc("vm-b", other_node, POD2.ip, whole_ip="true")
+    put(api, WHOLE, claim)
+    agent.start_agent("--metrics-address", "127.0.0.1:19811")
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
+    events = wait_for(lambda: api.events("default"), 10, "an Event")
+    (ev,) = events
+    assert ev["involvedObject"]["name"] == "vm-b" and ev["type"] == "Warning"
+    assert ev["reason"] == "CozyebpfError"
+    assert ev["message"].startswith(
+        f"is not programmed: its LoadBalancer IP {other_node} is node node-b's InternalIP"
+    )
+    metrics = agent.lab.exec(agent.lab.node, "curl", "-sf", "http://127.0.0.1:19811/metrics").stdout
+    assert "cozyebpf_services_refused 1.0" in metrics
+    assert (
+        f'cozyebpf_service_refused{{lb_ip="{other_node}",reason="node",service="default/vm-b"}} 1.0'
+    ) in metrics
+    assert ping(agent, LB_WHOLE)
+    api.delete("Node", "", "node-b")
+    wait_for(lambda: lbs(agent) == {LB_WHOLE, other_node}, 10, "vm-b programmed")
