@@ -288,6 +288,9 @@ MIGRATIONS = (("vm-a", 3), ("vm-a", 1))
 #: and a VM without port security (behind ovn0 nothing stops it: the rows say what happens)
 SPOOFS = (("vm-e", "vm-a"), ("p3", "vm-a"), ("vm-f", "vm-b"))
 SPOOF_KINDS = ("tcp syn", "udp", "icmp echo")
+#: section 12: a Service that asks for a node's address as its LB IP (issue 31), its backend,
+#: and the port the nodes listen on (the kubelet's): that node's traffic to it stays the node's
+CLAIMED_NODE, CLAIM_BACKEND, NODE_PORT = 2, "p1", 10250
 RESTART_NODE = 2  # section 8
 RESTART_STREAMS = ("vm-a", "vm-b", "vm-e")  # one or more VMs per node, node2's included
 
@@ -419,6 +422,21 @@ def service_object(w: Workload, created: str = "2026-01-01T00:00:00Z") -> dict[s
             ],
         },
         "status": {"loadBalancer": {"ingress": [{"ip": w.lb_ip, "ipMode": "VIP"}]}},
+    }
+
+
+def node_object(n: int) -> dict[str, Any]:
+    """A Node with its addresses, as the kubelet reports them."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node_name(n)},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": node_ip(n)},
+                {"type": "Hostname", "address": node_name(n)},
+            ]
+        },
     }
 
 
@@ -1191,12 +1209,16 @@ class ClusterLab:
             for kind, port in ((socket.SOCK_STREAM, 80), (socket.SOCK_STREAM, 81)):
                 self.echo.serve(self.lab, self.pod_ns(w.name), kind, port)
             self.echo.serve(self.lab, self.pod_ns(w.name), socket.SOCK_DGRAM, 53)
+        for n in NODES:  # the kubelet's port, for section 12
+            self.echo.serve(self.lab, self.node(n), socket.SOCK_STREAM, NODE_PORT)
         self.echo.serve(self.lab, self.server, socket.SOCK_STREAM, SERVER_TCP)
         self.echo.serve(self.lab, self.server, socket.SOCK_DGRAM, SERVER_UDP)
         self.pusher = Pusher(self.lab, self.server, SERVER_PUSH)
         self.api = ApiBridge(
             self.lab, self.add_ns(self.ns("api")), [self.node(n) for n in NODES], self.workdir
         )
+        for n in NODES:
+            self.api.api.apply(node_object(n))
         for w in self.vms:
             self.api.api.apply(service_object(w))
             self.api.api.apply(pod_object(w, self.pod_names[w.name], self.location[w.name]))
@@ -2235,6 +2257,89 @@ class ClusterLab:
             )
         return rows
 
+    # -- scenario 12: an LB IP that is a node's address ---------------------------------------
+
+    def claim_cases(self) -> list[tuple[str, Callable[[], Check]]]:
+        """(case, check) of section 12, with the claim in place."""
+        claimed = node_ip(CLAIMED_NODE)
+
+        def refused() -> Check:
+            bad, said = [], []
+            for n, a in self.agents.items():
+                what = (
+                    "this node's address on eth0"
+                    if n == CLAIMED_NODE
+                    else f"node {node_name(CLAIMED_NODE)}'s InternalIP"
+                )
+                line = f"its LoadBalancer IP {claimed} is {what}"
+                if claimed in self.lb_map(a) or line not in self.agent_log(n):
+                    bad.append(node_name(n))
+                else:
+                    said.append(f"{node_name(n)}: {what}")
+            return not bad, "; ".join(said) + (f"; programmed or silent on {bad}" if bad else "")
+
+        def event() -> Check:
+            api = self.api
+            assert api is not None
+
+            def posted() -> list[dict[str, Any]]:  # Events are posted in the background
+                return [
+                    e
+                    for e in api.api.events("default")
+                    if e["involvedObject"]["name"] == "vm-claim" and claimed in e["message"]
+                ]
+
+            with contextlib.suppress(TimeoutError):
+                wait_for(posted, 10, "an Event on vm-claim")
+            got = posted()
+            ok = bool(got) and all(e["type"] == "Warning" for e in got)
+            return ok, "; ".join(f"{e['source'].get('host')}: {e['reason']}" for e in got)
+
+        cases: list[tuple[str, Callable[[], Check]]] = [
+            (
+                f"vm-claim asks for {node_name(CLAIMED_NODE)}'s address: refused by every agent",
+                refused,
+            ),
+            ("a Warning Event on vm-claim names the address", event),
+        ]
+        for n in NODES:
+            if n != CLAIMED_NODE:
+                cases.append(
+                    (
+                        f"{node_name(n)} -> {node_name(CLAIMED_NODE)}'s address tcp/{NODE_PORT}: "
+                        "the node answers",
+                        partial(self.check, "tcp", self.node(n), claimed, NODE_PORT, node_ip(n)),
+                    )
+                )
+        cases.append(
+            (
+                f"client -> {node_name(CLAIMED_NODE)}'s address tcp/{NODE_PORT}: the node answers",
+                partial(self.check, "tcp", self.client, claimed, NODE_PORT, CLIENT_IP),
+            )
+        )
+        return cases
+
+    def run_claim(self) -> list[Row]:
+        """A whole-IP Service whose LB IP is a node's address (a pool that overlaps the nodes'
+        network, a typo): every agent refuses it, and the nodes' own traffic to that address
+        (the kubelet's port) still reaches the node (issue 31)."""
+        assert self.api is not None
+        backend = self.workloads[CLAIM_BACKEND]
+        claim = Workload("vm-claim", 98, backend.node, backend.ip, node_ip(CLAIMED_NODE), True)
+        self.api.api.apply(service_object(claim))
+        self.api.api.apply(
+            slice_object(claim.name, claim.ip, claim.ports, [(self.location[CLAIM_BACKEND], "p1")])
+        )
+        try:
+            self.sync_agents()
+            return [
+                Row("12 reserved addresses", case, self.layout, *check())
+                for case, check in self.claim_cases()
+            ]
+        finally:
+            self.api.api.delete("Service", "default", claim.name)
+            self.api.api.delete("EndpointSlice", "default", f"{claim.name}-x7k2p")
+
     def run_all(self) -> list[Row]:
         rows = self.run_paths()
         if self.layout == "kubeovn":
@@ -2244,6 +2349,7 @@ class ClusterLab:
         rows += self.run_spoof()
         rows += self.run_source_warnings()
         rows += self.run_observer()
+        rows += self.run_claim()
         return rows
 
 
@@ -2296,6 +2402,7 @@ def planned_cases(layout: str) -> list[tuple[str, str]]:
         )
     devs = f"ovn0 + {TUNNEL}" if layout == "kubeovn" else "eth0"
     rows += [("9 cilium view", f"{node_name(n)} {devs}: no packet to an LB IP") for n in NODES]
+    rows += [("12 reserved addresses", case) for case, _ in lab.claim_cases()]
     return rows
 
 
