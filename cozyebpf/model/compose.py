@@ -59,8 +59,8 @@ class Refusal:
         return f"{self.lb} is {self.what}"
 
 
-#: Refusal.kind -> the fix named in the Problem
-REFUSAL_FIXES = {
+#: Refusal.kind -> what a Service with such an LB IP would break, said in its Problem
+REFUSAL_HARM = {
     "node-address": "the node's own services (SSH, the kubelet) would reach the pod instead",
     "node": "that node's own traffic to its address would reach the pod instead",
     "link-local": "pods and nodes use link-local addresses for their gateway and metadata",
@@ -124,10 +124,9 @@ def _refused_problem(ref: ObjectRef, r: Refusal) -> Problem:
     return Problem(
         ref,
         f"is not programmed: its LoadBalancer IP {r.lb} is {r.what}, and a whole LB IP takes "
-        f"every packet to its address ({REFUSAL_FIXES[r.kind]}); give the Service an address "
+        f"every packet to its address ({REFUSAL_HARM[r.kind]}); give the Service an address "
         "of its own: fix the load balancer's IP pool (MetalLB IPAddressPool, Cilium "
         "LB-IPAM) or spec.loadBalancerIP so that it overlaps no node, pod or reserved address",
-        "error",
     )
 
 

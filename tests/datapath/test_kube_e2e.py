@@ -160,7 +160,7 @@ def test_an_lb_ip_that_is_another_nodes_address_is_refused(
     events = wait_for(lambda: api.events("default"), 10, "an Event")
     (ev,) = events
     assert ev["involvedObject"]["name"] == "vm-b" and ev["type"] == "Warning"
-    assert ev["reason"] == "CozyebpfError"
+    assert ev["reason"] == "CozyebpfWarning"
     assert ev["message"].startswith(
         f"is not programmed: its LoadBalancer IP {other_node} is node node-b's InternalIP"
     )

@@ -53,8 +53,15 @@ def refusals(result: ModelResult, name: str) -> tuple[Refusal, ...]:
     return view.refused
 
 
-def errors_of(result: ModelResult, name: str) -> list[str]:
-    return [p.message for p in result.problems if p.ref.name == name and p.severity == "error"]
+def refused_messages(result: ModelResult, name: str) -> list[str]:
+    """The messages of `name`'s refusal Problems (a warning: a Warning log line and Event)."""
+    return [
+        p.message
+        for p in result.problems
+        if p.ref.name == name
+        and p.message.startswith("is not programmed: its LoadBalancer IP")
+        and p.severity == "warning"
+    ]
 
 
 def ip(text: str) -> IPAddress:
@@ -101,14 +108,14 @@ def test_a_service_that_claims_an_address_in_use_is_refused_whole(
     # not programmed at all: neither its LB IP nor its pod's egress
     assert [e.service for e in r.state.services.values()] == ["default/vm2"]
     assert ip(POD1) not in r.state.pods
-    (msg,) = errors_of(r, "vm1")
+    (msg,) = refused_messages(r, "vm1")
     assert msg.startswith(f"is not programmed: its LoadBalancer IP {lb} is {what}")
     assert "give the Service an address of its own" in msg
     # every other Service as it was
     assert r.state.services[ip(LB2)].pod_ip == ip(POD2)
     assert r.state.pods[ip(POD2)].lb_ip == ip(LB2)
     assert refusals(r, "vm2") == ()
-    assert not errors_of(r, "vm2")
+    assert not refused_messages(r, "vm2")
     view = next(v for v in r.services if v.ref.name == "vm1")
     assert not view.programmed and "REFUSED" in str(view)
 
