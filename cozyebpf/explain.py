@@ -289,7 +289,7 @@ def reserved_why(dst: IPAddress, agent_address: str | None) -> str | None:
                 )
     from cozyebpf.sources.local import read_local
 
-    device = read_local(()).get(dst)
+    device = read_local().get(dst)
     if device is not None:
         return (
             f"{dst} is not ours: it is this node's address on {device}, which no LB IP may "

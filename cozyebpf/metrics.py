@@ -33,6 +33,7 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS
 from cozyebpf.errors import CozyError, PermanentError
 from cozyebpf.health import parse_address
+from cozyebpf.model.compose import REFUSAL_HARM
 from cozyebpf.status import read_model
 
 if TYPE_CHECKING:
@@ -189,25 +190,23 @@ class AgentCollector(Collector):
 
     @staticmethod
     def _refused(views: list[ServiceView]) -> Iterator[Metric]:
-        """The Services refused because an LB IP of theirs is an address in use (issue 31):
-        a count to alert on (0 on a healthy node), and one series per such LB IP."""
-        count = GaugeMetricFamily(
+        """The Services refused because an LB IP of theirs is an address in use (issue 31), by
+        what the address is: every reason always present (0 on a healthy node: alert on any
+        other value); the Services and addresses are in `status` and their Events (no label
+        holds an address)."""
+        refused = GaugeMetricFamily(
             "cozyebpf_services_refused",
-            "Services not programmed at all because an LB IP of theirs is an address already "
-            "in use (the node's, a Node's, a pod's, link-local or --reserved-cidrs).",
+            "Services not programmed at all because an LB IP of theirs is an address already in "
+            "use, by what it is (a Service with two such LB IPs counts under both reasons).",
+            labels=["reason"],
         )
-        count.add_metric([], sum(1 for v in views if v.refused))
-        yield count
-        each = GaugeMetricFamily(
-            "cozyebpf_service_refused",
-            "1 for each refused LB IP: the Service, the address and what it already is "
-            "(node-address, node, pod, link-local, reserved-cidr).",
-            labels=["service", "lb_ip", "reason"],
-        )
+        counts = dict.fromkeys(REFUSAL_HARM, 0)
         for v in views:
-            for r in v.refused:
-                each.add_metric([f"{v.ref.namespace}/{v.ref.name}", str(r.lb), r.kind], 1)
-        yield each
+            for kind in {r.kind for r in v.refused}:
+                counts[kind] += 1
+        for kind, n in counts.items():
+            refused.add_metric([kind], n)
+        yield refused
 
 
 class SyncObserver:

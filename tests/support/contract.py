@@ -24,6 +24,7 @@ CONTRACT: dict[str, set[str]] = {
     "cozyebpf_last_sync_timestamp_seconds": set(),
     "cozyebpf_services": {"mode"},
     "cozyebpf_problems": {"severity"},
+    "cozyebpf_services_refused": {"reason"},
     "cozyebpf_build_info": {"version"},
     "cozyebpf_monitor_events_lost_total": set(),
 }
