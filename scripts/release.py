@@ -6,7 +6,8 @@
    `__version__`, the chart's `version` and `appVersion`, the image tag (values.yaml,
    deploy/daemonset.yaml, deploy/uninstall/uninstall.yaml: "v" and the version) are in step, the
    version is X.Y.Z, and CHANGELOG.md has a section `## [X.Y.Z] - YYYY-MM-DD` under an
-   `## [Unreleased]` one. tests/unit/test_release.py runs the same check in CI.
+   `## [Unreleased]` one, and pyproject.toml names the previous release (an older version, and
+   its commit, which must be in git). tests/unit/test_release.py runs the same check in CI.
 2. The packaged chart: `helm package charts/cozyebpf` -> DIR/cozyebpf-X.Y.Z.tgz.
 3. The release notes: that CHANGELOG section, with the artefacts' names -> DIR/RELEASE-NOTES.md.
 4. The image (unless --no-image): `<builder> build` of the Dockerfile, tagged
@@ -85,6 +86,11 @@ def problems(repo: Path = REPO) -> list[str]:
         want = tag if where.startswith(("values.yaml", "deploy/")) else version
         if have != want:
             out.append(f"{where} says {have}, want {want} (pyproject.toml's version {version})")
+    prev = previous_release(repo)
+    if not SEMVER.match(prev.get("version", "")) or not prev.get("commit"):
+        out.append("pyproject.toml: [tool.cozyebpf.previous-release] needs version and commit")
+    elif SEMVER.match(version) and _key(prev["version"]) >= _key(version):
+        out.append(f"the previous release {prev['version']} is not older than {version}")
     sections = SECTION.findall(_read(repo, "CHANGELOG.md"))
     names = [name for name, _ in sections]
     if not names or names[0] != "Unreleased":
@@ -97,6 +103,17 @@ def problems(repo: Path = REPO) -> list[str]:
     elif len(names) > 1 and names[1] != version:
         out.append(f"CHANGELOG.md: ## [{version}] must follow ## [Unreleased]")
     return out
+
+
+def previous_release(repo: Path = REPO) -> dict[str, str]:
+    """pyproject.toml's [tool.cozyebpf.previous-release]: the version and commit of the
+    release before this one (the upgrade and rollback tests run it)."""
+    tool = tomllib.loads(_read(repo, "pyproject.toml")).get("tool", {})
+    return dict(tool.get("cozyebpf", {}).get("previous-release", {}))
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
 
 
 def notes(changelog: str, version: str) -> str:
@@ -142,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         print("release.py: not a consistent release:", *found, sep="\n  ", file=sys.stderr)
         return 1
     version = versions(REPO)["pyproject.toml"]
+    prev = previous_release(REPO)["commit"]
+    known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{prev}^{{commit}}"])
+    if known.returncode != 0:
+        print(f"release.py: the previous release's commit {prev} is not in git", file=sys.stderr)
+        return 1
     values = yaml.safe_load(_read(REPO, "charts/cozyebpf/values.yaml"))
     image = f"{values['image']['repository']}:v{version}"
     out: Path = args.out or REPO / "dist" / f"release-{version}"
