@@ -282,6 +282,7 @@ def run(**options: Any) -> None:
     """
     cfg = RunConfig(**options)
     _setup_logging(cfg.log_level)
+    log.info("cozyebpf %s (map layout %d)", __version__, LAYOUT_VERSION)
     _fewer_malloc_arenas()
     from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
