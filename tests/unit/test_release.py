@@ -139,3 +139,26 @@ def test_make_release_packages_the_chart_and_the_notes(helm: str, tmp_path: Path
     sums = (out / "SHA256SUMS").read_text().split()
     assert sums[1::2] == [chart.name, "RELEASE-NOTES.md"]
     assert f"git tag -a v{__version__}" in p.stdout
+
+
+def test_status_names_the_layout_and_release_of_the_maps() -> None:
+    """`cozyebpf status` on a node whose maps a newer release wrote, which this one cannot run
+    on: the layout, the release and why (the agent exited: unreachable)."""
+    from cozyebpf.status import render
+
+    d = {
+        "datapath": {
+            "pin_dir": "/sys/fs/bpf/cozyebpf",
+            "attachments": [{"device": "eth0", "hook": "xdp", "program": "cz_ingress"}],
+            "layout": {"layout_version": 7, "oldest": 7, "written_by": "0.3.0"},
+            "error": "the maps in /sys/fs/bpf/cozyebpf have layout 7, written by cozyebpf "
+            "0.3.0, and need layout 7 or newer; ... cannot read them",
+        },
+        "agent": {"error": "cannot reach the agent at http://127.0.0.1:9810/status"},
+    }
+    lines = render(d).splitlines()
+    assert lines[1:4] == [
+        "attached: eth0 xdp (cz_ingress)",
+        "map layout: 7 (written by cozyebpf 0.3.0; layout 7 or newer runs on it)",
+        "maps: " + d["datapath"]["error"],
+    ]
