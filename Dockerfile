@@ -89,6 +89,13 @@ RUN set -eu; \
 # --- the image ----------------------------------------------------------------
 FROM debian:bookworm-slim
 
+# The release (`make release` passes pyproject.toml's version; `cozyebpf --version` says the
+# same, with the map layout).
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="cozyebpf" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="https://github.com/cozystack/cozyebpf"
+
 # hadolint ignore=DL3008
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

@@ -3,13 +3,22 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup image-test cluster-lab deploy
+.PHONY: bench bench-quick bench-setup image-test cluster-lab deploy release
 
 # deploy/ rendered from the chart (charts/cozyebpf), the one source of truth; run it after
 # every change to the chart (tests/unit/test_chart.py fails while deploy/ differs).
 deploy:
 	bash scripts/setup.sh
 	bash scripts/render-deploy.sh
+
+# A release, for the version in pyproject.toml (scripts/release.py says each step): checks that
+# every place naming it is in step and that CHANGELOG.md has its section, then writes
+# dist/release-X.Y.Z/: the packaged chart (helm package), RELEASE-NOTES.md (that section), the
+# image as an archive (podman build of the Dockerfile, tagged vX.Y.Z) and SHA256SUMS, and prints
+# the steps that publish them. RELEASE_ARGS='--no-image' skips the image (no builder here).
+release:
+	bash scripts/setup.sh
+	$(PYTHON) scripts/release.py $(RELEASE_ARGS)
 
 # The DaemonSet image, built from the Dockerfile with podman and proven by the end-to-end
 # lab tests with every cozyebpf command run from it (about 4 minutes with the base cached;

@@ -21,7 +21,7 @@ import click
 
 from cozyebpf import __version__
 from cozyebpf.config import RunConfig
-from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
+from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, LAYOUT_VERSION, OLDEST_COMPATIBLE
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
 from cozyebpf.errors import CozyError
 
@@ -80,7 +80,12 @@ class _Commands(click.Group):
     cls=_Commands,
     context_settings={"auto_envvar_prefix": "COZYEBPF", "help_option_names": ["-h", "--help"]},
 )
-@click.version_option(__version__, prog_name="cozyebpf")
+@click.version_option(
+    __version__,
+    prog_name="cozyebpf",
+    message=f"%(prog)s %(version)s (map layout {LAYOUT_VERSION}; agents of layout "
+    f"{OLDEST_COMPATIBLE} or newer can run on its maps)",
+)
 def main() -> None:
     """cozyebpf: give a LoadBalancer IP as a whole to one pod (stateless 1:1 NAT in eBPF).
 
@@ -291,6 +296,7 @@ def run(**options: Any) -> None:
     """
     cfg = RunConfig(**options)
     _setup_logging(cfg.log_level)
+    log.info("cozyebpf %s (map layout %d)", __version__, LAYOUT_VERSION)
     _fewer_malloc_arenas()
     from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices

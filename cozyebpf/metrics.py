@@ -29,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from cozyebpf import __version__
+from cozyebpf.datapath.layout import LAYOUT_VERSION
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS
 from cozyebpf.errors import CozyError, PermanentError
@@ -183,9 +184,11 @@ class AgentCollector(Collector):
             last.add_metric([], st.last_sync)
         yield last
         info = GaugeMetricFamily(
-            "cozyebpf_build_info", "The running cozyebpf's version.", labels=["version"]
+            "cozyebpf_build_info",
+            "The running cozyebpf's version and the map layout it writes.",
+            labels=["version", "layout"],
         )
-        info.add_metric([__version__], 1)
+        info.add_metric([__version__, str(LAYOUT_VERSION)], 1)
         yield info
 
     @staticmethod

@@ -21,7 +21,7 @@ from cozyebpf import __version__
 from cozyebpf.datapath import attach
 from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_ALL, MON_DROPS
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.datapath.pins import monitor_running
+from cozyebpf.datapath.pins import monitor_running, read_pinned_meta
 from cozyebpf.dump import mode_name
 from cozyebpf.errors import CozyError
 
@@ -55,6 +55,7 @@ def agent_status(agent: Agent) -> dict[str, Any]:
     modes = Counter(mode_name(v.port_filter) for v in views)
     return {
         "version": __version__,
+        "layout_version": LAYOUT_VERSION,  # of the maps it writes
         "pid": os.getpid(),
         "synced": agent.synced_once,
         "last_sync": st.last_sync,
@@ -106,6 +107,12 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
     except (OSError, CozyError) as e:
         out["attachments"] = []
         out["attachments_error"] = str(e)
+    try:  # what meta says: the layout and the release that wrote the maps
+        found = read_pinned_meta(pin_dir)
+    except CozyError:
+        found = None
+    if found is not None:
+        out["layout"] = found.as_dict()
     try:
         maps = PinnedMaps.open(pin_dir)
     except CozyError as e:
@@ -117,7 +124,7 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
         mon = maps.monitor_state()
         slots = maps.service_counters()
         entries = maps.entries()
-    out["layout_version"] = LAYOUT_VERSION
+    out["layout_version"] = found.version if found else LAYOUT_VERSION  # the maps'
     services: dict[str, set[str]] = {"whole-ip": set(), "port-filter": set()}
     for lb, entry in state.services.items():
         services[mode_name(entry.port_filter)].add(entry.service or f"(unnamed) {lb}")
@@ -169,11 +176,16 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
         )
     else:
         out.append("attached: nothing")
+    lay = dp.get("layout")
+    if lay:
+        out.append(
+            f"map layout: {lay['layout_version']} (written by cozyebpf "
+            f"{lay['written_by'] or 'before 0.2.0'}; layout {lay['oldest']} or newer runs on it)"
+        )
     if "error" in dp:
         out.append(f"maps: {dp['error']}")
     else:
         svc = dp["services"]
-        out.append(f"map layout: {dp['layout_version']}")
         out.append(
             f"services: {svc['whole-ip']} whole-IP, {svc['port-filter']} port-filter "
             f"({dp['lb_ips']} LB IPs, {dp['pods']} pods)"
@@ -209,7 +221,8 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
         out.append(f"agent: {ag['error']}")
         return "\n".join(out)
     t = now()
-    out.append(f"agent: cozyebpf {ag['version']}, pid {ag['pid']}, synced: {ag['synced']}")
+    layout = f" (map layout {ag['layout_version']})" if "layout_version" in ag else ""
+    out.append(f"agent: cozyebpf {ag['version']}{layout}, pid {ag['pid']}, synced: {ag['synced']}")
     dur = ag.get("last_sync_duration")
     out.append(
         f"last sync: {_ago(ag.get('last_sync'), t)}"

@@ -7,7 +7,12 @@ pinned maps (`loader.compile_source`), loads each requested program (the verifie
 passes the program file descriptors back over a Unix socket (SCM_RIGHTS), then exits; the agent
 keeps only the descriptors and works with bpf(2) alone.
 
-    python -m cozyebpf.datapath.compiler --pin-dir DIR --socket-fd N PROGRAM:TYPE:COPIES ...
+    python -P -c BOOTSTRAP PACKAGE_ROOT --pin-dir DIR --socket-fd N PROGRAM:TYPE:COPIES ...
+
+The child imports the agent's own package and nothing from its working directory: `-P` keeps
+the working directory off sys.path (which `python -m` would put first, so that a `cozyebpf/`
+lying there would run with CAP_SYS_ADMIN), and BOOTSTRAP puts PACKAGE_ROOT, the directory the
+agent's `cozyebpf` came from, first instead (`child_command`).
 
 A program is loaded COPIES times (instances with their own ids): tcx refuses one program
 twice on a hook, and putting our program back in front of the tcx chain needs a second one.
@@ -84,6 +89,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _child(args.pin_dir, args.programs, sock)
 
 
+#: the child's entry: the agent's package root (argv[1]) first on sys.path, unless -P's path
+#: (the standard library, site-packages) holds it already; then main()
+BOOTSTRAP = (
+    "import sys; root = sys.argv.pop(1); "
+    "sys.path.insert(0, root) if root not in sys.path else None; "
+    "from cozyebpf.datapath.compiler import main; sys.exit(main())"
+)
+
+
+def package_root() -> str:
+    """The directory holding the `cozyebpf` package this process runs (site-packages, or a
+    source checkout)."""
+    import cozyebpf
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(cozyebpf.__file__)))
+
+
+def child_command(pin_dir: str, socket_fd: int, requests: Sequence[Request]) -> list[str]:
+    """The compiler child's command line: this Python, isolated from the working directory
+    (-P), running this process's own cozyebpf (`BOOTSTRAP`)."""
+    return [
+        sys.executable,
+        "-P",
+        "-c",
+        BOOTSTRAP,
+        package_root(),
+        "--pin-dir",
+        pin_dir,
+        "--socket-fd",
+        str(socket_fd),
+        *map(str, requests),
+    ]
+
+
 class Compilation:
     """A running child compilation; `result()` waits for the loaded programs."""
 
@@ -91,16 +130,7 @@ class Compilation:
         self.requests = list(requests)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = parent
-        cmd = [
-            sys.executable,
-            "-m",
-            "cozyebpf.datapath.compiler",
-            "--pin-dir",
-            pin_dir,
-            "--socket-fd",
-            str(child.fileno()),
-            *map(str, self.requests),
-        ]
+        cmd = child_command(pin_dir, child.fileno(), self.requests)
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=os.environ.copy())
         finally:

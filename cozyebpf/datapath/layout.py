@@ -19,6 +19,13 @@ from cozyebpf.datapath.reasons import REASONS
 
 #: bump with CZ_LAYOUT_VERSION in bpf/lib/types.h whenever a layout below changes
 LAYOUT_VERSION = 6
+#: the oldest layout whose agent can run on maps of this layout; `meta` records it beside the
+#: layout version (docs/design.md, *Releases and map layouts*). A layout that only adds (a map,
+#: a field or bits that older programs leave zero and whose zero means what it meant) keeps it,
+#: so that the previous release can run on its maps (a rollback keeps every flow); one that
+#: changes what an older agent reads or writes (a key, a value's size, a meaning) raises it to
+#: LAYOUT_VERSION. 6: layout 6 gave svcstats' values more room, which layout 5 cannot read.
+OLDEST_COMPATIBLE = 6
 
 F_PORT_FILTER = 0x01
 F_ALLOW_ICMP = 0x02
@@ -224,7 +231,18 @@ class FragVal(ctypes.Structure):
 
 
 class MetaVal(ctypes.Structure):
-    _fields_ = [("layout_version", ctypes.c_uint32), ("reserved", ctypes.c_uint32 * 3)]
+    """meta[0], user space's alone: the layout of the maps; the oldest layout that can run on
+    them (OLDEST_COMPATIBLE; 0: not recorded, by a release before 0.2.0: only their own); the
+    release that wrote them (0.0.0: not recorded). Its own layout never changes."""
+
+    _fields_ = [
+        ("layout_version", ctypes.c_uint32),
+        ("oldest_compatible", ctypes.c_uint32),
+        ("release_major", ctypes.c_uint16),
+        ("release_minor", ctypes.c_uint16),
+        ("release_patch", ctypes.c_uint16),
+        ("reserved", ctypes.c_uint16),
+    ]
 
 
 SVC_DROPS = 16  # CZ_SVC_DROPS: svc_stat.drops[] (layout 6; 9 used)
@@ -359,6 +377,10 @@ class MapSpec:
     counted: bool = False  # a hash map whose fill `PinnedMaps.entries()` reports
     in_c: bool = True  # declared by the programs (False: user space's alone)
     flags: int = 0  # map_create flags
+    #: values of this layout version and later are a prefix of today's (fields appended at
+    #: their end, whose zero means what it meant): such a pin with smaller values is copied,
+    #: its values zero-padded, not rebuilt (0: never)
+    padded_since: int = 0
     max_entries: int = 0  # in a Layout
 
     @property
@@ -478,11 +500,11 @@ MAPS: tuple[MapSpec, ...] = (
     MapSpec("tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
     MapSpec("tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
     # per-Service counters: a slot per Service, as many as SVCSTATS_BUDGET allows on this
-    # machine unless chosen, and slot 0; layout 6 (room for drop_spoofed: rebuilt, so the
-    # counters of an upgraded node start again from zero)
+    # machine unless chosen, and slot 0; layout 6 (drops[] grew from 8 to 16 at the end, for
+    # drop_spoofed: the counters of layouts 3-5 are copied, zero-padded)
     MapSpec(
         "svcstats", _PERCPU, _u32, SvcStat, "__u32", "struct svc_stat", lambda _, n: n + 1, 6,
-        "CZ_SVCSTATS_MAX",
+        "CZ_SVCSTATS_MAX", padded_since=3,
     ),
     # the monitor (bpf/lib/monitor.h): its switch and token bucket, its counters, its ring buffer
     MapSpec("monctl", _ARRAY, _u32, MonCtl, "__u32", "struct mon_ctl", 1, 3),

@@ -43,12 +43,17 @@ from cozyebpf.datapath.layout import (
     META,
     SAME_SINCE,
     Layout,
-    MetaVal,
     be16,
     map_specs,
     possible_cpus,
 )
-from cozyebpf.datapath.pins import DEFAULT_PIN_DIR, closed_on_error, ensure_pins, open_pins
+from cozyebpf.datapath.pins import (
+    DEFAULT_PIN_DIR,
+    closed_on_error,
+    ensure_pins,
+    meta_value,
+    open_pins,
+)
 from cozyebpf.datapath.views import MonitorState, ServiceCounters, Views
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import (
@@ -117,9 +122,9 @@ class PinnedMaps(Views, FlowTables):
                     LAYOUT_VERSION,
                     ", ".join(n for n in p.created if SAME_SINCE.get(n, 0) > p.version),
                 )
-            bpfsys.map_update(
-                p.fds[META.name], ctypes.c_uint32(0), MetaVal(layout_version=LAYOUT_VERSION)
-            )
+            # this layout, the oldest that can run on it, this release (after everything else:
+            # an agent stopped half way leaves the layout it found)
+            bpfsys.map_update(p.fds[META.name], ctypes.c_uint32(0), meta_value())
         if p.created:
             log.info("created maps in %s: %s", pin_dir, ", ".join(p.created))
         kept = [s.name for s in layout.all if s.name not in p.created]

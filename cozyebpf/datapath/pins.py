@@ -11,14 +11,17 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from cozyebpf import __version__
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
     LAYOUT_VERSION,
     META,
+    OLDEST_COMPATIBLE,
     SAME_SINCE,
     Layout,
     MapSpec,
@@ -72,11 +75,136 @@ def monitor_running(pin_dir: str) -> bool:
     return False
 
 
-def read_version(fd: int) -> int | None:
+def release_parts(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a release "X.Y.Z" (a suffix such as "rc1" is left out);
+    (0, 0, 0) for anything else."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    if not m:
+        return (0, 0, 0)
+    major, minor, patch = (min(int(x), 0xFFFF) for x in m.groups())
+    return (major, minor, patch)
+
+
+def meta_value(release: str = __version__) -> MetaVal:
+    """What this agent records in meta: its layout, the oldest that can run on it, itself."""
+    major, minor, patch = release_parts(release)
+    return MetaVal(
+        layout_version=LAYOUT_VERSION,
+        oldest_compatible=OLDEST_COMPATIBLE,
+        release_major=major,
+        release_minor=minor,
+        release_patch=patch,
+    )
+
+
+@dataclass(frozen=True)
+class PinnedLayout:
+    """What `meta` says of the maps pinned beside it."""
+
+    version: int  # their layout
+    oldest: int  # the oldest layout that can run on them (0: not recorded, only `version`)
+    release: str  # the cozyebpf release that wrote them ("": not recorded, before 0.2.0)
+
+    @property
+    def writer(self) -> str:
+        if self.release:
+            return f"cozyebpf {self.release}"
+        return "a cozyebpf release before 0.2.0 (which did not record itself)"
+
+    @property
+    def needs(self) -> int:
+        """The oldest layout that can run on them."""
+        return self.oldest or self.version
+
+    def runnable(self, layout: int = LAYOUT_VERSION) -> bool:
+        """Can an agent of `layout` run on these maps? Older ones it upgrades; newer ones
+        only when they say so (an additive change)."""
+        return self.version <= layout or self.needs <= layout
+
+    def as_dict(self) -> dict[str, object]:
+        return {"layout_version": self.version, "oldest": self.needs, "written_by": self.release}
+
+
+def read_meta(fd: int) -> PinnedLayout | None:
     val = MetaVal()
     if not bpfsys.map_lookup(fd, ctypes.c_uint32(0), val):
         return None
-    return int(val.layout_version)
+    parts = (val.release_major, val.release_minor, val.release_patch)
+    release = ".".join(map(str, parts)) if any(parts) else ""
+    return PinnedLayout(int(val.layout_version), int(val.oldest_compatible), release)
+
+
+def read_version(fd: int) -> int | None:
+    found = read_meta(fd)
+    return None if found is None else found.version
+
+
+def read_pinned_meta(pin_dir: str) -> PinnedLayout | None:
+    """What the meta pinned in `pin_dir` says; None without a meta of ours there."""
+    path = os.path.join(pin_dir, META.name)
+    try:
+        fd = bpfsys.obj_get(path)
+    except bpfsys.BpfError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise DatapathError(f"cannot open {path}: {e}") from e
+    try:
+        info = bpfsys.map_info(fd)
+        if _kind_problem(META, info) or _size_problem(META, info):
+            return None
+        return read_meta(fd)
+    finally:
+        os.close(fd)
+
+
+class LayoutTooNew(DatapathError):
+    """The maps were written by a newer release, with a layout this one cannot run on. The
+    agent changes nothing (fail-static) and exits."""
+
+    def __init__(self, pin_dir: str, found: PinnedLayout, why: str = "", reader: bool = False):
+        self.pin_dir = pin_dir
+        self.found = found
+        need = f"layout {found.needs} or newer" + (f" ({why})" if why else "")
+        head = (
+            f"the maps in {pin_dir} have layout {found.version}, written by {found.writer}, "
+            f"and need {need}; this cozyebpf {__version__} has layout {LAYOUT_VERSION}"
+        )
+        if reader:
+            msg = f"{head} and cannot read them: use the `cozyebpf` of {found.writer}"
+        else:
+            msg = (
+                f"{head}. Nothing was changed: the maps and the programs attached stay as "
+                f"they are and traffic goes on as {found.writer} left it (fail-static). Run "
+                f"{found.writer} (or newer) on this node; to start over with this version "
+                f"instead, with empty maps (every flow lost), run `cozyebpf detach --pin-dir "
+                f"{pin_dir}` first"
+            )
+        super().__init__(msg)
+
+
+def refuse_too_new(pin_dir: str, layout: Layout, found: PinnedLayout | None) -> None:
+    """Raise LayoutTooNew, before anything in `pin_dir` is changed, unless this agent can run
+    on the maps there: a newer layout must name ours compatible (an additive change), and every
+    map of ours that it holds must have our key and value."""
+    if found is None or found.version <= LAYOUT_VERSION:
+        return
+    if not found.runnable():
+        raise LayoutTooNew(pin_dir, found)
+    for spec in layout.all:
+        try:
+            fd = bpfsys.obj_get(os.path.join(pin_dir, spec.name))
+        except bpfsys.BpfError:
+            continue  # created (a map newer layouts dropped) or reported when opened
+        try:
+            problem = _kind_problem(spec, bpfsys.map_info(fd))
+        finally:
+            os.close(fd)
+        if problem:
+            raise LayoutTooNew(
+                pin_dir,
+                found,
+                f"it says layout {found.needs} can, yet its {spec.name} has {problem}",
+            )
 
 
 def _kind_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
@@ -129,6 +257,9 @@ def closed_on_error(fds: dict[str, int], pin_dir: str = "") -> Iterator[None]:
 def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
     """Open existing pins (for `maps dump`), whatever their size; every map must be there with
     our layout and version. Their fds, and the layout their sizes say."""
+    found = read_pinned_meta(pin_dir)
+    if found is not None and not found.runnable():
+        raise LayoutTooNew(pin_dir, found, reader=True)
     fds: dict[str, int] = {}
     with closed_on_error(fds):
         for spec in map_specs().all:
@@ -150,12 +281,12 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
                     f"cozyebpf version; this one cannot read it. `cozyebpf run` of this version "
                     f"migrates it"
                 )
-        version = read_version(fds[META.name])
-        if version is None:
+        found = read_meta(fds[META.name])
+        if found is None:
             raise DatapathError(f"{pin_dir}/meta holds no layout version")
-        if version != LAYOUT_VERSION:
+        if found.version < LAYOUT_VERSION:
             raise DatapathError(
-                f"maps in {pin_dir} have layout version {version}, this cozyebpf uses "
+                f"maps in {pin_dir} have layout version {found.version}, this cozyebpf uses "
                 f"{LAYOUT_VERSION}; `cozyebpf run` of this version migrates them"
             )
         services = bpfsys.map_info(fds["addr4"]).max_entries // 2
@@ -168,7 +299,8 @@ class Ensured:
     """What `ensure_pins` found and did."""
 
     fds: dict[str, int] = field(default_factory=dict)
-    version: int | None = None  # the pins' layout version (None: none of ours, or newer)
+    version: int | None = None  # the pins' layout version (None: none of ours)
+    found: PinnedLayout | None = None  # what their meta said
     created: list[str] = field(default_factory=list)
     #: flow maps replaced by a resize, still open: their flows are copied again once the old
     #: programs are gone (`FlowTables.seed_flow_hints`)
@@ -178,15 +310,21 @@ class Ensured:
 
 def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
     """Open the pins of `layout`, creating (and pinning, mode 0600 in a 0700 dir) any that are
-    missing. A pin with another layout is never reused as it is: a map whose type, key and
-    value sizes are unchanged since its layout version (SAME_SINCE) and whose only change is its
-    size is migrated, its entries copied; any other map is rebuilt empty (the controller refills
-    services, pods and ports; flows and counters start over). Each migration is logged. The
+    missing. Maps of a newer layout are run on as they are when it says that ours can (an
+    additive change); otherwise LayoutTooNew is raised before anything is changed
+    (`refuse_too_new`). A pin with another layout is never reused as it is: a map whose type,
+    key and value sizes are unchanged since its layout version (SAME_SINCE) and whose only
+    change is its size is migrated, its entries copied, and so is one whose values only grew at
+    their end (MapSpec.padded_since), zero-padded; any other map is rebuilt empty (the
+    controller refills services, pods and ports; flows and counters start over). The flow maps
+    go first: their entries are what nothing else can give back. Each migration is logged. The
     layout version in meta is left as it was (the caller writes it last)."""
     _check_bpffs(pin_dir)
+    found = read_pinned_meta(pin_dir) if os.path.isdir(pin_dir) else None
+    refuse_too_new(pin_dir, layout, found)
     os.makedirs(pin_dir, mode=0o700, exist_ok=True)
     os.chmod(pin_dir, 0o700)
-    out = Ensured()
+    out = Ensured(found=found)
     fds = out.fds
     with closed_on_error(fds, pin_dir):
         meta_path = os.path.join(pin_dir, META.name)
@@ -206,8 +344,22 @@ def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
                 out.version = read_version(fds[META.name])
         version = out.version
         if version is not None and version > LAYOUT_VERSION:
-            version = None  # a newer cozyebpf's: nothing is proven the same
-        for spec in layout.all:
+            # a newer release's, which says that this layout can run on them (else
+            # refuse_too_new raised): every map of ours is as ours
+            assert found is not None
+            log.warning(
+                "maps in %s have layout %d, written by %s, newer than this cozyebpf's %d; "
+                "layout %d or newer can run on them: every map of this layout is kept as it "
+                "is (flows included); maps only layout %d has stay pinned, unused",
+                pin_dir,
+                version,
+                found.writer,
+                LAYOUT_VERSION,
+                found.needs,
+                version,
+            )
+            version = LAYOUT_VERSION
+        for spec in sorted(layout.all, key=lambda m: m.name not in FLOW_MAPS):
             if spec.name == META.name:
                 continue
             path = os.path.join(pin_dir, spec.name)
@@ -230,16 +382,33 @@ def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
             why = kind_problem or size_problem or f"layout version {version}"
             if not proven and not kind_problem:
                 why = f"layout version {version} (want {LAYOUT_VERSION})"
+            padded = _padded(spec, info, version)
+            if padded:
+                why += ", values zero-padded"
             # the flow hint's bits depend on its size: rebuilt, then seeded from the flows;
             # prog arrays are filled by the loader
-            copy = proven and not kind_problem and spec.name != "flowhint"
+            copy = ((proven and not kind_problem) or padded) and spec.name != "flowhint"
             copy = copy and spec.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
-            keep_old = copy and spec.name in ("flow4", "flow6")
+            keep_old = copy and spec.name in FLOW_MAPS
             fds[spec.name] = _migrate(spec, fd, info, path, why, copy, keep_old)
             if keep_old:
                 out.old_flows.append((spec, fd))
-            out.reseed = out.reseed or spec.name in ("flowhint", "flow4", "flow6")
+            out.reseed = out.reseed or spec.name in ("flowhint", *FLOW_MAPS)
     return out
+
+
+FLOW_MAPS = ("flow4", "flow6")
+
+
+def _padded(spec: MapSpec, info: bpfsys.MapInfo, version: int | None) -> bool:
+    """Is the pin `info`, of layout `version`, one whose values are a prefix of ours?"""
+    return (
+        bool(spec.padded_since)
+        and version is not None
+        and version >= spec.padded_since
+        and (info.type, info.key_size) == (spec.map_type, spec.key_size)
+        and info.value_size < spec.value_size
+    )
 
 
 def _new_map(spec: MapSpec) -> int:
@@ -274,7 +443,7 @@ def _migrate(
     ringbuf = info.type == bpfsys.BPF_MAP_TYPE_RINGBUF  # no keys
     keys = [] if ringbuf else bpfsys.map_keys(old_fd, info.key_size)
     new_fd = _new_map(spec)
-    copied = copy_entries(spec, old_fd, new_fd, keys) if copy else 0
+    copied = copy_entries(spec, old_fd, new_fd, keys, info.value_size) if copy else 0
     if not keep_old:
         os.close(old_fd)
     os.unlink(path)
@@ -297,17 +466,31 @@ def _migrate(
     return new_fd
 
 
-def copy_entries(spec: MapSpec, old_fd: int, new_fd: int, keys: list[bytes]) -> int:
-    """Copy the entries of `keys` (those still there) from one map of `spec`'s layout to
-    another; those that do not fit are left out. How many were copied."""
+def copy_entries(
+    spec: MapSpec, old_fd: int, new_fd: int, keys: list[bytes], old_value_size: int = 0
+) -> int:
+    """Copy the entries of `keys` (those still there) from one map of `spec`'s layout, or of
+    values of `old_value_size` that ours extend (zero-padded), to another; those that do not
+    fit are left out. How many were copied."""
+    old_size = old_value_size or spec.value_size
     per_cpu = spec.map_type == bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY
-    size = (spec.value_size + 7) // 8 * 8 * possible_cpus() if per_cpu else spec.value_size
+    cpus = possible_cpus() if per_cpu else 1
+    old_stride = (old_size + 7) // 8 * 8 if per_cpu else old_size
+    new_stride = (spec.value_size + 7) // 8 * 8 if per_cpu else spec.value_size
     copied = 0
     for raw in keys:
         key = ctypes.create_string_buffer(raw, len(raw))
-        val = ctypes.create_string_buffer(size)
+        val = ctypes.create_string_buffer(max(old_stride, new_stride) * cpus)
         if not bpfsys.map_lookup(old_fd, key, val):
             continue
+        if per_cpu and old_stride != new_stride:
+            out = ctypes.create_string_buffer(new_stride * cpus)
+            for cpu in range(cpus):
+                at = cpu * old_stride
+                ctypes.memmove(
+                    ctypes.byref(out, cpu * new_stride), val.raw[at : at + old_size], old_size
+                )
+            val = out
         try:
             bpfsys.map_update(new_fd, key, val)
             copied += 1

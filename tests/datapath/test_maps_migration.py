@@ -7,24 +7,28 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import struct
 from collections.abc import Iterator
 from ipaddress import IPv4Address as A
 from pathlib import Path
 
 import pytest
 
+from cozyebpf import __version__
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
     ADDR4,
     FLOW4,
     LAYOUT_VERSION,
     META,
+    OLDEST_COMPATIBLE,
     Flow4Key,
     Flow4Val,
     MetaVal,
     be32,
 )
 from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.pins import LayoutTooNew, PinnedLayout, read_pinned_meta, release_parts
 from cozyebpf.errors import DatapathError
 from tests.support.env import unique_prefix
 
@@ -36,6 +40,8 @@ def pin_dir() -> Iterator[str]:
     path = f"/sys/fs/bpf/{unique_prefix('m')}"
     os.makedirs(path, mode=0o700)
     yield path
+    if os.path.exists(f"{path}/newer"):  # a newer layout's map (not ours: detach leaves it)
+        os.unlink(f"{path}/newer")
     detach_all(path)
 
 
@@ -130,3 +136,115 @@ def test_detach_never_deletes_what_is_not_ours(tmp_path: Path, pin_dir: str) -> 
     removed = detach_all(pin_dir)
     assert f"{pin_dir}/addr4" in removed and os.path.isdir(f"{pin_dir}/someone-elses")
     os.rmdir(f"{pin_dir}/someone-elses")
+
+
+# -- the compatibility contract between releases (docs/design.md, *Releases and map layouts*) --
+
+
+def mark(pin_dir: str, version: int, oldest: int, release: str = "0.3.0") -> None:
+    """Make the pins say a release `release` with layout `version` wrote them, which layout
+    `oldest` or newer can run on (0: not recorded)."""
+    fd = bpfsys.obj_get(f"{pin_dir}/meta")
+    major, minor, patch = release_parts(release)
+    val = MetaVal(
+        layout_version=version,
+        oldest_compatible=oldest,
+        release_major=major,
+        release_minor=minor,
+        release_patch=patch,
+    )
+    bpfsys.map_update(fd, ctypes.c_uint32(0), val)
+    os.close(fd)
+
+
+def ids(pin_dir: str) -> dict[str, int]:
+    out = {}
+    for name in sorted(os.listdir(pin_dir)):
+        if os.path.isfile(f"{pin_dir}/{name}"):
+            fd = bpfsys.obj_get(f"{pin_dir}/{name}")
+            out[name] = bpfsys.map_info(fd).id
+            os.close(fd)
+    return out
+
+
+def two_flows(pin_dir: str) -> None:
+    with PinnedMaps.ensure(pin_dir) as maps:
+        for i in (1, 2):
+            bpfsys.map_update(maps.fds["flow4"], flow(i), Flow4Val(last_seen_ns=i))
+
+
+def test_a_newer_layout_that_names_ours_compatible_keeps_every_entry(pin_dir: str) -> None:
+    """A rollback from a release whose layout only added (one more map here): this agent runs
+    on its maps as they are, flows included (2 -> 2, not 0), and records its own layout."""
+    two_flows(pin_dir)
+    os.close(pin_map(f"{pin_dir}/newer", ADDR4.map_type, 4, 4, 16))  # layout 7's alone
+    mark(pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION)
+    before = ids(pin_dir)
+    with PinnedMaps.ensure(pin_dir) as maps:
+        assert maps.flows_by_pod() == {A("10.244.1.10"): 2}
+    assert ids(pin_dir) == before, "every map kept as it is, the newer one left pinned"
+    found = read_pinned_meta(pin_dir)
+    assert found == PinnedLayout(LAYOUT_VERSION, OLDEST_COMPATIBLE, __version__)
+
+
+@pytest.mark.parametrize(
+    "oldest", [LAYOUT_VERSION + 1, 0], ids=["oldest-is-newer", "oldest-not-recorded"]
+)
+def test_a_newer_layout_it_cannot_run_on_is_refused_untouched(pin_dir: str, oldest: int) -> None:
+    two_flows(pin_dir)
+    mark(pin_dir, LAYOUT_VERSION + 1, oldest)
+    before = ids(pin_dir)
+    new = LAYOUT_VERSION + 1
+    with pytest.raises(LayoutTooNew) as e:
+        PinnedMaps.ensure(pin_dir)
+    msg = str(e.value)
+    assert f"have layout {new}, written by cozyebpf 0.3.0, and need layout {new} or newer" in msg
+    assert f"this cozyebpf {__version__} has layout {LAYOUT_VERSION}. Nothing was changed" in msg
+    assert f"cozyebpf detach --pin-dir {pin_dir}" in msg
+    assert ids(pin_dir) == before
+    assert read_pinned_meta(pin_dir) == PinnedLayout(new, oldest, "0.3.0")
+    # a reader (maps dump, status) says the same and reads nothing
+    with pytest.raises(LayoutTooNew, match="cannot read them: use the `cozyebpf` of cozyebpf"):
+        PinnedMaps.open(pin_dir)
+    # the flows are still there for the release that can run on them
+    mark(pin_dir, LAYOUT_VERSION, LAYOUT_VERSION)
+    with PinnedMaps.open(pin_dir) as maps:
+        assert maps.flows_by_pod() == {A("10.244.1.10"): 2}
+
+
+def test_a_newer_layout_that_claims_ours_but_changed_a_map_is_refused(pin_dir: str) -> None:
+    two_flows(pin_dir)
+    os.unlink(f"{pin_dir}/addr4")
+    os.close(pin_map(f"{pin_dir}/addr4", ADDR4.map_type, 4, 4, 16))
+    mark(pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION)
+    before = ids(pin_dir)
+    with pytest.raises(LayoutTooNew, match=r"yet its addr4 has value size 4 \(want 56\)"):
+        PinnedMaps.ensure(pin_dir)
+    assert ids(pin_dir) == before
+
+
+def test_counters_whose_values_grew_at_their_end_are_copied_zero_padded(pin_dir: str) -> None:
+    """Layout 6 gave svcstats' drops[] 16 slots instead of 8: the counters of layout 5 are
+    copied into the new map, each CPU's value zero-padded, not dropped."""
+    from cozyebpf.datapath.layout import SvcStat, possible_cpus
+
+    old_size = ctypes.sizeof(SvcStat) - 8 * 8  # drops[8]
+    cpus = possible_cpus()
+    with PinnedMaps.ensure(pin_dir, max_services=4) as maps:
+        slots = maps.layout.svcstats.max_entries
+    os.unlink(f"{pin_dir}/svcstats")
+    old = pin_map(f"{pin_dir}/svcstats", bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, 4, old_size, slots)
+    stride = (old_size + 7) // 8 * 8
+    val = ctypes.create_string_buffer(stride * cpus)
+    for cpu in range(cpus):  # in_packets = 10 + cpu, drops[7] = 70 + cpu
+        vals = [10 + cpu, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 70 + cpu]
+        ctypes.memmove(ctypes.byref(val, cpu * stride), struct.pack("12Q", *vals), old_size)
+    bpfsys.map_update(old, ctypes.c_uint32(1), val)
+    os.close(old)
+    mark(pin_dir, 5, 0, "0.0.0")
+    with PinnedMaps.ensure(pin_dir, max_services=4) as maps:
+        new = ctypes.create_string_buffer(ctypes.sizeof(SvcStat) * cpus)
+        assert bpfsys.map_lookup(maps.fds["svcstats"], ctypes.c_uint32(1), new)
+    for cpu in range(cpus):
+        got = SvcStat.from_buffer_copy(new.raw, cpu * ctypes.sizeof(SvcStat))
+        assert got.in_packets == 10 + cpu and list(got.drops) == [0] * 7 + [70 + cpu] + [0] * 8

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Ether
 
+from cozyebpf import __version__
 from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_OFF
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
@@ -155,7 +156,8 @@ def test_metrics_count_each_services_traffic_exactly(env: AgentLab) -> None:
     assert value(after, "cozyebpf_last_sync_timestamp_seconds") > time.time() - 600
     assert value(after, "cozyebpf_sync_duration_seconds_count", kind="full") >= 1
     assert value(after, "cozyebpf_network_programming_duration_seconds_count") >= 1
-    assert ("cozyebpf_build_info", (("version", "0.1.0"),)) in after
+    build = (("layout", str(LAYOUT_VERSION)), ("version", __version__))
+    assert ("cozyebpf_build_info", build) in after
     for name in ("cozyebpf_sync_errors_total", "cozyebpf_monitor_events_lost_total"):
         assert (name, ()) in after
     assert value(after, "cozyebpf_problems", severity="error") == 0

@@ -34,6 +34,8 @@ class AgentLab:
     source_args: list[str] | None = None
     #: extra environment for the agent (e.g. COZYEBPF_BPF_DIR for an upgrade)
     env: dict[str, str] = field(default_factory=dict)
+    #: the agent's working directory (None: the tests')
+    cwd: str | None = None
     _sockets: list[socket.socket] = field(default_factory=list)
 
     # -- agent ---------------------------------------------------------------------------
@@ -61,6 +63,7 @@ class AgentLab:
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
+            cwd=self.cwd,
         )
         wait_for(  # a bound for a hang, not an expectation: a loaded machine compiles slowly
             lambda: "datapath ready" in self.log()[offset:] or self.proc_exited(),

@@ -1,0 +1,403 @@
+"""Releases side by side (issue 30): the agent runs its own code wherever it is started, and
+an agent meets the maps of a newer release as the compatibility contract says (docs/design.md,
+*Releases and map layouts*)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from ipaddress import ip_address
+from pathlib import Path
+
+import pytest
+
+from cozyebpf import __version__
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.layout import LAYOUT_VERSION, OLDEST_COMPATIBLE, MetaVal
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta, release_parts
+from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
+from tests.datapath.test_upgrade import NewFlows
+from tests.support.env import IN_CI
+from tests.support.k8s import Svc, manifest
+from tests.support.labtools import (
+    AgentLab,
+    agent_lab,
+    serve,
+    tcp_echo,
+    tcp_talk,
+    udp_echo,
+    udp_talk,
+)
+from tests.support.packets import LB_FILT, LB_WHOLE
+from tests.support.traffic import TcpChat, flowing, line_echo
+from tests.unit.test_compiler_child import booby_trap
+
+POD1, POD2 = DEFAULT_PODS[:2]
+WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
+
+
+@pytest.fixture
+def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    with agent_lab("r", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(WHOLE)) as env:
+        yield env
+
+
+def test_an_agent_started_beside_another_cozyebpf_runs_its_own(
+    env: AgentLab, tmp_path: Path
+) -> None:
+    """Started from a directory that holds a booby-trapped `cozyebpf/` package (another
+    checkout, say), the agent attaches, and neither it nor its compiler child imports it."""
+    trap_dir = tmp_path / "elsewhere"
+    trap_dir.mkdir()
+    marker = booby_trap(trap_dir)
+    env.cwd = str(trap_dir)
+    if env.cmd[1:3] == ["-m", "cozyebpf"]:  # this tree's Python: the agent itself as installed
+        env.cmd = [env.cmd[0], "-P", *env.cmd[1:]]
+    env.start_agent()
+    env.set_services(WHOLE)
+    with serve(env.lab, env.lab.pod_ns(POD1), socket.SOCK_STREAM, 22, tcp_echo):
+        assert tcp_talk(env.lab, env.lab.client, LB_WHOLE, 22, b"hi").endswith(b"hi")
+    assert env.stop_agent(signal.SIGTERM) == 0
+    assert not marker.exists(), "the agent or its compiler child imported the trap"
+
+
+FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)])
+
+
+@pytest.fixture
+def filt(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    with agent_lab("r", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(FILT)) as env:
+        yield env
+
+
+@contextlib.contextmanager
+def pod_flows(env: AgentLab) -> Iterator[Callable[[], bytes]]:
+    """Two flows the port-filter pod opened: a UDP exchange with the client, and a TCP
+    connection to it left idle. Yields a function that has the client answer the idle
+    connection and returns what the pod got (its flow must still admit the answer)."""
+    lab = env.lab
+    with (
+        serve(lab, lab.client, socket.SOCK_DGRAM, 9105, udp_echo),
+        lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_STREAM) as listener,
+    ):
+        listener.bind(("0.0.0.0", 9103))
+        listener.listen(1)
+        answer, _ = udp_talk(lab, lab.pod_ns(POD2), CLIENT_IP, 9105, b"udp")
+        assert answer == f"{LB_FILT} udp".encode(), "the pod is seen as its LB IP"
+        with lab.ns_socket(lab.pod_ns(POD2), socket.AF_INET, socket.SOCK_STREAM) as idle:
+            idle.settimeout(5)
+            idle.connect((CLIENT_IP, 9103))
+            conn, peer = listener.accept()
+            assert peer[0] == LB_FILT
+            with conn:
+
+                def answer_later() -> bytes:
+                    conn.sendall(b"later")
+                    return idle.recv(64)
+
+                yield answer_later
+
+
+def flows_of(env: AgentLab, pod: str) -> int:
+    with PinnedMaps.open(env.pin_dir) as m:
+        return m.flows_by_pod().get(ip_address(pod), 0)
+
+
+def mark_pins(pin_dir: str, version: int, oldest: int, release: str) -> None:
+    """Make the pins say that release `release`, with layout `version`, wrote them, and that
+    layout `oldest` or newer can run on them: the maps of a newer release, played by this
+    one's (its agent stopped)."""
+    major, minor, patch = release_parts(release)
+    fd = bpfsys.obj_get(f"{pin_dir}/meta")
+    try:
+        val = MetaVal(
+            layout_version=version,
+            oldest_compatible=oldest,
+            release_major=major,
+            release_minor=minor,
+            release_patch=patch,
+        )
+        bpfsys.map_update(fd, ctypes.c_uint32(0), val)
+    finally:
+        os.close(fd)
+
+
+def test_a_rollback_onto_a_newer_compatible_layout_keeps_every_flow(filt: AgentLab) -> None:
+    """The issue's rollback, played with this release: its agent stopped, its pins marked as
+    a newer release's whose layout only added, the agent started again. The maps are run on
+    as they are: the flows go from 2 to 2 (they went to 0), and the idle connection the pod
+    opened gets its answer."""
+    env = filt
+    env.start_agent()
+    env.set_services(FILT)
+    with pod_flows(env) as answer_later:
+        assert flows_of(env, POD2.ip) == 2
+        maps_before, links_before = env.map_ids(), env.links()
+        assert env.stop_agent(signal.SIGTERM) == 0
+        mark_pins(env.pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION, "9.0.0")
+        env.start_agent()
+        assert "written by cozyebpf 9.0.0" in env.log() and "every map of this layout" in env.log()
+        assert flows_of(env, POD2.ip) == 2, env.log()[-3000:]
+        assert env.map_ids() == maps_before, "every map kept as it is"
+        assert {k: v[0] for k, v in env.links().items()} == {
+            k: v[0] for k, v in links_before.items()
+        }, "the links replaced in place"
+        assert answer_later() == b"later"
+    assert env.layout_version() == LAYOUT_VERSION  # it records its own layout
+
+
+def test_a_newer_layout_it_cannot_run_on_is_left_attached(filt: AgentLab) -> None:
+    """Pins of a newer release that this layout cannot run on: the agent exits with an error
+    naming both layouts and that release, and changes nothing: the maps, the programs attached
+    and the flows stay (traffic goes on), and `cozyebpf status` says why."""
+    env = filt
+    env.start_agent()
+    env.set_services(FILT)
+    with pod_flows(env) as answer_later:
+        assert env.stop_agent(signal.SIGTERM) == 0
+        new = LAYOUT_VERSION + 1
+        mark_pins(env.pin_dir, new, new, "9.0.0")
+        maps_before, links_before = env.map_ids(), env.links()
+        p = env.lab.exec(
+            env.lab.node,
+            *env.cmd,
+            "run",
+            "--manifests",
+            str(env.manifest_path),
+            "--devices",
+            UPLINK,
+            "--pin-dir",
+            env.pin_dir,
+            check=False,
+            timeout=120,
+        )
+        assert p.returncode == 1, p.stdout + p.stderr
+        want = (
+            f"cozyebpf: error: the maps in {env.pin_dir} have layout {new}, written by "
+            f"cozyebpf 9.0.0, and need layout {new} or newer; this cozyebpf {__version__} has "
+            f"layout {LAYOUT_VERSION}. Nothing was changed"
+        )
+        assert want in p.stderr, p.stderr
+        assert env.map_ids() == maps_before and env.links() == links_before
+        assert answer_later() == b"later", "the flows still admit the answers"
+        st = json.loads(
+            env.lab.exec(
+                env.lab.node, *env.cmd, "status", "--json", "--pin-dir", env.pin_dir
+            ).stdout
+        )["datapath"]
+        assert st["layout"] == {"layout_version": new, "oldest": new, "written_by": "9.0.0"}
+        assert "cannot read them" in st["error"] and len(st["attachments"]) == 2
+
+
+# -- both directions under traffic: the previous release and this one, each way ---------------
+
+
+def previous_release_tree(repo: Path, dest: Path) -> tuple[str, Path]:
+    """The previous release's version and source tree (pyproject.toml names its commit),
+    unpacked from git into `dest`."""
+    import tomllib
+
+    prev = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["cozyebpf"][
+        "previous-release"
+    ]
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", prev["commit"]], capture_output=True
+    )
+    if archive.returncode != 0:
+        msg = f"the previous release's commit {prev['commit']} is not in {repo}: "
+        msg += archive.stderr.decode().strip()
+        if IN_CI:
+            pytest.fail(msg + " (CI runs in a full clone)", pytrace=False)
+        pytest.skip(msg)
+    dest.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    init = (dest / "cozyebpf/__init__.py").read_text()
+    assert f'__version__ = "{prev["version"]}"' in init
+    return str(prev["version"]), dest
+
+
+@dataclass
+class Download:
+    """A download the port-filter pod opened: the client's server sends 1 KiB every 2 ms for as
+    long as it runs, the pod reads it. Its answers pass only by the pod's flow: a lost flow
+    stalls it for good (nothing for 5 s is an error), as a reset would."""
+
+    lab: Lab
+    ns: str
+    dst: tuple[str, int]
+    answered: int = 0  # KiB received (for `flowing`)
+    error: BaseException | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        sock = self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(self.dst)
+
+        def read() -> None:
+            got = 0
+            try:
+                while not self._stop.is_set():
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionError("closed by the server")
+                    got += len(data)
+                    self.answered = got // 1024
+            except BaseException as e:
+                self.error = e
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=read, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+
+
+def send_forever(s: socket.socket) -> None:
+    """Accept one connection and send it 1 KiB every 2 ms until it goes."""
+    conn, _ = s.accept()
+    with conn:
+        while True:
+            conn.sendall(b"x" * 1024)
+            time.sleep(0.002)
+
+
+@dataclass
+class Switches:
+    """The issue's traffic while the agents change: UDP echo to a whole-IP LB IP (a new flow
+    for each request), TCP through a port filter, a download the port-filter pod opened, new
+    UDP flows that pod opens every few ms, and an idle connection it opened, answered at the
+    end (its flow must outlive every change)."""
+
+    env: AgentLab
+    echo: NewFlows
+    chat: TcpChat
+    download: Download
+    flows: NewFlows
+
+    def all(self) -> list[NewFlows | TcpChat | Download]:
+        return [self.echo, self.chat, self.download, self.flows]
+
+    def check(self) -> None:
+        for f in (self.echo, self.flows):
+            assert f.sent > 200 and f.lost == [], f"{f.dst}: {len(f.lost)} of {f.sent} lost"
+        assert self.chat.error is None and self.chat.rounds > 50, self.chat.error
+        assert self.download.error is None, self.download.error
+        assert self.download.answered > 400
+
+
+@contextlib.contextmanager
+def switches(env: AgentLab) -> Iterator[tuple[Switches, Callable[[], bytes]]]:
+    """Start the traffic (the agent runs); yield it and the idle connection's answer-later;
+    stop it at the end."""
+    lab = env.lab
+    pod1, pod2 = lab.pod_ns(POD1), lab.pod_ns(POD2)
+    with (
+        serve(lab, pod1, socket.SOCK_DGRAM, 9106, udp_echo),
+        serve(lab, pod2, socket.SOCK_STREAM, 80, line_echo),
+        serve(lab, lab.client, socket.SOCK_STREAM, 9107, send_forever),
+        pod_flows(env) as answer_later,  # UDP 9105 (echo) and the idle TCP connection
+    ):
+        t = Switches(
+            env,
+            NewFlows(lab, lab.client, (LB_WHOLE, 9106)),
+            TcpChat(lab, lab.client, (LB_FILT, 80)),
+            Download(lab, pod2, (CLIENT_IP, 9107)),
+            NewFlows(lab, pod2, (CLIENT_IP, 9105)),
+        )
+        for s in t.all():
+            s.start()
+        try:
+            yield t, answer_later
+        finally:
+            for s in t.all():
+                s.stop()
+
+
+def test_upgrade_from_the_previous_release_and_back_under_traffic(
+    tmp_path: Path, cozyebpf_cmd: list[str], repo_root: Path
+) -> None:
+    """The previous release (its tree from git) runs the node; this release replaces it, then
+    the previous one comes back (helm upgrade, helm rollback). Under the issue's traffic not one
+    request or answer is lost, the download never stalls, and the idle connection the pod opened
+    before the upgrade is answered after the rollback: its flow outlived both."""
+    version, old = previous_release_tree(repo_root, tmp_path / "previous")
+    said = subprocess.run(
+        [sys.executable, "-m", "cozyebpf", "--version"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(old), "PYTHONSAFEPATH": "1"},
+    )
+    assert said.stdout == f"cozyebpf, version {version}\n", said.stderr  # its own code
+    manifest_text = manifest(WHOLE, FILT)
+    with agent_lab("v", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest_text) as env:
+        new_cmd = env.cmd
+
+        def run_previous() -> None:
+            # its own package and bpf/ with this Python (PYTHONSAFEPATH: not the working
+            # directory's package, for its compiler child too)
+            env.cmd = [sys.executable, "-m", "cozyebpf"]
+            env.env.update(PYTHONPATH=str(old), PYTHONSAFEPATH="1")
+            env.start_agent()
+
+        def run_this() -> None:
+            del env.env["PYTHONPATH"], env.env["PYTHONSAFEPATH"]
+            env.cmd = new_cmd
+            env.start_agent()
+
+        run_previous()
+        env.set_services(WHOLE, FILT)
+        assert read_pinned_meta(env.pin_dir) == PinnedLayout(LAYOUT_VERSION, 0, "")
+        with switches(env) as (traffic, answer_later):
+            maps = env.map_ids()
+            flowing(traffic.all(), udp=0, tcp=30, other=150)
+            assert env.stop_agent(signal.SIGTERM) == 0
+            run_this()  # the upgrade
+            flowing(traffic.all(), udp=0, tcp=30, other=150)
+            assert read_pinned_meta(env.pin_dir) == PinnedLayout(
+                LAYOUT_VERSION, OLDEST_COMPATIBLE, __version__
+            )
+            assert env.stop_agent(signal.SIGTERM) == 0
+            run_previous()  # the rollback
+            flowing(traffic.all(), udp=0, tcp=30, other=150)
+            assert answer_later() == b"later"
+            assert env.map_ids() == maps, "every map kept, both ways"
+        traffic.check()
+        assert "rebuilt map" not in env.log() and "migrated map" not in env.log()
+        env.set_services(WHOLE)
+
+
+def test_a_newer_additive_layout_under_traffic(filt: AgentLab) -> None:
+    """The other direction of the contract, under the same traffic: this release's agent
+    stopped, its pins marked as a newer release's whose layout names this one compatible,
+    the agent started again. Nothing is lost, the idle connection is answered."""
+    env = filt
+    env.start_agent()
+    env.set_services(WHOLE, FILT)
+    with switches(env) as (traffic, answer_later):
+        maps = env.map_ids()
+        flowing(traffic.all(), udp=0, tcp=30, other=150)
+        assert env.stop_agent(signal.SIGTERM) == 0
+        mark_pins(env.pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION, "9.0.0")
+        env.start_agent()
+        flowing(traffic.all(), udp=0, tcp=30, other=150)
+        assert answer_later() == b"later"
+        assert env.map_ids() == maps
+    traffic.check()
+    assert "rebuilt map" not in env.log()
