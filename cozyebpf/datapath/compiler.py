@@ -101,9 +101,8 @@ BOOTSTRAP = (
 def package_root() -> str:
     """The directory holding the `cozyebpf` package this process runs (site-packages, or a
     source checkout)."""
-    import cozyebpf
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(cozyebpf.__file__)))
+    # cozyebpf/datapath/compiler.py: three levels below the root
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def child_command(pin_dir: str, socket_fd: int, requests: Sequence[Request]) -> list[str]:
