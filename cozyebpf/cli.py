@@ -24,6 +24,7 @@ from cozyebpf.config import RunConfig
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
 from cozyebpf.errors import CozyError
+from cozyebpf.safepoint import SafePoints, Stopping
 
 log = logging.getLogger("cozyebpf")
 
@@ -286,15 +287,20 @@ def run(**options: Any) -> None:
 
     stop = threading.Event()
     agent: Agent | None = None
+    safe = SafePoints()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
-            return  # already stopping: let the cleanup finish
+            if safe.forced:  # the section in progress outlived its bound
+                raise Stopping
+            return  # already stopping: let the section or the cleanup finish
         log.info("got %s, stopping", signal.Signals(signum).name)
         stop.set()
         if agent is not None:
             agent.notify()
-        raise _Stopping  # interrupts whatever runs, a large sync included
+        # interrupts whatever runs, a large sync included; an attach or a map batch in
+        # progress first finishes (cozyebpf.safepoint)
+        safe.request_stop()
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -325,6 +331,7 @@ def run(**options: Any) -> None:
         # behind ovn0: one warning now, and each VM's pod on this node needs port security
         unverified, portsec = checks(pod_devs, client, node, cfg.resync_interval)
         dp = cfg.datapath(devs, pod_devs)
+        dp.guard = safe.section
         handle_cozy_proxy(cfg.remove_cozy_proxy_table)
         dp.prepare()
         dp.begin()  # compiling in a child; the control plane starts meanwhile
@@ -371,7 +378,7 @@ def run(**options: Any) -> None:
             else:
                 agent.notifier.wait(0.05)
         agent.run(stop)
-    except _Stopping:
+    except Stopping:
         pass
     except CozyError as e:
         _fail(e)
@@ -397,10 +404,6 @@ def _exit_at_once(status: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(status)
-
-
-class _Stopping(Exception):
-    """Raised by the signal handler to leave whatever the agent is doing."""
 
 
 @main.group()
