@@ -262,6 +262,13 @@ def main() -> None:
     show_default=True,
     help="Seconds a TCP flow admits replies once the pod sent a FIN or RST; 0: never.",
 )
+@click.option(
+    "--cluster-role",
+    default="cozyebpf",  # portsec.CLUSTER_ROLE, deploy/'s name
+    show_default=True,
+    help="The name of the ClusterRole that grants this agent its rights, for the messages "
+    "that name a missing right (the Helm chart passes the one it made).",
+)
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -329,7 +336,9 @@ def run(**options: Any) -> None:
             stoppers.append(recorder.stop)
             on_problems = recorder.record
         # behind ovn0: one warning now, and each VM's pod on this node needs port security
-        unverified, portsec = checks(pod_devs, client, node, cfg.resync_interval)
+        unverified, portsec = checks(
+            pod_devs, client, node, cfg.resync_interval, cluster_role=cfg.cluster_role
+        )
         dp = cfg.datapath(devs, pod_devs)
         dp.guard = safe.section
         handle_cozy_proxy(cfg.remove_cozy_proxy_table)

@@ -41,6 +41,7 @@ class RunConfig:
     flow_timeout_icmp: float
     flow_timeout_tcp: float
     flow_timeout_tcp_closing: float
+    cluster_role: str
 
     def datapath(self, devices: Sequence[str], pod_devices: Sequence[str]) -> BpfDatapath:
         """The datapath on `devices` and `pod_devices` (as resolved from `devices` and

@@ -84,11 +84,12 @@ class KubeRest:
         body: Any = None,
         content_type: str | None = None,
         timeout: Any = None,
+        accept: str = "application/json",
     ) -> Any:
         """The raw urllib3 response (not read yet) of a 2xx answer; ApiException otherwise."""
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if content_type is not None:
             headers["Content-Type"] = content_type
         req = self.client.param_serialize(
@@ -113,9 +114,10 @@ class KubeRest:
         body: Any = None,
         content_type: str | None = None,
         timeout: Any = None,
+        accept: str = "application/json",
     ) -> Any:
         """The decoded JSON of a 2xx answer."""
-        resp = self.request(method, path, query, body, content_type, timeout)
+        resp = self.request(method, path, query, body, content_type, timeout, accept)
         try:
             return json.loads(resp.data)
         finally:

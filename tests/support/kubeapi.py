@@ -162,12 +162,14 @@ _RESOURCE_PATH = re.compile(
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One request the server read: method, path, query (last value per key), time.monotonic()."""
+    """One request the server read: method, path, query (last value per key), time.monotonic(),
+    and its Accept header."""
 
     method: str
     path: str
     query: dict[str, str]
     time: float
+    accept: str = ""
 
 
 class _ApiError(Exception):
@@ -809,6 +811,18 @@ class FakeKubeAPI:
             return self._objects[kind.kind][(namespace, name)]
 
 
+#: the media type of a PartialObjectMetadata answer (and what asks for one, in Accept)
+PARTIAL = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def _wants_metadata(accept: str) -> bool:
+    """Does the Accept header ask for PartialObjectMetadata first (the API server takes the
+    first media range it can serve)?"""
+    first = accept.split(",")[0]
+    params = {p.strip() for p in first.split(";")[1:]}
+    return {"as=PartialObjectMetadata", "g=meta.k8s.io", "v=v1"} <= params
+
+
 def _kind(name: Any) -> _Kind:
     if name not in _KINDS:
         raise ValueError(f"unsupported kind {name!r} (one of {', '.join(_KINDS)})")
@@ -929,7 +943,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         with api._cv:
-            api._requests.append(RequestRecord(method, url.path, query, time.monotonic()))
+            accept = self.headers.get("Accept", "")
+            api._requests.append(RequestRecord(method, url.path, query, time.monotonic(), accept))
             latency = api._latency
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if latency:
@@ -974,7 +989,13 @@ class _Handler(BaseHTTPRequestHandler):
                 {"name": name or "", "kind": kind.plural},
             )
         if method == "GET" and name:
-            self._send_json(200, api._get(kind, ns, name))
+            obj = api._get(kind, ns, name)
+            if _wants_metadata(self.headers.get("Accept", "")):
+                # the API server's PartialObjectMetadata: the object's metadata, nothing else
+                meta = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1"}
+                self._send(200, json.dumps({**meta, "metadata": obj["metadata"]}).encode(), PARTIAL)
+                return
+            self._send_json(200, obj)
         elif method == "GET" and _parse_bool(query, "watch"):
             self._watch(kind, ns, query)
         elif method == "GET":

@@ -374,6 +374,9 @@ def test_rbac_is_what_the_agent_reads_and_writes(
     assert pod["serviceAccountName"] == sa["name"]
     binding = by_kind["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == by_kind["ClusterRole"]["metadata"]["name"]
+    # the agent names that ClusterRole when a right is missing (all-values: cozy-proxy)
+    env = container_env(container(objs))
+    assert env["COZYEBPF_RUN_CLUSTER_ROLE"] == by_kind["ClusterRole"]["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}
     ]
