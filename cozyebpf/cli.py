@@ -269,6 +269,16 @@ def main() -> None:
     help="The name of the ClusterRole that grants this agent its rights, for the messages "
     "that name a missing right (the Helm chart passes the one it made).",
 )
+@click.option(
+    "--trusted-endpoints",
+    type=click.Choice(["controller", "any"]),
+    default="controller",
+    show_default=True,
+    help="With the API as source, whose endpoints are programmed: `controller`, only "
+    "EndpointSlices managed by Kubernetes' EndpointSlice controller and endpoints that are "
+    "Pods of the Service's namespace (what a tenant cannot forge; others are warned about); "
+    "`any`, slices as written (a platform that writes its own). A manifest is always trusted.",
+)
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -330,7 +340,8 @@ def run(**options: Any) -> None:
             from cozyebpf.sources.kube import KubeSource, api_client
 
             client = api_client(cfg.kubeconfig)
-            source = KubeSource(client, cfg.proxy_name)
+            trust_any = cfg.trusted_endpoints == "any"
+            source = KubeSource(client, cfg.proxy_name, trust_any_endpoints=trust_any)
             recorder = EventRecorder(client, node)
             recorder.start()
             stoppers.append(recorder.stop)

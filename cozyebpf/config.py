@@ -42,6 +42,7 @@ class RunConfig:
     flow_timeout_tcp: float
     flow_timeout_tcp_closing: float
     cluster_role: str
+    trusted_endpoints: str  # "controller" or "any"
 
     def datapath(self, devices: Sequence[str], pod_devices: Sequence[str]) -> BpfDatapath:
         """The datapath on `devices` and `pod_devices` (as resolved from `devices` and

@@ -356,9 +356,13 @@ class KubeSource:
         proxy_name: str,
         watch_timeout: int = 300,
         request_timeout: float = 30.0,
+        trust_any_endpoints: bool = False,
     ) -> None:
         rest = KubeRest(api_client)
         self.proxy_name = proxy_name
+        #: False (the default): only EndpointSlices of Kubernetes' controller, and endpoints
+        #: that are Pods of the slice's namespace, are programmed (`read_object`)
+        self.verify_endpoints = not trust_any_endpoints
         self._lock = threading.Lock()
         self._pending = ChangeSet()
         self._notify: Callable[[], None] = lambda: None
@@ -391,7 +395,7 @@ class KubeSource:
         self._stop = threading.Event()
 
     def _read(self, obj: Obj) -> Record | None:
-        rec = read_object(obj, 0, self.proxy_name)
+        rec = read_object(obj, 0, self.proxy_name, self.verify_endpoints)
         if isinstance(rec, Problem):  # the API server never sends an object without a name
             log.warning("ignoring an object the API server sent: %s", rec)
             return None

@@ -304,6 +304,7 @@ def expected_params(values: dict[str, Any]) -> dict[str, Any]:
         "devices": a["devices"],
         "pod_devices": a["podDevices"],
         "proxy_name": a["proxyName"],
+        "trusted_endpoints": a["trustedEndpoints"],
         "max_services": a["maxServices"],
         "counted_services": a["countedServices"],
         "flow_timeout_udp": a["flowTimeouts"]["udp"],
