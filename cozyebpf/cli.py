@@ -23,7 +23,7 @@ from cozyebpf import __version__
 from cozyebpf.config import RunConfig
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
-from cozyebpf.errors import CozyError
+from cozyebpf.errors import CozyError, PermanentError
 from cozyebpf.safepoint import SafePoints, Stopping
 
 log = logging.getLogger("cozyebpf")
@@ -279,6 +279,22 @@ def main() -> None:
     "Pods of the Service's namespace (what a tenant cannot forge; others are warned about); "
     "`any`, slices as written (a platform that writes its own). A manifest is always trusted.",
 )
+@click.option(
+    "--metrics-auth",
+    type=click.Choice(["auto", "kubernetes", "none"]),
+    default="auto",
+    show_default=True,
+    help="Who may read the metrics: `kubernetes`, over HTTPS, callers whose bearer token the "
+    "API server authenticates (TokenReview) and allows to get /metrics (SubjectAccessReview); "
+    "`none`, anyone, over plain HTTP; `auto`, kubernetes with the API as source, none with "
+    "--manifests.",
+)
+@click.option(
+    "--metrics-cert-dir",
+    default="",
+    help="A directory with tls.crt and tls.key for the metrics' HTTPS (e.g. a mounted "
+    "Secret); without them a self-signed certificate is made at start.",
+)
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -386,7 +402,8 @@ def run(**options: Any) -> None:
         if cfg.metrics_address:
             from cozyebpf.metrics import MetricsServer, registry_for
 
-            metrics = MetricsServer(cfg.metrics_address, registry_for(cfg.pin_dir, agent))
+            registry = registry_for(cfg.pin_dir, agent)
+            metrics = MetricsServer(cfg.metrics_address, registry, *_metrics_guard(cfg, client))
             metrics.start()
             stoppers.append(metrics.stop)
         while not stop.is_set() and not dp.attached:
@@ -411,6 +428,30 @@ def run(**options: Any) -> None:
             dp.close()
     log.info("stopped; the datapath stays attached (remove it with `cozyebpf detach`)")
     _exit_at_once(0)
+
+
+def _metrics_guard(cfg: RunConfig, client: Any) -> tuple[Any, Any]:
+    """(TLS context, authorizer) for the metrics, or (None, None) for plain HTTP to anyone:
+    --metrics-auth kubernetes (auto with the API as source; cozyebpf/metricsauth.py), none
+    (auto with --manifests: there is no API to check a token with)."""
+    mode = cfg.metrics_auth
+    if mode == "auto":
+        mode = "none" if client is None else "kubernetes"
+    if mode == "none":
+        log.warning(
+            "metrics are served over plain HTTP to anyone who reaches %s (every Service's "
+            "name and traffic): --metrics-auth kubernetes serves them over HTTPS to callers "
+            "allowed to get /metrics",
+            cfg.metrics_address,
+        )
+        return None, None
+    if client is None:
+        raise PermanentError("--metrics-auth kubernetes needs the API as source (not --manifests)")
+    from cozyebpf.metricsauth import KubeAuthorizer, server_context
+
+    host = cfg.metrics_address.rpartition(":")[0].strip("[]")
+    names = [n for n in (host, cfg.node_name or socket.gethostname()) if n and n != "0.0.0.0"]
+    return server_context(cfg.metrics_cert_dir, names), KubeAuthorizer(client)
 
 
 def _exit_at_once(status: int) -> NoReturn:

@@ -43,6 +43,8 @@ class RunConfig:
     flow_timeout_tcp_closing: float
     cluster_role: str
     trusted_endpoints: str  # "controller" or "any"
+    metrics_auth: str  # "auto", "kubernetes" or "none"
+    metrics_cert_dir: str
 
     def datapath(self, devices: Sequence[str], pod_devices: Sequence[str]) -> BpfDatapath:
         """The datapath on `devices` and `pod_devices` (as resolved from `devices` and

@@ -445,6 +445,10 @@ class FakeKubeAPI:
         self._continues: dict[str, tuple[_Snapshot, int]] = {}
         self._faults: list[_Fault] = []
         self._forbidden: set[str] = set()  # plurals answered 403 (forbid)
+        #: TokenReview: bearer token -> the user it authenticates ({"username", "groups"})
+        self._tokens: dict[str, Obj] = {}
+        #: SubjectAccessReview: (username, non-resource path, verb) that are allowed
+        self._grants: set[tuple[str, str, str]] = set()
         self._requests: list[RequestRecord] = []
         self._connections: set[socket.socket] = set()
         self._latency = 0.0
@@ -604,6 +608,37 @@ class FakeKubeAPI:
                 self._forbidden.add(plural)
             else:
                 self._forbidden.discard(plural)
+
+    def add_token(self, token: str, username: str, groups: tuple[str, ...] = ()) -> None:
+        """A bearer token that TokenReview authenticates as `username`."""
+        with self._cv:
+            self._tokens[token] = {"username": username, "uid": username, "groups": list(groups)}
+
+    def grant(self, username: str, path: str, verb: str = "get") -> None:
+        """Let `username` `verb` the non-resource URL `path` (what a ClusterRole with
+        nonResourceURLs grants), as SubjectAccessReview answers."""
+        with self._cv:
+            self._grants.add((username, path, verb))
+
+    def _review(self, path: str, body: bytes) -> Obj | None:
+        """TokenReview and SubjectAccessReview (create), or None for another path."""
+        if path == "/apis/authentication.k8s.io/v1/tokenreviews":
+            review = _decode(body)
+            with self._cv:
+                user = self._tokens.get(str(review.get("spec", {}).get("token", "")))
+            status: Obj = {"authenticated": bool(user)}
+            if user:
+                status["user"] = user
+            return {**review, "status": status}
+        if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+            review = _decode(body)
+            spec = review.get("spec", {})
+            attrs = spec.get("nonResourceAttributes") or {}
+            key = (spec.get("user"), attrs.get("path"), attrs.get("verb"))
+            with self._cv:
+                allowed = key in self._grants
+            return {**review, "status": {"allowed": allowed}}
+        return None
 
     def drop_watches(self) -> int:
         """Cut every open watch connection with a TCP RST, mid-stream (no terminating chunk).
@@ -967,6 +1002,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if method == "GET" and (doc := _discovery(api, self.headers.get("Host", ""), path)):
             self._send_json(200, doc)
+            return
+        if method == "POST" and (review := api._review(path, body)) is not None:
+            self._send_json(201, review)
             return
         m = _RESOURCE_PATH.match(path)
         kind = _BY_PATH.get((m["prefix"], m["plural"])) if m else None
