@@ -366,8 +366,16 @@ def test_the_shipped_clusterrole_is_the_one_the_403_warning_names() -> None:
 
     from cozyebpf.portsec import CLUSTER_ROLE
 
-    docs = yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert role["metadata"]["name"] == CLUSTER_ROLE
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+    # the agent's own (the other one grants reading the metrics)
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding" and d["subjects"][0]["name"] == "cozyebpf"
+    ]
+    assert binding["roleRef"]["name"] == CLUSTER_ROLE
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == CLUSTER_ROLE
+    ]
     pods = [r for r in role["rules"] if "pods" in r["resources"]]
     assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
