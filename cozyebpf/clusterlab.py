@@ -144,6 +144,8 @@ NODES = (1, 2, 3)
 ROUTER_IP = "192.0.2.254"
 ROUTER_MAC = "02:00:c0:00:02:fe"
 CLIENT_IP, CLIENT_GW = "198.51.100.2", "198.51.100.1"
+#: a second address of the client, outside the source ranges the migration gives vm-a
+OUTSIDE_IP = "198.51.100.3"
 SERVER_IP, SERVER_GW = "198.51.100.130", "198.51.100.129"
 LB_POOL = "203.0.113.0/24"
 POD_CIDR, POD_GW = "10.244.0.0/16", "10.244.0.1"
@@ -475,6 +477,18 @@ def slice_object(
         ],
         "ports": [{"name": f"{p.lower()}-{n}", "protocol": p, "port": n} for p, n in ports],
     }
+
+
+def _tcp_ack(src: str, dst: str, sport: int, dport: int) -> bytes:
+    """A TCP segment with ACK alone (it opens nothing), its checksum computed, for a raw socket
+    that adds the IPv4 header."""
+    hdr = struct.pack("!HHIIBBHHH", sport, dport, 1, 1, 5 << 4, 0x10, 65535, 0, 0)
+    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(hdr))
+    data = pseudo + hdr
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return hdr[:16] + struct.pack("!H", ~total & 0xFFFF) + hdr[18:]
 
 
 def elect(ip: str, nodes: Sequence[int]) -> int | None:
@@ -1267,6 +1281,7 @@ class ClusterLab:
                 name,
                 [f"addr add {ip}/25 dev eth0", "link set eth0 up", f"route add default via {gw}"],
             )
+        self.batch(self.client, [f"addr add {OUTSIDE_IP}/25 dev eth0"])
 
     def _node(self, n: int) -> None:
         ns = self.add_ns(self.node(n))
@@ -1893,6 +1908,7 @@ class ClusterLab:
         owners: dict[str, Any] = {}
         both_warnings: dict[int, list[str]] = {}
         both_events: list[dict[str, Any]] = []
+        ranges_row: Row | None = None
 
         def step(what: str, fn: Callable[[], object]) -> None:
             try:
@@ -1912,6 +1928,7 @@ class ClusterLab:
             both_events = self.api.api.events()[events0:]
             got = len(udp.got)
             step("both ready", lambda: wait_for(lambda: len(udp.got) > got + 10, 2, "echoes"))
+            ranges_row = self.outside_the_ranges_while_learning(s, desc, w)
             # the switch
             t["switch"] = time.monotonic()
             self.move_link(name, to)
@@ -2031,6 +2048,8 @@ class ClusterLab:
                 ),
             ),
         ]
+        if ranges_row is not None:
+            rows.append(ranges_row)
         lost_both = udp.lost(both_window)
         warn = [x for v in both_warnings.values() for x in v]
         rows.append(
@@ -2057,6 +2076,42 @@ class ClusterLab:
             )
         )
         return rows
+
+    def outside_the_ranges_while_learning(self, s: str, desc: str, w: Workload) -> Row | None:
+        """While vm-a is learning (both ready), give its Service source ranges that hold the
+        client only; TCP that opens nothing from OUTSIDE_IP must be dropped (drop_source), not
+        learned (issue 28): learning comes after the ranges. The ranges go again after."""
+        assert self.api is not None and w.lb_ip is not None
+        svc = service_object(w)
+        ranged = {**svc, "spec": {**svc["spec"], "loadBalancerSourceRanges": [f"{CLIENT_IP}/32"]}}
+        errors: list[str] = []
+        dropped = 0
+        try:
+            self.api.api.apply(ranged)
+            self.sync_agents()
+            before = sum(self.counted("drop_source").values())
+            with self.lab.ns_socket(self.client, socket.AF_INET, socket.SOCK_RAW, 6) as raw:
+                raw.bind((OUTSIDE_IP, 0))
+                for i in range(3):
+                    raw.sendto(_tcp_ack(OUTSIDE_IP, w.lb_ip, 41000 + i, 80), (w.lb_ip, 0))
+            with contextlib.suppress(TimeoutError):
+                wait_for(
+                    lambda: sum(self.counted("drop_source").values()) - before >= 3, 2, "drops"
+                )
+            dropped = sum(self.counted("drop_source").values()) - before
+        except (TimeoutError, RuntimeError, OSError) as e:
+            errors.append(str(e))
+        finally:
+            self.api.api.apply(svc)
+            with contextlib.suppress(TimeoutError, RuntimeError):
+                self.sync_agents()
+        return Row(
+            s,
+            f"{desc} learning: a sender outside the ranges is dropped",
+            self.layout,
+            not errors and dropped >= 3,
+            "; ".join([*errors, f"3 ACKs from {OUTSIDE_IP} (outside): drop_source +{dropped}"]),
+        )
 
     def _ready(self) -> dict[str, list[int]]:
         return {w.name: [self.location[w.name]] for w in self.vms}
@@ -2287,6 +2342,7 @@ def planned_cases(layout: str) -> list[tuple[str, str]]:
                 "tcp the VM opened keeps going",
                 "tcp download the VM opened keeps going",
                 "udp 100 pkt/s",
+                "learning: a sender outside the ranges is dropped",
                 "both ready (one address): no warning, no gap",
                 "announcement moves",
             )
