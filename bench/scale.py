@@ -70,6 +70,10 @@ def service(i: int, flip: bool = False) -> dict[str, Any]:
     }
 
 
+#: the label Kubernetes' EndpointSlice controller gives its slices
+MANAGED_BY = {"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}
+
+
 def slice_(i: int, gen: int = 0) -> dict[str, Any]:
     return {
         "apiVersion": "discovery.k8s.io/v1",
@@ -77,13 +81,15 @@ def slice_(i: int, gen: int = 0) -> dict[str, Any]:
         "metadata": {
             "name": f"vm-{i}-abcde",
             "namespace": f"tenant-{i % 50}",
-            "labels": {"kubernetes.io/service-name": f"vm-{i}"},
+            "labels": {"kubernetes.io/service-name": f"vm-{i}", **MANAGED_BY},
         },
         "addressType": "IPv4",
         "endpoints": [
             {
                 "addresses": [pod_ip(i, gen)],
                 "conditions": {"ready": True, "serving": True, "terminating": False},
+                # as the controller writes it (the API source trusts only that: issue 28)
+                "targetRef": {"kind": "Pod", "namespace": f"tenant-{i % 50}", "name": f"vm-{i}"},
             }
         ],
         "ports": [{"name": f"{p.lower()}-{n}", "port": n, "protocol": p} for p, n in ports(i)],
@@ -114,10 +120,16 @@ def probe_slice(pod: str) -> dict[str, Any]:
         "metadata": {
             "name": "probe-abcde",
             "namespace": "bench",
-            "labels": {"kubernetes.io/service-name": "probe"},
+            "labels": {"kubernetes.io/service-name": "probe", **MANAGED_BY},
         },
         "addressType": "IPv4",
-        "endpoints": [{"addresses": [pod], "conditions": {"ready": True}}],
+        "endpoints": [
+            {
+                "addresses": [pod],
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "namespace": "bench", "name": "probe"},
+            }
+        ],
     }
 
 

@@ -76,16 +76,23 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-    freeze_heap()
+    freeze_heap(collected=True)
 
 
-def freeze_heap() -> None:
+def freeze_heap(collected: bool = False) -> None:
     """Move every object alive now out of the collector's sight (gc.freeze), after a large
     batch: the caches of 70,000 Services are 1.8 million objects, a full collection over them
     took 1.4-1.6 s (0.0 frozen), and Python runs a signal handler only after it, so a SIGTERM
     that landed during one waited for it (3.1 s once). Frozen objects are still freed by
     reference counting, which frees the caches (acyclic records and dicts); only a cycle made
-    before the freeze and dropped later stays."""
+    before the freeze and dropped later stays.
+
+    A collection comes first (unless the caller just ran one: `collected`): cycles that are
+    already garbage (the batch ran with the collector paused) would otherwise be frozen for
+    good, a leak under the memory limit at every large batch (issue 28). It walks only what
+    is not frozen yet, the objects since the last freeze."""
+    if not collected:
+        gc.collect()
     gc.freeze()
 
 

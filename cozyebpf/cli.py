@@ -23,7 +23,8 @@ from cozyebpf import __version__
 from cozyebpf.config import RunConfig
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, LAYOUT_VERSION, OLDEST_COMPATIBLE
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
-from cozyebpf.errors import CozyError
+from cozyebpf.errors import CozyError, PermanentError
+from cozyebpf.safepoint import SafePoints, Stopping
 
 log = logging.getLogger("cozyebpf")
 
@@ -280,6 +281,39 @@ def main() -> None:
     help="Comma-separated devices whose addresses are Services', not the node's own "
     "(kube-proxy's IPVS dummy device): an LB IP may be one of them.",
 )
+@click.option(
+    "--cluster-role",
+    default="cozyebpf",  # portsec.CLUSTER_ROLE, deploy/'s name
+    show_default=True,
+    help="The name of the ClusterRole that grants this agent its rights, for the messages "
+    "that name a missing right (the Helm chart passes the one it made).",
+)
+@click.option(
+    "--trusted-endpoints",
+    type=click.Choice(["controller", "any"]),
+    default="controller",
+    show_default=True,
+    help="With the API as source, whose endpoints are programmed: `controller`, only "
+    "EndpointSlices managed by Kubernetes' EndpointSlice controller and endpoints that are "
+    "Pods of the Service's namespace (what a tenant cannot forge; others are warned about); "
+    "`any`, slices as written (a platform that writes its own). A manifest is always trusted.",
+)
+@click.option(
+    "--metrics-auth",
+    type=click.Choice(["auto", "kubernetes", "none"]),
+    default="auto",
+    show_default=True,
+    help="Who may read the metrics: `kubernetes`, over HTTPS, callers whose bearer token the "
+    "API server authenticates (TokenReview) and allows to get /metrics (SubjectAccessReview); "
+    "`none`, anyone, over plain HTTP; `auto`, kubernetes with the API as source, none with "
+    "--manifests.",
+)
+@click.option(
+    "--metrics-cert-dir",
+    default="",
+    help="A directory with tls.crt and tls.key for the metrics' HTTPS (e.g. a mounted "
+    "Secret); without them a self-signed certificate is made at start.",
+)
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 
@@ -307,15 +341,20 @@ def run(**options: Any) -> None:
 
     stop = threading.Event()
     agent: Agent | None = None
+    safe = SafePoints()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
-            return  # already stopping: let the cleanup finish
+            if safe.forced:  # the section in progress outlived its bound
+                raise Stopping
+            return  # already stopping: let the section or the cleanup finish
         log.info("got %s, stopping", signal.Signals(signum).name)
         stop.set()
         if agent is not None:
             agent.notify()
-        raise _Stopping  # interrupts whatever runs, a large sync included
+        # interrupts whatever runs, a large sync included; an attach or a map batch in
+        # progress first finishes (cozyebpf.safepoint)
+        safe.request_stop()
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -339,14 +378,18 @@ def run(**options: Any) -> None:
             from cozyebpf.sources.kube import KubeSource, api_client
 
             client = api_client(cfg.kubeconfig)
-            source = KubeSource(client, cfg.proxy_name)
+            trust_any = cfg.trusted_endpoints == "any"
+            source = KubeSource(client, cfg.proxy_name, trust_any_endpoints=trust_any)
             recorder = EventRecorder(client, node)
             recorder.start()
             stoppers.append(recorder.stop)
             on_problems = recorder.record
         # behind ovn0: one warning now, and each VM's pod on this node needs port security
-        unverified, portsec = checks(pod_devs, client, node, cfg.resync_interval)
+        unverified, portsec = checks(
+            pod_devs, client, node, cfg.resync_interval, cluster_role=cfg.cluster_role
+        )
         dp = cfg.datapath(devs, pod_devs)
+        dp.guard = safe.section
         handle_cozy_proxy(cfg.remove_cozy_proxy_table)
         dp.prepare()
         dp.begin()  # compiling in a child; the control plane starts meanwhile
@@ -386,7 +429,8 @@ def run(**options: Any) -> None:
         if cfg.metrics_address:
             from cozyebpf.metrics import MetricsServer, registry_for
 
-            metrics = MetricsServer(cfg.metrics_address, registry_for(cfg.pin_dir, agent))
+            registry = registry_for(cfg.pin_dir, agent)
+            metrics = MetricsServer(cfg.metrics_address, registry, *_metrics_guard(cfg, client))
             metrics.start()
             stoppers.append(metrics.stop)
         while not stop.is_set() and not dp.attached:
@@ -398,7 +442,7 @@ def run(**options: Any) -> None:
             else:
                 agent.notifier.wait(0.05)
         agent.run(stop)
-    except _Stopping:
+    except Stopping:
         pass
     except CozyError as e:
         _fail(e)
@@ -413,6 +457,30 @@ def run(**options: Any) -> None:
     _exit_at_once(0)
 
 
+def _metrics_guard(cfg: RunConfig, client: Any) -> tuple[Any, Any]:
+    """(TLS context, authorizer) for the metrics, or (None, None) for plain HTTP to anyone:
+    --metrics-auth kubernetes (auto with the API as source; cozyebpf/metricsauth.py), none
+    (auto with --manifests: there is no API to check a token with)."""
+    mode = cfg.metrics_auth
+    if mode == "auto":
+        mode = "none" if client is None else "kubernetes"
+    if mode == "none":
+        log.warning(
+            "metrics are served over plain HTTP to anyone who reaches %s (every Service's "
+            "name and traffic): --metrics-auth kubernetes serves them over HTTPS to callers "
+            "allowed to get /metrics",
+            cfg.metrics_address,
+        )
+        return None, None
+    if client is None:
+        raise PermanentError("--metrics-auth kubernetes needs the API as source (not --manifests)")
+    from cozyebpf.metricsauth import KubeAuthorizer, server_context
+
+    host = cfg.metrics_address.rpartition(":")[0].strip("[]")
+    names = [n for n in (host, cfg.node_name or socket.gethostname()) if n and n != "0.0.0.0"]
+    return server_context(cfg.metrics_cert_dir, names), KubeAuthorizer(client)
+
+
 def _exit_at_once(status: int) -> NoReturn:
     """Exit without the interpreter's teardown, once everything that matters is done: the
     pins stay, the sources, servers and compiler child are stopped, our descriptors closed;
@@ -424,10 +492,6 @@ def _exit_at_once(status: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(status)
-
-
-class _Stopping(Exception):
-    """Raised by the signal handler to leave whatever the agent is doing."""
 
 
 @main.group()

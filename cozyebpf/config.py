@@ -47,6 +47,10 @@ class RunConfig:
     flow_timeout_tcp_closing: float
     reserved_cidrs: str  # comma-separated CIDRs, or ""
     reserved_exclude_devices: str  # comma-separated device names, or ""
+    cluster_role: str
+    trusted_endpoints: str  # "controller" or "any"
+    metrics_auth: str  # "auto", "kubernetes" or "none"
+    metrics_cert_dir: str
 
     def reserved_networks(self) -> tuple[IPNetwork, ...]:
         """--reserved-cidrs as networks; PermanentError naming a bad item."""

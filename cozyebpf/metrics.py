@@ -18,10 +18,11 @@ import contextlib
 import ctypes
 import logging
 import socket
+import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -263,13 +264,22 @@ class _Server6(ThreadingHTTPServer):
 
 
 class MetricsServer:
-    """/metrics over HTTP (Prometheus text format), in a thread of its own."""
+    """/metrics (Prometheus text format), in a thread of its own: over HTTPS with `tls`, to
+    callers that `authorize` allows (cozyebpf/metricsauth.py), or plain HTTP to anyone."""
 
-    def __init__(self, address: str, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        address: str,
+        registry: CollectorRegistry,
+        tls: ssl.SSLContext | None = None,
+        authorize: Callable[[str | None], tuple[int, str]] | None = None,
+    ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "see /metrics")
+                    return
+                if authorize is not None and not self._allowed():
                     return
                 try:
                     body = generate_latest(registry)
@@ -285,11 +295,35 @@ class MetricsServer:
                 del body
                 _trim()
 
+            def _allowed(self) -> bool:
+                assert authorize is not None
+                try:
+                    code, why = authorize(self.headers.get("Authorization"))
+                except Exception as e:  # the API server: not cached, the next scrape asks again
+                    log.warning("metrics: cannot check a caller's token: %s", e)
+                    self.send_error(503, "cannot check the token now")
+                    return False
+                if code == 200:
+                    return True
+                log.debug("metrics: %s from %s: %s", code, self.client_address[0], why)
+                self.send_response(code)
+                body = f"{why}\n".encode()
+                if code == 401:
+                    self.send_header("WWW-Authenticate", 'Bearer realm="cozyebpf metrics"')
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return False
+
             def log_message(self, format: str, *args: object) -> None:
                 log.debug("metrics: " + format, *args)
 
         host, port = parse_address(address, "--metrics-address", "0.0.0.0:9811")
         server = _Server6 if ":" in host else ThreadingHTTPServer  # the node's IP may be IPv6
+        if tls is not None:
+            server = _tls_server(server, tls)
+        self.scheme = "https" if tls is not None else "http"
         try:
             self.server = server((host, port), Handler)
         except OSError as e:
@@ -302,8 +336,28 @@ class MetricsServer:
 
     def start(self) -> None:
         self._thread.start()
-        log.info("metrics on http://%s/metrics", self.address)
+        log.info("metrics on %s://%s/metrics", self.scheme, self.address)
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _tls_server(base: type[ThreadingHTTPServer], tls: ssl.SSLContext) -> type[ThreadingHTTPServer]:
+    """`base` that speaks TLS: the handshake in each request's own thread (never in the
+    accepting one, which a slow or silent client would hold), bounded by a timeout."""
+
+    class TlsServer(base):  # type: ignore[valid-type,misc]
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            request.settimeout(10)
+            try:
+                conn = tls.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError) as e:  # a port scan, plain HTTP, a bad client
+                log.debug("metrics: TLS handshake with %s failed: %s", client_address[0], e)
+                return
+            try:
+                super().finish_request(conn, client_address)
+            finally:
+                conn.close()  # the plain socket was detached into it
+
+    return TlsServer

@@ -63,15 +63,21 @@ def note_pod_devices(pod_devices: Sequence[str]) -> list[str]:
 
 
 def checks(
-    pod_devices: Sequence[str], api_client: Any, node: str | None, recheck: float = RECHECK
+    pod_devices: Sequence[str],
+    api_client: Any,
+    node: str | None,
+    recheck: float = RECHECK,
+    cluster_role: str = CLUSTER_ROLE,
 ) -> tuple[list[str], PortSecurity | None]:
     """At start: the shared pod-facing devices (logged once, `note_pod_devices`), and the
     check of the pods behind them when there are some and an API to read pods from (None
-    otherwise: per-pod devices, no pod-facing device, or --manifests)."""
+    otherwise: per-pod devices, no pod-facing device, or --manifests). `cluster_role` is the
+    ClusterRole a 403 names (--cluster-role: the chart passes the one it made)."""
     shared = note_pod_devices(pod_devices)
     if not shared or api_client is None:
         return shared, None
-    return shared, PortSecurity(kube_pod_reader(api_client), shared, node, recheck)
+    reader = kube_pod_reader(api_client)
+    return shared, PortSecurity(reader, shared, node, recheck, cluster_role=cluster_role)
 
 
 def has_port_security(pod: Mapping[str, Any]) -> bool:
@@ -90,14 +96,22 @@ def problem_message(pod: Key, devices: Sequence[str]) -> str:
     )
 
 
+#: the Accept header that asks the API server for an object's metadata only (a
+#: PartialObjectMetadata, as client-go's metadata client asks; every supported Kubernetes
+#: serves it): a pod's spec and status (its environment, volumes, addresses) never reach us
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
 def kube_pod_reader(api_client: Any, timeout: float = 30.0) -> Callable[[str, str], Any]:
-    """GET /api/v1/namespaces/NS/pods/NAME through the agent's API client."""
+    """GET /api/v1/namespaces/NS/pods/NAME through the agent's API client, the pod's metadata
+    only (`METADATA_ONLY`): the annotation is all the check reads."""
     from cozyebpf.sources.kube import KubeRest
 
     rest = KubeRest(api_client)
 
     def read(namespace: str, name: str) -> Any:
-        return rest.json("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", timeout=timeout)
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        return rest.json("GET", path, timeout=timeout, accept=METADATA_ONLY)
 
     return read
 

@@ -47,6 +47,7 @@ APT_PACKAGES=(
 	python3-bpfcc libbpfcc "linux-headers-$ARCH"
 	iproute2 iputils-ping nftables clang-format
 	curl netcat-openbsd procps python3-venv ethtool libcap2-bin
+	python3-seccomp
 )
 
 missing_apt_packages() {

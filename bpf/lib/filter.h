@@ -114,9 +114,11 @@ static __always_inline int fast_ports_have(const struct cz_port *ports, __u8 npo
 /*
  * The fast paths' port filter and source ranges, both families (`flags`, `ports` and `nports`
  * of the address's value; flags has CZ_F_PORT_FILTER or CZ_F_RANGES): a source outside the ranges
- * gets replies only (else drop_source); then whole-IP passes, the port filter an allowed port
- * (inline, or in allow4/allow6 when they spill), else a reply of a flow, else, for a migrating
- * pod, TCP that opens nothing (pass_learn), else drop_port.
+ * gets replies only (else drop_source), never pass_learn: learning stands in for a reply of a
+ * flow recorded on another node, and the ranges hold there as here (issue 28); then whole-IP
+ * passes, the port filter an allowed port (inline, or in allow4/allow6 when they spill), else a
+ * reply of a flow, else, for a migrating pod, TCP that opens nothing (pass_learn), else
+ * drop_port.
  */
 static __always_inline __u32 fast_filter(int v6, __u8 flags, const struct cz_port *ports,
 					 __u8 nports, const struct ip6 *pod,
@@ -135,7 +137,7 @@ static __always_inline __u32 fast_filter(int v6, __u8 flags, const struct cz_por
 	}
 	if (flow_reply(v6, pod, remote, dport, sport, proto, 1))
 		return CZ_PASS_REPLY;
-	if (cz_unlikely(cz_learns(flags, proto, tcp_flags)))
+	if (cz_unlikely(!out && cz_learns(flags, proto, tcp_flags)))
 		return CZ_PASS_LEARN;
 	return out ? CZ_DROP_SOURCE : CZ_DROP_PORT;
 }

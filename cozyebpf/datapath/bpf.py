@@ -9,7 +9,8 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from cozyebpf.datapath import attach, bpfsys, loader
 from cozyebpf.datapath.compiler import Compilation, Request
@@ -22,6 +23,10 @@ from cozyebpf.state import Capacity, MapDiff, MapState
 log = logging.getLogger(__name__)
 
 INGRESS_HOOKS = ("xdp", "tcx", "auto")
+
+
+def unguarded(_what: str) -> AbstractContextManager[object]:
+    return contextlib.nullcontext()
 
 
 class BpfDatapath:
@@ -65,6 +70,10 @@ class BpfDatapath:
         self._spares: dict[str, list[loader.Program]] = {}  # other instances (tcx reorder)
         self._compilation: Compilation | None = None
         self.attachments: dict[tuple[str, str], attach.Attachment] = {}  # (device, role)
+        #: wraps what must not be cut in the middle (the attach, a map batch, the map
+        #: migration): `cozyebpf run` holds a stop that lands inside until it is done
+        #: (cozyebpf.safepoint)
+        self.guard: Callable[[str], AbstractContextManager[object]] = unguarded
 
     # -- programs ------------------------------------------------------------------------
 
@@ -92,9 +101,10 @@ class BpfDatapath:
     def prepare(self) -> None:
         """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
         uplinks = [attach.ifindex_of(dev) for dev in self.devices]  # a typo fails here
-        self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
-        self.maps.set_flow_timeouts(**self.flow_timeouts)
-        self.maps.set_node(uplinks, bool(self.pod_devices))
+        with self.guard("preparing the maps"):
+            self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
+            self.maps.set_flow_timeouts(**self.flow_timeouts)
+            self.maps.set_node(uplinks, bool(self.pod_devices))
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps
@@ -118,6 +128,10 @@ class BpfDatapath:
                 self._spares.setdefault(name, []).append(prog)
             else:
                 self.programs[name] = prog
+        with self.guard("attaching the programs"):
+            self._attach_all()
+
+    def _attach_all(self) -> None:
         egress = self._program("cz_egress")
         for dev in self.devices:
             self.attachments[(dev, "egress")] = attach.attach_tc(
@@ -235,6 +249,10 @@ class BpfDatapath:
         """Verify every attachment is in place and our tcx programs run first; repair and
         report what was wrong (one line each). A monitor's events left on by a monitor that is
         gone (killed) are turned off."""
+        with self.guard("checking the attachments"):
+            return self._check()
+
+    def _check(self) -> list[str]:
         repaired: list[str] = []
         if self._monitor_left_on():
             repaired.append("monitor events: on without a monitor")
@@ -323,7 +341,8 @@ class BpfDatapath:
         return self._maps().read_state()
 
     def apply(self, diff: MapDiff) -> None:
-        self._maps().apply(diff)
+        with self.guard("writing the maps"):
+            self._maps().apply(diff)
 
     def close(self) -> None:
         """Release our descriptors (a running compilation is stopped); the pinned links keep

@@ -23,6 +23,12 @@ ANN_ALLOW_ICMP = "networking.cozystack.io/allowICMP"
 ANN_SOURCE_RANGES = "service.beta.kubernetes.io/load-balancer-source-ranges"
 #: The label that ties an EndpointSlice to its Service.
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+#: Who wrote an EndpointSlice, and the value Kubernetes' EndpointSlice controller gives it: the
+#: only slices trusted by default from the API (issue 28; `read_object`, `verify_endpoints`)
+LABEL_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
+#: the setting that trusts other slices and endpoints, as the warnings name it
+TRUST_SETTING = "--trusted-endpoints any (the chart's agent.trustedEndpoints: any)"
 
 Severity = Literal["warning", "error"]
 
@@ -498,11 +504,14 @@ def _ready_addresses(
     problems: list[Problem],
     nodes: set[tuple[IPAddress, str]] | None = None,
     pods: set[tuple[str, str, str]] | None = None,
+    verify: bool = False,
 ) -> set[IPAddress]:
     """The first address of each ready, non-terminating endpoint of an IPv4 or IPv6
     EndpointSlice; all of the slice's addressType (an address of the other family is an error
     and skipped). Each with the endpoint's nodeName (a string) goes to `nodes` as well, and
-    (namespace, name, nodeName or "") of its targetRef of kind Pod to `pods`."""
+    (namespace, name, nodeName or "") of its targetRef of kind Pod to `pods`. With `verify`,
+    an endpoint whose targetRef is not a Pod of the slice's namespace is skipped, with a
+    warning (`_untrusted_endpoint`)."""
     address_type = obj.get("addressType")
     if address_type == "FQDN":
         problems.append(
@@ -556,6 +565,9 @@ def _ready_addresses(
                     f"address but the EndpointSlice's addressType is {address_type}, so the "
                     f"endpoint is ignored; {fix}"
                 )
+            if verify and _pod_of(ep.get("targetRef"), ref.namespace, strict=True) is None:
+                problems.append(_untrusted_endpoint(ref, where, ip, ep.get("targetRef")))
+                continue
             out.add(ip)
             node = ep.get("nodeName")
             if nodes is not None and isinstance(node, str) and node:
@@ -569,15 +581,46 @@ def _ready_addresses(
     return out
 
 
-def _pod_of(target: object, namespace: str) -> tuple[str, str] | None:
+def _pod_of(target: object, namespace: str, strict: bool = False) -> tuple[str, str] | None:
     """(namespace, name) of an endpoint's targetRef when it names a Pod (its namespace
-    defaults to the slice's); None for anything else."""
+    defaults to the slice's); None for anything else. `strict`: a Pod of `namespace` only."""
     if not isinstance(target, Mapping) or target.get("kind") != "Pod":
         return None
     name, ns = target.get("name"), target.get("namespace") or namespace
     if not isinstance(name, str) or not name or not isinstance(ns, str):
         return None
+    if strict and ns != namespace:
+        return None
     return (ns, name)
+
+
+def _untrusted_endpoint(ref: ObjectRef, where: str, ip: IPAddress, target: object) -> Problem:
+    if isinstance(target, Mapping) and target.get("kind") == "Pod":
+        what = f"a Pod of the namespace {_q(target.get('namespace'))}"
+    elif isinstance(target, Mapping):
+        what = f"a {_q(target.get('kind'))}"
+    else:
+        what = "nothing"
+    return Problem(
+        ref,
+        f"{where} ({ip}) is not a Pod of the namespace {ref.namespace} (its targetRef names "
+        f"{what}), so it is not programmed: an endpoint must be a pod of the Service's own "
+        "namespace, or the Service's LB IP could be pointed at any address of the cluster; "
+        f"if this platform writes such endpoints itself, set {TRUST_SETTING}",
+        "warning",
+    )
+
+
+def _untrusted_slice(ref: ObjectRef, manager: object) -> Problem:
+    by = f"by {_q(manager)}" if manager is not None else "by no controller (no label)"
+    return Problem(
+        ref,
+        f"is managed {by}, not by Kubernetes' EndpointSlice controller ({LABEL_MANAGED_BY}: "
+        f"{SLICE_CONTROLLER}), so its endpoints are not programmed: a slice written by hand "
+        "could point the Service's LB IP at any address of the cluster; if this platform "
+        f"writes EndpointSlices itself, set {TRUST_SETTING}",
+        "warning",
+    )
 
 
 def _same(a: object, b: object) -> bool:
@@ -636,14 +679,19 @@ def _read_node(obj: Mapping[str, Any]) -> NodeRecord | None:
 
 
 def read_object(
-    obj: object, index: int, proxy_name: str = DEFAULT_PROXY_NAME
+    obj: object, index: int, proxy_name: str = DEFAULT_PROXY_NAME, verify_endpoints: bool = False
 ) -> ServiceRecord | SliceRecord | ForeignRecord | NodeRecord | Problem | None:
     """One object of a source, read on its own: a ServiceRecord for a Service labelled for
     `proxy_name`, a ForeignRecord for another Service that holds LoadBalancer IPs, a
     SliceRecord for an EndpointSlice that names its Service, a NodeRecord for a Node (its
     addresses, which no LB IP may take), a Problem for an object that cannot even be named
     (`index`, from 1, names it by its position), None for everything else (other kinds,
-    slices without a Service label). Pure and never raises on bad input."""
+    slices without a Service label). Pure and never raises on bad input.
+
+    `verify_endpoints` (the API source, by default): a slice not managed by Kubernetes'
+    EndpointSlice controller has no ready address, and an endpoint that is not a Pod of the
+    slice's namespace is skipped, each with a warning naming the setting that allows them.
+    The manifest source is the operator's own file and is read as written."""
     if not isinstance(obj, Mapping):
         return Problem(
             ObjectRef("object", "", f"#{index}"),
@@ -677,7 +725,10 @@ def read_object(
         problems: list[Problem] = []
         nodes: set[tuple[IPAddress, str]] = set()
         pods: set[tuple[str, str, str]] = set()
-        ready = _ready_addresses(ref, obj, problems, nodes, pods)
+        manager = slice_labels.get(LABEL_MANAGED_BY) if isinstance(slice_labels, Mapping) else None
+        if verify_endpoints and manager != SLICE_CONTROLLER:
+            return SliceRecord(ref, service, frozenset(), (_untrusted_slice(ref, manager),))
+        ready = _ready_addresses(ref, obj, problems, nodes, pods, verify_endpoints)
         return SliceRecord(
             ref,
             service,

@@ -87,11 +87,12 @@ class KubeRest:
         body: Any = None,
         content_type: str | None = None,
         timeout: Any = None,
+        accept: str = "application/json",
     ) -> Any:
         """The raw urllib3 response (not read yet) of a 2xx answer; ApiException otherwise."""
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if content_type is not None:
             headers["Content-Type"] = content_type
         req = self.client.param_serialize(
@@ -116,9 +117,10 @@ class KubeRest:
         body: Any = None,
         content_type: str | None = None,
         timeout: Any = None,
+        accept: str = "application/json",
     ) -> Any:
         """The decoded JSON of a 2xx answer."""
-        resp = self.request(method, path, query, body, content_type, timeout)
+        resp = self.request(method, path, query, body, content_type, timeout, accept)
         try:
             return json.loads(resp.data)
         finally:
@@ -371,9 +373,13 @@ class KubeSource:
         proxy_name: str,
         watch_timeout: int = 300,
         request_timeout: float = 30.0,
+        trust_any_endpoints: bool = False,
     ) -> None:
         rest = KubeRest(api_client)
         self.proxy_name = proxy_name
+        #: False (the default): only EndpointSlices of Kubernetes' controller, and endpoints
+        #: that are Pods of the slice's namespace, are programmed (`read_object`)
+        self.verify_endpoints = not trust_any_endpoints
         self._lock = threading.Lock()
         self._pending = ChangeSet()
         self._notify: Callable[[], None] = lambda: None
@@ -421,7 +427,7 @@ class KubeSource:
         self._stop = threading.Event()
 
     def _read(self, obj: Obj) -> Record | None:
-        rec = read_object(obj, 0, self.proxy_name)
+        rec = read_object(obj, 0, self.proxy_name, self.verify_endpoints)
         if isinstance(rec, Problem):  # the API server never sends an object without a name
             log.warning("ignoring an object the API server sent: %s", rec)
             return None

@@ -285,6 +285,81 @@ def test_the_legacy_egress_hook_runs_with_the_minimal_set(agent: AgentLab) -> No
     assert "cz_egress" not in tc
 
 
+#: the container runtime's default seccomp profile (CRI-O's and podman's), as the chart asks
+#: for it (seccompProfile: RuntimeDefault), for a container with exactly MINIMAL
+RUNTIME_DEFAULT = [
+    "/usr/bin/python3",
+    str(Path(__file__).parents[1] / "support" / "seccomp_exec.py"),
+    str(Path(__file__).parents[1] / "fixtures" / "seccomp" / "containers-common.json"),
+    ",".join(MINIMAL),
+    "--",
+]
+
+
+@pytest.fixture
+def filtered(lab: Lab, tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
+    """As `agent`, every command also under the runtime's default seccomp filter."""
+    if TEST_CMD:
+        pytest.skip(
+            "the image's entry (scripts/image-exec.sh: chroot, capsh) would run under the "
+            "filter, which a runtime loads after it; the host's run covers the agent"
+        )
+    env = AgentLab(
+        lab,
+        f"/sys/fs/bpf/{lab.prefix}-{next(_pin_dirs)}",
+        tmp_path / "services.yaml",
+        tmp_path / "agent.log",
+        [*only(MINIMAL), *RUNTIME_DEFAULT, *cozyebpf_cmd],
+    )
+    env.manifest_path.write_text(manifest(WHOLE))
+    try:
+        yield env
+    finally:
+        if env.proc:
+            env.stop_agent(signal.SIGKILL)
+        env.close()
+        lab.exec(lab.node, *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir, check=False)
+
+
+def test_the_daemonset_asks_for_the_runtimes_default_seccomp_profile(repo_root: Path) -> None:
+    for path in ("deploy/daemonset.yaml", "deploy/uninstall/uninstall.yaml"):
+        (ds,) = yaml.safe_load_all((repo_root / path).read_text())
+        spec = ds["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            assert c["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, path
+
+
+def test_the_agent_runs_under_the_runtimes_default_seccomp_profile(filtered: AgentLab) -> None:
+    """The container runtime's default seccomp filter (tests/support/seccomp_exec.py) with the
+    chart's capabilities: the agent (its compiler child, bcc and clang included) starts,
+    attaches, programs the maps, forwards, restarts in place; the tools and `detach` work."""
+    filtered.start_agent()
+    assert filtered.proc is not None
+    with open(f"/proc/{filtered.proc.pid}/status") as f:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    assert status["Seccomp"].strip() == "2" and status["Seccomp_filters"].strip() == "1"
+    filtered.set_services(WHOLE)
+    assert_traffic_flows(filtered)
+    assert filtered.stop_agent() == 0
+    filtered.start_agent()  # in place, under the filter too
+    assert_traffic_flows(filtered)
+    assert_tools_work(filtered, "xdp")
+    assert filtered.stop_agent() == 0
+    out = run_as(filtered, MINIMAL, "detach", "--pin-dir", filtered.pin_dir)
+    assert out.returncode == 0 and "detached:" in out.stdout, out.stderr
+    # the filter bites: without CAP_SYS_ADMIN the profile refuses bpf(2) itself (EPERM)
+    nr = {"x86_64": 321, "aarch64": 280}[os.uname().machine]  # bpf(2)
+    probe = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        f"libc.syscall({nr}, 0, 0, 0); print(os.strerror(ctypes.get_errno()))"
+    )
+    no_admin = [*RUNTIME_DEFAULT[:3], "CAP_NET_ADMIN", "--"]
+    p = filtered.lab.exec(
+        filtered.lab.node, *no_admin, "/usr/bin/python3", "-c", probe, check=False
+    )
+    assert p.stdout.strip() == "Operation not permitted", (p.stdout, p.stderr)
+
+
 def without(cap: str) -> list[str]:
     return [c for c in MINIMAL if c != cap]
 

@@ -155,7 +155,7 @@ def test_an_lb_ip_that_is_another_nodes_address_is_refused(
     )
     claim = Svc("vm-b", other_node, POD2.ip, whole_ip="true")
     put(api, WHOLE, claim)
-    agent.start_agent("--metrics-address", "127.0.0.1:19811")
+    agent.start_agent("--metrics-address", "127.0.0.1:19811", "--metrics-auth", "none")
     wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
     events = wait_for(lambda: api.events("default"), 10, "an Event")
     (ev,) = events
@@ -170,3 +170,45 @@ def test_an_lb_ip_that_is_another_nodes_address_is_refused(
     assert ping(agent, LB_WHOLE)
     api.delete("Node", "", "node-b")
     wait_for(lambda: lbs(agent) == {LB_WHOLE, other_node}, 10, "vm-b programmed")
+
+
+def test_metrics_only_for_who_may_read_them(env: tuple[AgentLab, FakeKubeAPI]) -> None:
+    """As the chart runs it (issue 28, item 1): the metrics on the node's uplink address, over
+    HTTPS with a certificate made at start; from the client (a tenant's VM, say): no token 401,
+    a token without the right 403, a token allowed to get /metrics 200 with the Services."""
+    from cozyebpf.lab import NODE_UPLINK_IP
+
+    agent, api = env
+    api.add_token("tenant", "system:serviceaccount:tenant-a:default")
+    api.add_token("reader", "system:serviceaccount:monitoring:prometheus")
+    api.grant("system:serviceaccount:monitoring:prometheus", "/metrics")
+    put(api, WHOLE)
+    address = f"{NODE_UPLINK_IP}:19811"
+    agent.start_agent("--metrics-address", address, "--metrics-auth", "kubernetes")
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the Service")
+
+    def scrape(*header: str) -> tuple[str, str]:
+        p = agent.lab.exec(
+            agent.lab.client,
+            "curl",
+            "-sk",  # self-signed
+            "-w",
+            "\n%{http_code}",
+            *header,
+            f"https://{address}/metrics",
+            check=False,
+        )
+        body, _, code = p.stdout.rpartition("\n")
+        return code, body
+
+    code, body = scrape()
+    assert code == "401" and "vm1" not in body, body
+    code, body = scrape("-H", "Authorization: Bearer tenant")
+    assert code == "403" and "vm1" not in body, body
+    code, body = scrape("-H", "Authorization: Bearer reader")
+    assert code == "200" and 'service="vm1"' in body, body[-2000:]
+    # plain HTTP is not served there
+    plain = agent.lab.exec(
+        agent.lab.client, "curl", "-s", "-m", "5", f"http://{address}/metrics", check=False
+    )
+    assert "vm1" not in plain.stdout

@@ -197,6 +197,59 @@ def test_a_change_of_the_ranges_under_traffic(env: AgentLab, version: int) -> No
     set_ranges(env, None)
 
 
+@contextlib.contextmanager
+def migrating(env: AgentLab) -> Iterator[None]:
+    """Every managed pod marked as migrating (CZ_F_LEARN) in the maps, as the agent marks a pod
+    ready on two nodes; the entries as they were afterwards. The manifest source knows no
+    nodes, so the mark is written here; the agent rewrites it only at its resync (60 s)."""
+    from dataclasses import replace
+
+    from cozyebpf.state import diff
+
+    with PinnedMaps.open(env.pin_dir) as m:
+        before = m.read_state()
+        learning = before.copy()
+        learning.services = {k: replace(v, learning=True) for k, v in before.services.items()}
+        learning.pods = {k: replace(v, learning=True) for k, v in before.pods.items()}
+        m.apply(diff(before, learning))
+        try:
+            yield
+        finally:
+            m.apply(diff(m.read_state(), before))
+
+
+@pytest.mark.parametrize("version", [4, 6])
+def test_a_migrating_pod_learns_only_from_inside_the_ranges(env: AgentLab, version: int) -> None:
+    """While a pod migrates, TCP that opens nothing passes its filter to any port (pass_learn)
+    from a source inside the Service's ranges, and never from one outside them (issue 28):
+    those get drop_source, to the LB IP and to the pod IP, whole-IP and port-filter alike."""
+    set_ranges(env, INSIDE)
+    _, inside, outside, lbs = FAMILIES[version]
+    sport = 41000 + version
+    with migrating(env):
+        for lb, pod_ip in lbs.items():
+            pod = POD1 if pod_ip in (POD1.ip, POD1.ip6) else POD2
+            for dst in (lb, pod_ip):
+                before = env.counters()
+                ack = TCP(sport=sport, dport=5555, flags="A", seq=9) / b"mid-flow"
+                got = env.send_and_capture(
+                    _raw(version, outside, dst, ack), pod, lambda f: _tcp_from(f, outside, sport)
+                )
+                after = env.counters()
+                assert not got, (outside, dst)
+                assert after.get("pass_learn", 0) == before.get("pass_learn", 0), (outside, dst)
+                assert after.get("drop_source", 0) == before.get("drop_source", 0) + 1, dst
+        # from inside, the same frame is learned (the mark is in effect)
+        before = env.counters().get("pass_learn", 0)
+        lb_filt = list(lbs)[1]
+        ack = TCP(sport=sport, dport=5555, flags="A", seq=9) / b"mid-flow"
+        got = env.send_and_capture(
+            _raw(version, inside, lb_filt, ack), POD2, lambda f: _tcp_from(f, inside, sport)
+        )
+        assert got, (inside, lb_filt)
+        assert env.counters().get("pass_learn", 0) == before + 1
+
+
 def _tcp_from(frame: bytes, src: str, sport: int) -> bool:
     p = Ether(frame)
     srcs = [p[layer].src for layer in (IP, IPv6) if layer in p]

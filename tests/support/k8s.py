@@ -21,6 +21,12 @@ class Svc:
     lb_ip6: str | None = None  # dual-stack: an IPv6 LB IP too
     pod_ip6: str | None = None  # and an IPv6 EndpointSlice
     source_ranges: list[str] | None = None  # spec.loadBalancerSourceRanges
+    #: the slices' endpointslice.kubernetes.io/managed-by (None: no label); Kubernetes'
+    #: EndpointSlice controller by default, the only manager the API source trusts
+    managed_by: str | None = "endpointslice-controller.k8s.io"
+    #: the endpoint's targetRef, as the controller writes it: a Pod of the Service's namespace
+    #: (None: no targetRef)
+    target: dict[str, str] | None = field(default_factory=lambda: {"kind": "Pod"})
 
 
 def objects(svc: Svc) -> list[dict[str, object]]:
@@ -60,6 +66,14 @@ def objects(svc: Svc) -> list[dict[str, object]]:
         },
     }
     out: list[dict[str, object]] = [service]
+    labels = {"kubernetes.io/service-name": svc.name}
+    if svc.managed_by is not None:
+        labels["endpointslice.kubernetes.io/managed-by"] = svc.managed_by
+    endpoint: dict[str, object] = {"conditions": {"ready": True}}
+    if svc.target is not None:
+        # the controller's targetRef: the pod by name, in the Service's namespace unless given
+        pod = {"namespace": svc.namespace, "name": f"{svc.name}-pod", **svc.target}
+        endpoint["targetRef"] = pod
     for family, pod_ip in (("IPv4", svc.pod_ip), ("IPv6", svc.pod_ip6)):
         if pod_ip:
             out.append(
@@ -69,10 +83,10 @@ def objects(svc: Svc) -> list[dict[str, object]]:
                     "metadata": {
                         "name": f"{svc.name}-{family.lower()}",
                         "namespace": svc.namespace,
-                        "labels": {"kubernetes.io/service-name": svc.name},
+                        "labels": dict(labels),
                     },
                     "addressType": family,
-                    "endpoints": [{"addresses": [pod_ip], "conditions": {"ready": True}}],
+                    "endpoints": [{"addresses": [pod_ip], **endpoint}],
                     "ports": [{"port": n, "protocol": p} for p, n in svc.ports],
                 }
             )

@@ -173,12 +173,14 @@ _RESOURCE_PATH = re.compile(
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One request the server read: method, path, query (last value per key), time.monotonic()."""
+    """One request the server read: method, path, query (last value per key), time.monotonic(),
+    and its Accept header."""
 
     method: str
     path: str
     query: dict[str, str]
     time: float
+    accept: str = ""
 
 
 class _ApiError(Exception):
@@ -454,6 +456,10 @@ class FakeKubeAPI:
         self._continues: dict[str, tuple[_Snapshot, int]] = {}
         self._faults: list[_Fault] = []
         self._forbidden: set[str] = set()  # plurals answered 403 (forbid)
+        #: TokenReview: bearer token -> the user it authenticates ({"username", "groups"})
+        self._tokens: dict[str, Obj] = {}
+        #: SubjectAccessReview: (username, non-resource path, verb) that are allowed
+        self._grants: set[tuple[str, str, str]] = set()
         self._requests: list[RequestRecord] = []
         self._connections: set[socket.socket] = set()
         self._latency = 0.0
@@ -613,6 +619,37 @@ class FakeKubeAPI:
                 self._forbidden.add(plural)
             else:
                 self._forbidden.discard(plural)
+
+    def add_token(self, token: str, username: str, groups: tuple[str, ...] = ()) -> None:
+        """A bearer token that TokenReview authenticates as `username`."""
+        with self._cv:
+            self._tokens[token] = {"username": username, "uid": username, "groups": list(groups)}
+
+    def grant(self, username: str, path: str, verb: str = "get") -> None:
+        """Let `username` `verb` the non-resource URL `path` (what a ClusterRole with
+        nonResourceURLs grants), as SubjectAccessReview answers."""
+        with self._cv:
+            self._grants.add((username, path, verb))
+
+    def _review(self, path: str, body: bytes) -> Obj | None:
+        """TokenReview and SubjectAccessReview (create), or None for another path."""
+        if path == "/apis/authentication.k8s.io/v1/tokenreviews":
+            review = _decode(body)
+            with self._cv:
+                user = self._tokens.get(str(review.get("spec", {}).get("token", "")))
+            status: Obj = {"authenticated": bool(user)}
+            if user:
+                status["user"] = user
+            return {**review, "status": status}
+        if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+            review = _decode(body)
+            spec = review.get("spec", {})
+            attrs = spec.get("nonResourceAttributes") or {}
+            key = (spec.get("user"), attrs.get("path"), attrs.get("verb"))
+            with self._cv:
+                allowed = key in self._grants
+            return {**review, "status": {"allowed": allowed}}
+        return None
 
     def drop_watches(self) -> int:
         """Cut every open watch connection with a TCP RST, mid-stream (no terminating chunk).
@@ -822,6 +859,18 @@ class FakeKubeAPI:
             return self._objects[kind.kind][(namespace, name)]
 
 
+#: the media type of a PartialObjectMetadata answer (and what asks for one, in Accept)
+PARTIAL = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def _wants_metadata(accept: str) -> bool:
+    """Does the Accept header ask for PartialObjectMetadata first (the API server takes the
+    first media range it can serve)?"""
+    first = accept.split(",")[0]
+    params = {p.strip() for p in first.split(";")[1:]}
+    return {"as=PartialObjectMetadata", "g=meta.k8s.io", "v=v1"} <= params
+
+
 def _kind(name: Any) -> _Kind:
     if name not in _KINDS:
         raise ValueError(f"unsupported kind {name!r} (one of {', '.join(_KINDS)})")
@@ -942,7 +991,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         with api._cv:
-            api._requests.append(RequestRecord(method, url.path, query, time.monotonic()))
+            accept = self.headers.get("Accept", "")
+            api._requests.append(RequestRecord(method, url.path, query, time.monotonic(), accept))
             latency = api._latency
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if latency:
@@ -966,6 +1016,9 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and (doc := _discovery(api, self.headers.get("Host", ""), path)):
             self._send_json(200, doc)
             return
+        if method == "POST" and (review := api._review(path, body)) is not None:
+            self._send_json(201, review)
+            return
         m = _RESOURCE_PATH.match(path)
         kind = _BY_PATH.get((m["prefix"], m["plural"])) if m else None
         if m is None or kind is None or (m["name"] and not m["ns"]):
@@ -987,7 +1040,13 @@ class _Handler(BaseHTTPRequestHandler):
                 {"name": name or "", "kind": kind.plural},
             )
         if method == "GET" and name:
-            self._send_json(200, api._get(kind, ns, name))
+            obj = api._get(kind, ns, name)
+            if _wants_metadata(self.headers.get("Accept", "")):
+                # the API server's PartialObjectMetadata: the object's metadata, nothing else
+                meta = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1"}
+                self._send(200, json.dumps({**meta, "metadata": obj["metadata"]}).encode(), PARTIAL)
+                return
+            self._send_json(200, obj)
         elif method == "GET" and _parse_bool(query, "watch"):
             self._watch(kind, ns, query)
         elif method == "GET":

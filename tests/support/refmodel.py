@@ -535,7 +535,9 @@ def _filter(
             return "pass_reply"
         # a migrating pod: TCP that opens no connection (anything but a lone SYN)
         opens = p.proto == TCP and frame[p.l4 + 13] & (TCP_SYN | TCP_ACK) == TCP_SYN
-        if flags & LEARN and p.proto == TCP and not opens and _fast_shaped(p):
+        # Reading: the source ranges come first; a sender outside them is never learned
+        # (issue 28), only its replies pass.
+        if flags & LEARN and not out and p.proto == TCP and not opens and _fast_shaped(p):
             return "pass_learn"
         return drop("drop_port")
     icmp_type = p.icmp_type(frame)

@@ -300,10 +300,13 @@ def expected_params(values: dict[str, Any]) -> dict[str, Any]:
     metrics = ""  # run's default: off
     if m["enabled"]:
         metrics = f"{m['host'] or FIELDS['status.hostIP']}:{m['port']}"
+    tls = m["enabled"] and m["secure"] and m["certSecret"]
+    cert_dir = "/etc/cozyebpf/metrics-tls" if tls else ""
     return {
         "devices": a["devices"],
         "pod_devices": a["podDevices"],
         "proxy_name": a["proxyName"],
+        "trusted_endpoints": a["trustedEndpoints"],
         "max_services": a["maxServices"],
         "counted_services": a["countedServices"],
         "flow_timeout_udp": a["flowTimeouts"]["udp"],
@@ -321,6 +324,8 @@ def expected_params(values: dict[str, Any]) -> dict[str, Any]:
         "pin_dir": a["pinDir"],
         "health_address": f"{values['health']['host']}:{values['health']['port']}",
         "metrics_address": metrics,
+        "metrics_auth": "kubernetes" if m["secure"] else "none",
+        "metrics_cert_dir": cert_dir,
         "node_name": FIELDS["spec.nodeName"],
         # not set by the chart: the in-cluster service account, no manifest file
         "kubeconfig": None,
@@ -354,11 +359,26 @@ def test_rbac_is_what_the_agent_reads_and_writes(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
     name, objs = rendered
-    by_kind = {o["kind"]: o for o in objs}
-    if not values_of(name)["rbac"]["create"]:
-        assert not {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} & by_kind.keys()
+    values = values_of(name)
+    kinds = {o["kind"] for o in objs}
+    if not values["rbac"]["create"]:
+        assert not {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} & kinds
         return
-    assert by_kind["ClusterRole"]["rules"] == [
+    pod = daemonset(objs)["spec"]["template"]["spec"]
+    (sa,) = [
+        o["metadata"]
+        for o in objs
+        if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == pod["serviceAccountName"]
+    ]
+    (binding,) = [
+        o
+        for o in objs
+        if o["kind"] == "ClusterRoleBinding" and o["subjects"][0]["name"] == sa["name"]
+    ]
+    roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole"}
+    role = roles[binding["roleRef"]["name"]]
+    secure = values["metrics"]["enabled"] and values["metrics"]["secure"]
+    assert role["rules"] == [
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
         {
             "apiGroups": ["discovery.k8s.io"],
@@ -370,15 +390,37 @@ def test_rbac_is_what_the_agent_reads_and_writes(
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
         # one pod at a time, for its port-security annotation (cozyebpf/portsec.py)
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        # who may read the metrics (cozyebpf/metricsauth.py)
+        *(
+            [
+                {
+                    "apiGroups": ["authentication.k8s.io"],
+                    "resources": ["tokenreviews"],
+                    "verbs": ["create"],
+                },
+                {
+                    "apiGroups": ["authorization.k8s.io"],
+                    "resources": ["subjectaccessreviews"],
+                    "verbs": ["create"],
+                },
+            ]
+            if secure
+            else []
+        ),
     ]
-    sa = by_kind["ServiceAccount"]["metadata"]
-    pod = daemonset(objs)["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == sa["name"]
-    binding = by_kind["ClusterRoleBinding"]
-    assert binding["roleRef"]["name"] == by_kind["ClusterRole"]["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}
     ]
+    # the agent names that ClusterRole when a right is missing (all-values: cozy-proxy)
+    env = container_env(container(objs))
+    assert env["COZYEBPF_RUN_CLUSTER_ROLE"] == role["metadata"]["name"]
+    # with secure metrics, a ClusterRole that allows reading them, and nothing else
+    readers = [r for n, r in roles.items() if n != role["metadata"]["name"]]
+    if secure:
+        (reader,) = readers
+        assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    else:
+        assert readers == []
 
 
 def test_the_monitoring_objects(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -397,6 +439,23 @@ def test_the_monitoring_objects(rendered: tuple[str, list[dict[str, Any]]]) -> N
         assert pm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
         (ep,) = pm["spec"]["podMetricsEndpoints"]
         assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+        if values["metrics"]["secure"]:
+            # HTTPS with the token of a reader the chart brings, allowed to get /metrics
+            assert ep["scheme"] == "https" and ep["tlsConfig"] == {"insecureSkipVerify": True}
+            secret = ep["authorization"]["credentials"]
+            assert ep["authorization"]["type"] == "Bearer" and secret["key"] == "token"
+            (tok,) = [o for o in objs if o["kind"] == "Secret"]
+            assert tok["metadata"]["name"] == secret["name"]
+            assert tok["type"] == "kubernetes.io/service-account-token"
+            reader = tok["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+            (bind,) = [
+                o
+                for o in objs
+                if o["kind"] == "ClusterRoleBinding" and o["subjects"][0]["name"] == reader
+            ]
+            assert bind["roleRef"]["name"] == reader  # the reader ClusterRole (rbac.yaml)
+        else:
+            assert "scheme" not in ep and "authorization" not in ep
         assert pm["metadata"]["labels"].items() >= values["metrics"]["podMonitor"]["labels"].items()
     if not values["metrics"]["dashboard"]["enabled"]:
         assert cms == [], kinds

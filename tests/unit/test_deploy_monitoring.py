@@ -27,8 +27,8 @@ def test_the_podmonitor_scrapes_the_daemonsets_metrics_port(repo_root: Path) -> 
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["COZYEBPF_RUN_METRICS_ADDRESS"] == f"$(NODE_IP):{ports['metrics']}"
-    pm = yaml.safe_load((repo_root / "deploy/monitoring/podmonitor.yaml").read_text())
-    assert pm["kind"] == "PodMonitor"
+    docs = yaml.safe_load_all((repo_root / "deploy/monitoring/podmonitor.yaml").read_text())
+    (pm,) = [d for d in docs if d and d["kind"] == "PodMonitor"]
     assert pm["metadata"]["namespace"] == ds["metadata"]["namespace"]
     assert (
         pm["spec"]["selector"]["matchLabels"].items()
@@ -36,6 +36,8 @@ def test_the_podmonitor_scrapes_the_daemonsets_metrics_port(repo_root: Path) -> 
     )
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    # the agent serves HTTPS to allowed tokens by default, and the PodMonitor scrapes so
+    assert env["COZYEBPF_RUN_METRICS_AUTH"] == "kubernetes" and endpoint["scheme"] == "https"
 
 
 def _exprs(node: Any) -> list[str]:

@@ -378,3 +378,97 @@ def test_an_invalid_source_range_is_an_event_and_the_valid_ones_apply(
         assert svc["source_ranges"] == ["198.51.100.0/24"]
     finally:
         rec.stop()
+
+
+# -- trusted endpoints (issue 28, item 2) ------------------------------------------------------
+
+#: whole-IP Services whose endpoints a tenant could forge: a slice of no controller, an
+#: endpoint that is a Pod of another namespace, one with no Pod at all (the API server's IP)
+FORGED = (
+    Svc("by-hand", "203.0.113.41", "10.244.9.41", whole_ip="true", managed_by=None),
+    Svc(
+        "other-ns",
+        "203.0.113.42",
+        "10.244.9.42",
+        whole_ip="true",
+        target={"kind": "Pod", "namespace": "tenant-b", "name": "victim"},
+    ),
+    Svc("no-pod", "203.0.113.43", "10.96.0.1", whole_ip="true", target=None),
+)
+SETTING = "--trusted-endpoints any (the chart's agent.trustedEndpoints: any)"
+
+
+def _agent_on(api: FakeKubeAPI, **kw: Any) -> tuple[KubeSource, Agent, FakeDatapath]:
+    src = KubeSource(api.api_client(), "cozy-proxy", watch_timeout=5, request_timeout=5, **kw)
+    for inf in src.informers:
+        inf.backoff = Backoff(base=0.05, cap=0.2)
+    dp = FakeDatapath()
+    return src, Agent(src, dp), dp
+
+
+def test_forged_endpoints_are_not_programmed_and_say_why(api: FakeKubeAPI) -> None:
+    """By default only EndpointSlices of Kubernetes' EndpointSlice controller, and endpoints
+    that are Pods of the Service's namespace, are programmed; anything else gets a Warning
+    Event on its Service naming why and the setting that allows it."""
+    put(api, VM1, *FORGED)
+    src, agent, dp = _agent_on(api)
+    rec = EventRecorder(api.api_client(), "node-a")
+    agent.on_problems = rec.record
+    rec.start()
+    src.start(agent.notify)
+    try:
+        wait_for(lambda: (agent.tick(), src.synced and agent.synced_once)[1], 5, "the sync")
+        assert [s["lb_ip"] for s in build_dump(dp.state)["services"]] == [VM1.lb_ip]
+        assert [str(p) for p in dp.state.pods] == [VM1.pod_ip]
+        # the warnings are the slices' (an Event on each); their Services have no ready
+        # endpoint, which is said on the Service as for any Service without one
+        problems = agent.model.problems()
+        why = {p.ref.name: p.message for p in problems if p.ref.kind == "EndpointSlice"}
+        assert sorted(why) == ["by-hand-ipv4", "no-pod-ipv4", "other-ns-ipv4"]
+        assert {p.ref.name for p in problems if p.ref.kind == "Service"} == {
+            "by-hand",
+            "no-pod",
+            "other-ns",
+        }
+        assert why["by-hand-ipv4"] == (
+            "is managed by no controller (no label), not by Kubernetes' EndpointSlice "
+            "controller (endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io"
+            "), so its endpoints are not programmed: a slice written by hand could point the "
+            "Service's LB IP at any address of the cluster; if this platform writes "
+            f"EndpointSlices itself, set {SETTING}"
+        )
+        assert why["other-ns-ipv4"].startswith(
+            "endpoints[0] (10.244.9.42) is not a Pod of the namespace default (its targetRef "
+            'names a Pod of the namespace "tenant-b"), so it is not programmed'
+        )
+        assert why["no-pod-ipv4"].startswith(
+            "endpoints[0] (10.96.0.1) is not a Pod of the namespace default (its targetRef "
+            "names nothing), so it is not programmed"
+        )
+        assert all(m.endswith(SETTING) for m in why.values()), why
+        wait_for(lambda: rec.sent >= 6, 5, "the Events")
+        events = {
+            e["involvedObject"]["name"]: e
+            for e in api.events("default")
+            if e["involvedObject"]["kind"] == "EndpointSlice"
+        }
+        assert sorted(events) == sorted(why)
+        assert all(e["type"] == "Warning" and SETTING in e["message"] for e in events.values())
+    finally:
+        src.stop()
+        rec.stop()
+
+
+def test_the_setting_trusts_any_endpoints(api: FakeKubeAPI) -> None:
+    """--trusted-endpoints any: slices and endpoints are taken as written (a platform that
+    writes its own)."""
+    put(api, VM1, *FORGED)
+    src, agent, dp = _agent_on(api, trust_any_endpoints=True)
+    src.start(agent.notify)
+    try:
+        wait_for(lambda: (agent.tick(), src.synced and agent.synced_once)[1], 5, "the sync")
+        lbs = [s["lb_ip"] for s in build_dump(dp.state)["services"]]
+        assert lbs == sorted([VM1.lb_ip, *(s.lb_ip for s in FORGED)])
+        assert agent.model.problems() == []
+    finally:
+        src.stop()

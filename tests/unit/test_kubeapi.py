@@ -619,3 +619,31 @@ def test_a_pod_is_read_with_its_annotations_and_forbid_answers_as_rbac(api: Fake
         assert core.list_namespaced_service(NS).items == []  # other resources still answer
         api.forbid("pods", False)
         assert core.read_namespaced_pod("virt-launcher-vm1-abcde", NS).metadata.name
+
+
+def test_a_pod_is_read_as_metadata_only_when_asked(api: FakeKubeAPI) -> None:
+    """Accept: PartialObjectMetadata (the API server's metadata-only form) gives the object's
+    metadata and nothing else; plain JSON the whole object."""
+    from cozyebpf.portsec import METADATA_ONLY
+    from cozyebpf.sources.kube import KubeRest
+
+    api.apply(
+        {
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": NS, "annotations": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "env": [{"name": "SECRET", "value": "x"}]}]},
+        }
+    )
+    with api.api_client() as api_client:
+        rest = KubeRest(api_client)
+        resp = rest.request("GET", f"/api/v1/namespaces/{NS}/pods/p", accept=METADATA_ONLY)
+        try:
+            assert resp.headers["Content-Type"] == METADATA_ONLY
+            got = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        assert set(got) == {"kind", "apiVersion", "metadata"}
+        assert (got["kind"], got["apiVersion"]) == ("PartialObjectMetadata", "meta.k8s.io/v1")
+        assert got["metadata"]["annotations"] == {"a": "b"}
+        whole = rest.json("GET", f"/api/v1/namespaces/{NS}/pods/p")
+        assert whole["spec"]["containers"][0]["env"][0]["name"] == "SECRET"

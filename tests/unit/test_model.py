@@ -22,7 +22,9 @@ from cozyebpf.model import (
     PortSpec,
     Problem,
     ServiceView,
+    SliceRecord,
     build_state,
+    read_object,
 )
 from cozyebpf.state import (
     AllowedPort,
@@ -1974,3 +1976,81 @@ def test_dual_stack_ranges_apply_per_family() -> None:
     }
     view = build_state(objs).services[0]
     assert str(view).endswith("from 192.0.2.0/24,198.51.100.0/24,2001:db8:100::/48")
+
+
+# -- trusted endpoints (issue 28, item 2) ------------------------------------------------------
+
+
+def _slice(labels: dict[str, str], *endpoints: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "vm-abcde",
+            "namespace": "tenant-a",
+            "labels": {"kubernetes.io/service-name": "vm", **labels},
+        },
+        "addressType": "IPv4",
+        "endpoints": [
+            {
+                "addresses": [ep["ip"]],
+                "conditions": {"ready": True},
+                **{k: v for k, v in ep.items() if k != "ip"},
+            }
+            for ep in endpoints
+        ],
+    }
+
+
+CONTROLLER = {"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}
+POD_A = {"kind": "Pod", "namespace": "tenant-a"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "endpoints", "ready"),
+    [
+        (
+            CONTROLLER,
+            [
+                {
+                    "ip": "10.244.1.1",
+                    "targetRef": {"kind": "Pod", "namespace": "tenant-a", "name": "p1"},
+                },
+                {"ip": "10.244.1.2", "targetRef": {"kind": "Pod", "name": "p2"}},  # its namespace
+                {
+                    "ip": "10.244.1.6",
+                    "targetRef": {"kind": "Pod", "namespace": "tenant-a"},
+                },  # no name
+                {"ip": "10.244.1.3", "targetRef": {"kind": "Pod", "namespace": "tenant-b"}},
+                {"ip": "10.96.0.1"},  # no targetRef: the API server's address, say
+                {"ip": "192.0.2.10", "targetRef": {"kind": "Node", "name": "node1"}},
+            ],
+            {"10.244.1.1", "10.244.1.2"},
+        ),
+        ({}, [{"ip": "10.244.1.4", "targetRef": {"kind": "Pod", "name": "p"}}], set()),
+        (
+            {"endpointslice.kubernetes.io/managed-by": "someone"},
+            [{"ip": "10.244.1.5", "targetRef": {"kind": "Pod", "name": "p"}}],
+            set(),
+        ),
+    ],
+    ids=["controller-slice", "no-manager", "another-manager"],
+)
+def test_only_endpoints_a_tenant_cannot_forge_are_ready(
+    labels: dict[str, str], endpoints: list[dict[str, Any]], ready: set[str]
+) -> None:
+    """From the API (`verify_endpoints`): a slice of Kubernetes' EndpointSlice controller, and
+    in it only endpoints whose targetRef is a named Pod of the slice's namespace; each thing
+    left out is a warning naming the setting. A manifest (no verification) takes all."""
+    obj = _slice(labels, *endpoints)
+    rec = read_object(copy.deepcopy(obj), 1, verify_endpoints=True)
+    assert isinstance(rec, SliceRecord)
+    assert {str(a) for a in rec.ready} == ready
+    left_out = len(endpoints) - len(ready) if labels == CONTROLLER else 1
+    assert len(rec.problems) == left_out
+    assert all(
+        p.severity == "warning" and "--trusted-endpoints any" in p.message for p in rec.problems
+    )
+    trusted = read_object(obj, 1)
+    assert isinstance(trusted, SliceRecord) and trusted.problems == ()
+    assert {str(a) for a in trusted.ready} == {e["ip"] for e in endpoints}

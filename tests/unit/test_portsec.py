@@ -25,7 +25,7 @@ from cozyebpf.model import (
     SliceRecord,
     read_object,
 )
-from cozyebpf.portsec import checks, problem_message
+from cozyebpf.portsec import METADATA_ONLY, checks, problem_message
 from cozyebpf.sources.kube import Backoff, KubeSource
 from cozyebpf.status import agent_status
 from tests.support.clock import FakeClock
@@ -120,13 +120,13 @@ def warning(service: str, pod_name: str) -> Problem:
 class Rig:
     """An agent on the API double with the port-security check, its reads driven by hand."""
 
-    def __init__(self, api: FakeKubeAPI, devices: list[str]) -> None:
+    def __init__(self, api: FakeKubeAPI, devices: list[str], **checks_kw: Any) -> None:
         self.api = api
         self.clock = FakeClock()
         self.source = KubeSource(api.api_client(), "cozy-proxy", watch_timeout=5, request_timeout=5)
         for inf in self.source.informers:
             inf.backoff = Backoff(base=0.05, cap=0.2)
-        self.unverified, ps = checks(devices, api.api_client(), NODE)
+        self.unverified, ps = checks(devices, api.api_client(), NODE, **checks_kw)
         if ps is not None:
             ps.clock = self.clock
         self.portsec = ps
@@ -212,10 +212,12 @@ def test_behind_ovn0_each_vm_without_port_security_is_warned_about_until_it_has_
             'set the annotation ovn.kubernetes.io/port_security: "true" on the VM\'s template '
             "(KubeVirt passes it to the pod it starts next: restart or migrate the VM)"
         )
-        # each pod is read with one GET of its own: no list, no watch of pods
+        # each pod is read with one GET of its own: no list, no watch of pods; of its metadata
+        # only (PartialObjectMetadata: its spec and status never reach the agent)
         assert sorted(rig.pod_requests()) == [
             f"GET /api/v1/namespaces/default/pods/virt-launcher-vm{i}-aaaaa" for i in (1, 2, 3)
         ]
+        assert {r.accept for r in api.requests if "/pods" in r.path} == {METADATA_ONLY}
         wait_for(lambda: rig.recorder.sent >= 2, 5, "the Events")
         events = {e["involvedObject"]["name"]: e for e in api.events("default")}
         assert sorted(events) == ["vm1", "vm3"]
@@ -286,7 +288,7 @@ def test_without_get_pods_one_warning_names_the_permission_and_nothing_breaks(
         api.apply(pod(f"virt-launcher-{svc.name}-aaaaa", None))
         put(api, svc, f"virt-launcher-{svc.name}-aaaaa")
     api.forbid("pods")
-    rig = Rig(api, ["ovn0"])
+    rig = Rig(api, ["ovn0"], cluster_role="cozy-proxy")  # the chart's fullnameOverride
     assert rig.portsec is not None
     try:
         rig.start()
@@ -298,7 +300,7 @@ def test_without_get_pods_one_warning_names_the_permission_and_nothing_breaks(
         (line,) = warnings(caplog, "403")
         assert line == (
             "cannot read pod default/virt-launcher-vm1-aaaaa (HTTP 403 Forbidden): the "
-            "ClusterRole cozyebpf lacks `get pods`, so whether the VMs behind ovn0 have OVN port "
+            "ClusterRole cozy-proxy lacks `get pods`, so whether the VMs behind ovn0 have OVN port "
             'security is not checked; add the rule {apiGroups: [""], resources: ["pods"], '
             'verbs: ["get"]} to it (the Helm chart and deploy/rbac.yaml have it)'
         )
@@ -364,8 +366,16 @@ def test_the_shipped_clusterrole_is_the_one_the_403_warning_names() -> None:
 
     from cozyebpf.portsec import CLUSTER_ROLE
 
-    docs = yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert role["metadata"]["name"] == CLUSTER_ROLE
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+    # the agent's own (the other one grants reading the metrics)
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding" and d["subjects"][0]["name"] == "cozyebpf"
+    ]
+    assert binding["roleRef"]["name"] == CLUSTER_ROLE
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == CLUSTER_ROLE
+    ]
     pods = [r for r in role["rules"] if "pods" in r["resources"]]
     assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
