@@ -7,6 +7,7 @@
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
+#include "lib/cluster.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
 #include "lib/tail.h"
@@ -42,7 +43,7 @@ int cz_ingress_tc(struct __sk_buff *skb)
 		return CZ_TC_DROP;
 	}
 	fast_count(0, reason, f.slot, skb->len);
-	return CZ_TC_NEXT;
+	return cz_route_in(skb, f.v6); /* host routing, or the stack */
 }
 
 /* Every frame the fast path does not take. */

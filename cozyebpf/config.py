@@ -41,6 +41,7 @@ class RunConfig:
     flow_timeout_icmp: float
     flow_timeout_tcp: float
     flow_timeout_tcp_closing: float
+    host_routing: str  # "on" or "off"
 
     def datapath(self, devices: Sequence[str], pod_devices: Sequence[str]) -> BpfDatapath:
         """The datapath on `devices` and `pod_devices` (as resolved from `devices` and
@@ -63,4 +64,5 @@ class RunConfig:
                 "tcp_closing": self.flow_timeout_tcp_closing,
             },
             pod_devices=pod_devices,
+            host_routing=self.host_routing == "on",
         )

@@ -42,6 +42,7 @@ class BpfDatapath:
         service_slots: int | None = None,
         flow_timeouts: Mapping[str, float] | None = None,
         pod_devices: Sequence[str] = (),
+        host_routing: bool = False,
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
@@ -51,6 +52,15 @@ class BpfDatapath:
         #: pod-facing devices (--pod-devices: names and patterns): cz_pod_ingress on their tcx
         #: ingress, on the devices a pattern matches as they come and go (check())
         self.pod_devices = list(pod_devices)
+        #: --host-routing on: translated packets go to their next device (bpf_redirect_neigh);
+        #: ingress then prefers tcx, where the redirect has an skb (docs/design.md, Host routing)
+        self.host_routing = host_routing
+        if host_routing and ingress_hook == "xdp":
+            log.warning(
+                "--host-routing on with --ingress-hook xdp: only what the pod-facing hook "
+                "translates skips the stack; packets to pods take it after XDP "
+                "(--ingress-hook auto or tcx routes them too)"
+            )
         self.pin_dir = pin_dir
         self.xdp_mode = xdp_mode
         self.tc_mode = tc_mode
@@ -72,7 +82,7 @@ class BpfDatapath:
         """The programs this configuration can attach; tc programs twice (the second
         instance puts ours back in front of the tcx chain, see check())."""
         out = []
-        if self.ingress_hook in ("xdp", "auto"):
+        if self.ingress_hook == "xdp" or (self.ingress_hook == "auto" and not self.host_routing):
             out.append(Request("cz_ingress", "xdp"))
         if self.ingress_hook in ("tcx", "auto") or self.on_foreign_xdp == "tcx":
             out.append(Request("cz_ingress_tc", "sched_cls", 2))
@@ -94,7 +104,7 @@ class BpfDatapath:
         uplinks = [attach.ifindex_of(dev) for dev in self.devices]  # a typo fails here
         self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
         self.maps.set_flow_timeouts(**self.flow_timeouts)
-        self.maps.set_node(uplinks, bool(self.pod_devices))
+        self.maps.set_node(uplinks, bool(self.pod_devices), self.host_routing)
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps
@@ -148,8 +158,11 @@ class BpfDatapath:
         return bool(self.attachments)
 
     def _attach_ingress(self, dev: str) -> attach.Attachment:
-        """XDP where chosen and possible, else tc ingress; the other hook of ours goes."""
-        if self.ingress_hook in ("xdp", "auto"):
+        """XDP where chosen and possible, else tc ingress; the other hook of ours goes. With
+        host routing, auto is tcx: XDP cannot hand a packet to the stack's neighbour
+        resolution, and a redirect into a device without XDP transmit (Kube-OVN's ovn0, an OVS
+        internal port) would lose it."""
+        if self.ingress_hook == "xdp" or (self.ingress_hook == "auto" and not self.host_routing):
             try:
                 a = attach.attach_xdp(
                     self._program("cz_ingress").fd, dev, self.pin_dir, self.xdp_mode

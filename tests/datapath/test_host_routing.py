@@ -1,0 +1,242 @@
+"""Host routing (--host-routing, issue 26): what cozyebpf translated goes straight to its next
+device with bpf_redirect_neigh, past the node's netfilter; with it off, through the stack.
+
+A namespace lab (cozyebpf.lab: client -- node -- pods on per-pod veths) runs the agent's
+datapath (BpfDatapath, as `cozyebpf run --pod-devices 'lxc-*' --host-routing on` builds it: the
+pod-facing hook on the pods' veths, tcx ingress on the uplink). Real frames are sent from the
+client's and the pods' eth0 and captured whole at the other end. An nft counter of the test's
+datagrams in the node's forward and postrouting hooks says whether they walked the stack: not
+with host routing on, and with it off; the frame that arrives is the same byte for byte either way
+(translated, TTL - 1, checksums right), and so are cozyebpf's counters. What the fast path
+leaves to the stack -- TTL 1, a packet too big for the output device -- still gets the stack's
+answer (ICMP), never vanishes.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from scapy.layers.inet import ICMP, IP, UDP, IPerror, UDPerror
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet
+
+from cozyebpf import lab as labmod
+from cozyebpf.datapath.attach import detach_all
+from cozyebpf.datapath.bpf import BpfDatapath
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.lab import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, capture, drain
+from cozyebpf.model import build_state
+from cozyebpf.state import diff
+from tests.support.env import unique_prefix
+from tests.support.k8s import Svc, objects
+from tests.support.packets import LB_WHOLE, assert_frame, checksums_ok
+
+POD1 = labmod.DEFAULT_PODS[0]
+LB6 = "2001:db8:113::10"
+WHOLE = Svc(
+    "vm-whole", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true", lb_ip6=LB6, pod_ip6=POD1.ip6
+)
+NFT = """
+table inet czhr {
+    chain forwarded {
+        type filter hook forward priority 0; policy accept;
+        udp dport { 53, 4444 } counter
+    }
+    chain posted {
+        type filter hook postrouting priority 0; policy accept;
+        udp dport { 53, 4444 } counter
+    }
+}
+"""
+
+
+@dataclass
+class Node:
+    lab: Lab
+    dp: BpfDatapath
+    uplink: int
+
+    def host_routing(self, on: bool) -> None:
+        assert self.dp.maps is not None
+        self.dp.maps.set_node([self.uplink], True, on)
+        assert self.dp.maps.host_routing() is on
+
+    def stack_packets(self) -> int:
+        """Packets the node's forward and postrouting hooks counted so far."""
+        out = self.lab.exec(self.lab.node, "nft", "list", "table", "inet", "czhr").stdout
+        return sum(int(n) for n in re.findall(r"counter packets (\d+)", out))
+
+    def counters(self) -> dict[str, int]:
+        with PinnedMaps.open(self.dp.pin_dir) as m:
+            return {k: v["packets"] for k, v in m.counters().items()}
+
+    def send(
+        self, ns: str, frame: Packet, to_ns: str, match: type[Packet] | None = None
+    ) -> list[Packet]:
+        """Send `frame` from `ns`'s eth0; the frames that arrive at `to_ns`'s eth0 carrying the
+        frame's marker (the IPv4 id, or the IPv6 flow label)."""
+        tx = self.lab.packet_socket(ns, "eth0")
+        rx = self.lab.packet_socket(to_ns, "eth0")
+        try:
+            drain(rx)
+            tx.send(bytes(frame))
+            got = [Ether(f) for f in capture(rx, 1.0)]
+        finally:
+            tx.close()
+            rx.close()
+        if match is not None:
+            return [p for p in got if match in p]
+        if IP in frame:
+            return [p for p in got if IP in p and p[IP].id == frame[IP].id]
+        return [p for p in got if IPv6 in p and p[IPv6].fl == frame[IPv6].fl]
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    prefix = unique_prefix("hr")
+    lab = Lab(prefix, pods=(POD1,))
+    pin = f"/sys/fs/bpf/{prefix}"
+    lab.up()
+    dp = BpfDatapath([UPLINK], pin_dir=pin, pod_devices=["lxc-*"], host_routing=True)
+    try:
+        lab.exec(lab.node, "nft", "-f", "-", input=NFT)
+        lab.in_ns(lab.node, dp.start)
+        assert {role: a.hook for (_, role), a in dp.attachments.items()} == {
+            "ingress": "tcx-ingress",  # host routing: auto is tcx, where the redirect has an skb
+            "egress": "tcx-egress",
+            "pod": "tcx-ingress",
+        }
+        state = build_state(objects(WHOLE), "cozy-proxy").state
+        dp.apply(diff(dp.read_state(), state))
+        yield Node(lab, dp, lab.in_ns(lab.node, lambda: socket.if_nametoindex(UPLINK)))
+    finally:
+        dp.close()
+        detach_all(pin)
+        lab.down()
+
+
+def out_frame(ttl: int = 64, size: int = 18) -> Packet:
+    """The VM's datagram to the client, as it leaves the VM."""
+    return (
+        Ether(src=POD1.mac, dst=POD1.host_mac)
+        / IP(src=POD1.ip, dst=CLIENT_IP, id=0x2601, ttl=ttl)
+        / UDP(sport=40000, dport=53)
+        / (b"x" * size)
+    )
+
+
+def in_frame(ttl: int = 64, size: int = 18, df: bool = False) -> Packet:
+    """The client's datagram to the VM's LB IP."""
+    return (
+        Ether(src=CLIENT_MAC, dst=UPLINK_MAC)
+        / IP(src=CLIENT_IP, dst=LB_WHOLE, id=0x2602, ttl=ttl, flags="DF" if df else 0)
+        / UDP(sport=41000, dport=4444)
+        / (b"y" * size)
+    )
+
+
+def forwarded(frame: Packet, src_mac: str, dst_mac: str, **ip: str) -> Packet:
+    """`frame` as a forwarding node delivers it: the next link's MACs, TTL (hop limit) - 1, the
+    addresses in `ip` translated, checksums recomputed."""
+    if IP in frame:
+        want = frame[IP].copy()
+        want.ttl -= 1
+        del want.chksum
+    else:
+        want = frame[IPv6].copy()
+        want.hlim -= 1
+    for k, v in ip.items():
+        setattr(want, k, v)
+    if UDP in want:
+        del want[UDP].chksum
+    return Ether(src=src_mac, dst=dst_mac) / want.__class__(bytes(want))
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_vm_to_outside(node: Node, on: bool) -> None:
+    node.host_routing(on)
+    before, counted = node.stack_packets(), node.counters()["nat_egress"]
+    got = node.send(node.lab.pod_ns(POD1), out_frame(), node.lab.client)
+    assert len(got) == 1, f"{len(got)} frames at the client"
+    assert_frame(bytes(got[0]), forwarded(out_frame(), UPLINK_MAC, CLIENT_MAC, src=LB_WHOLE))
+    assert checksums_ok(bytes(got[0])) == []
+    assert node.counters()["nat_egress"] == counted + 1
+    stack = node.stack_packets() - before
+    assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_outside_to_vm(node: Node, on: bool) -> None:
+    node.host_routing(on)
+    before, counted = node.stack_packets(), node.counters()["nat_ingress"]
+    got = node.send(node.lab.client, in_frame(), node.lab.pod_ns(POD1))
+    assert len(got) == 1, f"{len(got)} frames at the VM"
+    assert_frame(bytes(got[0]), forwarded(in_frame(), POD1.host_mac, POD1.mac, dst=POD1.ip))
+    assert checksums_ok(bytes(got[0])) == []
+    assert node.counters()["nat_ingress"] == counted + 1
+    stack = node.stack_packets() - before
+    assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_outside_to_vm_ipv6(node: Node, on: bool) -> None:
+    node.host_routing(on)
+    frame = (
+        Ether(src=CLIENT_MAC, dst=UPLINK_MAC)
+        / IPv6(src=CLIENT_IP6, dst=LB6, fl=0x2603, hlim=64)
+        / UDP(sport=41000, dport=4444)
+        / b"v6"
+    )
+    before = node.stack_packets()
+    got = node.send(node.lab.client, frame, node.lab.pod_ns(POD1))
+    assert len(got) == 1, f"{len(got)} frames at the VM"
+    assert_frame(bytes(got[0]), forwarded(frame, POD1.host_mac, POD1.mac, dst=POD1.ip6))
+    stack = node.stack_packets() - before
+    assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
+
+
+def test_ttl_1_gets_the_stacks_answer(node: Node) -> None:
+    """TTL 1 is not redirected (it would leave with TTL 0): the stack answers time exceeded."""
+    node.host_routing(True)
+    got = node.send(node.lab.client, in_frame(ttl=1), node.lab.client, ICMP)
+    errors = [p for p in got if p[ICMP].type == 11 and IPerror in p and p[IPerror].id == 0x2602]
+    assert len(errors) == 1, f"no time-exceeded at the client: {[p.summary() for p in got]}"
+    assert node.send(node.lab.client, in_frame(ttl=1), node.lab.pod_ns(POD1)) == []
+
+
+@pytest.fixture
+def small_pod_link(node: Node) -> Iterator[None]:
+    """The VM's link 1400 bytes, as Kube-OVN's ovn0 under a 1500-byte uplink."""
+    node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1400")
+    try:
+        yield
+    finally:
+        node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1500")
+
+
+@pytest.mark.parametrize("size", [1390, 1404], ids=["over-mtu", "within-vlan-slack"])
+def test_too_big_for_the_vm_link_gets_frag_needed(
+    node: Node, small_pod_link: None, size: int
+) -> None:
+    """Larger than the VM's link: not redirected (the veth would drop it), the stack answers
+    ICMP fragmentation-needed with the link's MTU. 1404 bytes of payload (1432 of IP) is within
+    the slack the kernel's own check (is_skb_forwardable) gives a VLAN tag: ours counts bytes."""
+    node.host_routing(True)
+    big = in_frame(size=size, df=True)
+    got = node.send(node.lab.client, big, node.lab.client, ICMP)
+    errors = [
+        p
+        for p in got
+        if p[ICMP].type == 3 and p[ICMP].code == 4 and UDPerror in p and p[IPerror].id == 0x2602
+    ]
+    assert len(errors) == 1, f"no fragmentation-needed: {[p.summary() for p in got]}"
+    assert errors[0][ICMP].nexthopmtu == 1400
+    assert node.send(node.lab.client, big, node.lab.pod_ns(POD1)) == []
+    fits = in_frame(size=1400 - 28, df=True)
+    got = node.send(node.lab.client, fits, node.lab.pod_ns(POD1))
+    assert len(got) == 1 and len(got[0][IP]) == 1400
