@@ -135,6 +135,7 @@ class Explanation:
     device: str
     direction: str
     proto: str
+    path: str = ""  # how a packet let through goes on (_path): host routing or the stack
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,6 +159,8 @@ class Explanation:
         elif self.verdict == "pass":
             lines.append("leaves:  unchanged")
         lines.append(f"hint:    {self.hint}")
+        if self.path:
+            lines.append(f"path:    {self.path}")
         return "\n".join(lines)
 
 
@@ -269,6 +272,36 @@ def _hint(
     return f"nothing to change: {svc} takes every port and protocol; it goes to {to}"
 
 
+def _path(
+    maps: PinnedMaps, a: attach.Attachment, direction: str, v6: bool, in_device: str | None
+) -> str:
+    """How a packet the program lets through goes on (--host-routing; bpf/lib/cluster.h)."""
+    if not maps.host_routing():
+        return "the node's stack routes it (--host-routing off)"
+    if direction == "ingress":
+        if a.hook == "xdp":
+            return (
+                "the node's stack routes it: XDP ingress does not hand packets on (host routing "
+                "needs --ingress-hook tcx or auto)"
+            )
+        return (
+            "host routing: handed to the device the node's FIB names (bpf_redirect_neigh, TTL "
+            "- 1), past netfilter; the stack when TTL <= 1, too big for that device, or taken "
+            "by the full path (fragments, IP options, a VLAN tag, ICMP errors)"
+        )
+    pod_hook = in_device is not None and any(
+        x.program == POD_HOOK and x.device == in_device
+        for x in attach.list_attachments(maps.pin_dir)
+    )
+    if pod_hook and not v6:
+        return (
+            f"host routing: translated by the pod-facing hook on {in_device} and handed there "
+            "to the uplink (past netfilter); the stack when TTL <= 1, too big, or taken by the "
+            "full path"
+        )
+    return "the node's stack routes it (host routing starts at a pod-facing hook, IPv4)"
+
+
 def explain(
     pin_dir: str,
     src_text: str,
@@ -325,6 +358,7 @@ def explain(
                 service = maps.service_of_slot(run.result.slot) or None
             leaves = _parse_output(run.frame) if not run.drop else given
             hint = _hint(reason, service, direction, src, dst, proto, dport, leaves)
+            path = "" if run.drop else _path(maps, a, direction, src.version == 6, in_device)
     finally:
         os.close(fd)
     return (
@@ -340,6 +374,7 @@ def explain(
             device=a.device,
             direction=direction,
             proto=proto_name(proto),
+            path=path,
         ),
         given,
     )

@@ -29,6 +29,7 @@ from cozyebpf import lab as labmod
 from cozyebpf.datapath.attach import detach_all
 from cozyebpf.datapath.bpf import BpfDatapath
 from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.explain import explain
 from cozyebpf.lab import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, capture, drain
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
@@ -240,3 +241,28 @@ def test_too_big_for_the_vm_link_gets_frag_needed(
     fits = in_frame(size=1400 - 28, df=True)
     got = node.send(node.lab.client, fits, node.lab.pod_ns(POD1))
     assert len(got) == 1 and len(got[0][IP]) == 1400
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_explain_says_which_path(node: Node, on: bool) -> None:
+    """`explain` runs the packet through the full path (a dry run), which never redirects; it
+    says which path the real packet takes."""
+    node.host_routing(on)
+    pin = node.dp.pin_dir
+
+    def run(*args: str | None) -> str:
+        e, _ = node.lab.in_ns(node.lab.node, lambda: explain(pin, *args))  # type: ignore[arg-type]
+        assert e.verdict == "pass"
+        return e.path
+
+    inbound = run(CLIENT_IP, f"{LB_WHOLE}:4444", "udp", "ingress", None, None)
+    outbound = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, POD1.host_dev)
+    node_own = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, None)
+    if on:
+        assert inbound.startswith("host routing: handed to the device the node's FIB names")
+        assert outbound.startswith(
+            f"host routing: translated by the pod-facing hook on {POD1.host_dev}"
+        )
+        assert node_own.startswith("the node's stack routes it (host routing starts at")
+    else:
+        assert inbound == outbound == node_own == "the node's stack routes it (--host-routing off)"
