@@ -241,10 +241,26 @@ class KubeOvnBench:
 
             in_netns(self.ns["node"], attach_all)
 
+    def _flush_conntrack(self) -> None:
+        """Forget every connection the node's conntrack holds: an entry one contender left
+        (e.g. a reply row's datagram, tracked after the DNAT) would make the next one's first
+        packet a reply, which natOutgoing then does not masquerade."""
+        from pyroute2 import Conntrack
+
+        def flush() -> None:
+            ct = Conntrack()
+            try:
+                ct.flush()
+            finally:
+                ct.close()
+
+        in_netns(self.ns["node"], flush)
+
     def _down(self, c: str) -> None:
         if c == "bare":
             return
         self._exec("node", "nft", "flush", "ruleset")
+        self._flush_conntrack()
         if c.startswith("cozyebpf"):
             for hook, dev in (
                 ("xdp", "uplink"),
