@@ -56,6 +56,17 @@ table inet czhr {
 """
 
 
+#: Kube-OVN's natOutgoing: the node masquerades what its pods send out
+NATOUT = """
+table ip czhr_nat {
+    chain postrouting {
+        type nat hook postrouting priority srcnat; policy accept;
+        ip saddr 10.244.0.0/16 oifname "uplink" masquerade
+    }
+}
+"""
+
+
 @dataclass
 class Node:
     lab: Lab
@@ -267,3 +278,27 @@ def test_explain_says_which_path(node: Node, on: bool) -> None:
         assert node_own.startswith("the node's stack routes it (host routing starts at")
     else:
         assert inbound == outbound == node_own == "the node's stack routes it (--host-routing off)"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_vm_packet_too_big_for_the_uplink_is_translated_then_fragmented(
+    node: Node, on: bool
+) -> None:
+    """A VM's packet larger than the uplink's MTU (the FIB answers FRAG_NEEDED): translated on
+    the pod-facing hook all the same, before the node's masquerade (Kube-OVN's natOutgoing,
+    here for the test) could take it, then the stack's: without DF it leaves in fragments, each
+    from the LB IP (never the pod IP nor the node's)."""
+    node.host_routing(on)
+    lab = node.lab
+    lab.exec(lab.node, "nft", "-f", "-", input=NATOUT)
+    lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1400")
+    try:
+        big = out_frame(size=1450)
+        got = node.send(lab.pod_ns(POD1), big, lab.client)
+    finally:
+        lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1500")
+        lab.exec(lab.node, "nft", "delete", "table", "ip", "czhr_nat")
+    assert len(got) >= 2, f"{len(got)} fragments at the client"
+    assert {p[IP].src for p in got} == {LB_WHOLE}
+    assert sum(len(p[IP].payload) for p in got) == 8 + 1450  # UDP header + payload
+    assert all(p[IP].ttl == 63 for p in got)
