@@ -6,18 +6,21 @@ datapath (BpfDatapath, as `cozyebpf run --pod-devices 'lxc-*' --host-routing on`
 pod-facing hook on the pods' veths, tcx ingress on the uplink). Real frames are sent from the
 client's and the pods' eth0 and captured whole at the other end. An nft counter of the test's
 datagrams in the node's forward and postrouting hooks says whether they walked the stack: not
-with host routing on, and with it off; the frame that arrives is the same byte for byte either way
-(translated, TTL - 1, checksums right), and so are cozyebpf's counters. What the fast path
-leaves to the stack -- TTL 1, a packet too big for the output device -- still gets the stack's
-answer (ICMP), never vanishes.
+with host routing on, and with it off; the frame that arrives is the same byte for byte either
+way (translated, TTL - 1, checksums right), and so are cozyebpf's counters; a tc program after
+ours on the output device's egress (where Cilium's `to-netdev` runs) sees it on both paths.
+What the fast path leaves to the stack -- TTL 1, a packet too big for the output device --
+still gets the stack's answer (ICMP), never vanishes.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from scapy.layers.inet import ICMP, IP, UDP, IPerror, UDPerror
@@ -132,6 +135,70 @@ def node() -> Iterator[Node]:
         lab.down()
 
 
+#: a tc program after ours on a device's egress, as Cilium's `to-netdev` would be: it counts
+#: the test's datagrams (UDP to port 53 or 4444) per device
+TAP = r"""
+#include <uapi/linux/bpf.h>
+BPF_HASH(seen, u32, u64, 16);
+int tap(struct __sk_buff *skb)
+{
+    u32 dev = skb->ifindex;
+    u16 port = 0;
+    u8 proto = 0;
+    u64 one = 1, *n;
+
+    if (skb->protocol != bpf_htons(0x0800) || bpf_skb_load_bytes(skb, 23, &proto, 1) ||
+        proto != 17 || bpf_skb_load_bytes(skb, 36, &port, 2))
+        return -1;
+    if (port != bpf_htons(53) && port != bpf_htons(4444))
+        return -1;
+    n = seen.lookup(&dev);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    else
+        seen.update(&dev, &one);
+    return -1; /* TCX_NEXT */
+}
+"""
+
+
+@dataclass
+class Taps:
+    bpf: Any
+    ifindex: dict[str, int]
+
+    def seen(self, dev: str) -> int:
+        for k, v in self.bpf[b"seen"].items():
+            if k.value == self.ifindex[dev]:
+                return int(v.value)
+        return 0
+
+
+@pytest.fixture(scope="module")
+def taps(node: Node) -> Iterator[Taps]:
+    """TAP last on the tcx egress of the uplink and of the VM's link."""
+    from bcc import BPF
+
+    from cozyebpf.datapath import bpfsys
+
+    b = BPF(text=TAP.encode())
+    fd = b.load_func(b"tap", BPF.SCHED_CLS).fd
+    devs = (UPLINK, POD1.host_dev)
+    idx = {d: node.lab.in_ns(node.lab.node, lambda d=d: socket.if_nametoindex(d)) for d in devs}
+    links = [
+        node.lab.in_ns(
+            node.lab.node, lambda i=idx[d]: bpfsys.link_create(fd, i, bpfsys.BPF_TCX_EGRESS)
+        )
+        for d in devs
+    ]
+    try:
+        yield Taps(b, idx)
+    finally:
+        for link in links:
+            os.close(link)
+        b.cleanup()
+
+
 def out_frame(ttl: int = 64, size: int = 18) -> Packet:
     """The VM's datagram to the client, as it leaves the VM."""
     return (
@@ -170,10 +237,12 @@ def forwarded(frame: Packet, src_mac: str, dst_mac: str, **ip: str) -> Packet:
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
-def test_vm_to_outside(node: Node, on: bool) -> None:
+def test_vm_to_outside(node: Node, taps: Taps, on: bool) -> None:
     node.host_routing(on)
     before, counted = node.stack_packets(), node.counters()["nat_egress"]
+    tapped = taps.seen(UPLINK)
     got = node.send(node.lab.pod_ns(POD1), out_frame(), node.lab.client)
+    assert taps.seen(UPLINK) == tapped + 1, "the uplink's tc egress did not see it"
     assert len(got) == 1, f"{len(got)} frames at the client"
     assert_frame(bytes(got[0]), forwarded(out_frame(), UPLINK_MAC, CLIENT_MAC, src=LB_WHOLE))
     assert checksums_ok(bytes(got[0])) == []
@@ -183,10 +252,12 @@ def test_vm_to_outside(node: Node, on: bool) -> None:
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
-def test_outside_to_vm(node: Node, on: bool) -> None:
+def test_outside_to_vm(node: Node, taps: Taps, on: bool) -> None:
     node.host_routing(on)
     before, counted = node.stack_packets(), node.counters()["nat_ingress"]
+    tapped = taps.seen(POD1.host_dev)
     got = node.send(node.lab.client, in_frame(), node.lab.pod_ns(POD1))
+    assert taps.seen(POD1.host_dev) == tapped + 1, "the VM link's tc egress did not see it"
     assert len(got) == 1, f"{len(got)} frames at the VM"
     assert_frame(bytes(got[0]), forwarded(in_frame(), POD1.host_mac, POD1.mac, dst=POD1.ip))
     assert checksums_ok(bytes(got[0])) == []
