@@ -8,8 +8,8 @@ repetition) in one run:
 - cozy-proxy: natOutgoing plus cozy-proxy's nftables (bench/nftrules.py);
 - cozyebpf: natOutgoing plus cozyebpf as the DaemonSet runs it (XDP ingress and tcx egress on
   the uplink, the pod-facing hook on ovn0, --host-routing off);
-- cozyebpf-hr: the same with --host-routing on (tc ingress on the uplink, and what cozyebpf
-  translates handed to its next device with bpf_redirect_neigh).
+- cozyebpf-hr: the same with --host-routing on (cz_route_tc behind XDP on the uplink, and what
+  cozyebpf translates handed to its next device with bpf_redirect_neigh).
 
     client ns                node ns                                   ovs ns
     eth0 198.51.100.2/24 === uplink 198.51.100.1/24
@@ -202,6 +202,7 @@ class KubeOvnBench:
                 ("cz_ingress_tc", "sched_cls"),
                 ("cz_egress", "sched_cls"),
                 ("cz_pod_ingress", "sched_cls"),
+                ("cz_route_tc", "sched_cls"),
             )
         }
 
@@ -230,11 +231,10 @@ class KubeOvnBench:
             pin, p = self.pin, self.progs
 
             def attach_all() -> None:
-                if hr:
-                    attach.attach_tc(p["cz_ingress_tc"].fd, "cz_ingress_tc", "uplink", pin,
+                attach.attach_xdp(p["cz_ingress"].fd, "uplink", pin)
+                if hr:  # behind XDP, as the agent attaches it
+                    attach.attach_tc(p["cz_route_tc"].fd, "cz_route_tc", "uplink", pin,
                                      "ingress", "tcx")  # fmt: skip
-                else:
-                    attach.attach_xdp(p["cz_ingress"].fd, "uplink", pin)
                 attach.attach_tc(p["cz_egress"].fd, "cz_egress", "uplink", pin, "egress", "tcx")
                 attach.attach_tc(p["cz_pod_ingress"].fd, "cz_pod_ingress", "ovn0", pin,
                                  "ingress", "tcx")  # fmt: skip

@@ -35,6 +35,7 @@ PORTED = (6, 17, 132)
 INGRESS_HOOKS = ("xdp", "tcx-ingress", "tc-ingress")
 EGRESS_HOOKS = ("tcx-egress", "tc-egress")
 POD_HOOK = "cz_pod_ingress"  # not explained: see _attachment
+ROUTE_PROG = "cz_route_tc"  # host routing behind XDP: it decides nothing
 NOT_OURS = 0xFFFFFFFF
 XDP_DROP, XDP_PASS = 1, 2
 TC_NEXT, TC_DROP = -1, 2
@@ -171,7 +172,7 @@ def _attachment(pin_dir: str, direction: str, device: str | None) -> attach.Atta
     found = [
         a
         for a in attach.list_attachments(pin_dir)
-        if a.hook in hooks and a.prog_id and a.program != POD_HOOK
+        if a.hook in hooks and a.prog_id and a.program not in (POD_HOOK, ROUTE_PROG)
     ]
     if device is not None:
         found = [a for a in found if a.device == device]
@@ -279,15 +280,11 @@ def _path(
     if not maps.host_routing():
         return "the node's stack routes it (--host-routing off)"
     if direction == "ingress":
-        if a.hook == "xdp":
-            return (
-                "the node's stack routes it: XDP ingress does not hand packets on (host routing "
-                "needs --ingress-hook tcx or auto)"
-            )
+        how = "marked by XDP, " if a.hook == "xdp" else ""
         return (
-            "host routing: handed to the device the node's FIB names (bpf_redirect_neigh, TTL "
-            "- 1), past netfilter; the stack when TTL <= 1, too big for that device, or taken "
-            "by the full path (fragments, IP options, a VLAN tag, ICMP errors)"
+            f"host routing: {how}handed to the device the node's FIB names (bpf_redirect_neigh, "
+            "TTL - 1), past netfilter; the stack when TTL <= 1, too big for that device, or "
+            "taken by the full path (fragments, IP options, a VLAN tag, ICMP errors)"
         )
     pod_hook = in_device is not None and any(
         x.program == POD_HOOK and x.device == in_device

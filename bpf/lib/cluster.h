@@ -257,6 +257,30 @@ static __always_inline int cz_route_in(struct __sk_buff *skb, int v6)
 	return cz_host_route(skb, v6, &fib);
 }
 
+/*
+ * XDP ingress, a frame it let through (translated, or to a pod IP sent directly): with host
+ * routing on, marked in the frame's metadata (CZ_META_ROUTE) for cz_route_tc, the tc program
+ * behind it on the same device, which hands it on (cz_route_in) with the skb the redirect needs;
+ * XDP keeps every decision and every drop. A driver without XDP metadata refuses the room: the
+ * frame goes unmarked, and the stack routes it.
+ */
+static __always_inline int cz_xdp_pass(struct xdp_md *ctx)
+{
+	struct flow_cfg *c = cz_cfg();
+	void *data, *meta;
+
+	if (!c || !(c->flags & CZ_CFG_HOST_ROUTING))
+		return XDP_PASS;
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(__u32)))
+		return XDP_PASS;
+	data = (void *)(long)ctx->data;
+	meta = (void *)(long)ctx->data_meta;
+	if (meta + sizeof(__u32) > data)
+		return XDP_PASS;
+	*(__u32 *)meta = CZ_META_ROUTE;
+	return XDP_PASS;
+}
+
 #define CZ_SIDE_NOT 0	 /* not for the pod-facing hook to translate */
 #define CZ_SIDE_NAT 1	 /* to translate, then on to the stack */
 #define CZ_SIDE_ROUTED 2 /* to translate, then cz_host_route with the FIB's answer */

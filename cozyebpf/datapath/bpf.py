@@ -53,14 +53,9 @@ class BpfDatapath:
         #: ingress, on the devices a pattern matches as they come and go (check())
         self.pod_devices = list(pod_devices)
         #: --host-routing on: translated packets go to their next device (bpf_redirect_neigh);
-        #: ingress then prefers tcx, where the redirect has an skb (docs/design.md, Host routing)
+        #: behind XDP ingress, cz_route_tc on tcx ingress hands on what XDP marked
+        #: (docs/design.md, Host routing)
         self.host_routing = host_routing
-        if host_routing and ingress_hook == "xdp":
-            log.warning(
-                "--host-routing on with --ingress-hook xdp: only what the pod-facing hook "
-                "translates skips the stack; packets to pods take it after XDP "
-                "(--ingress-hook auto or tcx routes them too)"
-            )
         self.pin_dir = pin_dir
         self.xdp_mode = xdp_mode
         self.tc_mode = tc_mode
@@ -82,8 +77,10 @@ class BpfDatapath:
         """The programs this configuration can attach; tc programs twice (the second
         instance puts ours back in front of the tcx chain, see check())."""
         out = []
-        if self.ingress_hook == "xdp" or (self.ingress_hook == "auto" and not self.host_routing):
+        if self.ingress_hook in ("xdp", "auto"):
             out.append(Request("cz_ingress", "xdp"))
+            if self.host_routing:
+                out.append(Request("cz_route_tc", "sched_cls", 2))
         if self.ingress_hook in ("tcx", "auto") or self.on_foreign_xdp == "tcx":
             out.append(Request("cz_ingress_tc", "sched_cls", 2))
         out.append(Request("cz_egress", "sched_cls", 2))
@@ -142,8 +139,14 @@ class BpfDatapath:
             log.info("flow hints seeded from %d flows", n)
         for dev in self.devices:
             self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
+            self._follow_route(dev)
         self._drop_stale_pod_hooks()
-        order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
+        order = [
+            (dev, role)
+            for dev in self.devices
+            for role in ("ingress", "route", "egress")
+            if (dev, role) in self.attachments
+        ]
         order += [(dev, "pod") for dev in pods]
         self.attachments = {k: self.attachments[k] for k in order}
 
@@ -158,11 +161,8 @@ class BpfDatapath:
         return bool(self.attachments)
 
     def _attach_ingress(self, dev: str) -> attach.Attachment:
-        """XDP where chosen and possible, else tc ingress; the other hook of ours goes. With
-        host routing, auto is tcx: XDP cannot hand a packet to the stack's neighbour
-        resolution, and a redirect into a device without XDP transmit (Kube-OVN's ovn0, an OVS
-        internal port) would lose it."""
-        if self.ingress_hook == "xdp" or (self.ingress_hook == "auto" and not self.host_routing):
+        """XDP where chosen and possible, else tc ingress; the other hook of ours goes."""
+        if self.ingress_hook in ("xdp", "auto"):
             try:
                 a = attach.attach_xdp(
                     self._program("cz_ingress").fd, dev, self.pin_dir, self.xdp_mode
@@ -189,6 +189,23 @@ class BpfDatapath:
         if attach.detach_link(attach.link_pin(self.pin_dir, "xdp", dev)):
             log.info("removed our XDP program from %s (ingress now on %s)", dev, a.hook)
         return a
+
+    def _follow_route(self, dev: str) -> None:
+        """Host routing behind XDP: cz_route_tc first in the uplink's tcx ingress, which hands
+        on what XDP let through (an XDP redirect into Kube-OVN's ovn0, an OVS internal port
+        without XDP transmit, would lose it). Where ingress runs on tc, cz_ingress_tc does it."""
+        xdp = self.attachments[(dev, "ingress")].hook == "xdp"
+        if self.host_routing and xdp:
+            self.attachments[(dev, "route")] = attach.attach_tc(
+                self._program("cz_route_tc").fd,
+                "cz_route_tc",
+                dev,
+                self.pin_dir,
+                "ingress",
+                self.tc_mode,
+            )
+        else:
+            self.attachments.pop((dev, "route"), None)
 
     def _attach_pod(self, dev: str) -> attach.Attachment:
         """The pod-facing hook: cz_pod_ingress first in the device's tc ingress, so it runs
@@ -272,6 +289,9 @@ class BpfDatapath:
                     )
                 elif role == "ingress":
                     self.attachments[(dev, role)] = self._attach_ingress(dev)
+                    self._follow_route(dev)  # its tcx ingress went with a switch to XDP
+                elif role == "route":
+                    self._follow_route(dev)
                 elif role == "pod":
                     self.attachments[(dev, role)] = self._attach_pod(dev)
                 else:

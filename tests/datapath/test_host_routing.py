@@ -3,14 +3,14 @@ device with bpf_redirect_neigh, past the node's netfilter; with it off, through 
 
 A namespace lab (cozyebpf.lab: client -- node -- pods on per-pod veths) runs the agent's
 datapath (BpfDatapath, as `cozyebpf run --pod-devices 'lxc-*' --host-routing on` builds it: the
-pod-facing hook on the pods' veths, tcx ingress on the uplink). Real frames are sent from the
-client's and the pods' eth0 and captured whole at the other end. An nft counter of the test's
-datagrams in the node's forward and postrouting hooks says whether they walked the stack: not
-with host routing on, and with it off; the frame that arrives is the same byte for byte either
-way (translated, TTL - 1, checksums right), and so are cozyebpf's counters; a tc program after
-ours on the output device's egress (where Cilium's `to-netdev` runs) sees it on both paths.
-What the fast path leaves to the stack -- TTL 1, a packet too big for the output device --
-still gets the stack's answer (ICMP), never vanishes.
+pod-facing hook on the pods' veths, XDP ingress on the uplink and cz_route_tc behind it). Real
+frames are sent from the client's and the pods' eth0 and captured whole at the other end. An nft
+counter of the test's datagrams in the node's forward and postrouting hooks says whether they
+walked the stack: not with host routing on, and with it off; the frame that arrives is the same
+byte for byte either way (translated, TTL - 1, checksums right), and so are cozyebpf's counters;
+a tc program after ours on the output device's egress (where Cilium's `to-netdev` runs) sees it
+on both paths. What the fast path leaves to the stack -- TTL 1, a packet too big for the output
+device -- still gets the stack's answer (ICMP), never vanishes.
 """
 
 from __future__ import annotations
@@ -111,20 +111,31 @@ class Node:
         return [p for p in got if IPv6 in p and p[IPv6].fl == frame[IPv6].fl]
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[Node]:
+#: --ingress-hook -> the uplink's ingress attachments: XDP decides, drops and marks what it lets
+#: through, cz_route_tc hands the marked frames on; on tcx, cz_ingress_tc does both
+INGRESS = {
+    "auto": {"ingress": ("xdp", "cz_ingress"), "route": ("tcx-ingress", "cz_route_tc")},
+    "tcx": {"ingress": ("tcx-ingress", "cz_ingress_tc")},
+}
+
+
+@pytest.fixture(scope="module", params=list(INGRESS), ids=[f"ingress-{h}" for h in INGRESS])
+def node(request: pytest.FixtureRequest) -> Iterator[Node]:
+    hook: str = request.param
     prefix = unique_prefix("hr")
     lab = Lab(prefix, pods=(POD1,))
     pin = f"/sys/fs/bpf/{prefix}"
     lab.up()
-    dp = BpfDatapath([UPLINK], pin_dir=pin, pod_devices=["lxc-*"], host_routing=True)
+    dp = BpfDatapath(
+        [UPLINK], pin_dir=pin, pod_devices=["lxc-*"], host_routing=True, ingress_hook=hook
+    )
     try:
         lab.exec(lab.node, "nft", "-f", "-", input=NFT)
         lab.in_ns(lab.node, dp.start)
-        assert {role: a.hook for (_, role), a in dp.attachments.items()} == {
-            "ingress": "tcx-ingress",  # host routing: auto is tcx, where the redirect has an skb
-            "egress": "tcx-egress",
-            "pod": "tcx-ingress",
+        assert {role: (a.hook, a.program) for (_, role), a in dp.attachments.items()} == {
+            **INGRESS[hook],
+            "egress": ("tcx-egress", "cz_egress"),
+            "pod": ("tcx-ingress", "cz_pod_ingress"),
         }
         state = build_state(objects(WHOLE), "cozy-proxy").state
         dp.apply(diff(dp.read_state(), state))
@@ -342,7 +353,8 @@ def test_explain_says_which_path(node: Node, on: bool) -> None:
     outbound = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, POD1.host_dev)
     node_own = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, None)
     if on:
-        assert inbound.startswith("host routing: handed to the device the node's FIB names")
+        how = "marked by XDP, " if node.dp.ingress_hook == "auto" else ""
+        assert inbound.startswith(f"host routing: {how}handed to the device the node's FIB")
         assert outbound.startswith(
             f"host routing: translated by the pod-facing hook on {POD1.host_dev}"
         )
