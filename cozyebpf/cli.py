@@ -269,8 +269,8 @@ def main() -> None:
     help="on: a packet cozyebpf translated goes straight to the device the kernel's FIB names "
     "(bpf_redirect_neigh, TTL - 1), skipping the node's netfilter, conntrack and second route "
     "lookup; TTL 1, too big for the device, fragments and options still take the stack. "
-    "Uplink ingress then runs on tcx unless --ingress-hook xdp. off: today's path through the "
-    "stack (README, Host routing).",
+    "Behind XDP ingress a tc program hands on what XDP let through. off: today's path through "
+    "the stack (README, Host routing).",
 )
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
