@@ -385,3 +385,22 @@ def test_vm_packet_too_big_for_the_uplink_is_translated_then_fragmented(
     assert {p[IP].src for p in got} == {LB_WHOLE}
     assert sum(len(p[IP].payload) for p in got) == 8 + 1450  # UDP header + payload
     assert all(p[IP].ttl == 63 for p in got)
+
+
+def test_check_puts_the_route_program_back(node: Node) -> None:
+    """The attachment check repairs what host routing attached, as any other of ours."""
+    from cozyebpf.datapath import attach
+
+    if node.dp.ingress_hook != "auto":
+        assert ("uplink", "route") not in node.dp.attachments  # cz_ingress_tc routes itself
+        return
+    lab = node.lab
+    assert lab.in_ns(lab.node, node.dp.check) == []
+    attach.detach_link(attach.link_pin(node.dp.pin_dir, "tcx-ingress", UPLINK))
+    repaired = lab.in_ns(lab.node, node.dp.check)
+    assert repaired == [f"{UPLINK} tcx-ingress: detached"]
+    assert lab.in_ns(lab.node, node.dp.check) == []
+    node.host_routing(True)
+    before = node.stack_packets()
+    got = node.send(lab.client, in_frame(), lab.pod_ns(POD1))
+    assert len(got) == 1 and node.stack_packets() == before, "not host-routed after the repair"
