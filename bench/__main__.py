@@ -15,7 +15,7 @@ from typing import Any
 
 from bench import common, report
 
-PARTS = ("progrun", "mapwrites", "datapath", "control")
+PARTS = ("progrun", "mapwrites", "datapath", "kubeovn", "control")
 
 
 def _check() -> list[str]:
@@ -95,6 +95,8 @@ def main() -> int:
                     from bench.mapwrites import main_mapwrites as fn
                 elif part == "datapath":
                     from bench.datapath import main_datapath as fn
+                elif part == "kubeovn":
+                    from bench.kubeovn import main_kubeovn as fn
                 else:
                     from bench.control import main_control as fn
                 res[part] = fn(params)

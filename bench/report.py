@@ -185,6 +185,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "x",
                 f"{cz} vs {mini} Mpps",
             )
+    kovn_targets(res.get("kubeovn"), add)
     pr = res.get("progrun")
     if pr and pr.get("spoof"):
         sp = pr["spoof"]
@@ -251,6 +252,31 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             higher_is_better=False,
         )
     return out
+
+
+#: issue 26's targets on the Kube-OVN node: each VM row against no netfilter and cozy-proxy,
+#: the plain pod against natOutgoing alone (ratios of the same repetitions)
+KOVN_VM_ROWS = (
+    "kubeovn-egress-whole",
+    "kubeovn-egress-filter",
+    "kubeovn-ingress-whole",
+    "kubeovn-ingress-port",
+    "kubeovn-reply",
+)
+
+
+def kovn_targets(kv: dict[str, Any] | None, add: Any) -> None:
+    if not kv:
+        return
+    s = kv["summary"]
+    for c, name in (("cozyebpf", "cozyebpf"), ("cozyebpf-hr", "cozyebpf, host routing")):
+        for row in KOVN_VM_ROWS:
+            e = s.get(row, {}).get(c, {})
+            add(f"{row}: {name} vs no netfilter", e.get("x_bare"), 0.95, "x", "same repetitions")
+            add(f"{row}: {name} vs cozy-proxy", e.get("x_cozy-proxy"), 1.8, "x", "same repetitions")
+        e = s.get("kubeovn-egress-plain", {}).get(c, {})
+        add(f"kubeovn-egress-plain: {name} vs natOutgoing alone", e.get("x_natout"), 0.98, "x",
+            "same repetitions")  # fmt: skip
 
 
 def control_targets(cp: dict[str, Any], add: Any) -> None:
@@ -438,6 +464,23 @@ def table(res: dict[str, Any]) -> str:
                     for case in next(iter(sp.values()))
                 )
             )
+    kv = res.get("kubeovn")
+    if kv:
+        from bench.kubeovn import table as kovn_table
+
+        lines.append("")
+        lines.append(
+            "KUBE-OVN NODE (Mpps delivered per busy core, 60-byte UDP, medians; contenders "
+            "interleaved in one run)"
+        )
+        lines += ["  " + x for x in kovn_table(kv)]
+    ph = (pr or {}).get("pod_hook")
+    if ph:
+        lines.append(
+            "  the pod-facing hook beside the uplink's egress, BPF_PROG_RUN ns per packet "
+            "(bpf stats, single runs) min / median: "
+            + "; ".join(f"{c} {v['min']:.0f}/{v['median']:.0f}" for c, v in ph.items())
+        )
     mw = res.get("mapwrites")
     if mw:
         lines.append("")

@@ -152,9 +152,10 @@ static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *d
 int cz_pod_ingress(struct __sk_buff *skb)
 {
 	void *data, *data_end;
+	struct bpf_fib_lookup fib;
 	struct addr4_val *v;
 	struct iphdr *ip;
-	int rc, next;
+	int rc, next, side;
 
 	cz_tc_pull(skb);
 	data = (void *)(long)skb->data;
@@ -168,10 +169,13 @@ int cz_pod_ingress(struct __sk_buff *skb)
 		return next;
 	if (cz_unlikely(cz_spoofed(skb, &v->dev, 0, &ip->saddr, skb->ingress_ifindex)))
 		return spoof_drop(skb, ip, 0, v->out_slot);
-	if (!pod_side4(skb, data_end, ip))
+	side = pod_side4(skb, data_end, ip, &fib);
+	if (side == CZ_SIDE_NOT)
 		return next;
 	rc = fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
 		       v->pod_flags);
+	if (rc == CZ_TC_NEXT && side == CZ_SIDE_ROUTED)
+		rc = cz_host_route(skb, 0, &fib); /* redirected, or on to the stack */
 	if (rc == CZ_TC_NEXT)
 		return next;
 	if (rc != CZ_SLOW)

@@ -10,6 +10,7 @@
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
+#include "lib/cluster.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
 #include "lib/tail.h"
@@ -55,10 +56,10 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	fast_count(0, reason, v->in_slot, data_end - data);
 	fast_monitor(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport);
 	if (!(v->kind & CZ_K_LB))
-		return XDP_PASS; /* sent to the pod IP directly: passed as it is */
+		return cz_xdp_pass(ctx); /* sent to the pod IP directly: passed as it is */
 	if ((void *)(c + 1) <= data_end)
 		cz_l4_fix(c, proto, nat_xdp4(ip, from, pod));
-	return XDP_PASS;
+	return cz_xdp_pass(ctx);
 }
 
 /* A frame the fast path does not take: to the outside program or the full path. */
@@ -91,7 +92,7 @@ static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_e
 		return XDP_DROP;
 	if (f.rewrite && (void *)(f.csum + 1) <= data_end)
 		cz_l4_fix(f.csum, f.proto, nat_xdp6(ip6, &to));
-	return XDP_PASS;
+	return cz_xdp_pass(ctx);
 }
 
 int cz_ingress(struct xdp_md *ctx)

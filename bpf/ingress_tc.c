@@ -7,6 +7,7 @@
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
+#include "lib/cluster.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
 #include "lib/tail.h"
@@ -42,7 +43,26 @@ int cz_ingress_tc(struct __sk_buff *skb)
 		return CZ_TC_DROP;
 	}
 	fast_count(0, reason, f.slot, skb->len);
-	return CZ_TC_NEXT;
+	return cz_route_in(skb, f.v6); /* host routing, or the stack */
+}
+
+/*
+ * Host routing behind XDP (--host-routing on, ingress on XDP): tcx ingress of the uplink, after
+ * cz_ingress. A frame XDP let through carries CZ_META_ROUTE in its metadata (cz_xdp_pass) and is
+ * handed on (cz_route_in: the FIB, TTL, MTU, bpf_redirect_neigh, or the stack); it is neither
+ * decided nor counted again. Every other frame goes on untouched.
+ */
+int cz_route_tc(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *meta = (void *)(long)skb->data_meta;
+
+	if (meta + sizeof(__u32) > data || *(__u32 *)meta != CZ_META_ROUTE)
+		return CZ_TC_NEXT;
+	if (data + sizeof(struct ethhdr) > data_end)
+		return CZ_TC_NEXT;
+	return cz_route_in(skb, *(__be16 *)(data + 12) == bpf_htons(ETH_P_IPV6));
 }
 
 /* Every frame the fast path does not take. */

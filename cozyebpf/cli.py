@@ -314,6 +314,17 @@ def main() -> None:
     help="A directory with tls.crt and tls.key for the metrics' HTTPS (e.g. a mounted "
     "Secret); without them a self-signed certificate is made at start.",
 )
+@click.option(
+    "--host-routing",
+    type=click.Choice(["on", "off"]),
+    default="off",
+    show_default=True,
+    help="on: a packet cozyebpf translated goes straight to the device the kernel's FIB names "
+    "(bpf_redirect_neigh, TTL - 1), skipping the node's netfilter, conntrack and second route "
+    "lookup; TTL 1, too big for the device, fragments and options still take the stack. "
+    "Behind XDP ingress a tc program hands on what XDP let through. off: today's path through "
+    "the stack (README, Host routing).",
+)
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 

@@ -35,6 +35,7 @@ PORTED = (6, 17, 132)
 INGRESS_HOOKS = ("xdp", "tcx-ingress", "tc-ingress")
 EGRESS_HOOKS = ("tcx-egress", "tc-egress")
 POD_HOOK = "cz_pod_ingress"  # not explained: see _attachment
+ROUTE_PROG = "cz_route_tc"  # host routing behind XDP: it decides nothing
 NOT_OURS = 0xFFFFFFFF
 XDP_DROP, XDP_PASS = 1, 2
 TC_NEXT, TC_DROP = -1, 2
@@ -135,6 +136,7 @@ class Explanation:
     device: str
     direction: str
     proto: str
+    path: str = ""  # how a packet let through goes on (_path): host routing or the stack
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,6 +160,8 @@ class Explanation:
         elif self.verdict == "pass":
             lines.append("leaves:  unchanged")
         lines.append(f"hint:    {self.hint}")
+        if self.path:
+            lines.append(f"path:    {self.path}")
         return "\n".join(lines)
 
 
@@ -168,7 +172,7 @@ def _attachment(pin_dir: str, direction: str, device: str | None) -> attach.Atta
     found = [
         a
         for a in attach.list_attachments(pin_dir)
-        if a.hook in hooks and a.prog_id and a.program != POD_HOOK
+        if a.hook in hooks and a.prog_id and a.program not in (POD_HOOK, ROUTE_PROG)
     ]
     if device is not None:
         found = [a for a in found if a.device == device]
@@ -298,6 +302,32 @@ def reserved_why(dst: IPAddress, agent_address: str | None) -> str | None:
     return None
 
 
+def _path(
+    maps: PinnedMaps, a: attach.Attachment, direction: str, v6: bool, in_device: str | None
+) -> str:
+    """How a packet the program lets through goes on (--host-routing; bpf/lib/cluster.h)."""
+    if not maps.host_routing():
+        return "the node's stack routes it (--host-routing off)"
+    if direction == "ingress":
+        how = "marked by XDP, " if a.hook == "xdp" else ""
+        return (
+            f"host routing: {how}handed to the device the node's FIB names (bpf_redirect_neigh, "
+            "TTL - 1), past netfilter; the stack when TTL <= 1, too big for that device, or "
+            "taken by the full path (fragments, IP options, a VLAN tag, ICMP errors)"
+        )
+    pod_hook = in_device is not None and any(
+        x.program == POD_HOOK and x.device == in_device
+        for x in attach.list_attachments(maps.pin_dir)
+    )
+    if pod_hook and not v6:
+        return (
+            f"host routing: translated by the pod-facing hook on {in_device} and handed there "
+            "to the uplink (past netfilter); the stack when TTL <= 1, too big, or taken by the "
+            "full path"
+        )
+    return "the node's stack routes it (host routing starts at a pod-facing hook, IPv4)"
+
+
 def explain(
     pin_dir: str,
     src_text: str,
@@ -359,6 +389,7 @@ def explain(
             if reason is None and direction == "ingress":
                 refused = reserved_why(dst, agent_address)
             hint = _hint(reason, service, direction, src, dst, proto, dport, leaves, refused)
+            path = "" if run.drop else _path(maps, a, direction, src.version == 6, in_device)
     finally:
         os.close(fd)
     return (
@@ -374,6 +405,7 @@ def explain(
             device=a.device,
             direction=direction,
             proto=proto_name(proto),
+            path=path,
         ),
         given,
     )

@@ -165,16 +165,139 @@ static __always_inline int cz_spoofed(struct __sk_buff *skb, __u32 *dev, int v6,
 }
 
 /*
+ * Host routing (--host-routing on: flowcfg's CZ_CFG_HOST_ROUTING; docs/design.md, "Host
+ * routing"): a packet that a tc program of ours translated, and whose route the FIB gave in `fib`
+ * (BPF_FIB_LKUP_RET_SUCCESS, asked with tot_len 0), is handed to the FIB's output device at once
+ * with bpf_redirect_neigh, as a forwarding node would send it: TTL (hop limit) less one, the
+ * neighbour resolved by the kernel (queued while it resolves: no neighbour is no loss), the
+ * device's tc egress programs run (Cilium's included), the node's netfilter, conntrack and second
+ * route lookup do not. What the forwarding path must answer -- TTL 1 or less (ICMP time
+ * exceeded), a packet larger than the output device's MTU (fragmentation, ICMP
+ * fragmentation-needed or packet-too-big) -- goes on to the stack as today: CZ_TC_NEXT. A GSO
+ * packet takes the redirect when its segments fit: the largest IP and TCP headers (60 + 60
+ * bytes) and gso_size within the MTU.
+ */
+#define CZ_HR_GSO_HDRS 120
+
+static __always_inline int cz_host_route(struct __sk_buff *skb, int v6, struct bpf_fib_lookup *fib)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct bpf_redir_neigh nh = {};
+	__u32 mtu = fib->mtu_result, len;
+
+	if (v6) {
+		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+		if ((void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1)
+			return CZ_TC_NEXT;
+		len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+		if (skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS > mtu : len > mtu)
+			return CZ_TC_NEXT;
+		ip6->hop_limit--;
+		nh.nh_family = CZ_AF_INET6;
+		__builtin_memcpy(nh.ipv6_nh, fib->ipv6_dst, 16);
+	} else {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		__u32 check;
+
+		if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+			return CZ_TC_NEXT;
+		len = bpf_ntohs(ip->tot_len);
+		if (skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS > mtu : len > mtu)
+			return CZ_TC_NEXT;
+		/* the kernel's ip_decrease_ttl: the checksum follows the TTL's byte */
+		check = ip->check;
+		check += bpf_htons(0x0100);
+		ip->check = (__sum16)(check + (check >= 0xFFFF));
+		ip->ttl--;
+		nh.nh_family = CZ_AF_INET;
+		nh.ipv4_nh = fib->ipv4_dst;
+	}
+	return cz_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+}
+
+/*
+ * Host routing of tc ingress on an uplink (cz_ingress_tc's fast path), after a translation (or a
+ * pass to a pod IP sent directly) that left the packet's header at its fixed offset: the route as
+ * for a packet arriving on the uplink, and cz_host_route; CZ_TC_NEXT (the stack) when host routing
+ * is off, the FIB does not forward it (local, unreachable, forwarding off, too big for the device)
+ * or cz_host_route leaves it to the stack.
+ */
+static __always_inline int cz_route_in(struct __sk_buff *skb, int v6)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct flow_cfg *c = cz_cfg();
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	if (!c || !(c->flags & CZ_CFG_HOST_ROUTING))
+		return CZ_TC_NEXT;
+	if (v6) {
+		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+		if ((void *)(ip6 + 1) > data_end)
+			return CZ_TC_NEXT;
+		__builtin_memset(&fib, 0, sizeof(fib));
+		fib.family = CZ_AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
+		fib.ifindex = skb->ifindex;
+		rc = bpf_fib_lookup(skb, &fib, sizeof(fib), CZ_FIB_SKIP_NEIGH);
+	} else {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+
+		if ((void *)(ip + 1) > data_end)
+			return CZ_TC_NEXT;
+		rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ifindex);
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return CZ_TC_NEXT;
+	return cz_host_route(skb, v6, &fib);
+}
+
+/*
+ * XDP ingress, a frame it let through (translated, or to a pod IP sent directly): with host
+ * routing on, marked in the frame's metadata (CZ_META_ROUTE) for cz_route_tc, the tc program
+ * behind it on the same device, which hands it on (cz_route_in) with the skb the redirect needs;
+ * XDP keeps every decision and every drop. A driver without XDP metadata refuses the room: the
+ * frame goes unmarked, and the stack routes it.
+ */
+static __always_inline int cz_xdp_pass(struct xdp_md *ctx)
+{
+	struct flow_cfg *c = cz_cfg();
+	void *data, *meta;
+
+	if (!c || !(c->flags & CZ_CFG_HOST_ROUTING))
+		return XDP_PASS;
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(__u32)))
+		return XDP_PASS;
+	data = (void *)(long)ctx->data;
+	meta = (void *)(long)ctx->data_meta;
+	if (meta + sizeof(__u32) > data)
+		return XDP_PASS;
+	*(__u32 *)meta = CZ_META_ROUTE;
+	return XDP_PASS;
+}
+
+#define CZ_SIDE_NOT 0	 /* not for the pod-facing hook to translate */
+#define CZ_SIDE_NAT 1	 /* to translate, then on to the stack */
+#define CZ_SIDE_ROUTED 2 /* to translate, then cz_host_route with the FIB's answer */
+
+/*
  * The pod-facing hook, IPv4: is this packet, whose source is a managed pod IP and which entered
  * from that pod's device (cz_spoofed), one to translate as egress does? Yes when it leaves the
  * node by an uplink (the pod's own traffic out of the cluster), or it answers a
  * connection that to_lb4 translated to the pod's LB IP on this node (a flow it recorded): one this
  * node opened, the answer then for this node, or one of a pod on another pod-facing device of this
- * node.
+ * node. CZ_SIDE_*: CZ_SIDE_ROUTED when host routing is on and the FIB gave the uplink as the
+ * route (in *fib); one too big for the uplink (BPF_FIB_LKUP_RET_FRAG_NEEDED) is translated and left
+ * to the stack, which answers it as for any forwarded packet.
  */
-static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, struct iphdr *ip)
+static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, struct iphdr *ip,
+				     struct bpf_fib_lookup *fib)
 {
-	struct bpf_fib_lookup fib;
 	struct flow_cfg *c;
 	__be16 sport, dport;
 	__u16 *csum;
@@ -183,17 +306,22 @@ static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, stru
 
 	c = cz_cfg();
 	if (!c)
-		return 0;
-	rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ingress_ifindex);
-	if (cz_fib_forwards(rc) && cz_is_uplink(c, fib.ifindex))
-		return 1;
+		return CZ_SIDE_NOT;
+	rc = cz_fib4(skb, fib, ip->saddr, ip->daddr, skb->ingress_ifindex);
+	if ((cz_fib_forwards(rc) || rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) &&
+	    cz_is_uplink(c, fib->ifindex))
+		return rc == BPF_FIB_LKUP_RET_SUCCESS && (c->flags & CZ_CFG_HOST_ROUTING)
+			       ? CZ_SIDE_ROUTED
+			       : CZ_SIDE_NAT;
 	if (!cz_fib_forwards(rc) && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
-		return 0; /* unreachable, blackhole, forwarding off: the kernel decides */
+		return CZ_SIDE_NOT; /* unreachable, blackhole, forwarding off: the kernel decides */
 	/* to this node, or to another pod-facing device (a pod on this node) */
 	if (fast_hdrs4(ip, data_end, skb->len, &sport, &dport, &csum, &tf) < 0)
-		return 0;
+		return CZ_SIDE_NOT;
 	return flow_reply(0, (struct ip6 *)&ip->saddr, (struct ip6 *)&ip->daddr, sport, dport,
-			  ip->protocol, 0);
+			  ip->protocol, 0)
+		       ? CZ_SIDE_NAT
+		       : CZ_SIDE_NOT;
 }
 
 /*

@@ -113,7 +113,10 @@ struct flow4_val {
  * (--devices), which the FIB's output device is compared with, and CZ_CFG_* flags.
  */
 #define CZ_UPLINKS_MAX 6
-#define CZ_CFG_POD_DEVICES 0x01 /* pod-facing hooks are attached: the cluster paths are on */
+#define CZ_CFG_POD_DEVICES 0x01	 /* pod-facing hooks are attached: the cluster paths are on */
+#define CZ_CFG_HOST_ROUTING 0x02 /* --host-routing on: translated packets skip the stack */
+/* XDP metadata: ingress let this frame through; cz_route_tc hands it on (lib/cluster.h) */
+#define CZ_META_ROUTE 0x72687a63
 
 struct flow_cfg {
 	__u64 timeout_ns[4];	       /* by CZ_TO_* */

@@ -22,7 +22,7 @@ from cozyebpf.errors import DatapathError
 
 log = logging.getLogger(__name__)
 
-OUR_PROGRAMS = ("cz_ingress", "cz_ingress_tc", "cz_egress", "cz_pod_ingress")
+OUR_PROGRAMS = ("cz_ingress", "cz_ingress_tc", "cz_egress", "cz_pod_ingress", "cz_route_tc")
 XDP_MODES = {"native": bpfsys.XDP_FLAGS_DRV_MODE, "generic": bpfsys.XDP_FLAGS_SKB_MODE}
 TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress

@@ -47,6 +47,7 @@ class BpfDatapath:
         service_slots: int | None = None,
         flow_timeouts: Mapping[str, float] | None = None,
         pod_devices: Sequence[str] = (),
+        host_routing: bool = False,
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
@@ -56,6 +57,10 @@ class BpfDatapath:
         #: pod-facing devices (--pod-devices: names and patterns): cz_pod_ingress on their tcx
         #: ingress, on the devices a pattern matches as they come and go (check())
         self.pod_devices = list(pod_devices)
+        #: --host-routing on: translated packets go to their next device (bpf_redirect_neigh);
+        #: behind XDP ingress, cz_route_tc on tcx ingress hands on what XDP marked
+        #: (docs/design.md, Host routing)
+        self.host_routing = host_routing
         self.pin_dir = pin_dir
         self.xdp_mode = xdp_mode
         self.tc_mode = tc_mode
@@ -83,6 +88,8 @@ class BpfDatapath:
         out = []
         if self.ingress_hook in ("xdp", "auto"):
             out.append(Request("cz_ingress", "xdp"))
+            if self.host_routing:
+                out.append(Request("cz_route_tc", "sched_cls", 2))
         if self.ingress_hook in ("tcx", "auto") or self.on_foreign_xdp == "tcx":
             out.append(Request("cz_ingress_tc", "sched_cls", 2))
         out.append(Request("cz_egress", "sched_cls", 2))
@@ -104,7 +111,7 @@ class BpfDatapath:
         with self.guard("preparing the maps"):
             self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
             self.maps.set_flow_timeouts(**self.flow_timeouts)
-            self.maps.set_node(uplinks, bool(self.pod_devices))
+            self.maps.set_node(uplinks, bool(self.pod_devices), self.host_routing)
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps
@@ -146,8 +153,14 @@ class BpfDatapath:
             log.info("flow hints seeded from %d flows", n)
         for dev in self.devices:
             self.attachments[(dev, "ingress")] = self._attach_ingress(dev)
+            self._follow_route(dev)
         self._drop_stale_pod_hooks()
-        order = [(dev, role) for dev in self.devices for role in ("ingress", "egress")]
+        order = [
+            (dev, role)
+            for dev in self.devices
+            for role in ("ingress", "route", "egress")
+            if (dev, role) in self.attachments
+        ]
         order += [(dev, "pod") for dev in pods]
         self.attachments = {k: self.attachments[k] for k in order}
 
@@ -190,6 +203,23 @@ class BpfDatapath:
         if attach.detach_link(attach.link_pin(self.pin_dir, "xdp", dev)):
             log.info("removed our XDP program from %s (ingress now on %s)", dev, a.hook)
         return a
+
+    def _follow_route(self, dev: str) -> None:
+        """Host routing behind XDP: cz_route_tc first in the uplink's tcx ingress, which hands
+        on what XDP let through (an XDP redirect into Kube-OVN's ovn0, an OVS internal port
+        without XDP transmit, would lose it). Where ingress runs on tc, cz_ingress_tc does it."""
+        xdp = self.attachments[(dev, "ingress")].hook == "xdp"
+        if self.host_routing and xdp:
+            self.attachments[(dev, "route")] = attach.attach_tc(
+                self._program("cz_route_tc").fd,
+                "cz_route_tc",
+                dev,
+                self.pin_dir,
+                "ingress",
+                self.tc_mode,
+            )
+        else:
+            self.attachments.pop((dev, "route"), None)
 
     def _attach_pod(self, dev: str) -> attach.Attachment:
         """The pod-facing hook: cz_pod_ingress first in the device's tc ingress, so it runs
@@ -277,6 +307,9 @@ class BpfDatapath:
                     )
                 elif role == "ingress":
                     self.attachments[(dev, role)] = self._attach_ingress(dev)
+                    self._follow_route(dev)  # its tcx ingress went with a switch to XDP
+                elif role == "route":
+                    self._follow_route(dev)
                 elif role == "pod":
                     self.attachments[(dev, role)] = self._attach_pod(dev)
                 else:

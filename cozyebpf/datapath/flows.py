@@ -19,6 +19,7 @@ from typing import NamedTuple
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.codec import address, packer
 from cozyebpf.datapath.layout import (
+    CFG_HOST_ROUTING,
     CFG_POD_DEVICES,
     FLOW_CLOSING,
     UPLINKS_MAX,
@@ -214,9 +215,12 @@ class FlowTables(Pins):
         t = [int(x) for x in self._flow_cfg().timeout_ns]
         return {n: 0 if t[i] >= NEVER_NS else t[i] / 1e9 for i, n in enumerate(_TIMEOUTS)}
 
-    def set_node(self, uplinks: Sequence[int], pod_devices: bool) -> None:
-        """The node's part of flowcfg (bpf/lib/cluster.h): the uplinks' ifindexes, and whether
-        pod-facing hooks are attached (which turns the cluster paths on)."""
+    def set_node(
+        self, uplinks: Sequence[int], pod_devices: bool, host_routing: bool = False
+    ) -> None:
+        """The node's part of flowcfg (bpf/lib/cluster.h): the uplinks' ifindexes, whether
+        pod-facing hooks are attached (which turns the cluster paths on), and whether what the
+        tc programs translate is handed to its next device (--host-routing)."""
         if len(uplinks) > UPLINKS_MAX:
             raise DatapathError(
                 f"{len(uplinks)} uplink devices; the programs know at most {UPLINKS_MAX}"
@@ -224,10 +228,16 @@ class FlowTables(Pins):
         cfg = self._flow_cfg()
         for i in range(UPLINKS_MAX):
             cfg.uplinks[i] = uplinks[i] if i < len(uplinks) else 0
-        cfg.flags = CFG_POD_DEVICES if pod_devices else 0
+        cfg.flags = (CFG_POD_DEVICES if pod_devices else 0) | (
+            CFG_HOST_ROUTING if host_routing else 0
+        )
         self._set_flow_cfg(cfg)
 
     def node_config(self) -> tuple[list[int], bool]:
         """The uplinks' ifindexes and whether the cluster paths are on (set_node)."""
         cfg = self._flow_cfg()
         return [int(i) for i in cfg.uplinks if i], bool(cfg.flags & CFG_POD_DEVICES)
+
+    def host_routing(self) -> bool:
+        """Whether the programs hand what they translate to its next device (set_node)."""
+        return bool(self._flow_cfg().flags & CFG_HOST_ROUTING)

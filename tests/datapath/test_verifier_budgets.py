@@ -22,6 +22,7 @@ ENTRIES = {
     "cz_ingress_tc": "sched_cls",
     "cz_egress": "sched_cls",
     "cz_pod_ingress": "sched_cls",
+    "cz_route_tc": "sched_cls",
 }
 README_HOOKS = {  # README's per-hook figures: the largest of these programs' budgets
     "XDP": ("cz_ingress", "cz_ingress_slow", "cz_ingress_outside"),
@@ -51,7 +52,8 @@ def counts() -> Iterator[dict[str, int]]:
             prog = loader.load_from(module, entry, kind)
             out[entry] = bpfsys.prog_info(prog.fd).verified_insns
             more = [m for m, _, _ in loader.MORE_PATHS.get(entry, ())]
-            for name in (loader.SLOW_PATHS[entry][0], *more):
+            slow = [loader.SLOW_PATHS[entry][0]] if entry in loader.SLOW_PATHS else []
+            for name in (*slow, *more):
                 fd = loader.slow_program_fd(prog, name)
                 assert fd is not None, f"{entry} loaded no {name}"
                 out[name] = bpfsys.prog_info(fd).verified_insns

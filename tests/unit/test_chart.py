@@ -317,6 +317,7 @@ def expected_params(values: dict[str, Any]) -> dict[str, Any]:
         "resync_interval": a["resyncInterval"],
         "check_interval": a["checkInterval"],
         "ingress_hook": a["ingressHook"],
+        "host_routing": a["hostRouting"],
         "xdp_mode": a["xdpMode"],
         "tc_mode": a["tcMode"],
         "on_foreign_xdp": a["onForeignXdp"],

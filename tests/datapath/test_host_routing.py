@@ -1,0 +1,406 @@
+"""Host routing (--host-routing, issue 26): what cozyebpf translated goes straight to its next
+device with bpf_redirect_neigh, past the node's netfilter; with it off, through the stack.
+
+A namespace lab (cozyebpf.lab: client -- node -- pods on per-pod veths) runs the agent's
+datapath (BpfDatapath, as `cozyebpf run --pod-devices 'lxc-*' --host-routing on` builds it: the
+pod-facing hook on the pods' veths, XDP ingress on the uplink and cz_route_tc behind it). Real
+frames are sent from the client's and the pods' eth0 and captured whole at the other end. An nft
+counter of the test's datagrams in the node's forward and postrouting hooks says whether they
+walked the stack: not with host routing on, and with it off; the frame that arrives is the same
+byte for byte either way (translated, TTL - 1, checksums right), and so are cozyebpf's counters;
+a tc program after ours on the output device's egress (where Cilium's `to-netdev` runs) sees it
+on both paths. What the fast path leaves to the stack -- TTL 1, a packet too big for the output
+device -- still gets the stack's answer (ICMP), never vanishes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from scapy.layers.inet import ICMP, IP, UDP, IPerror, UDPerror
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet
+
+from cozyebpf import lab as labmod
+from cozyebpf.datapath.attach import detach_all
+from cozyebpf.datapath.bpf import BpfDatapath
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.explain import explain
+from cozyebpf.lab import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, capture, drain
+from cozyebpf.model import build_state
+from cozyebpf.state import diff
+from tests.support.env import unique_prefix
+from tests.support.k8s import Svc, objects
+from tests.support.packets import LB_WHOLE, assert_frame, checksums_ok
+
+POD1 = labmod.DEFAULT_PODS[0]
+LB6 = "2001:db8:113::10"
+WHOLE = Svc(
+    "vm-whole", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true", lb_ip6=LB6, pod_ip6=POD1.ip6
+)
+NFT = """
+table inet czhr {
+    chain forwarded {
+        type filter hook forward priority 0; policy accept;
+        udp dport { 53, 4444 } counter
+    }
+    chain posted {
+        type filter hook postrouting priority 0; policy accept;
+        udp dport { 53, 4444 } counter
+    }
+}
+"""
+
+
+#: Kube-OVN's natOutgoing: the node masquerades what its pods send out
+NATOUT = """
+table ip czhr_nat {
+    chain postrouting {
+        type nat hook postrouting priority srcnat; policy accept;
+        ip saddr 10.244.0.0/16 oifname "uplink" masquerade
+    }
+}
+"""
+
+
+@dataclass
+class Node:
+    lab: Lab
+    dp: BpfDatapath
+    uplink: int
+
+    def host_routing(self, on: bool) -> None:
+        assert self.dp.maps is not None
+        self.dp.maps.set_node([self.uplink], True, on)
+        assert self.dp.maps.host_routing() is on
+
+    def stack_packets(self) -> int:
+        """Packets the node's forward and postrouting hooks counted so far."""
+        out = self.lab.exec(self.lab.node, "nft", "list", "table", "inet", "czhr").stdout
+        return sum(int(n) for n in re.findall(r"counter packets (\d+)", out))
+
+    def counters(self) -> dict[str, int]:
+        with PinnedMaps.open(self.dp.pin_dir) as m:
+            return {k: v["packets"] for k, v in m.counters().items()}
+
+    def send(
+        self, ns: str, frame: Packet, to_ns: str, match: type[Packet] | None = None
+    ) -> list[Packet]:
+        """Send `frame` from `ns`'s eth0; the frames that arrive at `to_ns`'s eth0 carrying the
+        frame's marker (the IPv4 id, or the IPv6 flow label)."""
+        tx = self.lab.packet_socket(ns, "eth0")
+        rx = self.lab.packet_socket(to_ns, "eth0")
+        try:
+            drain(rx)
+            tx.send(bytes(frame))
+            got = [Ether(f) for f in capture(rx, 1.0)]
+        finally:
+            tx.close()
+            rx.close()
+        if match is not None:
+            return [p for p in got if match in p]
+        if IP in frame:
+            return [p for p in got if IP in p and p[IP].id == frame[IP].id]
+        return [p for p in got if IPv6 in p and p[IPv6].fl == frame[IPv6].fl]
+
+
+#: --ingress-hook -> the uplink's ingress attachments: XDP decides, drops and marks what it lets
+#: through, cz_route_tc hands the marked frames on; on tcx, cz_ingress_tc does both
+INGRESS = {
+    "auto": {"ingress": ("xdp", "cz_ingress"), "route": ("tcx-ingress", "cz_route_tc")},
+    "tcx": {"ingress": ("tcx-ingress", "cz_ingress_tc")},
+}
+
+
+@pytest.fixture(scope="module", params=list(INGRESS), ids=[f"ingress-{h}" for h in INGRESS])
+def node(request: pytest.FixtureRequest) -> Iterator[Node]:
+    hook: str = request.param
+    prefix = unique_prefix("hr")
+    lab = Lab(prefix, pods=(POD1,))
+    pin = f"/sys/fs/bpf/{prefix}"
+    lab.up()
+    dp = BpfDatapath(
+        [UPLINK], pin_dir=pin, pod_devices=["lxc-*"], host_routing=True, ingress_hook=hook
+    )
+    try:
+        lab.exec(lab.node, "nft", "-f", "-", input=NFT)
+        lab.in_ns(lab.node, dp.start)
+        assert {role: (a.hook, a.program) for (_, role), a in dp.attachments.items()} == {
+            **INGRESS[hook],
+            "egress": ("tcx-egress", "cz_egress"),
+            "pod": ("tcx-ingress", "cz_pod_ingress"),
+        }
+        state = build_state(objects(WHOLE), "cozy-proxy").state
+        dp.apply(diff(dp.read_state(), state))
+        yield Node(lab, dp, lab.in_ns(lab.node, lambda: socket.if_nametoindex(UPLINK)))
+    finally:
+        dp.close()
+        detach_all(pin)
+        lab.down()
+
+
+#: a tc program after ours on a device's egress, as Cilium's `to-netdev` would be: it counts
+#: the test's datagrams (UDP to port 53 or 4444) per device
+TAP = r"""
+#include <uapi/linux/bpf.h>
+BPF_HASH(seen, u32, u64, 16);
+int tap(struct __sk_buff *skb)
+{
+    u32 dev = skb->ifindex;
+    u16 port = 0;
+    u8 proto = 0;
+    u64 one = 1, *n;
+
+    if (skb->protocol != bpf_htons(0x0800) || bpf_skb_load_bytes(skb, 23, &proto, 1) ||
+        proto != 17 || bpf_skb_load_bytes(skb, 36, &port, 2))
+        return -1;
+    if (port != bpf_htons(53) && port != bpf_htons(4444))
+        return -1;
+    n = seen.lookup(&dev);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    else
+        seen.update(&dev, &one);
+    return -1; /* TCX_NEXT */
+}
+"""
+
+
+@dataclass
+class Taps:
+    bpf: Any
+    ifindex: dict[str, int]
+
+    def seen(self, dev: str) -> int:
+        for k, v in self.bpf[b"seen"].items():
+            if k.value == self.ifindex[dev]:
+                return int(v.value)
+        return 0
+
+
+@pytest.fixture(scope="module")
+def taps(node: Node) -> Iterator[Taps]:
+    """TAP last on the tcx egress of the uplink and of the VM's link."""
+    from bcc import BPF
+
+    from cozyebpf.datapath import bpfsys
+
+    b = BPF(text=TAP.encode())
+    fd = b.load_func(b"tap", BPF.SCHED_CLS).fd
+    devs = (UPLINK, POD1.host_dev)
+    idx = {d: node.lab.in_ns(node.lab.node, lambda d=d: socket.if_nametoindex(d)) for d in devs}
+    links = [
+        node.lab.in_ns(
+            node.lab.node, lambda i=idx[d]: bpfsys.link_create(fd, i, bpfsys.BPF_TCX_EGRESS)
+        )
+        for d in devs
+    ]
+    try:
+        yield Taps(b, idx)
+    finally:
+        for link in links:
+            os.close(link)
+        b.cleanup()
+
+
+def out_frame(ttl: int = 64, size: int = 18) -> Packet:
+    """The VM's datagram to the client, as it leaves the VM."""
+    return (
+        Ether(src=POD1.mac, dst=POD1.host_mac)
+        / IP(src=POD1.ip, dst=CLIENT_IP, id=0x2601, ttl=ttl)
+        / UDP(sport=40000, dport=53)
+        / (b"x" * size)
+    )
+
+
+def in_frame(ttl: int = 64, size: int = 18, df: bool = False) -> Packet:
+    """The client's datagram to the VM's LB IP."""
+    return (
+        Ether(src=CLIENT_MAC, dst=UPLINK_MAC)
+        / IP(src=CLIENT_IP, dst=LB_WHOLE, id=0x2602, ttl=ttl, flags="DF" if df else 0)
+        / UDP(sport=41000, dport=4444)
+        / (b"y" * size)
+    )
+
+
+def forwarded(frame: Packet, src_mac: str, dst_mac: str, **ip: str) -> Packet:
+    """`frame` as a forwarding node delivers it: the next link's MACs, TTL (hop limit) - 1, the
+    addresses in `ip` translated, checksums recomputed."""
+    if IP in frame:
+        want = frame[IP].copy()
+        want.ttl -= 1
+        del want.chksum
+    else:
+        want = frame[IPv6].copy()
+        want.hlim -= 1
+    for k, v in ip.items():
+        setattr(want, k, v)
+    if UDP in want:
+        del want[UDP].chksum
+    return Ether(src=src_mac, dst=dst_mac) / want.__class__(bytes(want))
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_vm_to_outside(node: Node, taps: Taps, on: bool) -> None:
+    node.host_routing(on)
+    before, counted = node.stack_packets(), node.counters()["nat_egress"]
+    tapped = taps.seen(UPLINK)
+    got = node.send(node.lab.pod_ns(POD1), out_frame(), node.lab.client)
+    assert taps.seen(UPLINK) == tapped + 1, "the uplink's tc egress did not see it"
+    assert len(got) == 1, f"{len(got)} frames at the client"
+    assert_frame(bytes(got[0]), forwarded(out_frame(), UPLINK_MAC, CLIENT_MAC, src=LB_WHOLE))
+    assert checksums_ok(bytes(got[0])) == []
+    assert node.counters()["nat_egress"] == counted + 1
+    stack = node.stack_packets() - before
+    assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_outside_to_vm(node: Node, taps: Taps, on: bool) -> None:
+    node.host_routing(on)
+    before, counted = node.stack_packets(), node.counters()["nat_ingress"]
+    tapped = taps.seen(POD1.host_dev)
+    got = node.send(node.lab.client, in_frame(), node.lab.pod_ns(POD1))
+    assert taps.seen(POD1.host_dev) == tapped + 1, "the VM link's tc egress did not see it"
+    assert len(got) == 1, f"{len(got)} frames at the VM"
+    assert_frame(bytes(got[0]), forwarded(in_frame(), POD1.host_mac, POD1.mac, dst=POD1.ip))
+    assert checksums_ok(bytes(got[0])) == []
+    assert node.counters()["nat_ingress"] == counted + 1
+    stack = node.stack_packets() - before
+    assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_outside_to_vm_ipv6(node: Node, on: bool) -> None:
+    node.host_routing(on)
+    frame = (
+        Ether(src=CLIENT_MAC, dst=UPLINK_MAC)
+        / IPv6(src=CLIENT_IP6, dst=LB6, fl=0x2603, hlim=64)
+        / UDP(sport=41000, dport=4444)
+        / b"v6"
+    )
+    before = node.stack_packets()
+    got = node.send(node.lab.client, frame, node.lab.pod_ns(POD1))
+    assert len(got) == 1, f"{len(got)} frames at the VM"
+    assert_frame(bytes(got[0]), forwarded(frame, POD1.host_mac, POD1.mac, dst=POD1.ip6))
+    stack = node.stack_packets() - before
+    assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
+
+
+def test_ttl_1_gets_the_stacks_answer(node: Node) -> None:
+    """TTL 1 is not redirected (it would leave with TTL 0): the stack answers time exceeded."""
+    node.host_routing(True)
+    got = node.send(node.lab.client, in_frame(ttl=1), node.lab.client, ICMP)
+    errors = [p for p in got if p[ICMP].type == 11 and IPerror in p and p[IPerror].id == 0x2602]
+    assert len(errors) == 1, f"no time-exceeded at the client: {[p.summary() for p in got]}"
+    assert node.send(node.lab.client, in_frame(ttl=1), node.lab.pod_ns(POD1)) == []
+
+
+@pytest.fixture
+def small_pod_link(node: Node) -> Iterator[None]:
+    """The VM's link 1400 bytes, as Kube-OVN's ovn0 under a 1500-byte uplink."""
+    node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1400")
+    try:
+        yield
+    finally:
+        node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1500")
+
+
+@pytest.mark.parametrize("size", [1390, 1376], ids=["over-mtu", "within-vlan-slack"])
+def test_too_big_for_the_vm_link_gets_frag_needed(
+    node: Node, small_pod_link: None, size: int
+) -> None:
+    """Larger than the VM's link: not redirected, the stack answers ICMP fragmentation-needed
+    with the link's MTU. 1418 bytes of IP the FIB itself refuses (BPF_FIB_LKUP_RET_FRAG_NEEDED);
+    1404 bytes pass its check (is_skb_forwardable allows a VLAN tag's 4 bytes more), and a veth
+    whose peer has a larger MTU would deliver them: the program's own check refuses them."""
+    node.host_routing(True)
+    big = in_frame(size=size, df=True)
+    got = node.send(node.lab.client, big, node.lab.client, ICMP)
+    errors = [
+        p
+        for p in got
+        if p[ICMP].type == 3 and p[ICMP].code == 4 and UDPerror in p and p[IPerror].id == 0x2602
+    ]
+    assert len(errors) == 1, f"no fragmentation-needed: {[p.summary() for p in got]}"
+    assert errors[0][ICMP].nexthopmtu == 1400
+    assert node.send(node.lab.client, big, node.lab.pod_ns(POD1)) == []
+    fits = in_frame(size=1400 - 28, df=True)
+    got = node.send(node.lab.client, fits, node.lab.pod_ns(POD1))
+    assert len(got) == 1 and len(got[0][IP]) == 1400
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_explain_says_which_path(node: Node, on: bool) -> None:
+    """`explain` runs the packet through the full path (a dry run), which never redirects; it
+    says which path the real packet takes."""
+    node.host_routing(on)
+    pin = node.dp.pin_dir
+
+    def run(*args: str | None) -> str:
+        e, _ = node.lab.in_ns(node.lab.node, lambda: explain(pin, *args))  # type: ignore[arg-type]
+        assert e.verdict == "pass"
+        return e.path
+
+    inbound = run(CLIENT_IP, f"{LB_WHOLE}:4444", "udp", "ingress", None, None)
+    outbound = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, POD1.host_dev)
+    node_own = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, None)
+    if on:
+        how = "marked by XDP, " if node.dp.ingress_hook == "auto" else ""
+        assert inbound.startswith(f"host routing: {how}handed to the device the node's FIB")
+        assert outbound.startswith(
+            f"host routing: translated by the pod-facing hook on {POD1.host_dev}"
+        )
+        assert node_own.startswith("the node's stack routes it (host routing starts at")
+    else:
+        assert inbound == outbound == node_own == "the node's stack routes it (--host-routing off)"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_vm_packet_too_big_for_the_uplink_is_translated_then_fragmented(
+    node: Node, on: bool
+) -> None:
+    """A VM's packet larger than the uplink's MTU (the FIB answers FRAG_NEEDED): translated on
+    the pod-facing hook all the same, before the node's masquerade (Kube-OVN's natOutgoing,
+    here for the test) could take it, then the stack's: without DF it leaves in fragments, each
+    from the LB IP (never the pod IP nor the node's)."""
+    node.host_routing(on)
+    lab = node.lab
+    lab.exec(lab.node, "nft", "-f", "-", input=NATOUT)
+    lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1400")
+    try:
+        big = out_frame(size=1450)
+        got = node.send(lab.pod_ns(POD1), big, lab.client)
+    finally:
+        lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1500")
+        lab.exec(lab.node, "nft", "delete", "table", "ip", "czhr_nat")
+    assert len(got) >= 2, f"{len(got)} fragments at the client"
+    assert {p[IP].src for p in got} == {LB_WHOLE}
+    assert sum(len(p[IP].payload) for p in got) == 8 + 1450  # UDP header + payload
+    assert all(p[IP].ttl == 63 for p in got)
+
+
+def test_check_puts_the_route_program_back(node: Node) -> None:
+    """The attachment check repairs what host routing attached, as any other of ours."""
+    from cozyebpf.datapath import attach
+
+    if node.dp.ingress_hook != "auto":
+        assert ("uplink", "route") not in node.dp.attachments  # cz_ingress_tc routes itself
+        return
+    lab = node.lab
+    assert lab.in_ns(lab.node, node.dp.check) == []
+    attach.detach_link(attach.link_pin(node.dp.pin_dir, "tcx-ingress", UPLINK))
+    repaired = lab.in_ns(lab.node, node.dp.check)
+    assert repaired == [f"{UPLINK} tcx-ingress: detached"]
+    assert lab.in_ns(lab.node, node.dp.check) == []
+    node.host_routing(True)
+    before = node.stack_packets()
+    got = node.send(lab.client, in_frame(), lab.pod_ns(POD1))
+    assert len(got) == 1 and node.stack_packets() == before, "not host-routed after the repair"
