@@ -192,11 +192,21 @@ def main(argv: list[str] | None = None) -> int:
         archive = out / f"cozyebpf-image-v{version}.tar"
         b = args.builder
         build = [b, "build"] if b != "buildah" else [b, "bud"]
-        subprocess.run(
+        built = subprocess.run(
             [*build, "-t", image, "--build-arg", f"VERSION={version}", "-f", "Dockerfile", "."],
             cwd=REPO,
-            check=True,
         )
+        if built.returncode != 0:
+            print(
+                f"release: `{b} build` of the Dockerfile failed (exit {built.returncode}, its "
+                "output is above): it pulls debian:bookworm-slim and runs apt-get, so it needs "
+                "a registry and a Debian mirror. The chart and the notes are in "
+                f"{out}; build the image where both are reachable, or run "
+                "`make release RELEASE_ARGS=--no-image` (scripts/image-test.sh builds and tests "
+                "the same Dockerfile from a local base)",
+                file=sys.stderr,
+            )
+            return 1
         save = [b, "save", "-o", str(archive)]
         if b == "podman":
             save += ["--format", "oci-archive"]
