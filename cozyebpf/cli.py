@@ -533,7 +533,8 @@ def maps_dump(pin_dir: str, as_json: bool, agent_address: str) -> None:
     Works from any process on the node while `cozyebpf run` is running (or after it stopped:
     the datapath stays pinned; the refused Services then are unknown).
     """
-    from cozyebpf.dump import dump_pinned, render_dump, with_refused
+    from cozyebpf.dump import dump_pinned, render_dump
+    from cozyebpf.status import with_refused
 
     try:
         d = with_refused(dump_pinned(pin_dir), agent_address)

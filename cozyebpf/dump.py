@@ -6,7 +6,7 @@ case), IPv4 entries first; the table's columns are as wide as their longest cell
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cozyebpf.state import IPAddress, MapState, address_key
@@ -104,6 +104,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
 
+def render_refused(rows: Iterable[Mapping[str, str]]) -> list[str]:
+    """The lines `status` and `maps dump` print for refused Services (an LB IP in use)."""
+    return [f"  {r['service']}: LB IP {r['lb_ip']} is {r['why']}: not programmed" for r in rows]
+
+
 def render_dump(d: Mapping[str, Any]) -> str:
     """The readable table of `cozyebpf maps dump`."""
     out: list[str] = []
@@ -121,8 +126,6 @@ def render_dump(d: Mapping[str, Any]) -> str:
     out.append(f"services ({len(d['services'])}):")
     refused = d.get("refused")
     if refused:
-        from cozyebpf.status import render_refused
-
         out.append(f"refused, not programmed: LB IP already in use ({len(refused)}):")
         out += render_refused(refused)
     elif d.get("refused_error"):
@@ -216,22 +219,6 @@ def render_dump(d: Mapping[str, Any]) -> str:
             )
         ]
     return "\n".join(out)
-
-
-def with_refused(d: dict[str, Any], agent_address: str | None) -> dict[str, Any]:
-    """`d` with the Services the running agent refused (they have no map entry: an LB IP of
-    theirs is an address in use), asked from its /status; `refused_error` when it cannot
-    be asked."""
-    if not agent_address:
-        return d
-    from cozyebpf.status import fetch_agent
-
-    ag = fetch_agent(agent_address)
-    if "error" in ag:
-        d["refused_error"] = ag["error"]
-    else:
-        d["refused"] = ag.get("refused", [])
-    return d
 
 
 def dump_pinned(pin_dir: str) -> dict[str, Any]:

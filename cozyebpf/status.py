@@ -22,7 +22,7 @@ from cozyebpf.datapath import attach
 from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_ALL, MON_DROPS
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import monitor_running, read_pinned_meta
-from cozyebpf.dump import mode_name
+from cozyebpf.dump import mode_name, render_refused
 from cozyebpf.errors import CozyError
 
 if TYPE_CHECKING:
@@ -84,11 +84,6 @@ def refused(views: Iterable[ServiceView]) -> list[dict[str, str]]:
     ]
 
 
-def render_refused(rows: Iterable[dict[str, str]]) -> list[str]:
-    """The lines `status` and `maps dump` print for refused Services."""
-    return [f"  {r['service']}: LB IP {r['lb_ip']} is {r['why']}: not programmed" for r in rows]
-
-
 def fetch_agent(address: str, timeout: float = 2.0) -> dict[str, Any]:
     """GET http://ADDRESS/status; {"error": ...} when the agent cannot be reached."""
     url = f"http://{address}/status"
@@ -98,6 +93,20 @@ def fetch_agent(address: str, timeout: float = 2.0) -> dict[str, Any]:
             return data
     except (OSError, urllib.error.URLError, ValueError) as e:
         return {"error": f"cannot reach the agent at {url}: {e}"}
+
+
+def with_refused(d: dict[str, Any], agent_address: str | None) -> dict[str, Any]:
+    """`d` with the Services the running agent refused (they have no map entry: an LB IP of
+    theirs is an address in use), asked from its /status; `refused_error` when it cannot
+    be asked."""
+    if not agent_address:
+        return d
+    ag = fetch_agent(agent_address)
+    if "error" in ag:
+        d["refused_error"] = ag["error"]
+    else:
+        d["refused"] = ag.get("refused", [])
+    return d
 
 
 def datapath_status(pin_dir: str) -> dict[str, Any]:
