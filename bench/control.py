@@ -1,5 +1,5 @@
 """Control plane: the real agent (`python -m cozyebpf run`) in a lab's node namespace, fed from a
-manifest file or from the API-server double (tests/support/kubeapi.FakeKubeAPI, listening inside the
+manifest file or from the API-server double (cozylab/kubeapi.FakeKubeAPI, listening inside the
 node namespace), on synthetic clusters (bench/scale.py) plus one real Service, the probe.
 
 - Cold sync: from process start, and from the datapath being ready, to the pinned maps (opened
@@ -35,10 +35,10 @@ from bench.common import REPO, TAG, Params, log, pct, pin_dir
 from bench.mapwrites import nft_transaction
 from bench.probe import Probe as Stream
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab
+from cozylab.netns import DEFAULT_PODS, UPLINK, Lab
 from cozyebpf.model import build_state
 from cozyebpf.state import IPAddress, MapState
-from tests.support.kubeapi import FakeKubeAPI
+from cozylab.kubeapi import FakeKubeAPI
 
 #: maps hold 65,536 Services by default; larger clusters raise it (issue: --max-services)
 DEFAULT_CAPACITY = 65536

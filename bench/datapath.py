@@ -27,10 +27,10 @@ from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
 from cozyebpf.datapath import attach, bpfsys, loader
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC, Lab
+from cozylab.netns import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC, Lab
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
-from tests.support.k8s import Svc, objects
+from cozylab.k8s import Svc, objects
 
 POD_W, POD_F = DEFAULT_PODS[0], DEFAULT_PODS[1]  # whole-IP pod, port-filter pod
 POD_P = DEFAULT_PODS[2]  # a plain pod: no Service

@@ -39,10 +39,10 @@ from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
 from cozyebpf.datapath import attach, loader
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import in_netns
+from cozylab.netns import in_netns
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
-from tests.support.k8s import Svc, objects
+from cozylab.k8s import Svc, objects
 
 CLIENT, NODE = "198.51.100.2", "198.51.100.1"
 CLIENT_MAC, UPLINK_MAC = "02:00:00:00:00:01", "02:00:00:00:00:02"

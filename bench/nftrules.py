@@ -1,5 +1,5 @@
 """cozy-proxy's nftables ruleset as it ships (its README, "Datapath"; pkg/proxy/nft.go): the
-lab's stateless subset (cozyebpf.lab.cozy_proxy_ruleset: maps svc_pod/pod_svc, chains
+lab's stateless subset (cozylab.netns.cozy_proxy_ruleset: maps svc_pod/pod_svc, chains
 egress_snat at raw and ingress_dnat at mangle) plus the port filter: sets filtered_pods,
 allowed_ports (concat ipv4_addr . inet_proto . inet_service) and icmp_allowed_pods, and chain
 port_filter at priority filter with `ct state established,related accept` first.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from cozyebpf.lab import cozy_proxy_ruleset
+from cozylab.netns import cozy_proxy_ruleset
 
 
 def _elements(items: Sequence[str]) -> str:

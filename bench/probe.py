@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from cozyebpf.lab import Lab
+from cozylab.netns import Lab
 
 INTERVAL = 0.0002  # the sender's pause; with Python's overhead about 3,500 datagrams/s
 

@@ -308,7 +308,7 @@ def spoof_check(params: Params, rounds: int) -> dict[str, Any]:
     import struct
 
     from bench.common import TAG, sh
-    from cozyebpf.lab import in_netns
+    from cozylab.netns import in_netns
 
     ns, dev = f"{TAG}-spoof", "pod0"
     pin = pin_dir("spoof")
@@ -392,7 +392,7 @@ def pod_hook(params: Params, rounds: int, runs: int = 4000) -> dict[str, Any]:
     import struct
 
     from bench.common import TAG, sh
-    from cozyebpf.lab import in_netns
+    from cozylab.netns import in_netns
 
     ns = f"{TAG}-podhook"
     pin = pin_dir("podhook")

@@ -12,4 +12,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/as-root.sh" "$@"  # as root, or again thr
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 bash "$REPO_ROOT/scripts/setup.sh" >&2
-exec "$REPO_ROOT/.venv/bin/python" -m cozyebpf.demo "$@"
+# the demo is a lab (cozylab/, not installed): from the checkout, whatever the caller's directory
+export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+exec "$REPO_ROOT/.venv/bin/python" -m cozylab.demo "$@"

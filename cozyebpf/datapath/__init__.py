@@ -12,8 +12,8 @@ from cozyebpf.state import Capacity, MapDiff, MapState
 
 
 class Datapath(Protocol):
-    """A programmable datapath. `BpfDatapath` is the real one, `FakeDatapath` holds state in
-    memory for controller and agent tests."""
+    """A programmable datapath. `BpfDatapath` is the real one; the labs' `FakeDatapath`
+    (cozylab/fakedp.py) holds state in memory for controller and agent tests."""
 
     def read_state(self) -> MapState:
         """What the maps hold now (the live state the controller diffs against)."""

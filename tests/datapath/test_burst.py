@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from cozyebpf.lab import DEFAULT_PODS
 from cozyebpf.model import build_state
 from cozyebpf.state import MapState
-from tests.support.k8s import Svc, objects
-from tests.support.kubeapi import FakeKubeAPI
+from cozylab.k8s import Svc, objects
+from cozylab.kubeapi import FakeKubeAPI
+from cozylab.netns import DEFAULT_PODS
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 
 Obj = dict[str, Any]

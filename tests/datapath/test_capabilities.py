@@ -38,10 +38,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.support.contract import MINIMAL
 from tests.support.env import TEST_CMD, unique_prefix
-from tests.support.k8s import Svc, manifest
 from tests.support.labtools import (
     AgentLab,
     interrupt,

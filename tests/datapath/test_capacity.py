@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cozyebpf.lab import DEFAULT_PODS
-from tests.support.k8s import Svc, manifest
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import DEFAULT_PODS
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 
 POD1 = DEFAULT_PODS[0]

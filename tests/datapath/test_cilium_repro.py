@@ -13,10 +13,10 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, cozy_proxy_ruleset
-from cozyebpf.lab import DEFAULT_PODS as PODS
+from cozylab.k8s import Svc
+from cozylab.netns import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, cozy_proxy_ruleset
+from cozylab.netns import DEFAULT_PODS as PODS
 from tests.support.ciliumlike import LISTED, CiliumLike
-from tests.support.k8s import Svc
 from tests.support.labtools import AgentLab, agent_lab
 from tests.support.packets import LB_WHOLE
 

@@ -1,4 +1,4 @@
-"""The cluster lab of issue 18 (cozyebpf/clusterlab.py): three nodes laid out as Kube-OVN lays
+"""The cluster lab of issue 18 (cozylab/cluster.py): three nodes laid out as Kube-OVN lays
 out a Cozystack node (natOutgoing, a vxlan overlay between the nodes' OVS namespaces) or with
 per-pod veths, a real `cozyebpf run` per node against one API double, MetalLB-like speakers,
 a live migration and a Cilium-like program on ovn0 and the tunnel.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cozyebpf.clusterlab import LAYOUTS, ClusterLab, Row, format_table, planned_cases
+from cozylab.cluster import LAYOUTS, ClusterLab, Row, format_table, planned_cases
 
 PLAN = {layout: planned_cases(layout) for layout in LAYOUTS}
 #: the tables of the layouts that ran, for the terminal summary (tests/conftest.py): CI's log

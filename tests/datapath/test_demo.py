@@ -9,7 +9,7 @@ import sys
 
 def test_demo_runs_and_cleans_up(cozyebpf_cmd: list[str]) -> None:
     # the demo (lab, traffic) runs here; every cozyebpf command in it is `cozyebpf_cmd`
-    demo = [sys.executable, "-m", "cozyebpf.demo", "--cozyebpf-cmd", shlex.join(cozyebpf_cmd)]
+    demo = [sys.executable, "-m", "cozylab.demo", "--cozyebpf-cmd", shlex.join(cozyebpf_cmd)]
     p = subprocess.run(demo, capture_output=True, text=True, timeout=180)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out

@@ -13,8 +13,8 @@ from scapy.layers.inet6 import IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrHopByHop
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
-from cozyebpf.lab import CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab
-from tests.support.k8s import Svc, manifest
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_echo
 from tests.support.packets import LB_FILT, LB_WHOLE, assert_frame
 

@@ -1,7 +1,7 @@
 """Host routing (--host-routing, issue 26): what cozyebpf translated goes straight to its next
 device with bpf_redirect_neigh, past the node's netfilter; with it off, through the stack.
 
-A namespace lab (cozyebpf.lab: client -- node -- pods on per-pod veths) runs the agent's
+A namespace lab (cozylab.netns: client -- node -- pods on per-pod veths) runs the agent's
 datapath (BpfDatapath, as `cozyebpf run --pod-devices 'lxc-*' --host-routing on` builds it: the
 pod-facing hook on the pods' veths, XDP ingress on the uplink and cz_route_tc behind it). Real
 frames are sent from the client's and the pods' eth0 and captured whole at the other end. An nft
@@ -28,16 +28,16 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
-from cozyebpf import lab as labmod
 from cozyebpf.datapath.attach import detach_all
 from cozyebpf.datapath.bpf import BpfDatapath
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.explain import explain
-from cozyebpf.lab import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, capture, drain
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
+from cozylab import netns as labmod
+from cozylab.k8s import Svc, objects
+from cozylab.netns import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, capture, drain
 from tests.support.env import unique_prefix
-from tests.support.k8s import Svc, objects
 from tests.support.packets import LB_WHOLE, assert_frame, checksums_ok
 
 POD1 = labmod.DEFAULT_PODS[0]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cozyebpf.lab import DEFAULT_PODS
-from tests.support.k8s import Svc, objects
-from tests.support.kubeapi import FakeKubeAPI
+from cozylab.k8s import Svc, objects
+from cozylab.kubeapi import FakeKubeAPI
+from cozylab.netns import DEFAULT_PODS
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 
@@ -176,7 +176,7 @@ def test_metrics_only_for_who_may_read_them(env: tuple[AgentLab, FakeKubeAPI]) -
     """As the chart runs it (issue 28, item 1): the metrics on the node's uplink address, over
     HTTPS with a certificate made at start; from the client (a tenant's VM, say): no token 401,
     a token without the right 403, a token allowed to get /metrics 200 with the Services."""
-    from cozyebpf.lab import NODE_UPLINK_IP
+    from cozylab.netns import NODE_UPLINK_IP
 
     agent, api = env
     api.add_token("tenant", "system:serviceaccount:tenant-a:default")

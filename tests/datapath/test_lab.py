@@ -15,9 +15,9 @@ from scapy.layers.l2 import GRE, Ether
 from scapy.layers.sctp import SCTP, SCTPChunkData
 from scapy.packet import Packet
 
-from cozyebpf import lab as labmod
-from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, UPLINK_MAC, capture, drain
-from tests.support.k8s import Svc
+from cozylab import netns as labmod
+from cozylab.k8s import Svc
+from cozylab.netns import CLIENT_IP, CLIENT_MAC, UPLINK_MAC, capture, drain
 from tests.support.labtools import (
     AgentLab,
     agent_lab,

@@ -16,9 +16,9 @@ import pytest
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.attach import current_xdp
-from cozyebpf.lab import DEFAULT_PODS as PODS
-from cozyebpf.lab import UPLINK
-from tests.support.k8s import Svc, manifest
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import DEFAULT_PODS as PODS
+from cozylab.netns import UPLINK
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 

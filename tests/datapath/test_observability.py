@@ -32,9 +32,9 @@ from scapy.layers.l2 import Ether
 from cozyebpf import __version__
 from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_OFF
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
+from cozylab.k8s import Svc
+from cozylab.netns import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
 from tests.support.contract import CONTRACT
-from tests.support.k8s import Svc
 from tests.support.labtools import AgentLab, agent_lab, interrupt, read_line_with, wait_for
 from tests.support.packets import LB_FILT, LB_UNKNOWN, LB_WHOLE
 

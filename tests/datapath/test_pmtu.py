@@ -17,8 +17,8 @@ from scapy.layers.inet import ICMP, IP, TCP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from cozyebpf.lab import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab, capture, drain
-from tests.support.k8s import Svc, manifest
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK_MAC, Lab, capture, drain
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 
@@ -77,7 +77,7 @@ def big_from(lb: str, frame: bytes) -> bool:
     ("pod", "lb"), [(POD1, LB_WHOLE), (POD2, LB_FILT)], ids=["whole-ip", "port-filter"]
 )
 def test_fragmentation_needed_reaches_the_pod(env: AgentLab, pod: object, lb: str) -> None:
-    from cozyebpf.lab import Pod
+    from cozylab.netns import Pod
 
     assert isinstance(pod, Pod)
     lab = env.lab

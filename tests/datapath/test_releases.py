@@ -26,10 +26,10 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import LAYOUT_VERSION, OLDEST_COMPATIBLE, MetaVal
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta, release_parts
-from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.datapath.test_upgrade import NewFlows
 from tests.support.env import IN_CI
-from tests.support.k8s import Svc, manifest
 from tests.support.labtools import (
     AgentLab,
     agent_lab,

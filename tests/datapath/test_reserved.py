@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cozyebpf.lab import DEFAULT_PODS, NODE_UPLINK_IP, UPLINK
-from tests.support.k8s import Svc, manifest
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import DEFAULT_PODS, NODE_UPLINK_IP, UPLINK
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
 from tests.support.packets import LB_WHOLE
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from cozyebpf.datapath import attach, bpfsys, rtnl
-from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab
+from cozylab.netns import DEFAULT_PODS, UPLINK, Lab
 from tests.support.env import unique_prefix
 
 

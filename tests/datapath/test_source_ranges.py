@@ -17,9 +17,9 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
 from tests.support.clock import age_flows
-from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_echo, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 

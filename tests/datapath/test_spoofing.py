@@ -26,7 +26,7 @@ from scapy.packet import Packet
 
 from cozyebpf.datapath import loader
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import in_netns
+from cozylab.netns import in_netns
 from tests.support import refmodel as rm
 from tests.support.diffharness import Datapath, check_devs, check_frame, check_tables
 from tests.support.packets import MAC_A, MAC_B

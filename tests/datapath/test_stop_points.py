@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from cozyebpf.datapath import attach, bpfsys
-from cozyebpf.lab import DEFAULT_PODS, UPLINK
 from cozyebpf.state import MapState
-from tests.support.k8s import Svc, manifest
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import DEFAULT_PODS, UPLINK
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 

@@ -28,9 +28,9 @@ import pytest
 
 from cozyebpf.datapath.layout import LAYOUT_VERSION
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, Lab
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP, DEFAULT_PODS, Lab
 from tests.support.env import IN_CI
-from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, udp_echo, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 from tests.support.traffic import TcpChat, UdpStream, flowing, line_echo

@@ -16,9 +16,9 @@ import pytest
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.attach import current_xdp, link_pin
 from cozyebpf.datapath.loader import bpf_dir
-from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK
 from tests.support.ciliumlike import CiliumLike
-from tests.support.k8s import Svc, manifest
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 from tests.support.traffic import TcpChat, UdpStream, flowing, line_echo
@@ -235,7 +235,7 @@ def test_a_foreign_xdp_program_is_kept_and_worked_around(env: AgentLab) -> None:
 
 
 def test_cozy_proxy_table_is_reported_or_removed(env: AgentLab) -> None:
-    from cozyebpf.lab import cozy_proxy_ruleset
+    from cozylab.netns import cozy_proxy_ruleset
 
     lab = env.lab
     lab.exec(lab.node, "nft", "-f", "-", input=cozy_proxy_ruleset([(LB_WHOLE, POD1.ip)]))

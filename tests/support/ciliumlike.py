@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.lab import UPLINK, Lab
+from cozylab.netns import UPLINK, Lab
 
 LISTED = 22
 TC_INGRESS_PARENT = 0xFFFFFFF2

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from cozyebpf.datapath import attach, bpfsys
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.lab import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain, wait_for
 from cozyebpf.state import MapState
-from tests.support.k8s import Svc, manifest
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain, wait_for
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
-from cozyebpf import lab
+from cozylab import netns as lab
 
 CLIENT = lab.CLIENT_IP  # 198.51.100.2: the outside peer
 OTHER_CLIENT = "198.51.100.3"  # a second outside peer, never seen by the pods

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cozyebpf.lab import Lab, wait_for
+from cozylab.netns import Lab, wait_for
 
 
 @dataclass

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from cozyebpf.agent import Agent
-from cozyebpf.datapath.fake import FakeDatapath
 from cozyebpf.errors import DatapathError
 from cozyebpf.model import build_state, read_object, read_objects
 from cozyebpf.sources import ChangeSet
 from cozyebpf.state import MapState
+from cozylab.fakedp import FakeDatapath
+from cozylab.k8s import Svc, objects
 from tests.support.clock import FakeClock
-from tests.support.k8s import Svc, objects
 
 Obj = dict[str, Any]
 

@@ -12,11 +12,11 @@ import pytest
 
 from cozyebpf.controller import Controller, ProblemLog, log_problems
 from cozyebpf.datapath import Datapath
-from cozyebpf.datapath.fake import FakeDatapath
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
 from cozyebpf.model import ObjectRef, Problem, build_state
 from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
+from cozylab.fakedp import FakeDatapath
 
 LB1, LB2, LB3 = IPv4Address("192.0.2.10"), IPv4Address("192.0.2.11"), IPv4Address("192.0.2.12")
 POD1, POD2, POD3 = IPv4Address("10.244.0.5"), IPv4Address("10.244.0.7"), IPv4Address("10.244.1.3")

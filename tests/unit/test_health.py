@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from cozyebpf.agent import Agent
-from cozyebpf.datapath.fake import FakeDatapath
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import PermanentError
 from cozyebpf.health import HealthServer, parse_address
 from cozyebpf.model import read_objects
 from cozyebpf.sources import ChangeSet
+from cozylab.fakedp import FakeDatapath
+from cozylab.k8s import Svc, objects
 from tests.support.clock import FakeClock
-from tests.support.k8s import Svc, objects
 
 
 class ListSource:

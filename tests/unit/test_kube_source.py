@@ -1,5 +1,5 @@
 """The Kubernetes source (informers on the official client) and the Event recorder, against
-the API server double in tests/support/kubeapi.py: list then watch from the list's resourceVersion,
+the API server double in cozylab/kubeapi.py: list then watch from the list's resourceVersion,
 resume after a dropped watch, relist on 410, keep the last state through an outage."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from cozyebpf.agent import Agent
-from cozyebpf.datapath.fake import FakeDatapath
 from cozyebpf.dump import build_dump
 from cozyebpf.events import EventRecorder, event_name
 from cozyebpf.model import ObjectRef, Problem
 from cozyebpf.sources.kube import Backoff, KubeSource
-from tests.support.k8s import Svc, objects
-from tests.support.kubeapi import FakeKubeAPI
+from cozylab.fakedp import FakeDatapath
+from cozylab.k8s import Svc, objects
+from cozylab.kubeapi import FakeKubeAPI
 from tests.support.labtools import wait_for
 
 VM1 = Svc("vm1", "203.0.113.10", "10.244.1.10", [("TCP", 22)], whole_ip="true")

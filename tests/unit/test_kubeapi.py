@@ -14,7 +14,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.kubeapi import FakeKubeAPI
+from cozylab.kubeapi import FakeKubeAPI
 
 NS = "demo"
 # Every watch in this file is bounded on both sides: the server ends it, the client gives up.

@@ -379,7 +379,7 @@ def test_unchanged_documents_are_not_parsed_again(tmp_path: Path) -> None:
     import yaml as y
 
     from cozyebpf.sources.manifest import split_documents
-    from tests.support.k8s import Svc, objects
+    from cozylab.k8s import Svc, objects
 
     docs = [
         o

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from cozyebpf.metrics import MetricsServer
 from cozyebpf.metricsauth import KubeAuthorizer, server_context
+from cozylab.kubeapi import FakeKubeAPI
 from tests.support.clock import FakeClock
-from tests.support.kubeapi import FakeKubeAPI
 
 READER = "system:serviceaccount:monitoring:prometheus"
 TENANT = "system:serviceaccount:tenant-a:default"

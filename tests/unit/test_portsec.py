@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from cozyebpf.agent import Agent
-from cozyebpf.datapath.fake import FakeDatapath
 from cozyebpf.events import EventRecorder
 from cozyebpf.model import (
     ForeignRecord,
@@ -28,9 +27,10 @@ from cozyebpf.model import (
 from cozyebpf.portsec import METADATA_ONLY, checks, problem_message
 from cozyebpf.sources.kube import Backoff, KubeSource
 from cozyebpf.status import agent_status
+from cozylab.fakedp import FakeDatapath
+from cozylab.k8s import Svc, objects
+from cozylab.kubeapi import FakeKubeAPI
 from tests.support.clock import FakeClock
-from tests.support.k8s import Svc, objects
-from tests.support.kubeapi import FakeKubeAPI
 from tests.support.labtools import wait_for
 
 Obj = dict[str, Any]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from cozyebpf.lab import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
+from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 
 PIN_DIR = "/sys/fs/bpf/cozyebpf-demo"
 LB_WHOLE, LB_FILT = "203.0.113.10", "203.0.113.20"

@@ -35,7 +35,7 @@ def objects(svc: Svc) -> list[dict[str, object]]:
         ann["networking.cozystack.io/wholeIP"] = svc.whole_ip
     if svc.allow_icmp is not None:
         ann["networking.cozystack.io/allowICMP"] = svc.allow_icmp
-    service = {
+    service: dict[str, object] = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {

@@ -1,5 +1,5 @@
 """A three-node model of a Cozystack cluster, in network namespaces, with a real `cozyebpf run`
-agent per node: the lab of issue 18 (`make cluster-lab`, `python -m cozyebpf.clusterlab`,
+agent per node: the lab of issue 18 (`make cluster-lab`, `python -m cozylab.cluster`,
 tests/datapath/test_cluster_lab.py).
 
 Layout "kubeovn" (the default; Kube-OVN with natOutgoing, as Cozystack runs it)::
@@ -50,7 +50,7 @@ Both layouts:
   writes it: wholeIP "true"/"false", allowICMP, externalTrafficPolicy Local,
   allocateLoadBalancerNodePorts false, port 65535 for a WholeIP Service) and plain pods. Each
   runs in its own namespace with echo servers (TCP 80, 81, UDP 53).
-- The API: one FakeKubeAPI (tests/support/kubeapi.py) in the namespace czc-api, listening on its
+- The API: one FakeKubeAPI (cozylab/kubeapi.py) in the namespace czc-api, listening on its
   127.0.0.1; a forwarder in each node namespace listens on the node's 127.0.0.1 at the same
   port and relays each connection to it (sockets keep the namespace they were made in, so no
   device and no packet is added to any node). EndpointSlices carry nodeName and targetRef.
@@ -130,10 +130,10 @@ import click
 import yaml
 
 from cozyebpf.explain import build_packet
-from cozyebpf.lab import PACKET_OUTGOING, Lab, drain, run, wait_for
+from cozylab.netns import PACKET_OUTGOING, Lab, drain, run, wait_for
 
 if TYPE_CHECKING:
-    from tests.support.kubeapi import FakeKubeAPI
+    from cozylab.kubeapi import FakeKubeAPI
 
 T = TypeVar("T")
 Check = tuple[bool, str]  # PASS?, what the peers saw
@@ -162,15 +162,18 @@ PROXY_LABEL = "service.kubernetes.io/service-proxy-name"
 ETH_P_ARP = 0x0806
 
 REPO = Path(__file__).resolve().parent.parent
-#: The DaemonSet whose container arguments and environment the agents run with: deploy/'s
-#: (rendered from charts/cozyebpf), or the one `make image-test` renders from the chart for the
-#: image under test (COZYEBPF_TEST_DAEMONSET).
-DAEMONSET = Path(os.environ.get("COZYEBPF_TEST_DAEMONSET") or REPO / "deploy" / "daemonset.yaml")
+
+
+def daemonset_path() -> Path:
+    """The DaemonSet whose container arguments and environment the agents run with: deploy/'s
+    (rendered from charts/cozyebpf), or the one `make image-test` renders from the chart for
+    the image under test (COZYEBPF_TEST_DAEMONSET, read when a lab starts, not at import)."""
+    return Path(os.environ.get("COZYEBPF_TEST_DAEMONSET") or REPO / "deploy" / "daemonset.yaml")
 
 
 def daemonset_container() -> dict[str, Any]:
-    """The agent's container of DAEMONSET."""
-    doc = yaml.safe_load(DAEMONSET.read_text())
+    """The agent's container of the DaemonSet (`daemonset_path`)."""
+    doc = yaml.safe_load(daemonset_path().read_text())
     container: dict[str, Any] = doc["spec"]["template"]["spec"]["containers"][0]
     return container
 
@@ -604,11 +607,11 @@ class EchoHub:
 
 def _fake_kube_api() -> FakeKubeAPI:
     try:
-        from tests.support.kubeapi import FakeKubeAPI
+        from cozylab.kubeapi import FakeKubeAPI
     except ImportError as e:  # the double lives with the tests
         raise click.ClickException(
-            "the cluster lab needs the API double tests/support/kubeapi.py: run it from the "
-            f"repository root (python -m cozyebpf.clusterlab, make cluster-lab): {e}"
+            "the cluster lab needs the API double cozylab/kubeapi.py: run it from the "
+            f"repository root (python -m cozylab.cluster, make cluster-lab): {e}"
         ) from e
     return FakeKubeAPI(bookmark_interval=1.0)
 
@@ -1516,8 +1519,8 @@ class ClusterLab:
     # -- agents --------------------------------------------------------------------------
 
     def agent_env(self, n: int) -> dict[str, str]:
-        """The container environment of the DaemonSet (DAEMONSET) for node n, the pin dir moved
-        into the lab's (fieldRefs: spec.nodeName, status.hostIP; $(VAR) expanded)."""
+        """The container environment of the DaemonSet (`daemonset_path`) for node n, the pin dir
+        moved into the lab's (fieldRefs: spec.nodeName, status.hostIP; $(VAR) expanded)."""
         env: dict[str, str] = {}
         for e in daemonset_container().get("env", []):
             if "value" in e:

@@ -1,0 +1,94 @@
+"""The product holds only the product (issue 29): the wheel and the image carry `cozyebpf/`,
+never the labs (`cozylab/`: the namespace labs, the cluster lab, the demo, the API double, the
+fake datapath) nor `tests/`, and the product imports nothing of them."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_MODULES = {"cluster", "netns", "demo", "kubeapi", "k8s", "fakedp"}
+
+
+def test_the_wheel_holds_the_product_and_nothing_else(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for package in ("cozyebpf", "cozylab", "tests"):  # the labs lie beside it, as in a checkout
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = out.glob("cozyebpf-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"cozyebpf", wheel.name.split("-py3")[0] + ".dist-info"}, tops
+    modules = {Path(n).stem for n in names if n.endswith(".py")}
+    assert not modules & (LAB_MODULES | {"clusterlab", "lab", "fake"}), modules & LAB_MODULES
+    assert "cozyebpf/cli.py" in names and "cozyebpf/datapath/bpf.py" in names
+
+
+def test_the_image_copies_the_product_only() -> None:
+    copies = [
+        line.split()[1:-1]
+        for line in (REPO / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+    ]
+    sources = {s.rstrip("/") for c in copies for s in c}
+    assert "cozyebpf" in sources
+    assert not sources & {"cozylab", "tests", "bench", "."}, sources
+
+
+def test_the_product_imports_no_lab_and_no_test() -> None:
+    bad = []
+    for path in sorted((REPO / "cozyebpf").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            bad += [
+                f"{path.relative_to(REPO)}:{node.lineno}: {n}"
+                for n in names
+                if n.split(".")[0] in ("cozylab", "tests", "bench")
+            ]
+    assert bad == []
+
+
+def test_the_labs_import_nothing_from_tests() -> None:
+    bad = []
+    for path in sorted([*(REPO / "cozylab").rglob("*.py"), *(REPO / "bench").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                if (node.module or "").split(".")[0] == "tests":
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module}")
+            elif isinstance(node, ast.Import):
+                bad += [
+                    f"{path.relative_to(REPO)}:{node.lineno}: {a.name}"
+                    for a in node.names
+                    if a.name.split(".")[0] == "tests"
+                ]
+    assert bad == []
