@@ -50,12 +50,12 @@ def main() -> int:
         import json
         from pathlib import Path
 
-        res = json.loads(Path(args.report).read_text())
-        res["targets"] = report.targets(res)
-        print(report.table(res))
-        png = common.RESULTS / "chart.png"
-        report.chart(res, png)
-        print(f"\nchart: {png} (copy it to bench/chart.png for the README)")
+        loaded = json.loads(Path(args.report).read_text())
+        loaded["targets"] = report.targets(loaded)
+        print(report.table(loaded))
+        chart_png = common.RESULTS / "chart.png"
+        report.chart(loaded, chart_png)
+        print(f"\nchart: {chart_png} (copy it to bench/chart.png for the README)")
         return 0
     missing = _check()
     if missing:

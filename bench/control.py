@@ -35,10 +35,10 @@ from bench.common import REPO, TAG, Params, log, pct, pin_dir
 from bench.mapwrites import nft_transaction
 from bench.probe import Probe as Stream
 from cozyebpf.datapath.maps import PinnedMaps
-from cozylab.netns import DEFAULT_PODS, UPLINK, Lab
 from cozyebpf.model import build_state
 from cozyebpf.state import IPAddress, MapState
 from cozylab.kubeapi import FakeKubeAPI
+from cozylab.netns import DEFAULT_PODS, UPLINK, Lab
 
 #: maps hold 65,536 Services by default; larger clusters raise it (issue: --max-services)
 DEFAULT_CAPACITY = 65536
@@ -467,7 +467,7 @@ class ControlBench:
                 api.apply(scale.service(i, cl.flips[i]))
                 svc.append(maps.wait(lambda lb=lb, w=want: maps.svc_icmp(lb) == w, t0, "svc"))
             time.sleep(0.05)
-        res = {
+        res: dict[str, Any] = {
             "n": cl.n,
             "slice_to_map": _ms(to_map),
             "slice_to_forwarding": _ms(to_fwd),
@@ -524,7 +524,7 @@ class ControlBench:
                 converged = time.monotonic() - t0
                 break
             time.sleep(0.05)
-        res = {
+        res: dict[str, Any] = {
             "n": cl.n,
             "rate_per_s": round(writes / elapsed, 1),
             "seconds": round(elapsed, 1),

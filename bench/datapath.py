@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from ipaddress import ip_network
 from typing import Any
 
@@ -27,10 +28,10 @@ from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
 from cozyebpf.datapath import attach, bpfsys, loader
 from cozyebpf.datapath.maps import PinnedMaps
-from cozylab.netns import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC, Lab
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
 from cozylab.k8s import Svc, objects
+from cozylab.netns import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC, Lab
 
 POD_W, POD_F = DEFAULT_PODS[0], DEFAULT_PODS[1]  # whole-IP pod, port-filter pod
 POD_P = DEFAULT_PODS[2]  # a plain pod: no Service
@@ -200,7 +201,7 @@ class DatapathBench:
         for ns in (lab.client, lab.pod_ns(POD_W), lab.pod_ns(POD_F), lab.pod_ns(POD_P)):
             idx = self._ifindex(ns, "eth0")
             self._links.append(
-                lab.in_ns(ns, lambda i=idx: progs.attach_xdp_native(self.sinks.count_fd, i))
+                lab.in_ns(ns, partial(progs.attach_xdp_native, self.sinks.count_fd, idx))
             )
         # the product's maps, programmed from Services through the model, and its programs
         self.maps = PinnedMaps.ensure(self.pin)
@@ -289,8 +290,11 @@ class DatapathBench:
                     self._pod_next.append(
                         lab.in_ns(
                             lab.node,
-                            lambda i=idx: bpfsys.link_create(
-                                self.sinks.tc_next_fd, i, bpfsys.BPF_TCX_INGRESS
+                            partial(
+                                bpfsys.link_create,
+                                self.sinks.tc_next_fd,
+                                idx,
+                                bpfsys.BPF_TCX_INGRESS,
                             ),
                         )
                     )
@@ -299,8 +303,14 @@ class DatapathBench:
                 for pod in (POD_W, POD_F, POD_P):
                     lab.in_ns(
                         lab.node,
-                        lambda d=pod.host_dev: attach.attach_tc(
-                            self.cz_pod.fd, "cz_pod_ingress", d, pin, "ingress", "tcx"
+                        partial(
+                            attach.attach_tc,
+                            self.cz_pod.fd,
+                            "cz_pod_ingress",
+                            pod.host_dev,
+                            pin,
+                            "ingress",
+                            "tcx",
                         ),
                     )
         elif v == "cz-tcx":

@@ -11,7 +11,7 @@ FRAME_LEN = 60  # the minimum Ethernet frame without FCS: 14 + 20 + 8 + 18 bytes
 def _csum(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     return ~s & 0xFFFF

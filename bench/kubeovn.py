@@ -31,6 +31,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from bench import bpfx, progs
@@ -39,10 +40,10 @@ from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
 from cozyebpf.datapath import attach, loader
 from cozyebpf.datapath.maps import PinnedMaps
-from cozylab.netns import in_netns
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
 from cozylab.k8s import Svc, objects
+from cozylab.netns import in_netns
 
 CLIENT, NODE = "198.51.100.2", "198.51.100.1"
 CLIENT_MAC, UPLINK_MAC = "02:00:00:00:00:01", "02:00:00:00:00:02"
@@ -183,7 +184,7 @@ class KubeOvnBench:
         for ns in ("client", "ovs"):
             i = self.ifindex[ns]
             self._links.append(
-                in_netns(self.ns[ns], lambda i=i: progs.attach_xdp_native(self.sinks.count_fd, i))
+                in_netns(self.ns[ns], partial(progs.attach_xdp_native, self.sinks.count_fd, i))
             )
         self.maps = PinnedMaps.ensure(self.pin)
         state = build_state([o for s in SERVICES for o in objects(s)], "cozy-proxy").state

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from cozylab.netns import Lab
 
@@ -71,7 +72,7 @@ class Probe:
     pod_namespaces: list[str]
     port: int = 9999
     switches: list[tuple[int, float]] = field(default_factory=list)
-    _procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    _procs: list[subprocess.Popen[Any]] = field(default_factory=list)
 
     def start(self) -> None:
         py = [sys.executable, "-m", "bench.probe"]

@@ -274,15 +274,15 @@ class ProgRunBench:
             }
         out["insns"] = {k: bpfsys.prog_info(p.fd).xlated_insns for k, p in self.progs.items()}
         out["verified_insns"] = {}
-        for k, prog in self.progs.items():
-            out["verified_insns"][k] = bpfsys.prog_info(prog.fd).verified_insns
-            slow = loader.slow_program_fd(prog)
+        for k, program in self.progs.items():
+            out["verified_insns"][k] = bpfsys.prog_info(program.fd).verified_insns
+            slow = loader.slow_program_fd(program)
             if slow is not None:
                 out["verified_insns"][f"{k}-full-path"] = bpfsys.prog_info(slow).verified_insns
-            for more, _, _ in loader.MORE_PATHS.get(prog.name, ()):
-                fd = loader.slow_program_fd(prog, more)
-                if fd is not None:
-                    out["verified_insns"][f"{k}-outside"] = bpfsys.prog_info(fd).verified_insns
+            for more, _, _ in loader.MORE_PATHS.get(program.name) or ():
+                more_fd = loader.slow_program_fd(program, more)
+                if more_fd is not None:
+                    out["verified_insns"][f"{k}-outside"] = bpfsys.prog_info(more_fd).verified_insns
         return out
 
 

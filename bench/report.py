@@ -642,7 +642,7 @@ def chart(res: dict[str, Any], path: Path) -> None:
             ("api", "ready_to_maps_s", "#1f77b4", "API: datapath ready -> maps"),
             ("api", "start_to_maps_s", "#17becf", "API: process start -> maps"),
         ):
-            ys = [
+            cold: list[float | None] = [
                 next(
                     (c.get(key) for c in cp["cold_sync"] if c["n"] == n and c["source"] == src),
                     None,
@@ -651,7 +651,7 @@ def chart(res: dict[str, Any], path: Path) -> None:
             ]
             ax.plot(
                 sizes,
-                [max(y, 1e-3) if y is not None else None for y in ys],
+                [max(y, 1e-3) if y is not None else None for y in cold],
                 "o-",
                 color=color,
                 label=label,
@@ -688,16 +688,16 @@ def chart(res: dict[str, Any], path: Path) -> None:
                 p99.append(c[key]["p99_ms"])
         if cp["nft"]:
             labels.append("nft add\nelement")
-            v = median_of([x["nft_add_element_ms"] for x in cp["nft"]])
-            p50.append(v)
-            p99.append(v)
+            nft_ms = median_of([x["nft_add_element_ms"] for x in cp["nft"]])
+            p50.append(nft_ms)
+            p99.append(nft_ms)
     if labels:
-        xs = range(len(labels))
-        ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50", color="#1f77b4")
-        ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99", color="#ff7f0e")
+        positions = range(len(labels))
+        ax.bar([x - 0.2 for x in positions], p50, 0.4, label="p50", color="#1f77b4")
+        ax.bar([x + 0.2 for x in positions], p99, 0.4, label="p99", color="#ff7f0e")
         ax.axhline(10, color="k", ls=":", lw=1, label="target p99 10 ms")
         ax.set_yscale("log")
-        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.set_xticks(list(positions), labels, fontsize=8)
         ax.set_ylabel("ms, API write -> map / -> first packet at the new pod")
         ax.set_title("One change, idle and under churn")
         ax.legend(fontsize=7)

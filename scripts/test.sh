@@ -37,8 +37,8 @@ lint() {
 		LINT_FAILED+=("$name")
 	fi
 }
-lint "ruff check" .venv/bin/ruff check cozyebpf cozylab tests
-lint "ruff format" .venv/bin/ruff format --check cozyebpf cozylab tests
+lint "ruff check" .venv/bin/ruff check cozyebpf cozylab bench tests
+lint "ruff format" .venv/bin/ruff format --check cozyebpf cozylab bench tests
 lint "mypy" .venv/bin/mypy
 shopt -s nullglob
 BPF_SOURCES=(bpf/*.c bpf/lib/*.h)

@@ -25,6 +25,6 @@ CONTRACT: dict[str, set[str]] = {
     "cozyebpf_services": {"mode"},
     "cozyebpf_problems": {"severity"},
     "cozyebpf_services_refused": {"reason"},
-    "cozyebpf_build_info": {"version"},
+    "cozyebpf_build_info": {"version", "layout"},
     "cozyebpf_monitor_events_lost_total": set(),
 }
