@@ -102,12 +102,19 @@ def lab() -> Iterator[Lab]:
 @pytest.fixture
 def agent(lab: Lab, tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[AgentLab]:
     """An AgentLab whose agent runs with exactly MINIMAL; each test has its own pin dir."""
+    yield from _minimal_agent(lab, tmp_path, cozyebpf_cmd, [*only(MINIMAL)])
+
+
+def _minimal_agent(
+    lab: Lab, tmp_path: Path, cozyebpf_cmd: list[str], wrapper: list[str]
+) -> Iterator[AgentLab]:
+    """An AgentLab whose every command runs behind `wrapper`, with a pin dir of its own."""
     env = AgentLab(
         lab,
         f"/sys/fs/bpf/{lab.prefix}-{next(_pin_dirs)}",
         tmp_path / "services.yaml",
         tmp_path / "agent.log",
-        [*only(MINIMAL), *cozyebpf_cmd],
+        [*wrapper, *cozyebpf_cmd],
     )
     env.manifest_path.write_text(manifest(WHOLE))
     try:
@@ -304,21 +311,7 @@ def filtered(lab: Lab, tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[Agen
             "the image's entry (scripts/image-exec.sh: chroot, capsh) would run under the "
             "filter, which a runtime loads after it; the host's run covers the agent"
         )
-    env = AgentLab(
-        lab,
-        f"/sys/fs/bpf/{lab.prefix}-{next(_pin_dirs)}",
-        tmp_path / "services.yaml",
-        tmp_path / "agent.log",
-        [*only(MINIMAL), *RUNTIME_DEFAULT, *cozyebpf_cmd],
-    )
-    env.manifest_path.write_text(manifest(WHOLE))
-    try:
-        yield env
-    finally:
-        if env.proc:
-            env.stop_agent(signal.SIGKILL)
-        env.close()
-        lab.exec(lab.node, *cozyebpf_cmd, "detach", "--pin-dir", env.pin_dir, check=False)
+    yield from _minimal_agent(lab, tmp_path, cozyebpf_cmd, [*only(MINIMAL), *RUNTIME_DEFAULT])
 
 
 def test_the_daemonset_asks_for_the_runtimes_default_seccomp_profile(repo_root: Path) -> None:

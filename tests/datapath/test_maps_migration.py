@@ -28,9 +28,10 @@ from cozyebpf.datapath.layout import (
     be32,
 )
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.datapath.pins import LayoutTooNew, PinnedLayout, read_pinned_meta, release_parts
+from cozyebpf.datapath.pins import LayoutTooNew, PinnedLayout, read_pinned_meta
 from cozyebpf.errors import DatapathError
 from tests.support.env import unique_prefix
+from tests.support.labtools import mark_pins
 
 
 @pytest.fixture
@@ -141,22 +142,6 @@ def test_detach_never_deletes_what_is_not_ours(tmp_path: Path, pin_dir: str) -> 
 # -- the compatibility contract between releases (docs/design.md, *Releases and map layouts*) --
 
 
-def mark(pin_dir: str, version: int, oldest: int, release: str = "0.3.0") -> None:
-    """Make the pins say a release `release` with layout `version` wrote them, which layout
-    `oldest` or newer can run on (0: not recorded)."""
-    fd = bpfsys.obj_get(f"{pin_dir}/meta")
-    major, minor, patch = release_parts(release)
-    val = MetaVal(
-        layout_version=version,
-        oldest_compatible=oldest,
-        release_major=major,
-        release_minor=minor,
-        release_patch=patch,
-    )
-    bpfsys.map_update(fd, ctypes.c_uint32(0), val)
-    os.close(fd)
-
-
 def ids(pin_dir: str) -> dict[str, int]:
     out = {}
     for name in sorted(os.listdir(pin_dir)):
@@ -178,7 +163,7 @@ def test_a_newer_layout_that_names_ours_compatible_keeps_every_entry(pin_dir: st
     on its maps as they are, flows included (2 -> 2, not 0), and records its own layout."""
     two_flows(pin_dir)
     os.close(pin_map(f"{pin_dir}/newer", ADDR4.map_type, 4, 4, 16))  # layout 7's alone
-    mark(pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION)
+    mark_pins(pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION)
     before = ids(pin_dir)
     with PinnedMaps.ensure(pin_dir) as maps:
         assert maps.flows_by_pod() == {A("10.244.1.10"): 2}
@@ -192,7 +177,7 @@ def test_a_newer_layout_that_names_ours_compatible_keeps_every_entry(pin_dir: st
 )
 def test_a_newer_layout_it_cannot_run_on_is_refused_untouched(pin_dir: str, oldest: int) -> None:
     two_flows(pin_dir)
-    mark(pin_dir, LAYOUT_VERSION + 1, oldest)
+    mark_pins(pin_dir, LAYOUT_VERSION + 1, oldest)
     before = ids(pin_dir)
     new = LAYOUT_VERSION + 1
     with pytest.raises(LayoutTooNew) as e:
@@ -207,7 +192,7 @@ def test_a_newer_layout_it_cannot_run_on_is_refused_untouched(pin_dir: str, olde
     with pytest.raises(LayoutTooNew, match="cannot read them: use the `cozyebpf` of cozyebpf"):
         PinnedMaps.open(pin_dir)
     # the flows are still there for the release that can run on them
-    mark(pin_dir, LAYOUT_VERSION, LAYOUT_VERSION)
+    mark_pins(pin_dir, LAYOUT_VERSION, LAYOUT_VERSION)
     with PinnedMaps.open(pin_dir) as maps:
         assert maps.flows_by_pod() == {A("10.244.1.10"): 2}
 
@@ -216,7 +201,7 @@ def test_a_newer_layout_that_claims_ours_but_changed_a_map_is_refused(pin_dir: s
     two_flows(pin_dir)
     os.unlink(f"{pin_dir}/addr4")
     os.close(pin_map(f"{pin_dir}/addr4", ADDR4.map_type, 4, 4, 16))
-    mark(pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION)
+    mark_pins(pin_dir, LAYOUT_VERSION + 1, LAYOUT_VERSION)
     before = ids(pin_dir)
     with pytest.raises(LayoutTooNew, match=r"yet its addr4 has value size 4 \(want 56\)"):
         PinnedMaps.ensure(pin_dir)
@@ -241,7 +226,7 @@ def test_counters_whose_values_grew_at_their_end_are_copied_zero_padded(pin_dir:
         ctypes.memmove(ctypes.byref(val, cpu * stride), struct.pack("12Q", *vals), old_size)
     bpfsys.map_update(old, ctypes.c_uint32(1), val)
     os.close(old)
-    mark(pin_dir, 5, 0, "0.0.0")
+    mark_pins(pin_dir, 5, 0, "0.0.0")
     with PinnedMaps.ensure(pin_dir, max_services=4) as maps:
         new = ctypes.create_string_buffer(ctypes.sizeof(SvcStat) * cpus)
         assert bpfsys.map_lookup(maps.fds["svcstats"], ctypes.c_uint32(1), new)

@@ -5,7 +5,6 @@ an agent meets the maps of a newer release as the compatibility contract says (d
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -22,10 +21,9 @@ from pathlib import Path
 import pytest
 
 from cozyebpf import __version__
-from cozyebpf.datapath import bpfsys
-from cozyebpf.datapath.layout import LAYOUT_VERSION, OLDEST_COMPATIBLE, MetaVal
+from cozyebpf.datapath.layout import LAYOUT_VERSION, OLDEST_COMPATIBLE
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta, release_parts
+from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta
 from cozylab.k8s import Svc, manifest
 from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
 from tests.datapath.test_upgrade import NewFlows
@@ -33,6 +31,7 @@ from tests.support.env import IN_CI
 from tests.support.labtools import (
     AgentLab,
     agent_lab,
+    mark_pins,
     serve,
     tcp_echo,
     tcp_talk,
@@ -112,25 +111,6 @@ def pod_flows(env: AgentLab) -> Iterator[Callable[[], bytes]]:
 def flows_of(env: AgentLab, pod: str) -> int:
     with PinnedMaps.open(env.pin_dir) as m:
         return m.flows_by_pod().get(ip_address(pod), 0)
-
-
-def mark_pins(pin_dir: str, version: int, oldest: int, release: str) -> None:
-    """Make the pins say that release `release`, with layout `version`, wrote them, and that
-    layout `oldest` or newer can run on them: the maps of a newer release, played by this
-    one's (its agent stopped)."""
-    major, minor, patch = release_parts(release)
-    fd = bpfsys.obj_get(f"{pin_dir}/meta")
-    try:
-        val = MetaVal(
-            layout_version=version,
-            oldest_compatible=oldest,
-            release_major=major,
-            release_minor=minor,
-            release_patch=patch,
-        )
-        bpfsys.map_update(fd, ctypes.c_uint32(0), val)
-    finally:
-        os.close(fd)
 
 
 def test_a_rollback_onto_a_newer_compatible_layout_keeps_every_flow(filt: AgentLab) -> None:

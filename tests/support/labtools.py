@@ -326,3 +326,27 @@ def udp_talk(
         c.sendto(data, (addr, port))
         answer, peer = c.recvfrom(2048)
         return answer, peer
+
+
+def mark_pins(pin_dir: str, version: int, oldest: int, release: str = "0.3.0") -> None:
+    """Make the pins say that release `release`, with layout `version`, wrote them, and that
+    layout `oldest` or newer can run on them (0: not recorded): the maps of another release,
+    played by this one's (its agent stopped)."""
+    import ctypes
+
+    from cozyebpf.datapath.layout import MetaVal
+    from cozyebpf.datapath.pins import release_parts
+
+    major, minor, patch = release_parts(release)
+    fd = bpfsys.obj_get(f"{pin_dir}/meta")
+    try:
+        val = MetaVal(
+            layout_version=version,
+            oldest_compatible=oldest,
+            release_major=major,
+            release_minor=minor,
+            release_patch=patch,
+        )
+        bpfsys.map_update(fd, ctypes.c_uint32(0), val)
+    finally:
+        os.close(fd)
