@@ -89,8 +89,11 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	if (ip) {
 		struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
 
-		if (!v || !(v->kind & CZ_K_POD))
+		if (!v)
 			return to_lb4(skb, data, data_end, ip);
+		/* from an LB IP: a VM's packet, translated (by the pod-facing hook, or a node's) */
+		if (!(v->kind & CZ_K_POD))
+			return CZ_TC_NEXT; /* as to_lb4 decides it: by the ToR */
 		if (cz_unlikely(spoof_unsure(skb, v->dev, 0, &ip->saddr)))
 			return CZ_SLOW; /* the full path asks the FIB (egress_full) */
 		return fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,

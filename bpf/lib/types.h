@@ -122,7 +122,12 @@ struct flow_cfg {
 	__u64 timeout_ns[4];	       /* by CZ_TO_* */
 	__u32 uplinks[CZ_UPLINKS_MAX]; /* ifindexes of the uplinks; 0: unused */
 	__u32 flags;		       /* CZ_CFG_* */
-	__u32 reserved;		       /* zero */
+	/*
+	 * The node's routes' generation, bumped by the agent on every change of routes, rules and
+	 * links (and by each write of the node's part): cz_fib4_cached's answers are valid while
+	 * it is the one they were asked under. Was `reserved`, zero; older programs never read it.
+	 */
+	__u32 fib_gen;
 };
 
 /*

@@ -131,7 +131,7 @@ class FlowCfg(ctypes.Structure):
         ("timeout_ns", ctypes.c_uint64 * 4),
         ("uplinks", ctypes.c_uint32 * UPLINKS_MAX),
         ("flags", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("fib_gen", ctypes.c_uint32),  # the routes' generation (cz_fib4_cached); was reserved
     ]
 
 
