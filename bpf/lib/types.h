@@ -9,7 +9,7 @@
 
 #include <linux/types.h>
 
-#define CZ_LAYOUT_VERSION 6
+#define CZ_LAYOUT_VERSION 7
 
 /* addr4_val.flags, .pod_flags */
 #define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
@@ -148,6 +148,14 @@ struct range4_key {
  * concurrent update, and both words of a bit share a cache line. Ingress looks a reply up in
  * the flow table only when its bit is set in either. Bits are never cleared: a stale bit costs
  * one lookup, never a verdict.
+ */
+
+/*
+ * addrhint (layout 7): array of CZ_ADDRHINT_MAX __u64, a one-hash Bloom filter of addr4's keys
+ * (1 << CZ_ADDRHINT_LOG2 bits). User space is its only writer: a key's bit is set before the
+ * key is written and cleared (when no other key has it) after the key is gone, so an address
+ * whose bit is clear is in no addr4 entry, and the pod-facing hook and the uplinks' egress let a
+ * packet of two such addresses go without a lookup. A stale bit costs a lookup, never a verdict.
  */
 
 /* IPv6: the same maps, keyed and valued with 16-byte addresses */

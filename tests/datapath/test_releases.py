@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cozyebpf import __version__
-from cozyebpf.datapath.layout import LAYOUT_VERSION, OLDEST_COMPATIBLE
+from cozyebpf.datapath.layout import ALL_MAPS, LAYOUT_VERSION, OLDEST_COMPATIBLE, SAME_SINCE
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta
 from cozylab.k8s import Svc, manifest
@@ -324,7 +325,15 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
         text=True,
         env={**os.environ, "PYTHONPATH": str(old), "PYTHONSAFEPATH": "1"},
     )
-    assert said.stdout == f"cozyebpf, version {version}\n", said.stderr  # its own code
+    # its own code (0.1.0 said "cozyebpf, version 0.1.0"; from 0.2.0 on the layouts too)
+    assert said.stdout.startswith((f"cozyebpf, version {version}\n", f"cozyebpf {version} ")), (
+        said.stdout + said.stderr
+    )
+    # its map layout, from its own types.h (0.2.0: 6; this release adds addrhint, layout 7)
+    types = (old / "bpf" / "lib" / "types.h").read_text()
+    found = re.search(r"#define CZ_LAYOUT_VERSION (\d+)", types)
+    assert found is not None
+    old_layout = int(found.group(1))
     manifest_text = manifest(WHOLE, FILT)
     with agent_lab("v", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest_text) as env:
         new_cmd = env.cmd
@@ -343,7 +352,9 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
 
         run_previous()
         env.set_services(WHOLE, FILT)
-        assert read_pinned_meta(env.pin_dir) == PinnedLayout(LAYOUT_VERSION, 0, "")
+        prev_meta = read_pinned_meta(env.pin_dir)
+        assert prev_meta is not None and prev_meta.version == old_layout
+        assert prev_meta.release in ("", version)  # 0.1.0 recorded no release
         with switches(env) as (traffic, answer_later):
             maps = env.map_ids()
             flowing(traffic.all(), udp=0, tcp=30, other=150)
@@ -357,7 +368,10 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
             run_previous()  # the rollback
             flowing(traffic.all(), udp=0, tcp=30, other=150)
             assert answer_later() == b"later"
-            assert env.map_ids() == maps, "every map kept, both ways"
+            # the maps this release added stay pinned, unused by the previous one
+            added = {k: v for k, v in env.map_ids().items() if k not in maps}
+            assert env.map_ids() == {**maps, **added}, "every map kept, both ways"
+            assert set(added) == {s.name for s in ALL_MAPS if SAME_SINCE[s.name] > old_layout}
         traffic.check()
         assert "rebuilt map" not in env.log() and "migrated map" not in env.log()
         env.set_services(WHOLE)
