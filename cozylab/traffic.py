@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from cozylab.netns import Lab, wait_for
 
@@ -45,29 +45,19 @@ def _longest_gap(times: Sequence[float]) -> float:
 
 
 @dataclass
-class TcpChat:
-    """One long-lived TCP connection from `ns` to `dst`: a numbered line every `interval`,
-    each read back before the next (in lockstep), in a thread. A server that echoes the line as
-    it is (`line_echo`) and one that puts the address it saw in front ("<peer> <line>",
-    `EchoHub`) both do: `echoes` holds (monotonic time, that address or "") per round; an
-    answer that is neither is an error. `timeout` is the connect's and each read's."""
+class _Connection:
+    """What a TCP stream from `ns` to `dst` shares: it connects within `timeout` at `start`
+    (raises OSError when that fails), runs `_run` in a thread, keeps its error as text."""
 
     lab: Lab
     ns: str
     dst: tuple[str, int]
-    interval: float = 0.02
     timeout: float = 5.0
-    echoes: list[tuple[float, str]] = field(default_factory=list)
     error: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    @property
-    def rounds(self) -> int:
-        return len(self.echoes)
-
-    def start(self) -> TcpChat:
-        """Connect (raises OSError when that fails) and start chatting."""
+    def start(self) -> Self:
         sock = self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
@@ -78,6 +68,30 @@ class TcpChat:
         self._thread = threading.Thread(target=self._run, args=(sock,), daemon=True)
         self._thread.start()
         return self
+
+    def _run(self, sock: socket.socket) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(15)
+
+
+@dataclass
+class TcpChat(_Connection):
+    """One long-lived TCP connection from `ns` to `dst`: a numbered line every `interval`,
+    each read back before the next (in lockstep), in a thread. A server that echoes the line as
+    it is (`line_echo`) and one that puts the address it saw in front ("<peer> <line>",
+    `EchoHub`) both do: `echoes` holds (monotonic time, that address or "") per round; an
+    answer that is neither is an error. `timeout` is the connect's and each read's."""
+
+    interval: float = 0.02
+    echoes: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.echoes)
 
     def _run(self, sock: socket.socket) -> None:
         seq = 0
@@ -101,11 +115,6 @@ class TcpChat:
             self.error = describe(e)
         finally:
             sock.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(15)
 
     def longest_pause(self) -> float:
         return _longest_gap([t for t, _ in self.echoes])
@@ -250,21 +259,14 @@ class NewFlows:
 
 
 @dataclass
-class Download:
+class Download(_Connection):
     """A download `ns` opened to `dst` (a `Pusher`): read without ever writing to it, so only
     the TCP stack answers (ACKs), as a VM downloading a file does. `reads`: (monotonic time,
     bytes) of each read. With `stall`, nothing for that long is an error (a lost flow stalls
     for good, as a reset would); without, the download waits. `timeout`: the connect's."""
 
-    lab: Lab
-    ns: str
-    dst: tuple[str, int]
     stall: float | None = None
-    timeout: float = 5.0
     reads: list[tuple[float, int]] = field(default_factory=list)
-    error: str | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
     @property
     def total(self) -> int:
@@ -274,19 +276,6 @@ class Download:
     def answered(self) -> int:
         """KiB received (for `flowing`)."""
         return self.total // 1024
-
-    def start(self) -> Download:
-        """Connect (raises OSError when that fails) and start reading."""
-        sock = self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.dst)
-        except OSError:
-            sock.close()
-            raise
-        self._thread = threading.Thread(target=self._run, args=(sock,), daemon=True)
-        self._thread.start()
-        return self
 
     def _run(self, sock: socket.socket) -> None:
         sock.settimeout(0.5)
@@ -308,11 +297,6 @@ class Download:
                     return
                 last = time.monotonic()
                 self.reads.append((last, len(data)))
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(5)
 
     def bytes_after(self, t: float) -> int:
         return sum(n for at, n in self.reads if at > t)

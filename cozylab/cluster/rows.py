@@ -68,10 +68,9 @@ def run_group(group: Group, layout: str) -> list[Row]:
                 with ThreadPoolExecutor(group.workers) as pool:
                     return list(pool.map(lambda c: _decide(c, layout), group.cases))
             return [_decide(c, layout) for c in group.cases]
-    except Exception as e:
-        return [
-            Row(c.scenario, c.name, layout, False, f"error: {describe(e)}") for c in group.cases
-        ]
+    except Exception as e:  # in the setup: its message says what (a timeout's what it awaited)
+        said = f"error: {type(e).__name__}: {e}"
+        return [Row(c.scenario, c.name, layout, False, said) for c in group.cases]
 
 
 def run_groups(groups: Sequence[Group], layout: str) -> list[Row]:
