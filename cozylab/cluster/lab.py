@@ -78,6 +78,7 @@ class ClusterLab(Topology):
 
     @property
     def agents(self) -> NodeAgents:
+        """The nodes' agents (made at first use: they log into the workdir)."""
         if self._agents is None:
             self._agents = NodeAgents(self, self.cmd, self.agent_args, self.workdir)
         return self._agents
@@ -189,6 +190,7 @@ class ClusterLab(Topology):
     # -- Services, announcements ---------------------------------------------------------
 
     def set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
+        """w's EndpointSlice: ready on `nodes`, with the pods named (default: its pod now)."""
         assert self.api is not None
         names = list(pods) or [self.pod_names[w.name]] * len(nodes)
         self.api.api.apply(
@@ -228,8 +230,6 @@ class ClusterLab(Topology):
         for n, sp in self.speakers.items():
             sp.announce({ip for ip, o in owners.items() if o == n})
         return owners
-
-    # -- agents --------------------------------------------------------------------------
 
     def ready(self) -> dict[str, list[int]]:
         """The nodes with a ready endpoint of each VM (where it runs)."""
@@ -281,7 +281,7 @@ class ClusterLab(Topology):
         p = self.lab.exec(ns, "ping", "-c", "1", "-W", "1", addr, check=False)
         return p.returncode == 0
 
-    # -- scenarios 1-6 -------------------------------------------------------------------
+    # -- checks: a probe and what its row wants of it -------------------------------------
 
     def check(self, proto: str, ns: str, addr: str, port: int, want: str | None) -> Check:
         """A TCP or UDP echo from `ns` to addr:port: PASS when it completes (and the far side
@@ -295,6 +295,7 @@ class ClusterLab(Topology):
         return True, f"{what}: the far side saw {seen}"
 
     def check_icmp(self, lb: str, allowed: bool) -> Check:
+        """A ping from the client to `lb`: answered when `allowed`, else dropped and counted."""
         before = sum(self.agents.counted("drop_icmp").values())
         ok = self.ping(self.client, lb)
         if allowed:
@@ -307,6 +308,8 @@ class ClusterLab(Topology):
         )
 
     def check_unlisted(self, lb: str, whole: bool, ns: str | None = None) -> Check:
+        """TCP to port 81 of `lb`, which no Service lists: whole-IP delivers it, a port filter
+        drops it and counts it."""
         before = sum(self.agents.counted("drop_port").values())
         seen, err = self.tcp(ns or self.client, lb, 81, timeout=1.0)
         if whole:
