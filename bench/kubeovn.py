@@ -9,7 +9,10 @@ repetition) in one run:
 - cozyebpf: natOutgoing plus cozyebpf as the DaemonSet runs it (XDP ingress and tcx egress on
   the uplink, the pod-facing hook on ovn0, --host-routing off);
 - cozyebpf-hr: the same with --host-routing on (cz_route_tc behind XDP on the uplink, and what
-  cozyebpf translates handed to its next device with bpf_redirect_neigh).
+  cozyebpf translates handed to its next device with bpf_redirect_neigh);
+- floor (the plain pod's row only): natOutgoing plus an empty tcx program (TCX_NEXT) where
+  cozyebpf has its hooks on that path, ovn0's ingress and the uplink's egress: what any program
+  there costs a packet it lets go.
 
     client ns                node ns                                   ovs ns
     eth0 198.51.100.2/24 === uplink 198.51.100.1/24
@@ -56,13 +59,16 @@ SERVICES = (
     Svc("vm-whole", LB_W, POD_W, [("UDP", 5000)], whole_ip="true"),
     Svc("vm-filter", LB_F, POD_F, [("UDP", ALLOWED_PORT), ("TCP", 22)]),
 )
-CONTENDERS = ("bare", "natout", "cozy-proxy", "cozyebpf", "cozyebpf-hr")
+CONTENDERS = ("bare", "natout", "cozy-proxy", "cozyebpf", "cozyebpf-hr", "floor")
+#: the rows a contender is measured on, where not every row
+ONLY_ON = {"floor": ("kubeovn-egress-plain",)}
 LABELS = {
     "bare": "no netfilter",
     "natout": "natOutgoing",
     "cozy-proxy": "+ cozy-proxy",
     "cozyebpf": "+ cozyebpf",
     "cozyebpf-hr": "+ cozyebpf, host routing",
+    "floor": "natOutgoing + empty hooks",
 }
 #: row -> (what it is, the side the generator runs on)
 ROWS: dict[str, tuple[str, str]] = {
@@ -206,6 +212,7 @@ class KubeOvnBench:
                 ("cz_route_tc", "sched_cls"),
             )
         }
+        self.empty = self.sinks.tc_next_fd  # the floor's program: TCX_NEXT
 
     def teardown(self) -> None:
         for fd in self._links:
@@ -224,6 +231,14 @@ class KubeOvnBench:
         if c == "bare":
             return
         self._exec("node", "nft", "-f", "-", input=NATOUT)
+        if c == "floor":
+            pin, fd = self.pin, self.empty
+
+            def attach_empty() -> None:
+                attach.attach_tc(fd, "cz_pod_ingress", "ovn0", pin, "ingress", "tcx")
+                attach.attach_tc(fd, "cz_egress", "uplink", pin, "egress", "tcx")
+
+            in_netns(self.ns["node"], attach_empty)
         if c == "cozy-proxy":
             self._exec("node", "nft", "-f", "-", input=self.nft)
         if c.startswith("cozyebpf"):
@@ -262,6 +277,9 @@ class KubeOvnBench:
             return
         self._exec("node", "nft", "flush", "ruleset")
         self._flush_conntrack()
+        if c == "floor":
+            for hook, dev in (("tcx-ingress", "ovn0"), ("tcx-egress", "uplink")):
+                attach.detach_link(attach.link_pin(self.pin, hook, dev))
         if c.startswith("cozyebpf"):
             for hook, dev in (
                 ("xdp", "uplink"),
@@ -328,6 +346,8 @@ class KubeOvnBench:
             for row in rows:
                 k = rep % len(CONTENDERS)
                 for c in CONTENDERS[k:] + CONTENDERS[:k]:
+                    if row not in ONLY_ON.get(c, (row,)):
+                        continue
                     with self.contender(c):
                         if row == "kubeovn-reply":
                             self._seed_reply_flow(c)
@@ -365,8 +385,8 @@ def summarize(ms: list[Measurement], rows: list[str]) -> dict[str, dict[str, dic
                 "delivered_fraction": round(sum(m.delivered for m in mine) / sent, 4),
                 "n": len(mine),
             }
-        for c in ("cozyebpf", "cozyebpf-hr"):
-            for base in ("bare", "natout", "cozy-proxy"):
+        for c in ("cozyebpf", "cozyebpf-hr", "floor"):
+            for base in ("bare", "natout", "cozy-proxy", "floor"):
                 ratios = []
                 for rep in {m.rep for m in ms}:
                     a = [m.pps for m in ms if (m.row, m.contender, m.rep) == (row, c, rep)]

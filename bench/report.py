@@ -275,8 +275,9 @@ def kovn_targets(kv: dict[str, Any] | None, add: Any) -> None:
             add(f"{row}: {name} vs no netfilter", e.get("x_bare"), 0.95, "x", "same repetitions")
             add(f"{row}: {name} vs cozy-proxy", e.get("x_cozy-proxy"), 1.8, "x", "same repetitions")
         e = s.get("kubeovn-egress-plain", {}).get(c, {})
+        floor = s.get("kubeovn-egress-plain", {}).get("floor", {}).get("x_natout")
         add(f"kubeovn-egress-plain: {name} vs natOutgoing alone", e.get("x_natout"), 0.98, "x",
-            "same repetitions")  # fmt: skip
+            f"same repetitions; empty programs on its hooks: {floor} x")  # fmt: skip
 
 
 def control_targets(cp: dict[str, Any], add: Any) -> None:
