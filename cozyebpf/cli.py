@@ -222,12 +222,14 @@ def main() -> None:
     "--health-address",
     default="",
     help="HOST:PORT for /healthz, /readyz and /status (the agent's part of `cozyebpf status`), "
-    "e.g. 127.0.0.1:9810; off when empty.",
+    "e.g. 127.0.0.1:9810 or [::1]:9810; 0.0.0.0, :: or no host: every address of both "
+    "families; off when empty.",
 )
 @click.option(
     "--metrics-address",
     default="",
-    help="HOST:PORT for Prometheus metrics at /metrics (e.g. 0.0.0.0:9811); off when empty.",
+    help="HOST:PORT for Prometheus metrics at /metrics (e.g. 0.0.0.0:9811: every address of "
+    "both families, or one address of either); off when empty.",
 )
 @click.option(
     "--counted-services",
@@ -485,10 +487,11 @@ def _metrics_guard(cfg: RunConfig, client: Any) -> tuple[Any, Any]:
         return None, None
     if client is None:
         raise PermanentError("--metrics-auth kubernetes needs the API as source (not --manifests)")
+    from cozyebpf.httpserver import UNSPECIFIED
     from cozyebpf.metricsauth import KubeAuthorizer, server_context
 
     host = cfg.metrics_address.rpartition(":")[0].strip("[]")
-    names = [n for n in (host, cfg.node_name or socket.gethostname()) if n and n != "0.0.0.0"]
+    names = [n for n in (host, cfg.node_name or socket.gethostname()) if n not in UNSPECIFIED]
     return server_context(cfg.metrics_cert_dir, names), KubeAuthorizer(client)
 
 

@@ -12,7 +12,8 @@ import pytest
 from cozyebpf.agent import Agent
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import PermanentError
-from cozyebpf.health import HealthServer, parse_address
+from cozyebpf.health import HealthServer
+from cozyebpf.httpserver import parse_address
 from cozyebpf.model import read_objects
 from cozyebpf.sources import ChangeSet
 from cozylab.fakedp import FakeDatapath
@@ -121,4 +122,4 @@ def test_a_failed_sync_is_retried_and_not_ready(
 @pytest.mark.parametrize("bad", ["9810", "host:", "host:0x1", ":70000"])
 def test_bad_health_address_is_a_clear_error(bad: str) -> None:
     with pytest.raises(PermanentError, match="is not HOST:PORT"):
-        parse_address(bad)
+        parse_address(bad, "--health-address", "127.0.0.1:9810")
