@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bench.datapath import PATHS, VARIANT_LABELS
 
@@ -42,11 +42,28 @@ def _mpps(dp: dict[str, Any], path: str, v: str) -> float | None:
     return e["mpps"] if e else None
 
 
-def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every target of the issue with its measured value, ratio and verdict."""
-    out: list[dict[str, Any]] = []
+class Add(Protocol):
+    """Adds one target to the list (`Targets.add`)."""
+
+    def __call__(
+        self,
+        name: str,
+        value: float | None,
+        want: float,
+        unit: str,
+        detail: str,
+        higher_is_better: bool = True,
+    ) -> None: ...
+
+
+class Targets:
+    """The targets as they are added: each with its value, want and verdict."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
 
     def add(
+        self,
         name: str,
         value: float | None,
         want: float,
@@ -55,7 +72,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         higher_is_better: bool = True,
     ) -> None:
         if value is None:
-            out.append(
+            self.rows.append(
                 {
                     "target": name,
                     "value": None,
@@ -67,7 +84,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             )
             return
         ok = value >= want if higher_is_better else value <= want
-        out.append(
+        self.rows.append(
             {
                 "target": name,
                 "value": round(value, 3),
@@ -79,116 +96,159 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
 
+
+def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target of the issue with its measured value, ratio and verdict."""
+    t = Targets()
     dp = res.get("datapath")
     if dp:
-        for path in FORWARD_PATHS:
-            cz, plain, nft = (_mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
-            floor_v = "tc-next" if path.startswith("egress-") else "xdp-pass"
-            floor = _mpps(dp, path, floor_v)
-            mini = _mpps(dp, path, "min-snat")
-            ratio = cz / plain if cz and plain else None
-            want, stretch = FORWARD_GOALS[path]
-            add(
-                f"{path}: cozyebpf (XDP) forwarding vs plain routing",
-                ratio,
-                want,
-                "x",
-                f"{cz} vs {plain} Mpps{_stretch(ratio, stretch)}"
-                + (f"; a bare {floor_v} program: {floor / plain:.3f}x" if floor and plain else "")
-                + (f"; the minimal SNAT: {mini / plain:.3f}x" if mini and plain else ""),
-            )
-            if "nft" not in PATHS[path]:
-                continue
-            add(
-                f"{path}: cozyebpf (XDP) forwarding vs cozy-proxy nftables",
-                cz / nft if cz and nft else None,
-                1.8,
-                "x",
-                f"{cz} vs {nft} Mpps",
-            )
-        cz, bare, nft = (_mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
-        mini = _mpps(dp, "port-drop", "min-xdp")
-        ratio = cz / bare if cz and bare else None
+        forward_targets(dp, t.add)
+        drop_targets(dp, t.add)
+        variant_targets(dp, t.add)
+        pod_hook_targets(dp, t.add)
+        minimal_targets(dp, t.add)
+    kovn_targets(res.get("kubeovn"), t.add)
+    pr = res.get("progrun")
+    if pr:
+        progrun_targets(pr, t.add)
+    cp = res.get("control")
+    if cp:
+        control_targets(cp, t.add)
+    mw = res.get("mapwrites")
+    if mw:
+        mapwrite_targets(mw, t.add)
+    return t.rows
+
+
+def forward_targets(dp: dict[str, Any], add: Add) -> None:
+    """Forwarding per path vs plain routing (issue 10's goals) and vs cozy-proxy's nftables."""
+    for path in FORWARD_PATHS:
+        cz, plain, nft = (_mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
+        floor_v = "tc-next" if path.startswith("egress-") else "xdp-pass"
+        floor = _mpps(dp, path, floor_v)
+        mini = _mpps(dp, path, "min-snat")
+        ratio = cz / plain if cz and plain else None
+        want, stretch = FORWARD_GOALS[path]
         add(
-            "port-drop: cozyebpf (XDP) drop vs bare XDP_DROP",
+            f"{path}: cozyebpf (XDP) forwarding vs plain routing",
             ratio,
-            DROP_GOAL[0],
+            want,
             "x",
-            f"{cz} vs {bare} Mpps{_stretch(ratio, DROP_GOAL[1])}"
-            + (f"; the minimal NAT: {mini / bare:.3f}x" if mini and bare else ""),
+            f"{cz} vs {plain} Mpps{_stretch(ratio, stretch)}"
+            + (f"; a bare {floor_v} program: {floor / plain:.3f}x" if floor and plain else "")
+            + (f"; the minimal SNAT: {mini / plain:.3f}x" if mini and plain else ""),
         )
+        if "nft" not in PATHS[path]:
+            continue
         add(
-            "port-drop: cozyebpf (XDP) drop vs cozy-proxy nftables drop",
+            f"{path}: cozyebpf (XDP) forwarding vs cozy-proxy nftables",
             cz / nft if cz and nft else None,
-            5.0,
+            1.8,
             "x",
             f"{cz} vs {nft} Mpps",
         )
-        for path in (p for p in PATHS if "cz-xdp-nosvc" in PATHS[p]):
-            cz, nosvc, mon = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"))
-            add(
-                f"{path}: cozyebpf (XDP) with per-Service counters vs without (cost <= 3 %)",
-                cz / nosvc if cz and nosvc else None,
-                SVC_COUNTER_GOAL,
-                "x",
-                f"{cz} vs {nosvc} Mpps"
-                + (f"; with a monitor running (--type all): {mon / cz:.3f}x" if mon and cz else ""),
-            )
-        for path in (p for p in PATHS if "cz-xdp-nospoof" in PATHS[p]):
-            cz, nospoof = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nospoof"))
-            add(
-                f"{path}: cozyebpf egress with the source check vs without (cost <= 2 %)",
-                cz / nospoof if cz and nospoof else None,
-                SPOOF_CHECK_GOAL,
-                "x",
-                f"{cz} vs {nospoof} Mpps",
-            )
-        for path in (p for p in PATHS if "cz-xdp-ranges" in PATHS[p]):
-            cz, ranged = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-ranges"))
-            add(
-                f"{path}: cozyebpf (XDP) with source ranges vs without (cost <= 5 %)",
-                ranged / cz if cz and ranged else None,
-                RANGES_GOAL,
-                "x",
-                f"{ranged} vs {cz} Mpps",
-            )
-        # the pod-facing hook (issue 18): what it costs the traffic it translates (the egress
-        # goal), and the traffic it only looks at (a plain pod's; a budget of 5 %)
-        for path, want in (
-            ("pod-side-snat", FORWARD_GOALS["egress-snat"][0]),
-            ("pod-side-other", 0.95),
-        ):
-            pod, uplink, plain, floor = (
-                _mpps(dp, path, v) for v in ("cz-pod", "cz-xdp", "plain", "cz-xdp-podnext")
-            )
-            if not (pod and plain):
-                continue
-            add(
-                f"{path}: cozyebpf with the pod-facing hook vs plain routing",
-                pod / plain,
-                want,
-                "x",
-                f"{pod} vs {plain} Mpps"
-                + (f"; on the uplinks only: {uplink / plain:.3f}x" if uplink else "")
-                + (
-                    f"; those and a bare TCX_NEXT on the pods' devices: {floor / plain:.3f}x"
-                    if floor
-                    else ""
-                ),
-            )
-        for path in ("port-drop", "whole-ip"):
-            cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
-            add(
-                f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)",
-                cz / mini if cz and mini else None,
-                1.0,
-                "x",
-                f"{cz} vs {mini} Mpps",
-            )
-    kovn_targets(res.get("kubeovn"), add)
-    pr = res.get("progrun")
-    if pr and pr.get("spoof"):
-        sp = pr["spoof"]
+
+
+def drop_targets(dp: dict[str, Any], add: Add) -> None:
+    """The port filter's drop vs a bare XDP_DROP and vs cozy-proxy's nftables drop."""
+    cz, bare, nft = (_mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
+    mini = _mpps(dp, "port-drop", "min-xdp")
+    ratio = cz / bare if cz and bare else None
+    add(
+        "port-drop: cozyebpf (XDP) drop vs bare XDP_DROP",
+        ratio,
+        DROP_GOAL[0],
+        "x",
+        f"{cz} vs {bare} Mpps{_stretch(ratio, DROP_GOAL[1])}"
+        + (f"; the minimal NAT: {mini / bare:.3f}x" if mini and bare else ""),
+    )
+    add(
+        "port-drop: cozyebpf (XDP) drop vs cozy-proxy nftables drop",
+        cz / nft if cz and nft else None,
+        5.0,
+        "x",
+        f"{cz} vs {nft} Mpps",
+    )
+
+
+def variant_targets(dp: dict[str, Any], add: Add) -> None:
+    """What a feature costs: the product against its builds without per-Service counters and
+    without the source check, and Services with source ranges against those without."""
+    for path in (p for p in PATHS if "cz-xdp-nosvc" in PATHS[p]):
+        cz, nosvc, mon = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"))
+        add(
+            f"{path}: cozyebpf (XDP) with per-Service counters vs without (cost <= 3 %)",
+            cz / nosvc if cz and nosvc else None,
+            SVC_COUNTER_GOAL,
+            "x",
+            f"{cz} vs {nosvc} Mpps"
+            + (f"; with a monitor running (--type all): {mon / cz:.3f}x" if mon and cz else ""),
+        )
+    for path in (p for p in PATHS if "cz-xdp-nospoof" in PATHS[p]):
+        cz, nospoof = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nospoof"))
+        add(
+            f"{path}: cozyebpf egress with the source check vs without (cost <= 2 %)",
+            cz / nospoof if cz and nospoof else None,
+            SPOOF_CHECK_GOAL,
+            "x",
+            f"{cz} vs {nospoof} Mpps",
+        )
+    for path in (p for p in PATHS if "cz-xdp-ranges" in PATHS[p]):
+        cz, ranged = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-ranges"))
+        add(
+            f"{path}: cozyebpf (XDP) with source ranges vs without (cost <= 5 %)",
+            ranged / cz if cz and ranged else None,
+            RANGES_GOAL,
+            "x",
+            f"{ranged} vs {cz} Mpps",
+        )
+
+
+def pod_hook_targets(dp: dict[str, Any], add: Add) -> None:
+    """The pod-facing hook (issue 18): what it costs the traffic it translates (the egress
+    goal), and the traffic it only looks at (a plain pod's; a budget of 5 %)."""
+    for path, want in (
+        ("pod-side-snat", FORWARD_GOALS["egress-snat"][0]),
+        ("pod-side-other", 0.95),
+    ):
+        pod, uplink, plain, floor = (
+            _mpps(dp, path, v) for v in ("cz-pod", "cz-xdp", "plain", "cz-xdp-podnext")
+        )
+        if not (pod and plain):
+            continue
+        add(
+            f"{path}: cozyebpf with the pod-facing hook vs plain routing",
+            pod / plain,
+            want,
+            "x",
+            f"{pod} vs {plain} Mpps"
+            + (f"; on the uplinks only: {uplink / plain:.3f}x" if uplink else "")
+            + (
+                f"; those and a bare TCX_NEXT on the pods' devices: {floor / plain:.3f}x"
+                if floor
+                else ""
+            ),
+        )
+
+
+def minimal_targets(dp: dict[str, Any], add: Add) -> None:
+    """cozyebpf against the minimal XDP NAT, which it must beat."""
+    for path in ("port-drop", "whole-ip"):
+        cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
+        add(
+            f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)",
+            cz / mini if cz and mini else None,
+            1.0,
+            "x",
+            f"{cz} vs {mini} Mpps",
+        )
+
+
+def progrun_targets(pr: dict[str, Any], add: Add) -> None:
+    """BPF_PROG_RUN: the source check's cost, ns per packet vs the minimal NAT's, and the
+    verifier's instructions per program."""
+    sp = pr.get("spoof")
+    if sp:
         for case in sp["cached"]:
             on, off, fib = (sp[b][case]["min"] for b in ("cached", "nocheck", "fib"))
             add(
@@ -200,58 +260,55 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 f"packet instead of the cache: {fib} ns",
                 higher_is_better=False,
             )
-    if pr:
-        cases = pr["cases"]
-        for path in ("whole-ip", "port-allowed", "port-drop"):
-            ours, mini = cases.get(f"xdp/{path}"), cases.get(f"min/{path}")
-            add(
-                f"{path}: BPF_PROG_RUN ns per packet vs the minimal NAT's",
-                ours["ns"] / mini["ns"] if ours and mini and mini["ns"] else None,
-                PROGRUN_GOAL,
-                "x",
-                f"{ours['ns'] if ours else '?'} vs {mini['ns'] if mini else '?'} ns",
-                higher_is_better=False,
-            )
-        verified = pr.get("verified_insns", {})
-        for prog, before in VERIFIER_BEFORE.items():
-            parts = [verified.get(prog), verified.get(f"{prog}-full-path")]
-            parts.append(verified.get(f"{prog}-outside"))
-            got = [v for v in parts if v is not None]
-            worst = max(got) if got else None
-            add(
-                f"verifier: instructions processed per program, {prog}",
-                worst,
-                before,
-                "insns",
-                f"entry {parts[0]}, full path {parts[1]}, outside {parts[2]}"
-                f"{_stretch(worst, before // 2, False)}",
-                higher_is_better=False,
-            )
-    cp = res.get("control")
-    if cp:
-        control_targets(cp, add)
-    mw = res.get("mapwrites")
-    if mw:
-        key = "10000" if "10000" in mw else next(k for k in mw if k != "sync_breakdown")
-        m = mw[key]
+    cases = pr["cases"]
+    for path in ("whole-ip", "port-allowed", "port-drop"):
+        ours, mini = cases.get(f"xdp/{path}"), cases.get(f"min/{path}")
         add(
-            f"map programming ({key} Services) vs one nft -f transaction: per-element "
-            "(PinnedMaps without batch operations)",
-            m["apply_per_element"],
-            m["nft_f"],
-            "s",
-            f"nft -f {m['nft_f']} s",
+            f"{path}: BPF_PROG_RUN ns per packet vs the minimal NAT's",
+            ours["ns"] / mini["ns"] if ours and mini and mini["ns"] else None,
+            PROGRUN_GOAL,
+            "x",
+            f"{ours['ns'] if ours else '?'} vs {mini['ns'] if mini else '?'} ns",
             higher_is_better=False,
         )
+    verified = pr.get("verified_insns", {})
+    for prog, before in VERIFIER_BEFORE.items():
+        parts = [verified.get(prog), verified.get(f"{prog}-full-path")]
+        parts.append(verified.get(f"{prog}-outside"))
+        got = [v for v in parts if v is not None]
+        worst = max(got) if got else None
         add(
-            f"map programming ({key} Services) vs one nft -f transaction: batch",
-            m["apply_batch"],
-            m["nft_f"],
-            "s",
-            f"nft -f {m['nft_f']} s",
+            f"verifier: instructions processed per program, {prog}",
+            worst,
+            before,
+            "insns",
+            f"entry {parts[0]}, full path {parts[1]}, outside {parts[2]}"
+            f"{_stretch(worst, before // 2, False)}",
             higher_is_better=False,
         )
-    return out
+
+
+def mapwrite_targets(mw: dict[str, Any], add: Add) -> None:
+    """Programming the maps vs one `nft -f` transaction, per element and in batches."""
+    key = "10000" if "10000" in mw else next(k for k in mw if k != "sync_breakdown")
+    m = mw[key]
+    add(
+        f"map programming ({key} Services) vs one nft -f transaction: per-element "
+        "(PinnedMaps without batch operations)",
+        m["apply_per_element"],
+        m["nft_f"],
+        "s",
+        f"nft -f {m['nft_f']} s",
+        higher_is_better=False,
+    )
+    add(
+        f"map programming ({key} Services) vs one nft -f transaction: batch",
+        m["apply_batch"],
+        m["nft_f"],
+        "s",
+        f"nft -f {m['nft_f']} s",
+        higher_is_better=False,
+    )
 
 
 #: issue 26's targets on the Kube-OVN node: each VM row against no netfilter and cozy-proxy,
@@ -265,7 +322,7 @@ KOVN_VM_ROWS = (
 )
 
 
-def kovn_targets(kv: dict[str, Any] | None, add: Any) -> None:
+def kovn_targets(kv: dict[str, Any] | None, add: Add) -> None:
     if not kv:
         return
     s = kv["summary"]
@@ -279,7 +336,7 @@ def kovn_targets(kv: dict[str, Any] | None, add: Any) -> None:
             "same repetitions")  # fmt: skip
 
 
-def control_targets(cp: dict[str, Any], add: Any) -> None:
+def control_targets(cp: dict[str, Any], add: Add) -> None:
     """The control-plane goal table (issue 9): at 1k and 10k Services, API source unless
     named. `want` is the target; the stretch goal is in the detail."""
 
@@ -370,100 +427,13 @@ def control_targets(cp: dict[str, Any], add: Any) -> None:
 
 
 def table(res: dict[str, Any]) -> str:
-    lines: list[str] = []
-    m = res["machine"]
-    lines.append(
-        f"cozyebpf bench ({'quick' if res['quick'] else 'full'}) {res['started']}, "
-        f"kernel {m['kernel']}, {m['cpus']} vCPU {m['cpu_model']}"
-    )
-    lines.append(f"product under test: {res['product']}")
-    lines.append(
-        f"load: /proc/loadavg at start {m['loadavg_start']} (CPU busy "
-        f"{m['cpu_busy_start'] * 100:.0f}% in the second before), at end "
-        f"{res.get('loadavg_end', '?')}"
-    )
+    lines = header_lines(res)
     dp = res.get("datapath")
     if dp:
-        lines.append("")
-        lines.append(
-            "DATAPATH: Mpps per busy core (ns/packet), 60-byte UDP, median of "
-            f"{res['params']['reps']} interleaved runs; ratio vs plain routing "
-            "(forwarding) or vs bare XDP_DROP (drop)"
-        )
-        variants = [
-            "gen-only",
-            "xdp-drop",
-            "plain",
-            "xdp-pass",
-            "tc-next",
-            "nft",
-            "nft-noct",
-            "min-xdp",
-            "min-snat",
-            "cz-tcx",
-            "cz-xdp",
-            "cz-xdp-nosvc",
-            "cz-xdp-nospoof",
-            "cz-xdp-mon",
-            "cz-xdp-ranges",
-        ]
-        paths = list(PATHS)
-        lines.append(f"{'':13s}" + "".join(f"{p:>21s}" for p in paths))
-        for v in variants:
-            row = f"{v:13s}"
-            for path in paths:
-                base = _mpps(dp, path, "xdp-drop" if path == "port-drop" else "plain")
-                e = dp["summary"].get(path, {}).get(v)
-                if not e:
-                    row += f"{'-':>21s}"
-                    continue
-                ratio = f"{e['mpps'] / base:.2f}x" if base else ""
-                row += f" {e['mpps']:6.2f} ({e['ns_per_packet']:4.0f}) {ratio:>6s}"
-            lines.append(row)
-        lines.append(
-            "  by wall clock (shares the cores with whatever else runs), Mpps: "
-            + "; ".join(
-                f"{path} "
-                + " ".join(
-                    f"{v} {e.get('wall_mpps', float('nan')):.2f}"
-                    for v, e in dp["summary"].get(path, {}).items()
-                )
-                for path in paths
-            )
-        )
-        lines.append("  " + "; ".join(f"{k}: {v}" for k, v in VARIANT_LABELS.items()))
-        ins = dp.get("in_situ_ns_per_packet", {})
-        if ins:
-            lines.append(
-                "  in the datapath, ns per packet inside our program (bpf stats): "
-                + ", ".join(f"{k} {v['ns']}" for k, v in ins.items())
-            )
+        lines += datapath_table(dp, res["params"]["reps"])
     pr = res.get("progrun")
     if pr:
-        lines.append("")
-        lines.append(
-            f"PER-PACKET COST (BPF_PROG_RUN, repeat {pr['repeat']}, median): ns/run, "
-            "ns above the trivial program, ns by bpf stats"
-        )
-        for name, c in pr["cases"].items():
-            lines.append(
-                f"  {name:20s} {c['ns']:7.1f} {c['ns_above_floor']:7.1f} "
-                f"{c['ns_bpf_stats']:7.1f}   {c['what']}"
-            )
-        lines.append(f"  program sizes (xlated insns): {pr['insns']}")
-        sp = pr.get("spoof")
-        if sp:
-            lines.append(
-                "  the source check (cz_egress from the pod's device, the cache filled), ns min / "
-                "median over interleaved rounds: "
-                + "; ".join(
-                    f"{case} "
-                    + ", ".join(
-                        f"{b} {sp[b][case]['min']:.0f}/{sp[b][case]['median']:.0f}" for b in sp
-                    )
-                    for case in next(iter(sp.values()))
-                )
-            )
+        lines += progrun_table(pr)
     kv = res.get("kubeovn")
     if kv:
         from bench.kubeovn import table as kovn_table
@@ -483,44 +453,155 @@ def table(res: dict[str, Any]) -> str:
         )
     mw = res.get("mapwrites")
     if mw:
-        lines.append("")
-        lines.append(
-            "MAP WRITES (seconds, median): per-element = PinnedMaps without batch operations; "
-            "batch = PinnedMaps.apply (BPF_MAP_*_BATCH, the product's default)"
-        )
-        for n, m in mw.items():
-            if n == "sync_breakdown":
-                continue
-            lines.append(
-                f"  {n:>6s} Services ({m['entries']} entries): write per-element "
-                f"{m['apply_per_element']:.3f} / batch {m['apply_batch']:.3f} "
-                f"({m['apply_per_element'] / m['apply_batch']:.1f}x); delete "
-                f"{m['delete_per_element']:.3f} / {m['delete_batch']:.3f} "
-                f"({m['delete_per_element'] / m['delete_batch']:.1f}x); read_state walk "
-                f"{m['read_state']:.3f} / lookup batch {m['lookup_batch']:.3f}; "
-                f"nft -f {m['nft_f']:.3f}"
-            )
-        sb = mw.get("sync_breakdown")
-        if sb:
-            y = sb.get("yaml_1000", {})
-            lines.append(
-                "  one sync besides map writes: manifest parse of 1000 Services "
-                + f"({y.get('bytes', 0) // 1024} KiB YAML) {y.get('SafeLoader_s')} s with "
-                + f"yaml.SafeLoader, {y.get('CSafeLoader_s')} s with "
-                + "yaml.CSafeLoader (the agent's); model "
-                + ", ".join(
-                    f"{n}: {v['build_state_s']} s" for n, v in sb.items() if n != "yaml_1000"
-                )
-                + "; diff of one change "
-                + ", ".join(
-                    f"{n}: {v['diff_one_change_s']} s" for n, v in sb.items() if n != "yaml_1000"
-                )
-            )
+        lines += mapwrites_table(mw)
     cp = res.get("control")
     if cp:
         lines += control_table(cp)
-    lines.append("")
-    lines.append("TARGETS")
+    lines += targets_table(res)
+    return "\n".join(lines)
+
+
+def header_lines(res: dict[str, Any]) -> list[str]:
+    """The run: when, on what, the product, the machine's load."""
+    m = res["machine"]
+    return [
+        f"cozyebpf bench ({'quick' if res['quick'] else 'full'}) {res['started']}, "
+        f"kernel {m['kernel']}, {m['cpus']} vCPU {m['cpu_model']}",
+        f"product under test: {res['product']}",
+        f"load: /proc/loadavg at start {m['loadavg_start']} (CPU busy "
+        f"{m['cpu_busy_start'] * 100:.0f}% in the second before), at end "
+        f"{res.get('loadavg_end', '?')}",
+    ]
+
+
+#: the datapath table's rows, in order
+DATAPATH_ROWS = (
+    "gen-only",
+    "xdp-drop",
+    "plain",
+    "xdp-pass",
+    "tc-next",
+    "nft",
+    "nft-noct",
+    "min-xdp",
+    "min-snat",
+    "cz-tcx",
+    "cz-xdp",
+    "cz-xdp-nosvc",
+    "cz-xdp-nospoof",
+    "cz-xdp-mon",
+    "cz-xdp-ranges",
+)
+
+
+def datapath_table(dp: dict[str, Any], reps: int) -> list[str]:
+    """Mpps per busy core of each variant on each path, ratios, wall-clock rates."""
+    lines = [
+        "",
+        "DATAPATH: Mpps per busy core (ns/packet), 60-byte UDP, median of "
+        f"{reps} interleaved runs; ratio vs plain routing "
+        "(forwarding) or vs bare XDP_DROP (drop)",
+    ]
+    paths = list(PATHS)
+    lines.append(f"{'':13s}" + "".join(f"{p:>21s}" for p in paths))
+    for v in DATAPATH_ROWS:
+        row = f"{v:13s}"
+        for path in paths:
+            base = _mpps(dp, path, "xdp-drop" if path == "port-drop" else "plain")
+            e = dp["summary"].get(path, {}).get(v)
+            if not e:
+                row += f"{'-':>21s}"
+                continue
+            ratio = f"{e['mpps'] / base:.2f}x" if base else ""
+            row += f" {e['mpps']:6.2f} ({e['ns_per_packet']:4.0f}) {ratio:>6s}"
+        lines.append(row)
+    lines.append(
+        "  by wall clock (shares the cores with whatever else runs), Mpps: "
+        + "; ".join(
+            f"{path} "
+            + " ".join(
+                f"{v} {e.get('wall_mpps', float('nan')):.2f}"
+                for v, e in dp["summary"].get(path, {}).items()
+            )
+            for path in paths
+        )
+    )
+    lines.append("  " + "; ".join(f"{k}: {v}" for k, v in VARIANT_LABELS.items()))
+    ins = dp.get("in_situ_ns_per_packet", {})
+    if ins:
+        lines.append(
+            "  in the datapath, ns per packet inside our program (bpf stats): "
+            + ", ".join(f"{k} {v['ns']}" for k, v in ins.items())
+        )
+    return lines
+
+
+def progrun_table(pr: dict[str, Any]) -> list[str]:
+    """BPF_PROG_RUN's ns per case, the programs' sizes, the source check's builds."""
+    lines = [
+        "",
+        f"PER-PACKET COST (BPF_PROG_RUN, repeat {pr['repeat']}, median): ns/run, "
+        "ns above the trivial program, ns by bpf stats",
+    ]
+    for name, c in pr["cases"].items():
+        lines.append(
+            f"  {name:20s} {c['ns']:7.1f} {c['ns_above_floor']:7.1f} "
+            f"{c['ns_bpf_stats']:7.1f}   {c['what']}"
+        )
+    lines.append(f"  program sizes (xlated insns): {pr['insns']}")
+    sp = pr.get("spoof")
+    if sp:
+        lines.append(
+            "  the source check (cz_egress from the pod's device, the cache filled), ns min / "
+            "median over interleaved rounds: "
+            + "; ".join(
+                f"{case} "
+                + ", ".join(f"{b} {sp[b][case]['min']:.0f}/{sp[b][case]['median']:.0f}" for b in sp)
+                for case in next(iter(sp.values()))
+            )
+        )
+    return lines
+
+
+def mapwrites_table(mw: dict[str, Any]) -> list[str]:
+    """Seconds per map write, per element and in batches, and one sync's other work."""
+    lines = [
+        "",
+        "MAP WRITES (seconds, median): per-element = PinnedMaps without batch operations; "
+        "batch = PinnedMaps.apply (BPF_MAP_*_BATCH, the product's default)",
+    ]
+    for n, m in mw.items():
+        if n == "sync_breakdown":
+            continue
+        lines.append(
+            f"  {n:>6s} Services ({m['entries']} entries): write per-element "
+            f"{m['apply_per_element']:.3f} / batch {m['apply_batch']:.3f} "
+            f"({m['apply_per_element'] / m['apply_batch']:.1f}x); delete "
+            f"{m['delete_per_element']:.3f} / {m['delete_batch']:.3f} "
+            f"({m['delete_per_element'] / m['delete_batch']:.1f}x); read_state walk "
+            f"{m['read_state']:.3f} / lookup batch {m['lookup_batch']:.3f}; "
+            f"nft -f {m['nft_f']:.3f}"
+        )
+    sb = mw.get("sync_breakdown")
+    if sb:
+        y = sb.get("yaml_1000", {})
+        lines.append(
+            "  one sync besides map writes: manifest parse of 1000 Services "
+            + f"({y.get('bytes', 0) // 1024} KiB YAML) {y.get('SafeLoader_s')} s with "
+            + f"yaml.SafeLoader, {y.get('CSafeLoader_s')} s with "
+            + "yaml.CSafeLoader (the agent's); model "
+            + ", ".join(f"{n}: {v['build_state_s']} s" for n, v in sb.items() if n != "yaml_1000")
+            + "; diff of one change "
+            + ", ".join(
+                f"{n}: {v['diff_one_change_s']} s" for n, v in sb.items() if n != "yaml_1000"
+            )
+        )
+    return lines
+
+
+def targets_table(res: dict[str, Any]) -> list[str]:
+    """Each target's verdict (a MISS loud), then the parts' errors."""
+    lines = ["", "TARGETS"]
     misses = 0
     for t in res.get("targets", []):
         mark = {"PASS": "PASS", "MISS": "MISS <<<<<<", "n/a": "n/a "}[t["verdict"]]
@@ -537,7 +618,7 @@ def table(res: dict[str, Any]) -> str:
         )
     for part, err in res.get("errors", {}).items():
         lines.append(f"  ERROR in {part}: {err}")
-    return "\n".join(lines)
+    return lines
 
 
 def control_table(cp: dict[str, Any]) -> list[str]:
@@ -595,84 +676,108 @@ def chart(res: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]})
-    dp = res.get("datapath")
-    ax = axes[0]
+    dp, cp = res.get("datapath"), res.get("control")
     if dp:
-        variants = [
-            "plain",
-            "nft",
-            "nft-noct",
-            "min-xdp",
-            "min-snat",
-            "cz-tcx",
-            "cz-xdp",
-            "xdp-drop",
-        ]
-        colors = {
-            "plain": "#888888",
-            "nft": "#d62728",
-            "nft-noct": "#ff9896",
-            "min-xdp": "#bcbd22",
-            "min-snat": "#dbdb8d",
-            "cz-tcx": "#aec7e8",
-            "cz-xdp": "#1f77b4",
-            "xdp-drop": "#2ca02c",
-        }
-        paths = list(PATHS)
-        w = 0.8 / len(variants)
-        for j, v in enumerate(variants):
-            xs, ys = [], []
-            for i, p in enumerate(paths):
-                val = _mpps(dp, p, v)
-                if val:
-                    xs.append(i + (j - len(variants) / 2 + 0.5) * w)
-                    ys.append(val)
-            ax.bar(xs, ys, w, label=VARIANT_LABELS[v], color=colors[v])
-        ax.set_xticks(range(len(paths)), paths)
-        ax.set_ylabel("Mpps per busy core (median), higher is better")
-        ax.set_title("Datapath: generator + node + receiver on one core, 60-byte UDP")
-        ax.legend(fontsize=7, loc="upper left")
-        ax.grid(axis="y", alpha=0.3)
-    cp = res.get("control")
-    ax = axes[1]
+        datapath_chart(axes[0], dp)
     if cp:
-        sizes = sorted({c["n"] for c in cp["cold_sync"]})
-        for src, key, color, label in (
-            ("manifest", "file_to_maps_s", "#9467bd", "manifest arriving at a ready agent"),
-            ("api", "ready_to_maps_s", "#1f77b4", "API: datapath ready -> maps"),
-            ("api", "start_to_maps_s", "#17becf", "API: process start -> maps"),
-        ):
-            cold: list[float | None] = [
-                next(
-                    (c.get(key) for c in cp["cold_sync"] if c["n"] == n and c["source"] == src),
-                    None,
-                )
-                for n in sizes
-            ]
-            ax.plot(
-                sizes,
-                [max(y, 1e-3) if y is not None else None for y in cold],
-                "o-",
-                color=color,
-                label=label,
+        cold_sync_chart(axes[1], cp)
+    change_chart(axes[2], cp)
+    for a in axes:
+        if not a.has_data():
+            a.text(0.5, 0.5, "not run", ha="center", va="center", transform=a.transAxes, alpha=0.4)
+    m = res["machine"]
+    fig.suptitle(
+        f"cozyebpf bench {res['started']} ({'quick' if res['quick'] else 'full'}): "
+        f"{m['cpus']} vCPU, kernel {m['kernel']}, loadavg at start "
+        f"{m['loadavg_start'].split()[0]}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def datapath_chart(ax: Any, dp: dict[str, Any]) -> None:
+    """Mpps per busy core of the main variants on each path, as grouped bars."""
+    variants = [
+        "plain",
+        "nft",
+        "nft-noct",
+        "min-xdp",
+        "min-snat",
+        "cz-tcx",
+        "cz-xdp",
+        "xdp-drop",
+    ]
+    colors = {
+        "plain": "#888888",
+        "nft": "#d62728",
+        "nft-noct": "#ff9896",
+        "min-xdp": "#bcbd22",
+        "min-snat": "#dbdb8d",
+        "cz-tcx": "#aec7e8",
+        "cz-xdp": "#1f77b4",
+        "xdp-drop": "#2ca02c",
+    }
+    paths = list(PATHS)
+    w = 0.8 / len(variants)
+    for j, v in enumerate(variants):
+        xs, ys = [], []
+        for i, p in enumerate(paths):
+            val = _mpps(dp, p, v)
+            if val:
+                xs.append(i + (j - len(variants) / 2 + 0.5) * w)
+                ys.append(val)
+        ax.bar(xs, ys, w, label=VARIANT_LABELS[v], color=colors[v])
+    ax.set_xticks(range(len(paths)), paths)
+    ax.set_ylabel("Mpps per busy core (median), higher is better")
+    ax.set_title("Datapath: generator + node + receiver on one core, 60-byte UDP")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def cold_sync_chart(ax: Any, cp: dict[str, Any]) -> None:
+    """Seconds to all maps programmed by the number of Services, beside one nft -f."""
+    sizes = sorted({c["n"] for c in cp["cold_sync"]})
+    for src, key, color, label in (
+        ("manifest", "file_to_maps_s", "#9467bd", "manifest arriving at a ready agent"),
+        ("api", "ready_to_maps_s", "#1f77b4", "API: datapath ready -> maps"),
+        ("api", "start_to_maps_s", "#17becf", "API: process start -> maps"),
+    ):
+        cold: list[float | None] = [
+            next(
+                (c.get(key) for c in cp["cold_sync"] if c["n"] == n and c["source"] == src),
+                None,
             )
+            for n in sizes
+        ]
         ax.plot(
-            [x["n"] for x in cp["nft"]],
-            [x["nft_f_s"] for x in cp["nft"]],
-            "s--",
-            color="#d62728",
-            label="one nft -f (cozy-proxy tables)",
+            sizes,
+            [max(y, 1e-3) if y is not None else None for y in cold],
+            "o-",
+            color=color,
+            label=label,
         )
-        ax.axhline(1.0, color="k", ls=":", lw=1, label="targets at 10k: API 1 s, manifest 2 s")
-        ax.axhline(2.0, color="k", ls=":", lw=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("Services")
-        ax.set_ylabel("seconds to all maps programmed")
-        ax.set_title("Cold sync")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    ax = axes[2]
+    ax.plot(
+        [x["n"] for x in cp["nft"]],
+        [x["nft_f_s"] for x in cp["nft"]],
+        "s--",
+        color="#d62728",
+        label="one nft -f (cozy-proxy tables)",
+    )
+    ax.axhline(1.0, color="k", ls=":", lw=1, label="targets at 10k: API 1 s, manifest 2 s")
+    ax.axhline(2.0, color="k", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("Services")
+    ax.set_ylabel("seconds to all maps programmed")
+    ax.set_title("Cold sync")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def change_chart(ax: Any, cp: dict[str, Any] | None) -> None:
+    """One change's p50 and p99, idle and under churn, beside one nft add element."""
     labels, p50, p99 = [], [], []
     if cp:
         for ch in cp["changes"]:
@@ -702,19 +807,6 @@ def chart(res: dict[str, Any], path: Path) -> None:
         ax.set_title("One change, idle and under churn")
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-    for a in axes:
-        if not a.has_data():
-            a.text(0.5, 0.5, "not run", ha="center", va="center", transform=a.transAxes, alpha=0.4)
-    m = res["machine"]
-    fig.suptitle(
-        f"cozyebpf bench {res['started']} ({'quick' if res['quick'] else 'full'}): "
-        f"{m['cpus']} vCPU, kernel {m['kernel']}, loadavg at start "
-        f"{m['loadavg_start'].split()[0]}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def median_of(xs: list[float]) -> float:
