@@ -22,7 +22,7 @@ from functools import partial
 from ipaddress import ip_network
 from typing import Any
 
-from bench import bpfx, progs
+from bench import bpfx, progs, variant
 from bench.common import Params, log, median, pin_dir
 from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
@@ -218,9 +218,7 @@ class DatapathBench:
         nosvc = ["-DCZ_NO_SVC_STATS"]
         self.nosvc_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin, nosvc)
         self.nosvc_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin, nosvc)
-        self.nospoof_egress = loader.load(
-            "egress.c", "cz_egress", "sched_cls", self.pin, ["-DCZ_NO_SPOOF_CHECK"]
-        )
+        self.nospoof_egress = variant.build("egress_nocheck.c", "cz_egress", "sched_cls", self.pin)
         self.cz_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin)
         self.cz_ingress_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin)
         self.cz_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin)
