@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from bench.datapath import PATHS, VARIANT_LABELS
 
@@ -40,20 +40,6 @@ def _stretch(value: float | None, stretch: float, higher_is_better: bool = True)
 def _mpps(dp: dict[str, Any], path: str, v: str) -> float | None:
     e = dp.get("summary", {}).get(path, {}).get(v)
     return e["mpps"] if e else None
-
-
-class Add(Protocol):
-    """Adds one target to the list (`Targets.add`)."""
-
-    def __call__(
-        self,
-        name: str,
-        value: float | None,
-        want: float,
-        unit: str,
-        detail: str,
-        higher_is_better: bool = True,
-    ) -> None: ...
 
 
 class Targets:
@@ -102,25 +88,30 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     t = Targets()
     dp = res.get("datapath")
     if dp:
-        forward_targets(dp, t.add)
-        drop_targets(dp, t.add)
-        variant_targets(dp, t.add)
-        pod_hook_targets(dp, t.add)
-        minimal_targets(dp, t.add)
-    kovn_targets(res.get("kubeovn"), t.add)
+        forward_targets(dp, t)
+        drop_targets(dp, t)
+        variant_targets(dp, t)
+        pod_hook_targets(dp, t)
+        minimal_targets(dp, t)
+    kovn_targets(res.get("kubeovn"), t)
     pr = res.get("progrun")
     if pr:
-        progrun_targets(pr, t.add)
+        progrun_targets(pr, t)
     cp = res.get("control")
     if cp:
-        control_targets(cp, t.add)
+        control_targets(cp, t)
     mw = res.get("mapwrites")
     if mw:
-        mapwrite_targets(mw, t.add)
+        mapwrite_targets(mw, t)
     return t.rows
 
 
-def forward_targets(dp: dict[str, Any], add: Add) -> None:
+def _ratio(t: Targets, name: str, a: float | None, b: float | None, want: float) -> None:
+    """The target a / b (rates in Mpps), None where either was not measured."""
+    t.add(name, a / b if a and b else None, want, "x", f"{a} vs {b} Mpps")
+
+
+def forward_targets(dp: dict[str, Any], t: Targets) -> None:
     """Forwarding per path vs plain routing (issue 10's goals) and vs cozy-proxy's nftables."""
     for path in FORWARD_PATHS:
         cz, plain, nft = (_mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
@@ -129,7 +120,7 @@ def forward_targets(dp: dict[str, Any], add: Add) -> None:
         mini = _mpps(dp, path, "min-snat")
         ratio = cz / plain if cz and plain else None
         want, stretch = FORWARD_GOALS[path]
-        add(
+        t.add(
             f"{path}: cozyebpf (XDP) forwarding vs plain routing",
             ratio,
             want,
@@ -140,21 +131,15 @@ def forward_targets(dp: dict[str, Any], add: Add) -> None:
         )
         if "nft" not in PATHS[path]:
             continue
-        add(
-            f"{path}: cozyebpf (XDP) forwarding vs cozy-proxy nftables",
-            cz / nft if cz and nft else None,
-            1.8,
-            "x",
-            f"{cz} vs {nft} Mpps",
-        )
+        _ratio(t, f"{path}: cozyebpf (XDP) forwarding vs cozy-proxy nftables", cz, nft, 1.8)
 
 
-def drop_targets(dp: dict[str, Any], add: Add) -> None:
+def drop_targets(dp: dict[str, Any], t: Targets) -> None:
     """The port filter's drop vs a bare XDP_DROP and vs cozy-proxy's nftables drop."""
     cz, bare, nft = (_mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
     mini = _mpps(dp, "port-drop", "min-xdp")
     ratio = cz / bare if cz and bare else None
-    add(
+    t.add(
         "port-drop: cozyebpf (XDP) drop vs bare XDP_DROP",
         ratio,
         DROP_GOAL[0],
@@ -162,21 +147,15 @@ def drop_targets(dp: dict[str, Any], add: Add) -> None:
         f"{cz} vs {bare} Mpps{_stretch(ratio, DROP_GOAL[1])}"
         + (f"; the minimal NAT: {mini / bare:.3f}x" if mini and bare else ""),
     )
-    add(
-        "port-drop: cozyebpf (XDP) drop vs cozy-proxy nftables drop",
-        cz / nft if cz and nft else None,
-        5.0,
-        "x",
-        f"{cz} vs {nft} Mpps",
-    )
+    _ratio(t, "port-drop: cozyebpf (XDP) drop vs cozy-proxy nftables drop", cz, nft, 5.0)
 
 
-def variant_targets(dp: dict[str, Any], add: Add) -> None:
+def variant_targets(dp: dict[str, Any], t: Targets) -> None:
     """What a feature costs: the product against its builds without per-Service counters and
     without the source check, and Services with source ranges against those without."""
     for path in (p for p in PATHS if "cz-xdp-nosvc" in PATHS[p]):
         cz, nosvc, mon = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"))
-        add(
+        t.add(
             f"{path}: cozyebpf (XDP) with per-Service counters vs without (cost <= 3 %)",
             cz / nosvc if cz and nosvc else None,
             SVC_COUNTER_GOAL,
@@ -186,16 +165,16 @@ def variant_targets(dp: dict[str, Any], add: Add) -> None:
         )
     for path in (p for p in PATHS if "cz-xdp-nospoof" in PATHS[p]):
         cz, nospoof = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nospoof"))
-        add(
+        _ratio(
+            t,
             f"{path}: cozyebpf egress with the source check vs without (cost <= 2 %)",
-            cz / nospoof if cz and nospoof else None,
+            cz,
+            nospoof,
             SPOOF_CHECK_GOAL,
-            "x",
-            f"{cz} vs {nospoof} Mpps",
         )
     for path in (p for p in PATHS if "cz-xdp-ranges" in PATHS[p]):
         cz, ranged = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-ranges"))
-        add(
+        t.add(
             f"{path}: cozyebpf (XDP) with source ranges vs without (cost <= 5 %)",
             ranged / cz if cz and ranged else None,
             RANGES_GOAL,
@@ -204,7 +183,7 @@ def variant_targets(dp: dict[str, Any], add: Add) -> None:
         )
 
 
-def pod_hook_targets(dp: dict[str, Any], add: Add) -> None:
+def pod_hook_targets(dp: dict[str, Any], t: Targets) -> None:
     """The pod-facing hook (issue 18): what it costs the traffic it translates (the egress
     goal), and the traffic it only looks at (a plain pod's; a budget of 5 %)."""
     for path, want in (
@@ -216,7 +195,7 @@ def pod_hook_targets(dp: dict[str, Any], add: Add) -> None:
         )
         if not (pod and plain):
             continue
-        add(
+        t.add(
             f"{path}: cozyebpf with the pod-facing hook vs plain routing",
             pod / plain,
             want,
@@ -231,27 +210,21 @@ def pod_hook_targets(dp: dict[str, Any], add: Add) -> None:
         )
 
 
-def minimal_targets(dp: dict[str, Any], add: Add) -> None:
+def minimal_targets(dp: dict[str, Any], t: Targets) -> None:
     """cozyebpf against the minimal XDP NAT, which it must beat."""
     for path in ("port-drop", "whole-ip"):
         cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
-        add(
-            f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)",
-            cz / mini if cz and mini else None,
-            1.0,
-            "x",
-            f"{cz} vs {mini} Mpps",
-        )
+        _ratio(t, f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)", cz, mini, 1.0)
 
 
-def progrun_targets(pr: dict[str, Any], add: Add) -> None:
+def progrun_targets(pr: dict[str, Any], t: Targets) -> None:
     """BPF_PROG_RUN: the source check's cost, ns per packet vs the minimal NAT's, and the
     verifier's instructions per program."""
     sp = pr.get("spoof")
     if sp:
         for case in sp["cached"]:
             on, off, fib = (sp[b][case]["min"] for b in ("cached", "nocheck", "fib"))
-            add(
+            t.add(
                 f"{case}: BPF_PROG_RUN with the source check vs without (cost <= 2 %)",
                 on / off if off else None,
                 1 / SPOOF_CHECK_GOAL,
@@ -263,7 +236,7 @@ def progrun_targets(pr: dict[str, Any], add: Add) -> None:
     cases = pr["cases"]
     for path in ("whole-ip", "port-allowed", "port-drop"):
         ours, mini = cases.get(f"xdp/{path}"), cases.get(f"min/{path}")
-        add(
+        t.add(
             f"{path}: BPF_PROG_RUN ns per packet vs the minimal NAT's",
             ours["ns"] / mini["ns"] if ours and mini and mini["ns"] else None,
             PROGRUN_GOAL,
@@ -277,7 +250,7 @@ def progrun_targets(pr: dict[str, Any], add: Add) -> None:
         parts.append(verified.get(f"{prog}-outside"))
         got = [v for v in parts if v is not None]
         worst = max(got) if got else None
-        add(
+        t.add(
             f"verifier: instructions processed per program, {prog}",
             worst,
             before,
@@ -288,11 +261,11 @@ def progrun_targets(pr: dict[str, Any], add: Add) -> None:
         )
 
 
-def mapwrite_targets(mw: dict[str, Any], add: Add) -> None:
+def mapwrite_targets(mw: dict[str, Any], t: Targets) -> None:
     """Programming the maps vs one `nft -f` transaction, per element and in batches."""
     key = "10000" if "10000" in mw else next(k for k in mw if k != "sync_breakdown")
     m = mw[key]
-    add(
+    t.add(
         f"map programming ({key} Services) vs one nft -f transaction: per-element "
         "(PinnedMaps without batch operations)",
         m["apply_per_element"],
@@ -301,7 +274,7 @@ def mapwrite_targets(mw: dict[str, Any], add: Add) -> None:
         f"nft -f {m['nft_f']} s",
         higher_is_better=False,
     )
-    add(
+    t.add(
         f"map programming ({key} Services) vs one nft -f transaction: batch",
         m["apply_batch"],
         m["nft_f"],
@@ -322,21 +295,23 @@ KOVN_VM_ROWS = (
 )
 
 
-def kovn_targets(kv: dict[str, Any] | None, add: Add) -> None:
+def kovn_targets(kv: dict[str, Any] | None, t: Targets) -> None:
     if not kv:
         return
     s = kv["summary"]
     for c, name in (("cozyebpf", "cozyebpf"), ("cozyebpf-hr", "cozyebpf, host routing")):
         for row in KOVN_VM_ROWS:
             e = s.get(row, {}).get(c, {})
-            add(f"{row}: {name} vs no netfilter", e.get("x_bare"), 0.95, "x", "same repetitions")
-            add(f"{row}: {name} vs cozy-proxy", e.get("x_cozy-proxy"), 1.8, "x", "same repetitions")
+            t.add(f"{row}: {name} vs no netfilter", e.get("x_bare"), 0.95, "x", "same repetitions")
+            t.add(
+                f"{row}: {name} vs cozy-proxy", e.get("x_cozy-proxy"), 1.8, "x", "same repetitions"
+            )
         e = s.get("kubeovn-egress-plain", {}).get(c, {})
-        add(f"kubeovn-egress-plain: {name} vs natOutgoing alone", e.get("x_natout"), 0.98, "x",
+        t.add(f"kubeovn-egress-plain: {name} vs natOutgoing alone", e.get("x_natout"), 0.98, "x",
             "same repetitions")  # fmt: skip
 
 
-def control_targets(cp: dict[str, Any], add: Add) -> None:
+def control_targets(cp: dict[str, Any], t: Targets) -> None:
     """The control-plane goal table (issue 9): at 1k and 10k Services, API source unless
     named. `want` is the target; the stretch goal is in the detail."""
     for ch in cp["changes"]:
@@ -345,17 +320,17 @@ def control_targets(cp: dict[str, Any], add: Add) -> None:
             ("service_to_map", "Service change -> map written"),
             ("slice_to_forwarding", "EndpointSlice change -> forwarding (probe)"),
         ):
-            _latency(add, f"{ch['n']} Services: {what}, p99", ch[key], 10, 3)
+            _latency(t, f"{ch['n']} Services: {what}, p99", ch[key], 10, 3)
     c = cp.get("churn")
     if c:
-        churn_targets(c, add)
-    cold_sync_targets(cp["cold_sync"], add)
+        churn_targets(c, t)
+    cold_sync_targets(cp["cold_sync"], t)
 
 
-def _latency(add: Add, name: str, d: dict[str, Any] | None, want: float, stretch: float) -> None:
+def _latency(t: Targets, name: str, d: dict[str, Any] | None, want: float, stretch: float) -> None:
     """A p99 latency target (ms), its p50, max and stretch in the detail."""
     if d:
-        add(
+        t.add(
             name,
             d["p99_ms"],
             want,
@@ -365,24 +340,24 @@ def _latency(add: Add, name: str, d: dict[str, Any] | None, want: float, stretch
         )
 
 
-def churn_targets(c: dict[str, Any], add: Add) -> None:
+def churn_targets(c: dict[str, Any], t: Targets) -> None:
     """One change among many others per second: latency, the agent's CPU, the end state."""
     n, rate = c["n"], c["rate_per_s"]
     _latency(
-        add,
+        t,
         f"{n} Services, {rate:.0f} other changes/s: change -> map, p99",
         c["probe_to_map"],
         20,
         5,
     )
     _latency(
-        add,
+        t,
         f"{n} Services, {rate:.0f} other changes/s: change -> forwarding, p99",
         c["probe_to_forwarding"],
         20,
         5,
     )
-    add(
+    t.add(
         f"{n} Services, {rate:.0f} changes/s: agent CPU",
         c["agent_cpu_per_s"],
         0.25,
@@ -390,7 +365,7 @@ def churn_targets(c: dict[str, Any], add: Add) -> None:
         f"{c['agent_cpu_s']} CPU-s over {c['seconds']} s; stretch <= 0.1",
         higher_is_better=False,
     )
-    add(
+    t.add(
         f"{n} Services: state after {c['writes']} changes == the full model's",
         1.0 if c["state_equals_full_model"] else 0.0,
         1.0,
@@ -399,12 +374,12 @@ def churn_targets(c: dict[str, Any], add: Add) -> None:
     )
 
 
-def cold_sync_targets(cold: list[dict[str, Any]], add: Add) -> None:
+def cold_sync_targets(cold: list[dict[str, Any]], t: Targets) -> None:
     """A cold sync at 1k and 10k Services: the memory, and the time to all maps written."""
     for c in cold:
         if c["n"] not in (1000, 10000):
             continue
-        add(
+        t.add(
             f"{c['n']} Services: RSS of the agent's process tree after sync ({c['source']})",
             c["rss_tree_mb"],
             120,
@@ -413,7 +388,7 @@ def cold_sync_targets(cold: list[dict[str, Any]], add: Add) -> None:
             higher_is_better=False,
         )
         if c["source"] == "api":
-            add(
+            t.add(
                 f"{c['n']} Services: cold sync from the API, datapath ready -> maps",
                 c["ready_to_maps_s"],
                 1.0,
@@ -423,7 +398,7 @@ def cold_sync_targets(cold: list[dict[str, Any]], add: Add) -> None:
             )
         else:
             f2m = c.get("file_to_maps_s")
-            add(
+            t.add(
                 f"{c['n']} Services: cold sync from a manifest, datapath ready -> maps",
                 c["ready_to_maps_s"],
                 2.0,
@@ -708,17 +683,7 @@ def chart(res: dict[str, Any], path: Path) -> None:
 
 def datapath_chart(ax: Any, dp: dict[str, Any]) -> None:
     """Mpps per busy core of the main variants on each path, as grouped bars."""
-    variants = [
-        "plain",
-        "nft",
-        "nft-noct",
-        "min-xdp",
-        "min-snat",
-        "cz-tcx",
-        "cz-xdp",
-        "xdp-drop",
-    ]
-    colors = {
+    colors = {  # the variants drawn, in order
         "plain": "#888888",
         "nft": "#d62728",
         "nft-noct": "#ff9896",
@@ -728,6 +693,7 @@ def datapath_chart(ax: Any, dp: dict[str, Any]) -> None:
         "cz-xdp": "#1f77b4",
         "xdp-drop": "#2ca02c",
     }
+    variants = list(colors)
     paths = list(PATHS)
     w = 0.8 / len(variants)
     for j, v in enumerate(variants):
