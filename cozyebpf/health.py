@@ -12,7 +12,7 @@ from cozyebpf.httpserver import Handler, HttpServer
 log = logging.getLogger(__name__)
 
 
-class HealthServer:
+class HealthServer(HttpServer):
     """Answers 200 while `check()` returns None, else 503 with the reason; /status (when
     `status` is given) is the agent's state as JSON, for `cozyebpf status`."""
 
@@ -47,14 +47,11 @@ class HealthServer:
                 body = (problem or "ok").encode() + b"\n"
                 self.send_body(503 if problem else 200, body, "text/plain")
 
-        self.http = HttpServer(
-            "health", address, HealthHandler, option="--health-address", example="127.0.0.1:9810"
+        super().__init__(
+            "health",
+            address,
+            HealthHandler,
+            option="--health-address",
+            example="127.0.0.1:9810",
+            paths="/healthz and /readyz",
         )
-        self.address = self.http.address
-
-    def start(self) -> None:
-        self.http.start()
-        log.info("health checks on %s and /readyz", self.http.url("/healthz"))
-
-    def stop(self) -> None:
-        self.http.stop()

@@ -128,7 +128,7 @@ class _Server(ThreadingHTTPServer):
 
 class HttpServer:
     """`handler` on `address` (the value of `option`, e.g. --health-address), in a daemon
-    thread named `name`; over HTTPS with `tls`."""
+    thread named `name`; over HTTPS with `tls`. `paths`: what it serves, for the log."""
 
     def __init__(
         self,
@@ -139,8 +139,10 @@ class HttpServer:
         option: str,
         example: str,
         tls: ssl.SSLContext | None = None,
+        paths: str = "/",
     ) -> None:
         self.name = name
+        self.paths = paths
         self.scheme = "https" if tls is not None else "http"
         host, port = parse_address(address, option, example)
         try:
@@ -172,6 +174,7 @@ class HttpServer:
 
     def start(self) -> None:
         self._thread.start()
+        log.info("%s on %s", self.name, self.url(self.paths))
 
     def stop(self) -> None:
         self.server.shutdown()

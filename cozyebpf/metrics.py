@@ -256,7 +256,7 @@ def _trim() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-class MetricsServer:
+class MetricsServer(HttpServer):
     """/metrics (Prometheus text format), in a thread of its own: over HTTPS with `tls`, to
     callers that `authorize` allows (cozyebpf/metricsauth.py), or plain HTTP to anyone."""
 
@@ -306,20 +306,12 @@ class MetricsServer:
                 )
                 return False
 
-        self.http = HttpServer(
+        super().__init__(
             "metrics",
             address,
             MetricsHandler,
             option="--metrics-address",
             example="0.0.0.0:9811",
             tls=tls,
+            paths="/metrics",
         )
-        self.scheme = self.http.scheme
-        self.address = self.http.address
-
-    def start(self) -> None:
-        self.http.start()
-        log.info("metrics on %s", self.http.url("/metrics"))
-
-    def stop(self) -> None:
-        self.http.stop()

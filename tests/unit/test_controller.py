@@ -276,25 +276,6 @@ def test_sync_to_empty_removes_everything(
     ]
 
 
-@pytest.mark.parametrize(
-    ("corrupt", "line"), [c[1:] for c in DRIFT_CASES], ids=[c[0] for c in DRIFT_CASES]
-)
-def test_drift_is_repaired(
-    controller: tuple[Controller, FakeDatapath],
-    caplog: pytest.LogCaptureFixture,
-    corrupt: Callable[[MapState], None],
-    line: str,
-) -> None:
-    ctl, fake = controller
-    ctl.sync(desired())
-    corrupt(fake.state)
-    assert dumped(fake) != DESIRED_DUMP
-    caplog.clear()
-    ctl.sync(desired())
-    assert dumped(fake) == DESIRED_DUMP
-    assert _records(caplog) == [("INFO", line)]
-
-
 def test_failing_apply_propagates_and_next_sync_recovers(
     controller: tuple[Controller, FakeDatapath], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -602,22 +583,30 @@ DRIFT6_CASES: list[tuple[str, Callable[[MapState], None], str]] = [
 ]
 
 
+#: (id, the desired state, its dump, the corruption, the log line of the repair)
+DRIFTS = [(c[0], desired, DESIRED_DUMP, *c[1:]) for c in DRIFT_CASES] + [
+    (f"ipv6-{c[0]}", desired_dual, DUAL_DUMP, *c[1:]) for c in DRIFT6_CASES
+]
+
+
 @pytest.mark.parametrize(
-    ("corrupt", "line"), [c[1:] for c in DRIFT6_CASES], ids=[c[0] for c in DRIFT6_CASES]
+    ("want", "want_dump", "corrupt", "line"), [c[1:] for c in DRIFTS], ids=[c[0] for c in DRIFTS]
 )
-def test_ipv6_drift_is_repaired(
+def test_drift_is_repaired(
     controller: tuple[Controller, FakeDatapath],
     caplog: pytest.LogCaptureFixture,
+    want: Callable[[], MapState],
+    want_dump: dict[str, Any],
     corrupt: Callable[[MapState], None],
     line: str,
 ) -> None:
     ctl, fake = controller
-    ctl.sync(desired_dual())
+    ctl.sync(want())
     corrupt(fake.state)
-    assert dumped(fake) != DUAL_DUMP
+    assert dumped(fake) != want_dump
     caplog.clear()
-    ctl.sync(desired_dual())
-    assert dumped(fake) == DUAL_DUMP
+    ctl.sync(want())
+    assert dumped(fake) == want_dump
     assert _records(caplog) == [("INFO", line)]
 
 

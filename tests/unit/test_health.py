@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,9 +19,10 @@ from cozyebpf.sources import ChangeSet
 from cozylab.fakedp import FakeDatapath
 from cozylab.k8s import Svc, objects
 from tests.support.clock import FakeClock
+from tests.support.sources import IdleSource
 
 
-class ListSource:
+class ListSource(IdleSource):
     """A source whose objects the test sets; not ready until the first `set`."""
 
     def __init__(self) -> None:
@@ -38,15 +39,6 @@ class ListSource:
             return ChangeSet()
         self.taken = self.objects
         return ChangeSet(whole=read_objects(self.objects))
-
-    def start(self, notify: Callable[[], None]) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def alive(self) -> bool:
-        return True
 
 
 def get(url: str) -> tuple[int, str]:
