@@ -17,6 +17,7 @@ from cozyebpf.errors import DatapathError
 from cozyebpf.model import ObjectRef, Problem, build_state
 from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
 from cozylab.fakedp import FakeDatapath
+from tests.support.imports import imports
 
 LB1, LB2, LB3 = IPv4Address("192.0.2.10"), IPv4Address("192.0.2.11"), IPv4Address("192.0.2.12")
 POD1, POD2, POD3 = IPv4Address("10.244.0.5"), IPv4Address("10.244.0.7"), IPv4Address("10.244.1.3")
@@ -169,27 +170,19 @@ def test_the_datapath_imports_nothing_above_it() -> None:
     """cozyebpf.datapath is the bottom layer: no module of it imports the model, the sources,
     the agent, the controller, the CLI or a presentation module (dump, monitor, ...), nor the
     kubernetes client, at the top or inside a function."""
-    import ast
     from pathlib import Path
 
     import cozyebpf.datapath
 
     above = []
-    for path in sorted(Path(cozyebpf.datapath.__file__).parent.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                ours = name == "cozyebpf" or any(
-                    name == b or name.startswith(b + ".") for b in BELOW_THE_DATAPATH
-                )
-                if (top == "cozyebpf" and not ours) or top == "kubernetes":
-                    above.append(f"{path.name}:{node.lineno}: {name}")
+    datapath = sorted(Path(cozyebpf.datapath.__file__).parent.glob("*.py"))
+    for path, line, name in imports(datapath):
+        top = name.split(".")[0]
+        ours = name == "cozyebpf" or any(
+            name == b or name.startswith(b + ".") for b in BELOW_THE_DATAPATH
+        )
+        if (top == "cozyebpf" and not ours) or top == "kubernetes":
+            above.append(f"{path.name}:{line}: {name}")
     assert above == []
 
 
