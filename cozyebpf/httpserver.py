@@ -56,9 +56,10 @@ def _family(host: str, port: int) -> socket.AddressFamily:
         return socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
     try:
         return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    except ValueError:
+    except ValueError:  # a name: IPv4 where it has an IPv4 address (as before), else IPv6
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        return infos[0][0]
+        families = {info[0] for info in infos}
+        return socket.AF_INET if socket.AF_INET in families else socket.AF_INET6
 
 
 class Handler(BaseHTTPRequestHandler):

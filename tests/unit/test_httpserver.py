@@ -27,6 +27,7 @@ LISTENS = {
     "ipv4": ("127.0.0.1:0", [V4]),
     "ipv6": ("[::1]:0", [V6]),
     "ipv6-no-brackets": ("::1:0", [V6]),
+    "a-name": ("localhost:0", [V4]),  # IPv4 where the name has an IPv4 address, as before
     "both-no-host": (":0", [V4, V6]),
     "both-0.0.0.0": ("0.0.0.0:0", [V4, V6]),
     "both-::": ("[::]:0", [V4, V6]),
