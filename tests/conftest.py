@@ -82,12 +82,16 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
 #: The modules that take longest (minutes each), run first: scripts/test.sh runs the files on
 #: parallel workers (pytest-xdist, --dist loadfile), and a worker that starts one of these last
 #: would run it alone at the end. The order of the others is kept.
-SLOW_FIRST = (
+SLOW_FIRST = (  # by their share of a sequential run (--durations), largest first
     "test_differential.py",
-    "test_cluster_lab.py",
     "test_stop_points.py",
-    "test_releases.py",
+    "test_kube_e2e.py",
+    "test_lifecycle.py",
     "test_upgrade.py",
+    "test_zero_downtime.py",
+    "test_releases.py",
+    "test_reserved.py",
+    "test_cluster_lab.py",
 )
 
 
