@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from bench import common, report
@@ -36,6 +37,59 @@ def _check() -> list[str]:
     return missing
 
 
+def _report_again(path: str) -> int:
+    """--report: the table and chart of an earlier results file."""
+    import json
+    from pathlib import Path
+
+    loaded = json.loads(Path(path).read_text())
+    loaded["targets"] = report.targets(loaded)
+    print(report.table(loaded))
+    chart_png = common.RESULTS / "chart.png"
+    report.chart(loaded, chart_png)
+    print(f"\nchart: {chart_png} (copy it to bench/chart.png for the README)")
+    return 0
+
+
+def _part(part: str) -> Callable[[common.Params], dict[str, Any]]:
+    """The function that runs `part` (imported only when it runs)."""
+    if part == "progrun":
+        from bench.progrun import main_progrun as fn
+    elif part == "mapwrites":
+        from bench.mapwrites import main_mapwrites as fn
+    elif part == "datapath":
+        from bench.datapath import main_datapath as fn
+    elif part == "kubeovn":
+        from bench.kubeovn import main_kubeovn as fn
+    else:
+        from bench.control import main_control as fn
+    return fn
+
+
+def _run_parts(parts: list[str], params: common.Params, res: dict[str, Any]) -> None:
+    """Each part in turn, its result or error into `res`; what a part left behind removed
+    after it (and after all, also on SIGTERM)."""
+    try:
+        for part in parts:
+            common.log(f"=== {part}")
+            try:
+                res[part] = _part(part)(params)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:
+                traceback.print_exc()
+                res["errors"][part] = f"{type(e).__name__}: {e}"
+            finally:
+                res["loadavg"][part] = common.loadavg()
+                left = common.cleanup_leftovers()
+                if left:
+                    common.log(f"removed leftovers of {part}: {left}")
+    finally:
+        left = common.cleanup_leftovers()
+        if left:
+            common.log(f"removed leftovers: {left}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (< 3 min)")
@@ -47,16 +101,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.report:
-        import json
-        from pathlib import Path
-
-        loaded = json.loads(Path(args.report).read_text())
-        loaded["targets"] = report.targets(loaded)
-        print(report.table(loaded))
-        chart_png = common.RESULTS / "chart.png"
-        report.chart(loaded, chart_png)
-        print(f"\nchart: {chart_png} (copy it to bench/chart.png for the README)")
-        return 0
+        return _report_again(args.report)
     missing = _check()
     if missing:
         print("bench: missing " + ", ".join(missing), file=sys.stderr)
@@ -85,35 +130,7 @@ def main() -> int:
         f"{res['machine']['loadavg_start']}"
     )
     t0 = time.time()
-    try:
-        for part in parts:
-            common.log(f"=== {part}")
-            try:
-                if part == "progrun":
-                    from bench.progrun import main_progrun as fn
-                elif part == "mapwrites":
-                    from bench.mapwrites import main_mapwrites as fn
-                elif part == "datapath":
-                    from bench.datapath import main_datapath as fn
-                elif part == "kubeovn":
-                    from bench.kubeovn import main_kubeovn as fn
-                else:
-                    from bench.control import main_control as fn
-                res[part] = fn(params)
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:
-                traceback.print_exc()
-                res["errors"][part] = f"{type(e).__name__}: {e}"
-            finally:
-                res["loadavg"][part] = common.loadavg()
-                left = common.cleanup_leftovers()
-                if left:
-                    common.log(f"removed leftovers of {part}: {left}")
-    finally:
-        left = common.cleanup_leftovers()
-        if left:
-            common.log(f"removed leftovers: {left}")
+    _run_parts(parts, params, res)
     res["loadavg_end"] = common.loadavg()
     res["seconds"] = round(time.time() - t0, 1)
     res["targets"] = report.targets(res)

@@ -22,7 +22,7 @@ from functools import partial
 from ipaddress import ip_network
 from typing import Any
 
-from bench import bpfx, progs
+from bench import bpfx, progs, variant
 from bench.common import Params, log, median, pin_dir
 from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
@@ -218,9 +218,7 @@ class DatapathBench:
         nosvc = ["-DCZ_NO_SVC_STATS"]
         self.nosvc_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin, nosvc)
         self.nosvc_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin, nosvc)
-        self.nospoof_egress = loader.load(
-            "egress.c", "cz_egress", "sched_cls", self.pin, ["-DCZ_NO_SPOOF_CHECK"]
-        )
+        self.nospoof_egress = variant.build("egress_nocheck.c", "cz_egress", "sched_cls", self.pin)
         self.cz_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin)
         self.cz_ingress_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin)
         self.cz_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin)
@@ -268,51 +266,7 @@ class DatapathBench:
             "cz-pod",
             "cz-xdp-podnext",
         ):
-            if v == "cz-xdp-ranges":
-                self.maps.apply(diff(self.maps.read_state(), self.ranged))
-            ing, eg = (
-                (self.nosvc_ingress, self.nosvc_egress)
-                if v == "cz-xdp-nosvc"
-                else (self.cz_ingress, self.nospoof_egress)
-                if v == "cz-xdp-nospoof"
-                else (self.cz_ingress, self.cz_egress)
-            )
-            lab.in_ns(lab.node, lambda: attach.attach_xdp(ing.fd, UPLINK, pin))
-            lab.in_ns(
-                lab.node,
-                lambda: attach.attach_tc(eg.fd, "cz_egress", UPLINK, pin, "egress", "tcx"),
-            )
-            if v == "cz-xdp-mon":
-                self.monitor = _RunningMonitor(pin)
-            if v == "cz-xdp-podnext":
-                for pod in (POD_W, POD_F, POD_P):
-                    idx = self._ifindex(lab.node, pod.host_dev)
-                    self._pod_next.append(
-                        lab.in_ns(
-                            lab.node,
-                            partial(
-                                bpfsys.link_create,
-                                self.sinks.tc_next_fd,
-                                idx,
-                                bpfsys.BPF_TCX_INGRESS,
-                            ),
-                        )
-                    )
-            if v == "cz-pod":
-                self.maps.set_node([self.ifindex["uplink"]], True)
-                for pod in (POD_W, POD_F, POD_P):
-                    lab.in_ns(
-                        lab.node,
-                        partial(
-                            attach.attach_tc,
-                            self.cz_pod.fd,
-                            "cz_pod_ingress",
-                            pod.host_dev,
-                            pin,
-                            "ingress",
-                            "tcx",
-                        ),
-                    )
+            self._cozyebpf_up(v)
         elif v == "cz-tcx":
             lab.in_ns(
                 lab.node,
@@ -338,6 +292,54 @@ class DatapathBench:
             self._variant_fd = lab.in_ns(
                 lab.node, lambda: bpfsys.link_create(fd, idx, bpfsys.BPF_TCX_EGRESS)
             )
+
+    def _cozyebpf_up(self, v: str) -> None:
+        """The product's XDP ingress and tcx egress on the uplink (the build `v` names), and
+        what the variant adds: source ranges, a monitor, the pod-facing hook or a bare TCX_NEXT
+        on the pods' devices."""
+        lab, pin = self.lab, self.pin
+        if v == "cz-xdp-ranges":
+            self.maps.apply(diff(self.maps.read_state(), self.ranged))
+        ing, eg = (
+            (self.nosvc_ingress, self.nosvc_egress)
+            if v == "cz-xdp-nosvc"
+            else (self.cz_ingress, self.nospoof_egress)
+            if v == "cz-xdp-nospoof"
+            else (self.cz_ingress, self.cz_egress)
+        )
+        lab.in_ns(lab.node, lambda: attach.attach_xdp(ing.fd, UPLINK, pin))
+        lab.in_ns(
+            lab.node,
+            lambda: attach.attach_tc(eg.fd, "cz_egress", UPLINK, pin, "egress", "tcx"),
+        )
+        if v == "cz-xdp-mon":
+            self.monitor = _RunningMonitor(pin)
+        if v == "cz-xdp-podnext":
+            for pod in (POD_W, POD_F, POD_P):
+                idx = self._ifindex(lab.node, pod.host_dev)
+                self._pod_next.append(
+                    lab.in_ns(
+                        lab.node,
+                        partial(
+                            bpfsys.link_create, self.sinks.tc_next_fd, idx, bpfsys.BPF_TCX_INGRESS
+                        ),
+                    )
+                )
+        if v == "cz-pod":
+            self.maps.set_node([self.ifindex["uplink"]], True)
+            for pod in (POD_W, POD_F, POD_P):
+                lab.in_ns(
+                    lab.node,
+                    partial(
+                        attach.attach_tc,
+                        self.cz_pod.fd,
+                        "cz_pod_ingress",
+                        pod.host_dev,
+                        pin,
+                        "ingress",
+                        "tcx",
+                    ),
+                )
 
     def _variant_down(self, v: str) -> None:
         lab = self.lab

@@ -17,7 +17,7 @@ from ipaddress import IPv4Address as A
 from ipaddress import IPv4Network as N
 from typing import Any
 
-from bench import bpfx, progs
+from bench import bpfx, progs, variant
 from bench.common import Params, log, median, pin_dir
 from bench.frames import udp_frame
 from cozyebpf.datapath import attach, bpfsys, layout, loader
@@ -163,9 +163,10 @@ _SVC_CASES = (
 for _name in _SVC_CASES:
     _prog, _frame, _want, _what = CASES[_name]
     CASES[f"nosvc/{_name}"] = (f"{_prog}-nosvc", _frame, _want, "without per-Service counters")
-# egress without the source check (-DCZ_NO_SPOOF_CHECK): what it costs. The frames of
-# BPF_PROG_RUN carry ingress_ifindex 0, which the check compares with the pod's cached device
-# (0 too) and passes at once: the same instructions as a packet from the cached device
+# egress without the source check (bench/bpf/variants/egress_nocheck.c): what it costs. The
+# frames of BPF_PROG_RUN carry ingress_ifindex 0, which the check compares with the pod's
+# cached device (0 too) and passes at once: the same instructions as a packet from the cached
+# device
 for _name in ("egress/whole-ip", "egress/port-filter"):
     _prog, _frame, _want, _what = CASES[_name]
     CASES[f"nospoof/{_name}"] = (f"{_prog}-nospoof", _frame, _want, "without the source check")
@@ -196,9 +197,7 @@ class ProgRunBench:
             "xdp-nosvc": loader.load("ingress.c", "cz_ingress", "xdp", self.pin, nosvc),
             "tc-nosvc": loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin, nosvc),
             "egress-nosvc": loader.load("egress.c", "cz_egress", "sched_cls", self.pin, nosvc),
-            "egress-nospoof": loader.load(
-                "egress.c", "cz_egress", "sched_cls", self.pin, ["-DCZ_NO_SPOOF_CHECK"]
-            ),
+            "egress-nospoof": variant.build("egress_nocheck.c", "cz_egress", "sched_cls", self.pin),
         }
         self.progs = {
             "xdp": loader.load("ingress.c", "cz_ingress", "xdp", self.pin),
@@ -289,11 +288,12 @@ class ProgRunBench:
 #: the source check (issue 21), measured apart: cz_egress as shipped (the FIB's answer cached
 #: in the pod's entry: a packet from the cached device costs one compare), built without the
 #: check, and built to ask the FIB for every packet in the entry program (the other way the
-#: issue names); frames from a device the pod IPs are routed to, in a namespace of the run's own
+#: issue names; the variants of bench/bpf/variants/, "" the product's own); frames from a
+#: device the pod IPs are routed to, in a namespace of the run's own
 SPOOF_BUILDS = {
-    "cached": [],
-    "nocheck": ["-DCZ_NO_SPOOF_CHECK"],
-    "fib": ["-DCZ_SPOOF_FIB_ALWAYS"],
+    "cached": "",
+    "nocheck": "egress_nocheck.c",
+    "fib": "egress_fib_always.c",
 }
 SPOOF_CASES = {
     "egress/whole-ip": udp_frame(M1, M2, POD_W, CLIENT, 40000, 53),
@@ -328,9 +328,14 @@ def spoof_check(params: Params, rounds: int) -> dict[str, Any]:
         ctx = bytes(36) + struct.pack("=I", ifindex)  # __sk_buff.ingress_ifindex
         log("compiling cz_egress three times for the source check (cached, none, FIB each time)")
         loads = [
-            (name, loader.load("egress.c", "cz_egress", "sched_cls", pin, flags))
+            (
+                name,
+                variant.build(build, "cz_egress", "sched_cls", pin)
+                if build
+                else loader.load("egress.c", "cz_egress", "sched_cls", pin),
+            )
             for _ in range(2)
-            for name, flags in SPOOF_BUILDS.items()
+            for name, build in SPOOF_BUILDS.items()
         ]
         res: dict[str, dict[str, list[float]]] = {
             b: {c: [] for c in SPOOF_CASES} for b in SPOOF_BUILDS

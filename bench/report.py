@@ -42,11 +42,14 @@ def _mpps(dp: dict[str, Any], path: str, v: str) -> float | None:
     return e["mpps"] if e else None
 
 
-def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every target of the issue with its measured value, ratio and verdict."""
-    out: list[dict[str, Any]] = []
+class Targets:
+    """The targets as they are added: each with its value, want and verdict."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
 
     def add(
+        self,
         name: str,
         value: float | None,
         want: float,
@@ -55,7 +58,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         higher_is_better: bool = True,
     ) -> None:
         if value is None:
-            out.append(
+            self.rows.append(
                 {
                     "target": name,
                     "value": None,
@@ -67,7 +70,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             )
             return
         ok = value >= want if higher_is_better else value <= want
-        out.append(
+        self.rows.append(
             {
                 "target": name,
                 "value": round(value, 3),
@@ -79,119 +82,149 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
 
+
+def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target of the issue with its measured value, ratio and verdict."""
+    t = Targets()
     dp = res.get("datapath")
     if dp:
-        for path in FORWARD_PATHS:
-            cz, plain, nft = (_mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
-            floor_v = "tc-next" if path.startswith("egress-") else "xdp-pass"
-            floor = _mpps(dp, path, floor_v)
-            mini = _mpps(dp, path, "min-snat")
-            ratio = cz / plain if cz and plain else None
-            want, stretch = FORWARD_GOALS[path]
-            add(
-                f"{path}: cozyebpf (XDP) forwarding vs plain routing",
-                ratio,
-                want,
-                "x",
-                f"{cz} vs {plain} Mpps{_stretch(ratio, stretch)}"
-                + (f"; a bare {floor_v} program: {floor / plain:.3f}x" if floor and plain else "")
-                + (f"; the minimal SNAT: {mini / plain:.3f}x" if mini and plain else ""),
-            )
-            if "nft" not in PATHS[path]:
-                continue
-            add(
-                f"{path}: cozyebpf (XDP) forwarding vs cozy-proxy nftables",
-                cz / nft if cz and nft else None,
-                1.8,
-                "x",
-                f"{cz} vs {nft} Mpps",
-            )
-        cz, bare, nft = (_mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
-        mini = _mpps(dp, "port-drop", "min-xdp")
-        ratio = cz / bare if cz and bare else None
-        add(
-            "port-drop: cozyebpf (XDP) drop vs bare XDP_DROP",
-            ratio,
-            DROP_GOAL[0],
-            "x",
-            f"{cz} vs {bare} Mpps{_stretch(ratio, DROP_GOAL[1])}"
-            + (f"; the minimal NAT: {mini / bare:.3f}x" if mini and bare else ""),
-        )
-        add(
-            "port-drop: cozyebpf (XDP) drop vs cozy-proxy nftables drop",
-            cz / nft if cz and nft else None,
-            5.0,
-            "x",
-            f"{cz} vs {nft} Mpps",
-        )
-        for path in (p for p in PATHS if "cz-xdp-nosvc" in PATHS[p]):
-            cz, nosvc, mon = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"))
-            add(
-                f"{path}: cozyebpf (XDP) with per-Service counters vs without (cost <= 3 %)",
-                cz / nosvc if cz and nosvc else None,
-                SVC_COUNTER_GOAL,
-                "x",
-                f"{cz} vs {nosvc} Mpps"
-                + (f"; with a monitor running (--type all): {mon / cz:.3f}x" if mon and cz else ""),
-            )
-        for path in (p for p in PATHS if "cz-xdp-nospoof" in PATHS[p]):
-            cz, nospoof = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nospoof"))
-            add(
-                f"{path}: cozyebpf egress with the source check vs without (cost <= 2 %)",
-                cz / nospoof if cz and nospoof else None,
-                SPOOF_CHECK_GOAL,
-                "x",
-                f"{cz} vs {nospoof} Mpps",
-            )
-        for path in (p for p in PATHS if "cz-xdp-ranges" in PATHS[p]):
-            cz, ranged = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-ranges"))
-            add(
-                f"{path}: cozyebpf (XDP) with source ranges vs without (cost <= 5 %)",
-                ranged / cz if cz and ranged else None,
-                RANGES_GOAL,
-                "x",
-                f"{ranged} vs {cz} Mpps",
-            )
-        # the pod-facing hook (issue 18): what it costs the traffic it translates (the egress
-        # goal), and the traffic it only looks at (a plain pod's; a budget of 5 %)
-        for path, want in (
-            ("pod-side-snat", FORWARD_GOALS["egress-snat"][0]),
-            ("pod-side-other", 0.95),
-        ):
-            pod, uplink, plain, floor = (
-                _mpps(dp, path, v) for v in ("cz-pod", "cz-xdp", "plain", "cz-xdp-podnext")
-            )
-            if not (pod and plain):
-                continue
-            add(
-                f"{path}: cozyebpf with the pod-facing hook vs plain routing",
-                pod / plain,
-                want,
-                "x",
-                f"{pod} vs {plain} Mpps"
-                + (f"; on the uplinks only: {uplink / plain:.3f}x" if uplink else "")
-                + (
-                    f"; those and a bare TCX_NEXT on the pods' devices: {floor / plain:.3f}x"
-                    if floor
-                    else ""
-                ),
-            )
-        for path in ("port-drop", "whole-ip"):
-            cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
-            add(
-                f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)",
-                cz / mini if cz and mini else None,
-                1.0,
-                "x",
-                f"{cz} vs {mini} Mpps",
-            )
-    kovn_targets(res.get("kubeovn"), add)
+        forward_targets(dp, t)
+        drop_targets(dp, t)
+        variant_targets(dp, t)
+        pod_hook_targets(dp, t)
+        minimal_targets(dp, t)
+    kovn_targets(res.get("kubeovn"), t)
     pr = res.get("progrun")
-    if pr and pr.get("spoof"):
-        sp = pr["spoof"]
+    if pr:
+        progrun_targets(pr, t)
+    cp = res.get("control")
+    if cp:
+        control_targets(cp, t)
+    mw = res.get("mapwrites")
+    if mw:
+        mapwrite_targets(mw, t)
+    return t.rows
+
+
+def _ratio(t: Targets, name: str, a: float | None, b: float | None, want: float) -> None:
+    """The target a / b (rates in Mpps), None where either was not measured."""
+    t.add(name, a / b if a and b else None, want, "x", f"{a} vs {b} Mpps")
+
+
+def forward_targets(dp: dict[str, Any], t: Targets) -> None:
+    """Forwarding per path vs plain routing (issue 10's goals) and vs cozy-proxy's nftables."""
+    for path in FORWARD_PATHS:
+        cz, plain, nft = (_mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
+        floor_v = "tc-next" if path.startswith("egress-") else "xdp-pass"
+        floor = _mpps(dp, path, floor_v)
+        mini = _mpps(dp, path, "min-snat")
+        ratio = cz / plain if cz and plain else None
+        want, stretch = FORWARD_GOALS[path]
+        t.add(
+            f"{path}: cozyebpf (XDP) forwarding vs plain routing",
+            ratio,
+            want,
+            "x",
+            f"{cz} vs {plain} Mpps{_stretch(ratio, stretch)}"
+            + (f"; a bare {floor_v} program: {floor / plain:.3f}x" if floor and plain else "")
+            + (f"; the minimal SNAT: {mini / plain:.3f}x" if mini and plain else ""),
+        )
+        if "nft" not in PATHS[path]:
+            continue
+        _ratio(t, f"{path}: cozyebpf (XDP) forwarding vs cozy-proxy nftables", cz, nft, 1.8)
+
+
+def drop_targets(dp: dict[str, Any], t: Targets) -> None:
+    """The port filter's drop vs a bare XDP_DROP and vs cozy-proxy's nftables drop."""
+    cz, bare, nft = (_mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
+    mini = _mpps(dp, "port-drop", "min-xdp")
+    ratio = cz / bare if cz and bare else None
+    t.add(
+        "port-drop: cozyebpf (XDP) drop vs bare XDP_DROP",
+        ratio,
+        DROP_GOAL[0],
+        "x",
+        f"{cz} vs {bare} Mpps{_stretch(ratio, DROP_GOAL[1])}"
+        + (f"; the minimal NAT: {mini / bare:.3f}x" if mini and bare else ""),
+    )
+    _ratio(t, "port-drop: cozyebpf (XDP) drop vs cozy-proxy nftables drop", cz, nft, 5.0)
+
+
+def variant_targets(dp: dict[str, Any], t: Targets) -> None:
+    """What a feature costs: the product against its builds without per-Service counters and
+    without the source check, and Services with source ranges against those without."""
+    for path in (p for p in PATHS if "cz-xdp-nosvc" in PATHS[p]):
+        cz, nosvc, mon = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"))
+        t.add(
+            f"{path}: cozyebpf (XDP) with per-Service counters vs without (cost <= 3 %)",
+            cz / nosvc if cz and nosvc else None,
+            SVC_COUNTER_GOAL,
+            "x",
+            f"{cz} vs {nosvc} Mpps"
+            + (f"; with a monitor running (--type all): {mon / cz:.3f}x" if mon and cz else ""),
+        )
+    for path in (p for p in PATHS if "cz-xdp-nospoof" in PATHS[p]):
+        cz, nospoof = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nospoof"))
+        _ratio(
+            t,
+            f"{path}: cozyebpf egress with the source check vs without (cost <= 2 %)",
+            cz,
+            nospoof,
+            SPOOF_CHECK_GOAL,
+        )
+    for path in (p for p in PATHS if "cz-xdp-ranges" in PATHS[p]):
+        cz, ranged = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-ranges"))
+        t.add(
+            f"{path}: cozyebpf (XDP) with source ranges vs without (cost <= 5 %)",
+            ranged / cz if cz and ranged else None,
+            RANGES_GOAL,
+            "x",
+            f"{ranged} vs {cz} Mpps",
+        )
+
+
+def pod_hook_targets(dp: dict[str, Any], t: Targets) -> None:
+    """The pod-facing hook (issue 18): what it costs the traffic it translates (the egress
+    goal), and the traffic it only looks at (a plain pod's; a budget of 5 %)."""
+    for path, want in (
+        ("pod-side-snat", FORWARD_GOALS["egress-snat"][0]),
+        ("pod-side-other", 0.95),
+    ):
+        pod, uplink, plain, floor = (
+            _mpps(dp, path, v) for v in ("cz-pod", "cz-xdp", "plain", "cz-xdp-podnext")
+        )
+        if not (pod and plain):
+            continue
+        t.add(
+            f"{path}: cozyebpf with the pod-facing hook vs plain routing",
+            pod / plain,
+            want,
+            "x",
+            f"{pod} vs {plain} Mpps"
+            + (f"; on the uplinks only: {uplink / plain:.3f}x" if uplink else "")
+            + (
+                f"; those and a bare TCX_NEXT on the pods' devices: {floor / plain:.3f}x"
+                if floor
+                else ""
+            ),
+        )
+
+
+def minimal_targets(dp: dict[str, Any], t: Targets) -> None:
+    """cozyebpf against the minimal XDP NAT, which it must beat."""
+    for path in ("port-drop", "whole-ip"):
+        cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
+        _ratio(t, f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)", cz, mini, 1.0)
+
+
+def progrun_targets(pr: dict[str, Any], t: Targets) -> None:
+    """BPF_PROG_RUN: the source check's cost, ns per packet vs the minimal NAT's, and the
+    verifier's instructions per program."""
+    sp = pr.get("spoof")
+    if sp:
         for case in sp["cached"]:
             on, off, fib = (sp[b][case]["min"] for b in ("cached", "nocheck", "fib"))
-            add(
+            t.add(
                 f"{case}: BPF_PROG_RUN with the source check vs without (cost <= 2 %)",
                 on / off if off else None,
                 1 / SPOOF_CHECK_GOAL,
@@ -200,58 +233,55 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 f"packet instead of the cache: {fib} ns",
                 higher_is_better=False,
             )
-    if pr:
-        cases = pr["cases"]
-        for path in ("whole-ip", "port-allowed", "port-drop"):
-            ours, mini = cases.get(f"xdp/{path}"), cases.get(f"min/{path}")
-            add(
-                f"{path}: BPF_PROG_RUN ns per packet vs the minimal NAT's",
-                ours["ns"] / mini["ns"] if ours and mini and mini["ns"] else None,
-                PROGRUN_GOAL,
-                "x",
-                f"{ours['ns'] if ours else '?'} vs {mini['ns'] if mini else '?'} ns",
-                higher_is_better=False,
-            )
-        verified = pr.get("verified_insns", {})
-        for prog, before in VERIFIER_BEFORE.items():
-            parts = [verified.get(prog), verified.get(f"{prog}-full-path")]
-            parts.append(verified.get(f"{prog}-outside"))
-            got = [v for v in parts if v is not None]
-            worst = max(got) if got else None
-            add(
-                f"verifier: instructions processed per program, {prog}",
-                worst,
-                before,
-                "insns",
-                f"entry {parts[0]}, full path {parts[1]}, outside {parts[2]}"
-                f"{_stretch(worst, before // 2, False)}",
-                higher_is_better=False,
-            )
-    cp = res.get("control")
-    if cp:
-        control_targets(cp, add)
-    mw = res.get("mapwrites")
-    if mw:
-        key = "10000" if "10000" in mw else next(k for k in mw if k != "sync_breakdown")
-        m = mw[key]
-        add(
-            f"map programming ({key} Services) vs one nft -f transaction: per-element "
-            "(PinnedMaps without batch operations)",
-            m["apply_per_element"],
-            m["nft_f"],
-            "s",
-            f"nft -f {m['nft_f']} s",
+    cases = pr["cases"]
+    for path in ("whole-ip", "port-allowed", "port-drop"):
+        ours, mini = cases.get(f"xdp/{path}"), cases.get(f"min/{path}")
+        t.add(
+            f"{path}: BPF_PROG_RUN ns per packet vs the minimal NAT's",
+            ours["ns"] / mini["ns"] if ours and mini and mini["ns"] else None,
+            PROGRUN_GOAL,
+            "x",
+            f"{ours['ns'] if ours else '?'} vs {mini['ns'] if mini else '?'} ns",
             higher_is_better=False,
         )
-        add(
-            f"map programming ({key} Services) vs one nft -f transaction: batch",
-            m["apply_batch"],
-            m["nft_f"],
-            "s",
-            f"nft -f {m['nft_f']} s",
+    verified = pr.get("verified_insns", {})
+    for prog, before in VERIFIER_BEFORE.items():
+        parts = [verified.get(prog), verified.get(f"{prog}-full-path")]
+        parts.append(verified.get(f"{prog}-outside"))
+        got = [v for v in parts if v is not None]
+        worst = max(got) if got else None
+        t.add(
+            f"verifier: instructions processed per program, {prog}",
+            worst,
+            before,
+            "insns",
+            f"entry {parts[0]}, full path {parts[1]}, outside {parts[2]}"
+            f"{_stretch(worst, before // 2, False)}",
             higher_is_better=False,
         )
-    return out
+
+
+def mapwrite_targets(mw: dict[str, Any], t: Targets) -> None:
+    """Programming the maps vs one `nft -f` transaction, per element and in batches."""
+    key = "10000" if "10000" in mw else next(k for k in mw if k != "sync_breakdown")
+    m = mw[key]
+    t.add(
+        f"map programming ({key} Services) vs one nft -f transaction: per-element "
+        "(PinnedMaps without batch operations)",
+        m["apply_per_element"],
+        m["nft_f"],
+        "s",
+        f"nft -f {m['nft_f']} s",
+        higher_is_better=False,
+    )
+    t.add(
+        f"map programming ({key} Services) vs one nft -f transaction: batch",
+        m["apply_batch"],
+        m["nft_f"],
+        "s",
+        f"nft -f {m['nft_f']} s",
+        higher_is_better=False,
+    )
 
 
 #: issue 26's targets on the Kube-OVN node: each VM row against no netfilter and cozy-proxy,
@@ -265,81 +295,92 @@ KOVN_VM_ROWS = (
 )
 
 
-def kovn_targets(kv: dict[str, Any] | None, add: Any) -> None:
+def kovn_targets(kv: dict[str, Any] | None, t: Targets) -> None:
     if not kv:
         return
     s = kv["summary"]
     for c, name in (("cozyebpf", "cozyebpf"), ("cozyebpf-hr", "cozyebpf, host routing")):
         for row in KOVN_VM_ROWS:
             e = s.get(row, {}).get(c, {})
-            add(f"{row}: {name} vs no netfilter", e.get("x_bare"), 0.95, "x", "same repetitions")
-            add(f"{row}: {name} vs cozy-proxy", e.get("x_cozy-proxy"), 1.8, "x", "same repetitions")
+            t.add(f"{row}: {name} vs no netfilter", e.get("x_bare"), 0.95, "x", "same repetitions")
+            t.add(
+                f"{row}: {name} vs cozy-proxy", e.get("x_cozy-proxy"), 1.8, "x", "same repetitions"
+            )
         e = s.get("kubeovn-egress-plain", {}).get(c, {})
         floor = s.get("kubeovn-egress-plain", {}).get("floor", {}).get("x_natout")
-        add(f"kubeovn-egress-plain: {name} vs natOutgoing alone", e.get("x_natout"), 0.98, "x",
-            f"same repetitions; empty programs on its hooks: {floor} x")  # fmt: skip
+        t.add(f"kubeovn-egress-plain: {name} vs natOutgoing alone", e.get("x_natout"), 0.98, "x",
+              f"same repetitions; empty programs on its hooks: {floor} x")  # fmt: skip
 
 
-def control_targets(cp: dict[str, Any], add: Any) -> None:
+def control_targets(cp: dict[str, Any], t: Targets) -> None:
     """The control-plane goal table (issue 9): at 1k and 10k Services, API source unless
     named. `want` is the target; the stretch goal is in the detail."""
-
-    def lat(name: str, d: dict[str, Any] | None, want: float, stretch: float) -> None:
-        if d:
-            add(
-                name,
-                d["p99_ms"],
-                want,
-                "ms",
-                f"p50 {d['p50_ms']} ms, max {d['max_ms']} ms over {d['count']}; stretch "
-                f"<= {stretch}",
-                higher_is_better=False,
-            )
-
     for ch in cp["changes"]:
-        n = ch["n"]
-        lat(f"{n} Services: EndpointSlice change -> map written, p99", ch["slice_to_map"], 10, 3)
-        lat(f"{n} Services: Service change -> map written, p99", ch["service_to_map"], 10, 3)
-        lat(
-            f"{n} Services: EndpointSlice change -> forwarding (probe), p99",
-            ch["slice_to_forwarding"],
-            10,
-            3,
-        )
+        for key, what in (
+            ("slice_to_map", "EndpointSlice change -> map written"),
+            ("service_to_map", "Service change -> map written"),
+            ("slice_to_forwarding", "EndpointSlice change -> forwarding (probe)"),
+        ):
+            _latency(t, f"{ch['n']} Services: {what}, p99", ch[key], 10, 3)
     c = cp.get("churn")
     if c:
-        n, rate = c["n"], c["rate_per_s"]
-        lat(
-            f"{n} Services, {rate:.0f} other changes/s: change -> map, p99",
-            c["probe_to_map"],
-            20,
-            5,
-        )
-        lat(
-            f"{n} Services, {rate:.0f} other changes/s: change -> forwarding, p99",
-            c["probe_to_forwarding"],
-            20,
-            5,
-        )
-        add(
-            f"{n} Services, {rate:.0f} changes/s: agent CPU",
-            c["agent_cpu_per_s"],
-            0.25,
-            "CPU-s/s",
-            f"{c['agent_cpu_s']} CPU-s over {c['seconds']} s; stretch <= 0.1",
+        churn_targets(c, t)
+    cold_sync_targets(cp["cold_sync"], t)
+
+
+def _latency(t: Targets, name: str, d: dict[str, Any] | None, want: float, stretch: float) -> None:
+    """A p99 latency target (ms), its p50, max and stretch in the detail."""
+    if d:
+        t.add(
+            name,
+            d["p99_ms"],
+            want,
+            "ms",
+            f"p50 {d['p50_ms']} ms, max {d['max_ms']} ms over {d['count']}; stretch <= {stretch}",
             higher_is_better=False,
         )
-        add(
-            f"{n} Services: state after {c['writes']} changes == the full model's",
-            1.0 if c["state_equals_full_model"] else 0.0,
-            1.0,
-            "",
-            f"converged {c['converged_after_s']} s after the last change",
-        )
-    for c in cp["cold_sync"]:
+
+
+def churn_targets(c: dict[str, Any], t: Targets) -> None:
+    """One change among many others per second: latency, the agent's CPU, the end state."""
+    n, rate = c["n"], c["rate_per_s"]
+    _latency(
+        t,
+        f"{n} Services, {rate:.0f} other changes/s: change -> map, p99",
+        c["probe_to_map"],
+        20,
+        5,
+    )
+    _latency(
+        t,
+        f"{n} Services, {rate:.0f} other changes/s: change -> forwarding, p99",
+        c["probe_to_forwarding"],
+        20,
+        5,
+    )
+    t.add(
+        f"{n} Services, {rate:.0f} changes/s: agent CPU",
+        c["agent_cpu_per_s"],
+        0.25,
+        "CPU-s/s",
+        f"{c['agent_cpu_s']} CPU-s over {c['seconds']} s; stretch <= 0.1",
+        higher_is_better=False,
+    )
+    t.add(
+        f"{n} Services: state after {c['writes']} changes == the full model's",
+        1.0 if c["state_equals_full_model"] else 0.0,
+        1.0,
+        "",
+        f"converged {c['converged_after_s']} s after the last change",
+    )
+
+
+def cold_sync_targets(cold: list[dict[str, Any]], t: Targets) -> None:
+    """A cold sync at 1k and 10k Services: the memory, and the time to all maps written."""
+    for c in cold:
         if c["n"] not in (1000, 10000):
             continue
-        add(
+        t.add(
             f"{c['n']} Services: RSS of the agent's process tree after sync ({c['source']})",
             c["rss_tree_mb"],
             120,
@@ -348,7 +389,7 @@ def control_targets(cp: dict[str, Any], add: Any) -> None:
             higher_is_better=False,
         )
         if c["source"] == "api":
-            add(
+            t.add(
                 f"{c['n']} Services: cold sync from the API, datapath ready -> maps",
                 c["ready_to_maps_s"],
                 1.0,
@@ -358,7 +399,7 @@ def control_targets(cp: dict[str, Any], add: Any) -> None:
             )
         else:
             f2m = c.get("file_to_maps_s")
-            add(
+            t.add(
                 f"{c['n']} Services: cold sync from a manifest, datapath ready -> maps",
                 c["ready_to_maps_s"],
                 2.0,
@@ -371,100 +412,13 @@ def control_targets(cp: dict[str, Any], add: Any) -> None:
 
 
 def table(res: dict[str, Any]) -> str:
-    lines: list[str] = []
-    m = res["machine"]
-    lines.append(
-        f"cozyebpf bench ({'quick' if res['quick'] else 'full'}) {res['started']}, "
-        f"kernel {m['kernel']}, {m['cpus']} vCPU {m['cpu_model']}"
-    )
-    lines.append(f"product under test: {res['product']}")
-    lines.append(
-        f"load: /proc/loadavg at start {m['loadavg_start']} (CPU busy "
-        f"{m['cpu_busy_start'] * 100:.0f}% in the second before), at end "
-        f"{res.get('loadavg_end', '?')}"
-    )
+    lines = header_lines(res)
     dp = res.get("datapath")
     if dp:
-        lines.append("")
-        lines.append(
-            "DATAPATH: Mpps per busy core (ns/packet), 60-byte UDP, median of "
-            f"{res['params']['reps']} interleaved runs; ratio vs plain routing "
-            "(forwarding) or vs bare XDP_DROP (drop)"
-        )
-        variants = [
-            "gen-only",
-            "xdp-drop",
-            "plain",
-            "xdp-pass",
-            "tc-next",
-            "nft",
-            "nft-noct",
-            "min-xdp",
-            "min-snat",
-            "cz-tcx",
-            "cz-xdp",
-            "cz-xdp-nosvc",
-            "cz-xdp-nospoof",
-            "cz-xdp-mon",
-            "cz-xdp-ranges",
-        ]
-        paths = list(PATHS)
-        lines.append(f"{'':13s}" + "".join(f"{p:>21s}" for p in paths))
-        for v in variants:
-            row = f"{v:13s}"
-            for path in paths:
-                base = _mpps(dp, path, "xdp-drop" if path == "port-drop" else "plain")
-                e = dp["summary"].get(path, {}).get(v)
-                if not e:
-                    row += f"{'-':>21s}"
-                    continue
-                ratio = f"{e['mpps'] / base:.2f}x" if base else ""
-                row += f" {e['mpps']:6.2f} ({e['ns_per_packet']:4.0f}) {ratio:>6s}"
-            lines.append(row)
-        lines.append(
-            "  by wall clock (shares the cores with whatever else runs), Mpps: "
-            + "; ".join(
-                f"{path} "
-                + " ".join(
-                    f"{v} {e.get('wall_mpps', float('nan')):.2f}"
-                    for v, e in dp["summary"].get(path, {}).items()
-                )
-                for path in paths
-            )
-        )
-        lines.append("  " + "; ".join(f"{k}: {v}" for k, v in VARIANT_LABELS.items()))
-        ins = dp.get("in_situ_ns_per_packet", {})
-        if ins:
-            lines.append(
-                "  in the datapath, ns per packet inside our program (bpf stats): "
-                + ", ".join(f"{k} {v['ns']}" for k, v in ins.items())
-            )
+        lines += datapath_table(dp, res["params"]["reps"])
     pr = res.get("progrun")
     if pr:
-        lines.append("")
-        lines.append(
-            f"PER-PACKET COST (BPF_PROG_RUN, repeat {pr['repeat']}, median): ns/run, "
-            "ns above the trivial program, ns by bpf stats"
-        )
-        for name, c in pr["cases"].items():
-            lines.append(
-                f"  {name:20s} {c['ns']:7.1f} {c['ns_above_floor']:7.1f} "
-                f"{c['ns_bpf_stats']:7.1f}   {c['what']}"
-            )
-        lines.append(f"  program sizes (xlated insns): {pr['insns']}")
-        sp = pr.get("spoof")
-        if sp:
-            lines.append(
-                "  the source check (cz_egress from the pod's device, the cache filled), ns min / "
-                "median over interleaved rounds: "
-                + "; ".join(
-                    f"{case} "
-                    + ", ".join(
-                        f"{b} {sp[b][case]['min']:.0f}/{sp[b][case]['median']:.0f}" for b in sp
-                    )
-                    for case in next(iter(sp.values()))
-                )
-            )
+        lines += progrun_table(pr)
     kv = res.get("kubeovn")
     if kv:
         from bench.kubeovn import table as kovn_table
@@ -484,44 +438,155 @@ def table(res: dict[str, Any]) -> str:
         )
     mw = res.get("mapwrites")
     if mw:
-        lines.append("")
-        lines.append(
-            "MAP WRITES (seconds, median): per-element = PinnedMaps without batch operations; "
-            "batch = PinnedMaps.apply (BPF_MAP_*_BATCH, the product's default)"
-        )
-        for n, m in mw.items():
-            if n == "sync_breakdown":
-                continue
-            lines.append(
-                f"  {n:>6s} Services ({m['entries']} entries): write per-element "
-                f"{m['apply_per_element']:.3f} / batch {m['apply_batch']:.3f} "
-                f"({m['apply_per_element'] / m['apply_batch']:.1f}x); delete "
-                f"{m['delete_per_element']:.3f} / {m['delete_batch']:.3f} "
-                f"({m['delete_per_element'] / m['delete_batch']:.1f}x); read_state walk "
-                f"{m['read_state']:.3f} / lookup batch {m['lookup_batch']:.3f}; "
-                f"nft -f {m['nft_f']:.3f}"
-            )
-        sb = mw.get("sync_breakdown")
-        if sb:
-            y = sb.get("yaml_1000", {})
-            lines.append(
-                "  one sync besides map writes: manifest parse of 1000 Services "
-                + f"({y.get('bytes', 0) // 1024} KiB YAML) {y.get('SafeLoader_s')} s with "
-                + f"yaml.SafeLoader, {y.get('CSafeLoader_s')} s with "
-                + "yaml.CSafeLoader (the agent's); model "
-                + ", ".join(
-                    f"{n}: {v['build_state_s']} s" for n, v in sb.items() if n != "yaml_1000"
-                )
-                + "; diff of one change "
-                + ", ".join(
-                    f"{n}: {v['diff_one_change_s']} s" for n, v in sb.items() if n != "yaml_1000"
-                )
-            )
+        lines += mapwrites_table(mw)
     cp = res.get("control")
     if cp:
         lines += control_table(cp)
-    lines.append("")
-    lines.append("TARGETS")
+    lines += targets_table(res)
+    return "\n".join(lines)
+
+
+def header_lines(res: dict[str, Any]) -> list[str]:
+    """The run: when, on what, the product, the machine's load."""
+    m = res["machine"]
+    return [
+        f"cozyebpf bench ({'quick' if res['quick'] else 'full'}) {res['started']}, "
+        f"kernel {m['kernel']}, {m['cpus']} vCPU {m['cpu_model']}",
+        f"product under test: {res['product']}",
+        f"load: /proc/loadavg at start {m['loadavg_start']} (CPU busy "
+        f"{m['cpu_busy_start'] * 100:.0f}% in the second before), at end "
+        f"{res.get('loadavg_end', '?')}",
+    ]
+
+
+#: the datapath table's rows, in order
+DATAPATH_ROWS = (
+    "gen-only",
+    "xdp-drop",
+    "plain",
+    "xdp-pass",
+    "tc-next",
+    "nft",
+    "nft-noct",
+    "min-xdp",
+    "min-snat",
+    "cz-tcx",
+    "cz-xdp",
+    "cz-xdp-nosvc",
+    "cz-xdp-nospoof",
+    "cz-xdp-mon",
+    "cz-xdp-ranges",
+)
+
+
+def datapath_table(dp: dict[str, Any], reps: int) -> list[str]:
+    """Mpps per busy core of each variant on each path, ratios, wall-clock rates."""
+    lines = [
+        "",
+        "DATAPATH: Mpps per busy core (ns/packet), 60-byte UDP, median of "
+        f"{reps} interleaved runs; ratio vs plain routing "
+        "(forwarding) or vs bare XDP_DROP (drop)",
+    ]
+    paths = list(PATHS)
+    lines.append(f"{'':13s}" + "".join(f"{p:>21s}" for p in paths))
+    for v in DATAPATH_ROWS:
+        row = f"{v:13s}"
+        for path in paths:
+            base = _mpps(dp, path, "xdp-drop" if path == "port-drop" else "plain")
+            e = dp["summary"].get(path, {}).get(v)
+            if not e:
+                row += f"{'-':>21s}"
+                continue
+            ratio = f"{e['mpps'] / base:.2f}x" if base else ""
+            row += f" {e['mpps']:6.2f} ({e['ns_per_packet']:4.0f}) {ratio:>6s}"
+        lines.append(row)
+    lines.append(
+        "  by wall clock (shares the cores with whatever else runs), Mpps: "
+        + "; ".join(
+            f"{path} "
+            + " ".join(
+                f"{v} {e.get('wall_mpps', float('nan')):.2f}"
+                for v, e in dp["summary"].get(path, {}).items()
+            )
+            for path in paths
+        )
+    )
+    lines.append("  " + "; ".join(f"{k}: {v}" for k, v in VARIANT_LABELS.items()))
+    ins = dp.get("in_situ_ns_per_packet", {})
+    if ins:
+        lines.append(
+            "  in the datapath, ns per packet inside our program (bpf stats): "
+            + ", ".join(f"{k} {v['ns']}" for k, v in ins.items())
+        )
+    return lines
+
+
+def progrun_table(pr: dict[str, Any]) -> list[str]:
+    """BPF_PROG_RUN's ns per case, the programs' sizes, the source check's builds."""
+    lines = [
+        "",
+        f"PER-PACKET COST (BPF_PROG_RUN, repeat {pr['repeat']}, median): ns/run, "
+        "ns above the trivial program, ns by bpf stats",
+    ]
+    for name, c in pr["cases"].items():
+        lines.append(
+            f"  {name:20s} {c['ns']:7.1f} {c['ns_above_floor']:7.1f} "
+            f"{c['ns_bpf_stats']:7.1f}   {c['what']}"
+        )
+    lines.append(f"  program sizes (xlated insns): {pr['insns']}")
+    sp = pr.get("spoof")
+    if sp:
+        lines.append(
+            "  the source check (cz_egress from the pod's device, the cache filled), ns min / "
+            "median over interleaved rounds: "
+            + "; ".join(
+                f"{case} "
+                + ", ".join(f"{b} {sp[b][case]['min']:.0f}/{sp[b][case]['median']:.0f}" for b in sp)
+                for case in next(iter(sp.values()))
+            )
+        )
+    return lines
+
+
+def mapwrites_table(mw: dict[str, Any]) -> list[str]:
+    """Seconds per map write, per element and in batches, and one sync's other work."""
+    lines = [
+        "",
+        "MAP WRITES (seconds, median): per-element = PinnedMaps without batch operations; "
+        "batch = PinnedMaps.apply (BPF_MAP_*_BATCH, the product's default)",
+    ]
+    for n, m in mw.items():
+        if n == "sync_breakdown":
+            continue
+        lines.append(
+            f"  {n:>6s} Services ({m['entries']} entries): write per-element "
+            f"{m['apply_per_element']:.3f} / batch {m['apply_batch']:.3f} "
+            f"({m['apply_per_element'] / m['apply_batch']:.1f}x); delete "
+            f"{m['delete_per_element']:.3f} / {m['delete_batch']:.3f} "
+            f"({m['delete_per_element'] / m['delete_batch']:.1f}x); read_state walk "
+            f"{m['read_state']:.3f} / lookup batch {m['lookup_batch']:.3f}; "
+            f"nft -f {m['nft_f']:.3f}"
+        )
+    sb = mw.get("sync_breakdown")
+    if sb:
+        y = sb.get("yaml_1000", {})
+        lines.append(
+            "  one sync besides map writes: manifest parse of 1000 Services "
+            + f"({y.get('bytes', 0) // 1024} KiB YAML) {y.get('SafeLoader_s')} s with "
+            + f"yaml.SafeLoader, {y.get('CSafeLoader_s')} s with "
+            + "yaml.CSafeLoader (the agent's); model "
+            + ", ".join(f"{n}: {v['build_state_s']} s" for n, v in sb.items() if n != "yaml_1000")
+            + "; diff of one change "
+            + ", ".join(
+                f"{n}: {v['diff_one_change_s']} s" for n, v in sb.items() if n != "yaml_1000"
+            )
+        )
+    return lines
+
+
+def targets_table(res: dict[str, Any]) -> list[str]:
+    """Each target's verdict (a MISS loud), then the parts' errors."""
+    lines = ["", "TARGETS"]
     misses = 0
     for t in res.get("targets", []):
         mark = {"PASS": "PASS", "MISS": "MISS <<<<<<", "n/a": "n/a "}[t["verdict"]]
@@ -538,7 +603,7 @@ def table(res: dict[str, Any]) -> str:
         )
     for part, err in res.get("errors", {}).items():
         lines.append(f"  ERROR in {part}: {err}")
-    return "\n".join(lines)
+    return lines
 
 
 def control_table(cp: dict[str, Any]) -> list[str]:
@@ -596,84 +661,99 @@ def chart(res: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]})
-    dp = res.get("datapath")
-    ax = axes[0]
+    dp, cp = res.get("datapath"), res.get("control")
     if dp:
-        variants = [
-            "plain",
-            "nft",
-            "nft-noct",
-            "min-xdp",
-            "min-snat",
-            "cz-tcx",
-            "cz-xdp",
-            "xdp-drop",
-        ]
-        colors = {
-            "plain": "#888888",
-            "nft": "#d62728",
-            "nft-noct": "#ff9896",
-            "min-xdp": "#bcbd22",
-            "min-snat": "#dbdb8d",
-            "cz-tcx": "#aec7e8",
-            "cz-xdp": "#1f77b4",
-            "xdp-drop": "#2ca02c",
-        }
-        paths = list(PATHS)
-        w = 0.8 / len(variants)
-        for j, v in enumerate(variants):
-            xs, ys = [], []
-            for i, p in enumerate(paths):
-                val = _mpps(dp, p, v)
-                if val:
-                    xs.append(i + (j - len(variants) / 2 + 0.5) * w)
-                    ys.append(val)
-            ax.bar(xs, ys, w, label=VARIANT_LABELS[v], color=colors[v])
-        ax.set_xticks(range(len(paths)), paths)
-        ax.set_ylabel("Mpps per busy core (median), higher is better")
-        ax.set_title("Datapath: generator + node + receiver on one core, 60-byte UDP")
-        ax.legend(fontsize=7, loc="upper left")
-        ax.grid(axis="y", alpha=0.3)
-    cp = res.get("control")
-    ax = axes[1]
+        datapath_chart(axes[0], dp)
     if cp:
-        sizes = sorted({c["n"] for c in cp["cold_sync"]})
-        for src, key, color, label in (
-            ("manifest", "file_to_maps_s", "#9467bd", "manifest arriving at a ready agent"),
-            ("api", "ready_to_maps_s", "#1f77b4", "API: datapath ready -> maps"),
-            ("api", "start_to_maps_s", "#17becf", "API: process start -> maps"),
-        ):
-            cold: list[float | None] = [
-                next(
-                    (c.get(key) for c in cp["cold_sync"] if c["n"] == n and c["source"] == src),
-                    None,
-                )
-                for n in sizes
-            ]
-            ax.plot(
-                sizes,
-                [max(y, 1e-3) if y is not None else None for y in cold],
-                "o-",
-                color=color,
-                label=label,
+        cold_sync_chart(axes[1], cp)
+    change_chart(axes[2], cp)
+    for a in axes:
+        if not a.has_data():
+            a.text(0.5, 0.5, "not run", ha="center", va="center", transform=a.transAxes, alpha=0.4)
+    m = res["machine"]
+    fig.suptitle(
+        f"cozyebpf bench {res['started']} ({'quick' if res['quick'] else 'full'}): "
+        f"{m['cpus']} vCPU, kernel {m['kernel']}, loadavg at start "
+        f"{m['loadavg_start'].split()[0]}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def datapath_chart(ax: Any, dp: dict[str, Any]) -> None:
+    """Mpps per busy core of the main variants on each path, as grouped bars."""
+    colors = {  # the variants drawn, in order
+        "plain": "#888888",
+        "nft": "#d62728",
+        "nft-noct": "#ff9896",
+        "min-xdp": "#bcbd22",
+        "min-snat": "#dbdb8d",
+        "cz-tcx": "#aec7e8",
+        "cz-xdp": "#1f77b4",
+        "xdp-drop": "#2ca02c",
+    }
+    variants = list(colors)
+    paths = list(PATHS)
+    w = 0.8 / len(variants)
+    for j, v in enumerate(variants):
+        xs, ys = [], []
+        for i, p in enumerate(paths):
+            val = _mpps(dp, p, v)
+            if val:
+                xs.append(i + (j - len(variants) / 2 + 0.5) * w)
+                ys.append(val)
+        ax.bar(xs, ys, w, label=VARIANT_LABELS[v], color=colors[v])
+    ax.set_xticks(range(len(paths)), paths)
+    ax.set_ylabel("Mpps per busy core (median), higher is better")
+    ax.set_title("Datapath: generator + node + receiver on one core, 60-byte UDP")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def cold_sync_chart(ax: Any, cp: dict[str, Any]) -> None:
+    """Seconds to all maps programmed by the number of Services, beside one nft -f."""
+    sizes = sorted({c["n"] for c in cp["cold_sync"]})
+    for src, key, color, label in (
+        ("manifest", "file_to_maps_s", "#9467bd", "manifest arriving at a ready agent"),
+        ("api", "ready_to_maps_s", "#1f77b4", "API: datapath ready -> maps"),
+        ("api", "start_to_maps_s", "#17becf", "API: process start -> maps"),
+    ):
+        cold: list[float | None] = [
+            next(
+                (c.get(key) for c in cp["cold_sync"] if c["n"] == n and c["source"] == src),
+                None,
             )
+            for n in sizes
+        ]
         ax.plot(
-            [x["n"] for x in cp["nft"]],
-            [x["nft_f_s"] for x in cp["nft"]],
-            "s--",
-            color="#d62728",
-            label="one nft -f (cozy-proxy tables)",
+            sizes,
+            [max(y, 1e-3) if y is not None else None for y in cold],
+            "o-",
+            color=color,
+            label=label,
         )
-        ax.axhline(1.0, color="k", ls=":", lw=1, label="targets at 10k: API 1 s, manifest 2 s")
-        ax.axhline(2.0, color="k", ls=":", lw=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("Services")
-        ax.set_ylabel("seconds to all maps programmed")
-        ax.set_title("Cold sync")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    ax = axes[2]
+    ax.plot(
+        [x["n"] for x in cp["nft"]],
+        [x["nft_f_s"] for x in cp["nft"]],
+        "s--",
+        color="#d62728",
+        label="one nft -f (cozy-proxy tables)",
+    )
+    ax.axhline(1.0, color="k", ls=":", lw=1, label="targets at 10k: API 1 s, manifest 2 s")
+    ax.axhline(2.0, color="k", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("Services")
+    ax.set_ylabel("seconds to all maps programmed")
+    ax.set_title("Cold sync")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def change_chart(ax: Any, cp: dict[str, Any] | None) -> None:
+    """One change's p50 and p99, idle and under churn, beside one nft add element."""
     labels, p50, p99 = [], [], []
     if cp:
         for ch in cp["changes"]:
@@ -703,19 +783,6 @@ def chart(res: dict[str, Any], path: Path) -> None:
         ax.set_title("One change, idle and under churn")
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-    for a in axes:
-        if not a.has_data():
-            a.text(0.5, 0.5, "not run", ha="center", va="center", transform=a.transAxes, alpha=0.4)
-    m = res["machine"]
-    fig.suptitle(
-        f"cozyebpf bench {res['started']} ({'quick' if res['quick'] else 'full'}): "
-        f"{m['cpus']} vCPU, kernel {m['kernel']}, loadavg at start "
-        f"{m['loadavg_start'].split()[0]}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def median_of(xs: list[float]) -> float:

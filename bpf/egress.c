@@ -66,16 +66,13 @@ static __always_inline int spoof_drop(struct __sk_buff *skb, void *l3, int v6, _
 /*
  * The fast path's half of the source check: a packet from the pod's cached device, or the node's
  * own, goes on; any other is left to the full path, which asks the FIB (the FIB's call in the
- * entry program cost whole-IP egress 10 ns in BPF_PROG_RUN: docs/design.md). The benchmark's
- * CZ_SPOOF_FIB_ALWAYS asks the FIB here for every packet instead (the other way issue 21 named).
+ * entry program cost whole-IP egress 10 ns in BPF_PROG_RUN: docs/design.md; the benchmark's
+ * bench/bpf/variants/egress_fib_always.c asks it here for every packet).
  */
 static __always_inline int spoof_unsure(struct __sk_buff *skb, __u32 dev, int v6, const void *src)
 {
 	__u32 in = skb->ingress_ifindex;
 
-#ifdef CZ_SPOOF_FIB_ALWAYS
-	return in && !cz_routed_by(skb, v6, src, in);
-#endif
 	return cz_src_unsure(dev, in);
 }
 

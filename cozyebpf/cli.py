@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -25,6 +25,12 @@ from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, LAYOUT_VERSION, OLDES
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
 from cozyebpf.errors import CozyError, PermanentError
 from cozyebpf.safepoint import SafePoints, Stopping
+
+if TYPE_CHECKING:
+    from cozyebpf.agent import Agent
+    from cozyebpf.datapath.bpf import BpfDatapath
+    from cozyebpf.model import Problem
+    from cozyebpf.sources import Source
 
 log = logging.getLogger("cozyebpf")
 
@@ -222,12 +228,14 @@ def main() -> None:
     "--health-address",
     default="",
     help="HOST:PORT for /healthz, /readyz and /status (the agent's part of `cozyebpf status`), "
-    "e.g. 127.0.0.1:9810; off when empty.",
+    "e.g. 127.0.0.1:9810 or [::1]:9810; 0.0.0.0, :: or no host: every address of both "
+    "families; off when empty.",
 )
 @click.option(
     "--metrics-address",
     default="",
-    help="HOST:PORT for Prometheus metrics at /metrics (e.g. 0.0.0.0:9811); off when empty.",
+    help="HOST:PORT for Prometheus metrics at /metrics (e.g. 0.0.0.0:9811: every address of "
+    "both families, or one address of either); off when empty.",
 )
 @click.option(
     "--counted-services",
@@ -346,30 +354,14 @@ def run(**options: Any) -> None:
     _fewer_malloc_arenas()
     from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
-    from cozyebpf.datapath.bpf import BpfDatapath, handle_cozy_proxy
+    from cozyebpf.datapath.bpf import handle_cozy_proxy
     from cozyebpf.portsec import checks
-    from cozyebpf.sources import Source
     from cozyebpf.sources.local import LocalAddresses
 
     stop = threading.Event()
-    agent: Agent | None = None
     safe = SafePoints()
-
-    def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            if safe.forced:  # the section in progress outlived its bound
-                raise Stopping
-            return  # already stopping: let the section or the cleanup finish
-        log.info("got %s, stopping", signal.Signals(signum).name)
-        stop.set()
-        if agent is not None:
-            agent.notify()
-        # interrupts whatever runs, a large sync included; an attach or a map batch in
-        # progress first finishes (cozyebpf.safepoint)
-        safe.request_stop()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    wake: list[Callable[[], None]] = []  # the agent's notify, once there is an agent
+    _stop_on_signals(stop, safe, wake)
     dp: BpfDatapath | None = None
     stoppers: list[Callable[[], None]] = []
     try:
@@ -377,25 +369,7 @@ def run(**options: Any) -> None:
         devs = resolve_devices(cfg.devices)
         pod_devs = resolve_pod_devices(cfg.pod_devices, devs)
         node = cfg.node_name or socket.gethostname()
-        source: Source
-        on_problems = None
-        client = None
-        if cfg.manifests:
-            from cozyebpf.sources.manifest import ManifestSource
-
-            source = ManifestSource(cfg.manifests, cfg.proxy_name, cfg.poll_interval)
-            source.check()
-        else:
-            from cozyebpf.events import EventRecorder
-            from cozyebpf.sources.kube import KubeSource, api_client
-
-            client = api_client(cfg.kubeconfig)
-            trust_any = cfg.trusted_endpoints == "any"
-            source = KubeSource(client, cfg.proxy_name, trust_any_endpoints=trust_any)
-            recorder = EventRecorder(client, node)
-            recorder.start()
-            stoppers.append(recorder.stop)
-            on_problems = recorder.record
+        source, client, on_problems = _source(cfg, node, stoppers)
         # behind ovn0: one warning now, and each VM's pod on this node needs port security
         unverified, portsec = checks(
             pod_devs, client, node, cfg.resync_interval, cluster_role=cfg.cluster_role
@@ -419,40 +393,15 @@ def run(**options: Any) -> None:
             local=local,
             reserved_cidrs=reserved_cidrs,
         )
+        wake.append(agent.notify)
         local.start()
         source.start(agent.notify)
         stoppers.insert(0, source.stop)
         if portsec is not None:
             portsec.start()
             stoppers.insert(0, portsec.stop)
-        if cfg.health_address:
-            from cozyebpf.health import HealthServer
-            from cozyebpf.status import agent_status
-
-            running = agent
-            health = HealthServer(
-                cfg.health_address,
-                agent.liveness,
-                agent.readiness,
-                status=lambda: agent_status(running),
-            )
-            health.start()
-            stoppers.append(health.stop)
-        if cfg.metrics_address:
-            from cozyebpf.metrics import MetricsServer, registry_for
-
-            registry = registry_for(cfg.pin_dir, agent)
-            metrics = MetricsServer(cfg.metrics_address, registry, *_metrics_guard(cfg, client))
-            metrics.start()
-            stoppers.append(metrics.stop)
-        while not stop.is_set() and not dp.attached:
-            agent.tick()
-            if dp.compiled():
-                dp.finish()
-                hooks = ", ".join(f"{a.device} {a.hook}" for a in dp.attachments.values())
-                log.info("datapath ready: %s (maps in %s)", hooks, cfg.pin_dir)
-            else:
-                agent.notifier.wait(0.05)
+        _serve(cfg, agent, client, stoppers)
+        _attach_while_syncing(agent, dp, stop, cfg.pin_dir)
         agent.run(stop)
     except Stopping:
         pass
@@ -467,6 +416,89 @@ def run(**options: Any) -> None:
             dp.close()
     log.info("stopped; the datapath stays attached (remove it with `cozyebpf detach`)")
     _exit_at_once(0)
+
+
+def _stop_on_signals(
+    stop: threading.Event, safe: SafePoints, wake: list[Callable[[], None]]
+) -> None:
+    """SIGTERM and SIGINT set `stop`, call `wake` and interrupt whatever runs, a large sync
+    included; an attach or a map batch in progress first finishes (cozyebpf.safepoint). A
+    second signal waits for the cleanup, unless the section in progress outlived its bound."""
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            if safe.forced:  # the section in progress outlived its bound
+                raise Stopping
+            return  # already stopping: let the section or the cleanup finish
+        log.info("got %s, stopping", signal.Signals(signum).name)
+        stop.set()
+        for fn in wake:
+            fn()
+        safe.request_stop()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+
+def _source(
+    cfg: RunConfig, node: str, stoppers: list[Callable[[], None]]
+) -> tuple[Source, Any, Callable[[list[Problem]], None] | None]:
+    """(the source, the API client or None, where problems go): --manifests, or the API with
+    an Event recorder (its stop added to `stoppers`)."""
+    if cfg.manifests:
+        from cozyebpf.sources.manifest import ManifestSource
+
+        source = ManifestSource(cfg.manifests, cfg.proxy_name, cfg.poll_interval)
+        source.check()
+        return source, None, None
+    from cozyebpf.events import EventRecorder
+    from cozyebpf.sources.kube import KubeSource, api_client
+
+    client = api_client(cfg.kubeconfig)
+    trust_any = cfg.trusted_endpoints == "any"
+    kube = KubeSource(client, cfg.proxy_name, trust_any_endpoints=trust_any)
+    recorder = EventRecorder(client, node)
+    recorder.start()
+    stoppers.append(recorder.stop)
+    return kube, client, recorder.record
+
+
+def _serve(cfg: RunConfig, agent: Agent, client: Any, stoppers: list[Callable[[], None]]) -> None:
+    """The health and metrics servers the options ask for, started (stops into `stoppers`)."""
+    if cfg.health_address:
+        from cozyebpf.health import HealthServer
+        from cozyebpf.status import agent_status
+
+        health = HealthServer(
+            cfg.health_address,
+            agent.liveness,
+            agent.readiness,
+            status=lambda: agent_status(agent),
+        )
+        health.start()
+        stoppers.append(health.stop)
+    if cfg.metrics_address:
+        from cozyebpf.metrics import MetricsServer, registry_for
+
+        registry = registry_for(cfg.pin_dir, agent)
+        metrics = MetricsServer(cfg.metrics_address, registry, *_metrics_guard(cfg, client))
+        metrics.start()
+        stoppers.append(metrics.stop)
+
+
+def _attach_while_syncing(
+    agent: Agent, dp: BpfDatapath, stop: threading.Event, pin_dir: str
+) -> None:
+    """The control plane turns while the child compiles; the programs are attached once it
+    is done (or a stop came first)."""
+    while not stop.is_set() and not dp.attached:
+        agent.tick()
+        if dp.compiled():
+            dp.finish()
+            hooks = ", ".join(f"{a.device} {a.hook}" for a in dp.attachments.values())
+            log.info("datapath ready: %s (maps in %s)", hooks, pin_dir)
+        else:
+            agent.notifier.wait(0.05)
 
 
 def _metrics_guard(cfg: RunConfig, client: Any) -> tuple[Any, Any]:
@@ -486,10 +518,11 @@ def _metrics_guard(cfg: RunConfig, client: Any) -> tuple[Any, Any]:
         return None, None
     if client is None:
         raise PermanentError("--metrics-auth kubernetes needs the API as source (not --manifests)")
+    from cozyebpf.httpserver import UNSPECIFIED
     from cozyebpf.metricsauth import KubeAuthorizer, server_context
 
     host = cfg.metrics_address.rpartition(":")[0].strip("[]")
-    names = [n for n in (host, cfg.node_name or socket.gethostname()) if n and n != "0.0.0.0"]
+    names = [n for n in (host, cfg.node_name or socket.gethostname()) if n not in UNSPECIFIED]
     return server_context(cfg.metrics_cert_dir, names), KubeAuthorizer(client)
 
 

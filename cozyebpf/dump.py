@@ -109,6 +109,10 @@ def render_refused(rows: Iterable[Mapping[str, str]]) -> list[str]:
     return [f"  {r['service']}: LB IP {r['lb_ip']} is {r['why']}: not programmed" for r in rows]
 
 
+def _indented(headers: list[str], rows: list[tuple[Any, ...]]) -> list[str]:
+    return ["  " + line for line in _table(headers, rows)]
+
+
 def render_dump(d: Mapping[str, Any]) -> str:
     """The readable table of `cozyebpf maps dump`."""
     out: list[str] = []
@@ -116,14 +120,19 @@ def render_dump(d: Mapping[str, Any]) -> str:
         out.append(f"pinned maps: {d['pin_dir']}")
     if d.get("attachments"):
         out.append("attached:")
-        out += [
-            "  " + line
-            for line in _table(
-                ["DEVICE", "HOOK", "PROGRAM", "PROG ID"],
-                [(a["device"], a["hook"], a["program"], a["prog_id"]) for a in d["attachments"]],
-            )
-        ]
-    out.append(f"services ({len(d['services'])}):")
+        out += _indented(
+            ["DEVICE", "HOOK", "PROGRAM", "PROG ID"],
+            [(a["device"], a["hook"], a["program"], a["prog_id"]) for a in d["attachments"]],
+        )
+    out += _render_services(d)
+    out += _render_flows(d)
+    out += _render_counters(d)
+    return "\n".join(out)
+
+
+def _render_services(d: Mapping[str, Any]) -> list[str]:
+    """The Services (and those refused), and pods whose LB IP has no service entry."""
+    out = [f"services ({len(d['services'])}):"]
     refused = d.get("refused")
     if refused:
         out.append(f"refused, not programmed: LB IP already in use ({len(refused)}):")
@@ -144,23 +153,22 @@ def render_dump(d: Mapping[str, Any]) -> str:
             )
             for s in d["services"]
         ]
-        out += [
-            "  " + line
-            for line in _table(
-                ["LB IP", "POD IP", "SERVICE", "MODE", "ICMP", "PORTS", "SOURCES", "FLOWS"], rows
-            )
-        ]
+        out += _indented(
+            ["LB IP", "POD IP", "SERVICE", "MODE", "ICMP", "PORTS", "SOURCES", "FLOWS"], rows
+        )
     lonely = [p for p in d["pods"] if p["lb_ip"] not in {s["lb_ip"] for s in d["services"]}]
     if lonely:
         out.append("pods whose LB IP has no service entry:")
-        out += [
-            "  " + line
-            for line in _table(
-                ["POD IP", "LB IP", "MODE", "ICMP"],
-                [(p["pod_ip"], p["lb_ip"], p["mode"], _yes(p["allow_icmp"])) for p in lonely],
-            )
-        ]
-    out.append(f"flows: {d['flows']}")
+        out += _indented(
+            ["POD IP", "LB IP", "MODE", "ICMP"],
+            [(p["pod_ip"], p["lb_ip"], p["mode"], _yes(p["allow_icmp"])) for p in lonely],
+        )
+    return out
+
+
+def _render_flows(d: Mapping[str, Any]) -> list[str]:
+    """The flow count, the idle timeouts and the first FLOW_ROWS flows."""
+    out = [f"flows: {d['flows']}"]
     if d.get("flow_timeouts"):
         out.append(
             "  idle timeouts (s, 0 never): "
@@ -168,57 +176,53 @@ def render_dump(d: Mapping[str, Any]) -> str:
         )
     entries = d.get("flow_entries", [])
     if entries:
-        out += [
-            "  " + line
-            for line in _table(
-                ["POD IP", "POD PORT", "REMOTE", "REMOTE PORT", "PROTO", "AGE (s)", "STATE"],
-                [
-                    (
-                        f["pod_ip"],
-                        f["pod_port"],
-                        f["remote_ip"],
-                        f["remote_port"],
-                        f["proto"],
-                        f"{f['age_s']:.0f}",
-                        "closing" if f["closing"] else "open",
-                    )
-                    for f in entries[:FLOW_ROWS]
-                ],
-            )
-        ]
+        out += _indented(
+            ["POD IP", "POD PORT", "REMOTE", "REMOTE PORT", "PROTO", "AGE (s)", "STATE"],
+            [
+                (
+                    f["pod_ip"],
+                    f["pod_port"],
+                    f["remote_ip"],
+                    f["remote_port"],
+                    f["proto"],
+                    f"{f['age_s']:.0f}",
+                    "closing" if f["closing"] else "open",
+                )
+                for f in entries[:FLOW_ROWS]
+            ],
+        )
         if len(entries) > FLOW_ROWS:
             out.append(f"  ... {len(entries) - FLOW_ROWS} more flows (--json lists them all)")
+    return out
+
+
+def _render_counters(d: Mapping[str, Any]) -> list[str]:
+    """The node-wide counters that counted a packet, and each Service's."""
     nonzero = {k: v for k, v in d["counters"].items() if v.get("packets")}
-    out.append("counters:" + ("" if nonzero else " (all zero)"))
+    out = ["counters:" + ("" if nonzero else " (all zero)")]
     if nonzero:
-        out += [
-            "  " + line
-            for line in _table(
-                ["REASON", "PACKETS", "BYTES"],
-                [(k, v["packets"], v["bytes"]) for k, v in sorted(nonzero.items())],
-            )
-        ]
+        out += _indented(
+            ["REASON", "PACKETS", "BYTES"],
+            [(k, v["packets"], v["bytes"]) for k, v in sorted(nonzero.items())],
+        )
     per = d.get("service_counters", [])
     if per:
         out.append("per Service:")
-        out += [
-            "  " + line
-            for line in _table(
-                ["SERVICE", "IN PACKETS", "IN BYTES", "OUT PACKETS", "OUT BYTES", "DROPS"],
-                [
-                    (
-                        c["service"],
-                        c["ingress"]["packets"],
-                        c["ingress"]["bytes"],
-                        c["egress"]["packets"],
-                        c["egress"]["bytes"],
-                        ",".join(f"{r}={n}" for r, n in c["drops"].items()) or "-",
-                    )
-                    for c in per
-                ],
-            )
-        ]
-    return "\n".join(out)
+        out += _indented(
+            ["SERVICE", "IN PACKETS", "IN BYTES", "OUT PACKETS", "OUT BYTES", "DROPS"],
+            [
+                (
+                    c["service"],
+                    c["ingress"]["packets"],
+                    c["ingress"]["bytes"],
+                    c["egress"]["packets"],
+                    c["egress"]["bytes"],
+                    ",".join(f"{r}={n}" for r, n in c["drops"].items()) or "-",
+                )
+                for c in per
+            ],
+        )
+    return out
 
 
 def dump_pinned(pin_dir: str) -> dict[str, Any]:

@@ -17,12 +17,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import socket
 import ssl
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -33,8 +30,8 @@ from cozyebpf import __version__
 from cozyebpf.datapath.layout import LAYOUT_VERSION
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS
-from cozyebpf.errors import CozyError, PermanentError
-from cozyebpf.health import parse_address
+from cozyebpf.errors import CozyError
+from cozyebpf.httpserver import Handler, HttpServer
 from cozyebpf.model.compose import REFUSAL_HARM
 from cozyebpf.status import read_model
 
@@ -259,11 +256,7 @@ def _trim() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-class _Server6(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
-class MetricsServer:
+class MetricsServer(HttpServer):
     """/metrics (Prometheus text format), in a thread of its own: over HTTPS with `tls`, to
     callers that `authorize` allows (cozyebpf/metricsauth.py), or plain HTTP to anyone."""
 
@@ -274,7 +267,9 @@ class MetricsServer:
         tls: ssl.SSLContext | None = None,
         authorize: Callable[[str | None], tuple[int, str]] | None = None,
     ) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class MetricsHandler(Handler):
+            log_name = "metrics"
+
             def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "see /metrics")
@@ -287,11 +282,7 @@ class MetricsServer:
                     log.error("metrics: scrape failed: %s", e)
                     self.send_error(500, str(e))
                     return
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.send_body(200, body, CONTENT_TYPE_LATEST)
                 del body
                 _trim()
 
@@ -306,58 +297,21 @@ class MetricsServer:
                 if code == 200:
                     return True
                 log.debug("metrics: %s from %s: %s", code, self.client_address[0], why)
-                self.send_response(code)
-                body = f"{why}\n".encode()
-                if code == 401:
-                    self.send_header("WWW-Authenticate", 'Bearer realm="cozyebpf metrics"')
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                challenge = {"WWW-Authenticate": 'Bearer realm="cozyebpf metrics"'}
+                self.send_body(
+                    code,
+                    f"{why}\n".encode(),
+                    "text/plain; charset=utf-8",
+                    challenge if code == 401 else None,
+                )
                 return False
 
-            def log_message(self, format: str, *args: object) -> None:
-                log.debug("metrics: " + format, *args)
-
-        host, port = parse_address(address, "--metrics-address", "0.0.0.0:9811")
-        server = _Server6 if ":" in host else ThreadingHTTPServer  # the node's IP may be IPv6
-        if tls is not None:
-            server = _tls_server(server, tls)
-        self.scheme = "https" if tls is not None else "http"
-        try:
-            self.server = server((host, port), Handler)
-        except OSError as e:
-            raise PermanentError(f"cannot serve metrics on {address}: {e}") from e
-        self.server.daemon_threads = True
-        self.address = f"{host}:{self.server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, name="metrics", daemon=True
+        super().__init__(
+            "metrics",
+            address,
+            MetricsHandler,
+            option="--metrics-address",
+            example="0.0.0.0:9811",
+            tls=tls,
+            paths="/metrics",
         )
-
-    def start(self) -> None:
-        self._thread.start()
-        log.info("metrics on %s://%s/metrics", self.scheme, self.address)
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _tls_server(base: type[ThreadingHTTPServer], tls: ssl.SSLContext) -> type[ThreadingHTTPServer]:
-    """`base` that speaks TLS: the handshake in each request's own thread (never in the
-    accepting one, which a slow or silent client would hold), bounded by a timeout."""
-
-    class TlsServer(base):  # type: ignore[valid-type,misc]
-        def finish_request(self, request: Any, client_address: Any) -> None:
-            request.settimeout(10)
-            try:
-                conn = tls.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError) as e:  # a port scan, plain HTTP, a bad client
-                log.debug("metrics: TLS handshake with %s failed: %s", client_address[0], e)
-                return
-            try:
-                super().finish_request(conn, client_address)
-            finally:
-                conn.close()  # the plain socket was detached into it
-
-    return TlsServer

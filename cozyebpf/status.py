@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cozyebpf import __version__
+from cozyebpf import __version__, httpserver
 from cozyebpf.datapath import attach
 from cozyebpf.datapath.layout import LAYOUT_VERSION, MON_ALL, MON_DROPS
 from cozyebpf.datapath.maps import PinnedMaps
@@ -87,7 +87,7 @@ def refused(views: Iterable[ServiceView]) -> list[dict[str, str]]:
 
 def fetch_agent(address: str, timeout: float = 2.0) -> dict[str, Any]:
     """GET http://ADDRESS/status; {"error": ...} when the agent cannot be reached."""
-    url = f"http://{address}/status"
+    url = httpserver.url(address, "/status")
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             data: dict[str, Any] = json.load(r)

@@ -7,7 +7,10 @@
 # 2. lint: ruff check, ruff format --check, mypy, clang-format on bpf/ and cozylab/bpf/
 # 3. pytest: tests/unit (no kernel needed) and tests/datapath (real BPF), pyproject.toml's
 #    testpaths (tests/unit/test_chart.py too: helm from step 1 lints and renders the chart;
-#    under CI=true a missing helm fails those tests, never skips them)
+#    under CI=true a missing helm fails those tests, never skips them). The test files run on
+#    parallel workers, one per CPU (pytest-xdist, --dist loadfile: a file's tests and its
+#    module fixtures stay in one worker; every test has namespace and pin prefixes of its own
+#    process); COZYEBPF_TEST_WORKERS=N sets how many, 0 runs them in this process.
 # The tests run even when lint fails; the script exits non-zero when either
 # failed. pytest's exit code 5 (no tests collected) counts as a failure.
 set -uo pipefail
@@ -58,7 +61,7 @@ fi
 # pytest's own closing line stays the last line of a green run.
 section "tests"
 if (($# == 0)); then
-	set -- -q
+	set -- -q -n "${COZYEBPF_TEST_WORKERS:-auto}" --dist loadfile
 fi
 printf -- '--> .venv/bin/pytest %s\n' "$*"
 .venv/bin/pytest "$@"

@@ -52,6 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
     except ValueError as e:  # an unknown name in a marker or COZYEBPF_TEST_MISSING
         raise pytest.UsageError(str(e)) from None
+    items.sort(key=_slow_first)  # stable: a module's tests keep their order
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -78,10 +79,59 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
     return [python, "-m", "cozyebpf"]
 
 
+#: The modules that take longest (minutes each), run first: scripts/test.sh runs the files on
+#: parallel workers (pytest-xdist, --dist loadfile), and a worker that starts one of these last
+#: would run it alone at the end. The order of the others is kept.
+SLOW_FIRST = (  # by their share of a sequential run (--durations), largest first
+    "test_differential.py",
+    "test_stop_points.py",
+    "test_kube_e2e.py",
+    "test_lifecycle.py",
+    "test_upgrade.py",
+    "test_zero_downtime.py",
+    "test_releases.py",
+    "test_reserved.py",
+    "test_cluster_lab.py",
+)
+
+
+def _slow_first(item: pytest.Item) -> int:
+    name = item.path.name
+    return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+
+#: the cluster lab's tables, as a worker of pytest-xdist hands them over
+_WORKER_TABLES: dict[str, str] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker: the cluster lab's tables go to the controller, which prints
+    them (pytest_terminal_summary)."""
+    output = getattr(session.config, "workeroutput", None)
+    mod = sys.modules.get("tests.datapath.test_cluster_lab")
+    if output is not None and getattr(mod, "TABLES", None):
+        output["cluster_lab_tables"] = dict(mod.TABLES)
+
+
+class _WorkerTables:
+    """pytest-xdist's controller: the tables its workers handed over (a hook of xdist's, so
+    registered only where xdist is)."""
+
+    @staticmethod
+    def pytest_testnodedown(node: Any, error: Any) -> None:
+        _WORKER_TABLES.update(getattr(node, "workeroutput", {}).get("cluster_lab_tables", {}))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_WorkerTables())
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The cluster lab's tables (tests/datapath/test_cluster_lab.py), whatever the verdicts, so
-    that every run's log shows them."""
+    that every run's log shows them (with parallel workers, from the worker that ran it)."""
     mod = sys.modules.get("tests.datapath.test_cluster_lab")
-    for layout, table in getattr(mod, "TABLES", {}).items():
+    tables = {**getattr(mod, "TABLES", {}), **_WORKER_TABLES}
+    for layout, table in tables.items():
         terminalreporter.section(f"cluster lab: {layout}")
         terminalreporter.write_line(table)

@@ -193,9 +193,6 @@ static __always_inline int cz_routed_by(struct __sk_buff *skb, int v6, const voi
 /* Not from the cached device, nor the node's own: the FIB must be asked. */
 static __always_inline int cz_src_unsure(__u32 dev, __u32 in)
 {
-#ifdef CZ_NO_SPOOF_CHECK /* the benchmark's "without the source check" */
-	return 0;
-#endif
 	return dev != in && in;
 }
 

@@ -43,6 +43,11 @@ struct cz_entry {
 	__u8 pod_flags; /* egress: CZ_F_* */
 };
 
+/*
+ * The same fields are copied twice on purpose: from addr6_val and from addr4_val, two value
+ * types with other offsets (4- or 16-byte addresses before them), each read through its own
+ * map's value pointer.
+ */
 static __always_inline int lookup_addr(int v6, const struct ip6 *addr, struct cz_entry *e)
 {
 	if (v6) {

@@ -8,6 +8,7 @@ of corrupting maps.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -48,8 +49,10 @@ DEFAULT_MAX_SERVICES = 65536
 SVCSTATS_BUDGET = 64 << 20
 
 
+@functools.cache
 def possible_cpus() -> int:
-    """Number of possible CPUs: the stride of per-CPU map values."""
+    """Number of possible CPUs: the stride of per-CPU map values (fixed at boot, so read once:
+    every per-CPU lookup asks, and the file cost more than the lookup)."""
     text = Path("/sys/devices/system/cpu/possible").read_text().strip()
     n = 0
     for part in text.split(","):

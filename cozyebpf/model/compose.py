@@ -395,21 +395,7 @@ def _compose(
         pods: list[tuple[IPAddress, PodEntry]] = []
         allowed: set[AllowedPort] = set()
         ranges: list[tuple[IPAddress, Ranges | None]] = []
-        kept: list[IPAddress] = []
-        for lb in s.lb_ips:
-            for other in sorted(foreign.get(lb, ()), key=lambda f: f.ref):
-                problems.append(_shared_problem(s.ref, lb, other))
-            if lb in lb_owner:
-                problems.append(
-                    Problem(
-                        s.ref,
-                        f"LoadBalancer IP {lb} is also claimed by the older {lb_owner[lb]}, "
-                        "which keeps it; give each Service its own LoadBalancer IP",
-                    )
-                )
-            else:
-                lb_owner[lb] = s.ref
-                kept.append(lb)
+        kept = _claim_lb_ips(s, foreign, lb_owner, problems)
         chosen = dict(e.chosen)
         pod_ips = tuple(chosen[v] for v in FAMILIES if v in chosen)
         migrating = e.moving() | (held & set(pod_ips))
@@ -434,36 +420,18 @@ def _compose(
             lbs = [lb for lb in kept if lb.version == version]
             if not lbs:
                 continue
-            fam = family_name(version)
             backend = chosen.get(version)
             if backend is None:
                 # no ready endpoint at all is reported once above; here only a missing family
                 if chosen:
-                    problems += [
-                        Problem(
-                            s.ref,
-                            f"LB IP {lb} is {fam} but the Service has no ready {fam} endpoint; "
-                            "it is not programmed (an LB IP is only translated to a pod IP of "
-                            f"its own family); check that the pod has an {fam} address and is "
-                            f"ready, or remove the {fam} LB IP",
-                        )
-                        for lb in lbs
-                    ]
+                    problems += _no_family_problems(s.ref, lbs, family_name(version))
                 continue
             learning = backend in migrating
             entry = ServiceEntry(backend, s.port_filter, s.allow_icmp, name, learning)
             services += [(lb, entry) for lb in lbs]
             ranges.append((backend, s.ranges_of(version)))
             if backend in pod_owner:
-                owner, egress = pod_owner[backend]
-                problems.append(
-                    Problem(
-                        s.ref,
-                        f"its pod {backend} is also behind the older {owner}, so the "
-                        f"pod's own connections leave from {egress}, not from "
-                        "this Service's IP; give each Service its own pod",
-                    )
-                )
+                problems.append(_pod_taken_problem(s.ref, backend, *pod_owner[backend]))
             else:
                 pod_owner[backend] = (s.ref, lbs[0])
                 pod = PodEntry(lbs[0], s.port_filter, s.allow_icmp, name, learning)
@@ -474,6 +442,58 @@ def _compose(
             tuple(services), tuple(pods), tuple(allowed), tuple(problems), view, tuple(ranges)
         )
     return out
+
+
+def _claim_lb_ips(
+    s: ParsedService,
+    foreign: Mapping[IPAddress, Iterable[ForeignRecord]],
+    lb_owner: dict[IPAddress, ObjectRef],
+    problems: list[Problem],
+) -> list[IPAddress]:
+    """The LB IPs of `s` that it keeps: those no older Service (`lb_owner`, which it joins)
+    claimed; a problem for each one it loses and each one another controller announces."""
+    kept: list[IPAddress] = []
+    for lb in s.lb_ips:
+        for other in sorted(foreign.get(lb, ()), key=lambda f: f.ref):
+            problems.append(_shared_problem(s.ref, lb, other))
+        if lb in lb_owner:
+            problems.append(
+                Problem(
+                    s.ref,
+                    f"LoadBalancer IP {lb} is also claimed by the older {lb_owner[lb]}, "
+                    "which keeps it; give each Service its own LoadBalancer IP",
+                )
+            )
+        else:
+            lb_owner[lb] = s.ref
+            kept.append(lb)
+    return kept
+
+
+def _no_family_problems(ref: ObjectRef, lbs: list[IPAddress], fam: str) -> list[Problem]:
+    """LB IPs of a family the Service has no ready endpoint of (it has one of the other)."""
+    return [
+        Problem(
+            ref,
+            f"LB IP {lb} is {fam} but the Service has no ready {fam} endpoint; "
+            "it is not programmed (an LB IP is only translated to a pod IP of "
+            f"its own family); check that the pod has an {fam} address and is "
+            f"ready, or remove the {fam} LB IP",
+        )
+        for lb in lbs
+    ]
+
+
+def _pod_taken_problem(
+    ref: ObjectRef, pod: IPAddress, owner: ObjectRef, egress: IPAddress
+) -> Problem:
+    """The pod of `ref` is behind an older Service, `owner`, whose LB IP its egress takes."""
+    return Problem(
+        ref,
+        f"its pod {pod} is also behind the older {owner}, so the "
+        f"pod's own connections leave from {egress}, not from "
+        "this Service's IP; give each Service its own pod",
+    )
 
 
 def _refusals(

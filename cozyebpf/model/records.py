@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
@@ -324,6 +324,58 @@ def _ident(
     return ObjectRef(kind, ns, name), meta
 
 
+def _lb_ips(ingress: Sequence[Any], problems: list[Problem], ref: ObjectRef) -> list[IPAddress]:
+    """The IPs of status.loadBalancer.ingress, each once; a problem for each unusable entry."""
+    lb_ips: list[IPAddress] = []
+    for i, entry in enumerate(ingress):
+        where = f"status.loadBalancer.ingress[{i}]"
+        try:
+            entry = _mapping(entry, where)
+            if entry.get("ip") is None:
+                if entry.get("hostname") is None:
+                    raise _Invalid(f"{where} has neither ip nor hostname; fix the Service status")
+                raise _Invalid(
+                    f"{where} has hostname {_q(entry['hostname'])} but no ip, and only IP "
+                    "addresses can be NATed; it is ignored",
+                    "warning",
+                )
+            ip = _parse_ip(entry["ip"], f"{where}.ip", "fix the Service status")
+        except _Invalid as e:
+            problems.append(Problem(ref, e.message, e.severity))
+            continue
+        if ip not in lb_ips:
+            lb_ips.append(ip)
+    return lb_ips
+
+
+def _ports(spec: Mapping[str, Any], problems: list[Problem], ref: ObjectRef) -> set[PortSpec]:
+    """spec.ports as the port filter allows them; a problem for each unusable port."""
+    ports: set[PortSpec] = set()
+    for i, p in enumerate(_list(spec.get("ports"), "spec.ports")):
+        where = f"spec.ports[{i}]"
+        try:
+            p = _mapping(p, where)
+            proto = p.get("protocol")
+            if proto is None:
+                proto = "TCP"
+            if not isinstance(proto, str) or proto not in _PROTOS:
+                raise _Invalid(
+                    f"{where}.protocol {_q(proto)} is not TCP, UDP or SCTP, so the port "
+                    "filter does not allow it; fix the protocol"
+                )
+            port = p.get("port")
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise _Invalid(
+                    f"{where}.port {_q(port)} is not a port number from 1 to 65535, so the "
+                    "port filter does not allow it; fix the port"
+                )
+        except _Invalid as e:
+            problems.append(Problem(ref, e.message, e.severity))
+            continue
+        ports.add(PortSpec(_PROTOS[proto], port))
+    return ports
+
+
 def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any]) -> ParsedService:
     """A selected Service's fields; _Invalid if the object cannot be used at all. Problems with
     single LB IPs or ports are collected in `problems` and those entries skipped."""
@@ -349,25 +401,7 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
     status = _mapping(obj.get("status"), "status")
     lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
     ingress = _list(lb.get("ingress"), "status.loadBalancer.ingress")
-    lb_ips: list[IPAddress] = []
-    for i, entry in enumerate(ingress):
-        where = f"status.loadBalancer.ingress[{i}]"
-        try:
-            entry = _mapping(entry, where)
-            if entry.get("ip") is None:
-                if entry.get("hostname") is None:
-                    raise _Invalid(f"{where} has neither ip nor hostname; fix the Service status")
-                raise _Invalid(
-                    f"{where} has hostname {_q(entry['hostname'])} but no ip, and only IP "
-                    "addresses can be NATed; it is ignored",
-                    "warning",
-                )
-            ip = _parse_ip(entry["ip"], f"{where}.ip", "fix the Service status")
-        except _Invalid as e:
-            problems.append(Problem(ref, e.message, e.severity))
-            continue
-        if ip not in lb_ips:
-            lb_ips.append(ip)
+    lb_ips = _lb_ips(ingress, problems, ref)
     if not ingress:
         problems.append(
             Problem(
@@ -377,30 +411,7 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
             )
         )
 
-    ports: set[PortSpec] = set()
-    if port_filter:
-        for i, p in enumerate(_list(spec.get("ports"), "spec.ports")):
-            where = f"spec.ports[{i}]"
-            try:
-                p = _mapping(p, where)
-                proto = p.get("protocol")
-                if proto is None:
-                    proto = "TCP"
-                if not isinstance(proto, str) or proto not in _PROTOS:
-                    raise _Invalid(
-                        f"{where}.protocol {_q(proto)} is not TCP, UDP or SCTP, so the port "
-                        "filter does not allow it; fix the protocol"
-                    )
-                port = p.get("port")
-                if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-                    raise _Invalid(
-                        f"{where}.port {_q(port)} is not a port number from 1 to 65535, so the "
-                        "port filter does not allow it; fix the port"
-                    )
-            except _Invalid as e:
-                problems.append(Problem(ref, e.message, e.severity))
-                continue
-            ports.add(PortSpec(_PROTOS[proto], port))
+    ports = _ports(spec, problems, ref) if port_filter else set()
     source_ranges = _source_ranges(spec, ann, problems, ref)
     return ParsedService(
         ref,
@@ -498,6 +509,32 @@ def _source_ranges(
     return tuple(sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen)))
 
 
+def _slice_version(ref: ObjectRef, address_type: Any, problems: list[Problem]) -> int | None:
+    """The IP version of an EndpointSlice's addressType; None (and a problem) when it is FQDN
+    or not an address type at all."""
+    if address_type == "FQDN":
+        problems.append(
+            Problem(
+                ref,
+                "addressType FQDN is not supported (NAT needs a pod IP, not a name), so its "
+                "endpoints are ignored; use an IPv4 or IPv6 EndpointSlice",
+                "error",
+            )
+        )
+        return None
+    if not isinstance(address_type, str) or address_type not in _ADDRESS_TYPES:
+        problems.append(
+            Problem(
+                ref,
+                f"addressType {_q(address_type)} is not IPv4, IPv6 or FQDN, so its endpoints "
+                "are ignored; fix the EndpointSlice",
+                "error",
+            )
+        )
+        return None
+    return _ADDRESS_TYPES[address_type]
+
+
 def _ready_addresses(
     ref: ObjectRef,
     obj: Mapping[str, Any],
@@ -513,27 +550,9 @@ def _ready_addresses(
     an endpoint whose targetRef is not a Pod of the slice's namespace is skipped, with a
     warning (`_untrusted_endpoint`)."""
     address_type = obj.get("addressType")
-    if address_type == "FQDN":
-        problems.append(
-            Problem(
-                ref,
-                "addressType FQDN is not supported (NAT needs a pod IP, not a name), so its "
-                "endpoints are ignored; use an IPv4 or IPv6 EndpointSlice",
-                "error",
-            )
-        )
+    version = _slice_version(ref, address_type, problems)
+    if version is None:
         return set()
-    if not isinstance(address_type, str) or address_type not in _ADDRESS_TYPES:
-        problems.append(
-            Problem(
-                ref,
-                f"addressType {_q(address_type)} is not IPv4, IPv6 or FQDN, so its endpoints "
-                "are ignored; fix the EndpointSlice",
-                "error",
-            )
-        )
-        return set()
-    version = _ADDRESS_TYPES[address_type]
     try:
         endpoints = _list(obj.get("endpoints"), "endpoints")
     except _Invalid as e:

@@ -122,6 +122,13 @@ def test_programs_match_the_model(dp: Datapath, scenario: Scenario) -> None:
     check_devs(dp, state, "after the batch")
 
 
+def test_the_harness_reads_the_counters_as_the_product_does(dp: Datapath) -> None:
+    """Datapath.counters (one batch lookup) == PinnedMaps.counters, after the run above."""
+    product = {r: (v["packets"], v["bytes"]) for r, v in dp.maps.counters().items()}
+    assert any(packets for packets, _ in product.values())
+    assert dp.counters() == product
+
+
 def test_the_run_met_source_ranges_expired_flows_and_learning(dp: Datapath) -> None:
     """The generated states exercised what they are for: drops from outside a pod's ranges,
     replies of flows (some expired), and TCP let in to migrating pods."""

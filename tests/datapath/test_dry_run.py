@@ -20,6 +20,7 @@ from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.explain import NOT_OURS, dry_run
 from cozyebpf.state import diff
 from tests.fixtures.dry_run import CASES, STATE, VM2
+from tests.support.labtools import dry_run_witness
 from tests.support.packets import (
     CLIENT,
     MAC_A,
@@ -36,14 +37,7 @@ class Progs:
     loaded: tuple[loader.Program, ...]
 
     def everything(self) -> tuple[Any, ...]:
-        m = self.maps
-        return (
-            m.counters(),
-            [c.__dict__ for c in m.service_counters()],
-            m.flows(),
-            m.entries()["frag4"],
-            m.monitor_state(),
-        )
+        return dry_run_witness(self.maps)
 
 
 @pytest.fixture(scope="module")

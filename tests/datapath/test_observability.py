@@ -35,7 +35,14 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozylab.k8s import Svc
 from cozylab.netns import CLIENT_IP, CLIENT_MAC, DEFAULT_PODS, UPLINK, UPLINK_MAC
 from tests.support.contract import CONTRACT
-from tests.support.labtools import AgentLab, agent_lab, interrupt, read_line_with, wait_for
+from tests.support.labtools import (
+    AgentLab,
+    agent_lab,
+    dry_run_witness,
+    interrupt,
+    read_line_with,
+    wait_for,
+)
 from tests.support.packets import LB_FILT, LB_UNKNOWN, LB_WHOLE
 
 POD1, POD2 = DEFAULT_PODS[:2]
@@ -187,13 +194,7 @@ def test_a_removed_service_is_gone_from_the_next_scrape(env: AgentLab) -> None:
 def tables(env: AgentLab) -> tuple[Any, ...]:
     """Everything a dry run must leave as it is."""
     with PinnedMaps.open(env.pin_dir) as m:
-        return (
-            m.counters(),
-            [c.__dict__ for c in m.service_counters()],
-            m.flows(),
-            m.entries()["frag4"],
-            m.monitor_state(),
-        )
+        return dry_run_witness(m)
 
 
 EGRESS_OF_POD2 = ["--direction", "egress", "--from", f"{POD2.ip}:40002", "--to", f"{CLIENT_IP}:443"]

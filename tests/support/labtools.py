@@ -350,3 +350,15 @@ def mark_pins(pin_dir: str, version: int, oldest: int, release: str = "0.3.0") -
         bpfsys.map_update(fd, ctypes.c_uint32(0), val)
     finally:
         os.close(fd)
+
+
+def dry_run_witness(m: PinnedMaps) -> tuple[Any, ...]:
+    """Everything a dry run (explain's) must leave as it is: the counters, node-wide and per
+    Service, the flows, the fragments' count and the monitor's state."""
+    return (
+        m.counters(),
+        [c.__dict__ for c in m.service_counters()],
+        m.flows(),
+        m.entries()["frag4"],
+        m.monitor_state(),
+    )

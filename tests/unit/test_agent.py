@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,11 +19,12 @@ from cozyebpf.state import MapState
 from cozylab.fakedp import FakeDatapath
 from cozylab.k8s import Svc, objects
 from tests.support.clock import FakeClock
+from tests.support.sources import IdleSource
 
 Obj = dict[str, Any]
 
 
-class ApiLikeSource:
+class ApiLikeSource(IdleSource):
     """Hands over changes object by object, as the Kubernetes source does."""
 
     def __init__(self, objs: list[Obj]) -> None:
@@ -57,15 +57,6 @@ class ApiLikeSource:
             return None
         out, self.pending = self.pending, ChangeSet()
         return out
-
-    def start(self, notify: Callable[[], None]) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def alive(self) -> bool:
-        return True
 
     def full_model(self) -> MapState:
         return build_state(list(self.objects.values())).state

@@ -17,6 +17,7 @@ from cozyebpf.errors import DatapathError
 from cozyebpf.model import ObjectRef, Problem, build_state
 from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
 from cozylab.fakedp import FakeDatapath
+from tests.support.imports import imports
 
 LB1, LB2, LB3 = IPv4Address("192.0.2.10"), IPv4Address("192.0.2.11"), IPv4Address("192.0.2.12")
 POD1, POD2, POD3 = IPv4Address("10.244.0.5"), IPv4Address("10.244.0.7"), IPv4Address("10.244.1.3")
@@ -169,27 +170,19 @@ def test_the_datapath_imports_nothing_above_it() -> None:
     """cozyebpf.datapath is the bottom layer: no module of it imports the model, the sources,
     the agent, the controller, the CLI or a presentation module (dump, monitor, ...), nor the
     kubernetes client, at the top or inside a function."""
-    import ast
     from pathlib import Path
 
     import cozyebpf.datapath
 
     above = []
-    for path in sorted(Path(cozyebpf.datapath.__file__).parent.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                ours = name == "cozyebpf" or any(
-                    name == b or name.startswith(b + ".") for b in BELOW_THE_DATAPATH
-                )
-                if (top == "cozyebpf" and not ours) or top == "kubernetes":
-                    above.append(f"{path.name}:{node.lineno}: {name}")
+    datapath = sorted(Path(cozyebpf.datapath.__file__).parent.glob("*.py"))
+    for path, line, name in imports(datapath):
+        top = name.split(".")[0]
+        ours = name == "cozyebpf" or any(
+            name == b or name.startswith(b + ".") for b in BELOW_THE_DATAPATH
+        )
+        if (top == "cozyebpf" and not ours) or top == "kubernetes":
+            above.append(f"{path.name}:{line}: {name}")
     assert above == []
 
 
@@ -274,25 +267,6 @@ def test_sync_to_empty_removes_everything(
             "now 0 services, 0 pods, 0 allowed ports",
         )
     ]
-
-
-@pytest.mark.parametrize(
-    ("corrupt", "line"), [c[1:] for c in DRIFT_CASES], ids=[c[0] for c in DRIFT_CASES]
-)
-def test_drift_is_repaired(
-    controller: tuple[Controller, FakeDatapath],
-    caplog: pytest.LogCaptureFixture,
-    corrupt: Callable[[MapState], None],
-    line: str,
-) -> None:
-    ctl, fake = controller
-    ctl.sync(desired())
-    corrupt(fake.state)
-    assert dumped(fake) != DESIRED_DUMP
-    caplog.clear()
-    ctl.sync(desired())
-    assert dumped(fake) == DESIRED_DUMP
-    assert _records(caplog) == [("INFO", line)]
 
 
 def test_failing_apply_propagates_and_next_sync_recovers(
@@ -602,22 +576,30 @@ DRIFT6_CASES: list[tuple[str, Callable[[MapState], None], str]] = [
 ]
 
 
+#: (id, the desired state, its dump, the corruption, the log line of the repair)
+DRIFTS = [(c[0], desired, DESIRED_DUMP, *c[1:]) for c in DRIFT_CASES] + [
+    (f"ipv6-{c[0]}", desired_dual, DUAL_DUMP, *c[1:]) for c in DRIFT6_CASES
+]
+
+
 @pytest.mark.parametrize(
-    ("corrupt", "line"), [c[1:] for c in DRIFT6_CASES], ids=[c[0] for c in DRIFT6_CASES]
+    ("want", "want_dump", "corrupt", "line"), [c[1:] for c in DRIFTS], ids=[c[0] for c in DRIFTS]
 )
-def test_ipv6_drift_is_repaired(
+def test_drift_is_repaired(
     controller: tuple[Controller, FakeDatapath],
     caplog: pytest.LogCaptureFixture,
+    want: Callable[[], MapState],
+    want_dump: dict[str, Any],
     corrupt: Callable[[MapState], None],
     line: str,
 ) -> None:
     ctl, fake = controller
-    ctl.sync(desired_dual())
+    ctl.sync(want())
     corrupt(fake.state)
-    assert dumped(fake) != DUAL_DUMP
+    assert dumped(fake) != want_dump
     caplog.clear()
-    ctl.sync(desired_dual())
-    assert dumped(fake) == DUAL_DUMP
+    ctl.sync(want())
+    assert dumped(fake) == want_dump
     assert _records(caplog) == [("INFO", line)]
 
 

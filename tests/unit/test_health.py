@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,15 +12,17 @@ import pytest
 from cozyebpf.agent import Agent
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import PermanentError
-from cozyebpf.health import HealthServer, parse_address
+from cozyebpf.health import HealthServer
+from cozyebpf.httpserver import parse_address
 from cozyebpf.model import read_objects
 from cozyebpf.sources import ChangeSet
 from cozylab.fakedp import FakeDatapath
 from cozylab.k8s import Svc, objects
 from tests.support.clock import FakeClock
+from tests.support.sources import IdleSource
 
 
-class ListSource:
+class ListSource(IdleSource):
     """A source whose objects the test sets; not ready until the first `set`."""
 
     def __init__(self) -> None:
@@ -37,15 +39,6 @@ class ListSource:
             return ChangeSet()
         self.taken = self.objects
         return ChangeSet(whole=read_objects(self.objects))
-
-    def start(self, notify: Callable[[], None]) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def alive(self) -> bool:
-        return True
 
 
 def get(url: str) -> tuple[int, str]:
@@ -121,4 +114,4 @@ def test_a_failed_sync_is_retried_and_not_ready(
 @pytest.mark.parametrize("bad", ["9810", "host:", "host:0x1", ":70000"])
 def test_bad_health_address_is_a_clear_error(bad: str) -> None:
     with pytest.raises(PermanentError, match="is not HOST:PORT"):
-        parse_address(bad)
+        parse_address(bad, "--health-address", "127.0.0.1:9810")

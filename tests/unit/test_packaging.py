@@ -4,12 +4,13 @@ fake datapath) nor `tests/`, and the product imports nothing of them."""
 
 from __future__ import annotations
 
-import ast
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from tests.support.imports import imports
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_MODULES = {"cluster", "netns", "demo", "kubeapi", "k8s", "fakedp"}
@@ -61,34 +62,19 @@ def test_the_image_copies_the_product_only() -> None:
 
 
 def test_the_product_imports_no_lab_and_no_test() -> None:
-    bad = []
-    for path in sorted((REPO / "cozyebpf").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            bad += [
-                f"{path.relative_to(REPO)}:{node.lineno}: {n}"
-                for n in names
-                if n.split(".")[0] in ("cozylab", "tests", "bench")
-            ]
+    bad = [
+        f"{path.relative_to(REPO)}:{line}: {name}"
+        for path, line, name in imports(sorted((REPO / "cozyebpf").rglob("*.py")))
+        if name.split(".")[0] in ("cozylab", "tests", "bench")
+    ]
     assert bad == []
 
 
 def test_the_labs_import_nothing_from_tests() -> None:
-    bad = []
-    for path in sorted([*(REPO / "cozylab").rglob("*.py"), *(REPO / "bench").rglob("*.py")]):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
-                if (node.module or "").split(".")[0] == "tests":
-                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module}")
-            elif isinstance(node, ast.Import):
-                bad += [
-                    f"{path.relative_to(REPO)}:{node.lineno}: {a.name}"
-                    for a in node.names
-                    if a.name.split(".")[0] == "tests"
-                ]
+    labs = sorted([*(REPO / "cozylab").rglob("*.py"), *(REPO / "bench").rglob("*.py")])
+    bad = [
+        f"{path.relative_to(REPO)}:{line}: {name}"
+        for path, line, name in imports(labs)
+        if name.split(".")[0] == "tests"
+    ]
     assert bad == []
