@@ -102,8 +102,8 @@ def test_a_place_out_of_step_is_named(
 def test_the_release_notes_are_the_changelog_section() -> None:
     changelog = (REPO / "CHANGELOG.md").read_text()
     body = release.notes(changelog, __version__)
-    assert body.startswith("The first release: map layout 6")
-    assert "## [" not in body and "### Added" in body and "### Fixed" in body
+    assert f"ap layout {LAYOUT_VERSION}" in body.split("\n\n")[0]  # its opening names it
+    assert "## [" not in body and "### Changed" in body and "### Fixed" in body
     assert release.notes("## [Unreleased]\n\n## [1.0.0] - 2026-01-01\n\nx\n", "1.0.0") == "x\n"
 
 
@@ -135,7 +135,7 @@ def test_make_release_packages_the_chart_and_the_notes(helm: str, tmp_path: Path
     notes = (out / "RELEASE-NOTES.md").read_text()
     assert notes.startswith(f"# cozyebpf {__version__}\n")
     assert f"Image: `ghcr.io/cozystack/cozyebpf:v{__version__}`" in notes
-    assert f"Map layout: {LAYOUT_VERSION}" in notes and "### Added" in notes
+    assert f"Map layout: {LAYOUT_VERSION}" in notes and "### Changed" in notes
     sums = (out / "SHA256SUMS").read_text().split()
     assert sums[1::2] == [chart.name, "RELEASE-NOTES.md"]
     assert f"git tag -a v{__version__}" in p.stdout
