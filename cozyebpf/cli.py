@@ -334,6 +334,8 @@ def main() -> None:
     "the stack. auto: on where pod-facing hooks are attached (--pod-devices; a Cozystack node, "
     "where it was measured), else off (README, Host routing).",
 )
+# (longer than 80 lines with its docstring, which is the command's --help: the steps are
+# functions of their own)
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.
 

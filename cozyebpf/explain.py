@@ -328,6 +328,8 @@ def _path(
     return "the node's stack routes it (host routing starts at a pod-facing hook, IPv4)"
 
 
+# (81 lines: argument checks, the dry run and the verdict's fields in the order they are
+# printed)
 def explain(
     pin_dir: str,
     src_text: str,

@@ -269,6 +269,8 @@ class PinnedMaps(Views, FlowTables):
         for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
             self._delete_batch(spec, [a for a in addrs if len(a) == n])
 
+    # (longer than 80 lines: the diff into the mirror and the writes in their one safe order,
+    # kept in one place so that the order is read, and reviewed, at once)
     def apply(self, d: MapDiff) -> None:
         """Apply `d` in an order that never opens a hole: counter slots given to the Services
         that come (slots.py), addresses that are neither LB nor pod IP any more deleted (nothing
@@ -333,24 +335,7 @@ class PinnedMaps(Views, FlowTables):
                 touched.add(pod)
         # source ranges: a pod's networks are added before and removed after the addr values
         # that (un)mark it restricted, so that no source it accepts is ever refused
-        range_add: list[bytes] = []
-        range_del: list[bytes] = []
-        flipped: set[bytes] = set()
-        for p, nets in d.ranges_set.items():
-            pod = p.packed
-            old = m.ranges.get(pod)
-            if old is None:
-                flipped.add(pod)
-                old = frozenset()
-            range_add += [range_key(pod, n) for n in nets - old]
-            range_del += [range_key(pod, n) for n in old - nets]
-            m.ranges[pod] = nets
-        for p in d.ranges_del:
-            pod = p.packed
-            old = m.ranges.pop(pod, None)
-            if old is not None:
-                flipped.add(pod)
-                range_del += [range_key(pod, n) for n in old]
+        range_add, range_del, flipped = _ranges_change(m, d)
         for pod in flipped:
             touched |= m.lbs_of.get(pod, set())
             if pod in m.pod:
@@ -429,3 +414,27 @@ __all__ = [
     "coarse_now_ns",
     "possible_cpus",
 ]
+
+
+def _ranges_change(m: Mirror, d: MapDiff) -> tuple[list[bytes], list[bytes], set[bytes]]:
+    """`d`'s source ranges into the mirror: the range keys to add and to delete, and the pods
+    that became restricted or stopped being (their addr values change)."""
+    range_add: list[bytes] = []
+    range_del: list[bytes] = []
+    flipped: set[bytes] = set()
+    for p, nets in d.ranges_set.items():
+        pod = p.packed
+        old = m.ranges.get(pod)
+        if old is None:
+            flipped.add(pod)
+            old = frozenset()
+        range_add += [range_key(pod, n) for n in nets - old]
+        range_del += [range_key(pod, n) for n in old - nets]
+        m.ranges[pod] = nets
+    for p in d.ranges_del:
+        pod = p.packed
+        old = m.ranges.pop(pod, None)
+        if old is not None:
+            flipped.add(pod)
+            range_del += [range_key(pod, n) for n in old]
+    return range_add, range_del, flipped

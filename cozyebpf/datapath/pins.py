@@ -314,6 +314,8 @@ class Ensured:
     reseed: bool = False  # the flow hint or the flow maps are new: seed the hints
 
 
+# (longer than 80 lines: one pass over the maps deciding keep / create / copy / rebuild per
+# map, the contract of docs/design.md in one place)
 def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
     """Open the pins of `layout`, creating (and pinning, mode 0600 in a 0700 dir) any that are
     missing. Maps of a newer layout are run on as they are when it says that ours can (an

@@ -360,6 +360,7 @@ def _nothing_reserved(ip: IPAddress) -> Refusal | None:
     return None
 
 
+# (82 lines: the model's one decision table, Service by Service, kept whole to be read whole)
 def _compose(
     evals: Iterable[_Eval],
     foreign: Mapping[IPAddress, Iterable[ForeignRecord]],
