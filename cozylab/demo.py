@@ -124,6 +124,8 @@ def start_agent(lab: Lab, cli: list[str], services: Path, log: IO[str]) -> subpr
     if agent.poll() is not None:
         raise click.ClickException("the agent stopped; see its log above")
     if not ready:
+        agent.send_signal(signal.SIGTERM)  # main() holds no agent yet: it would be left running
+        agent.wait(20)
         raise click.ClickException(
             "the agent did not program the maps and attach its programs within 120 s; "
             "see its log above (a busy machine compiles slowly: run the demo again)"
