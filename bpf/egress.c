@@ -86,10 +86,10 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	if (ip) {
 		struct addr4_val *v = NULL;
 
-		/* no managed source, no LB IP as destination: nothing of ours (addrhint) */
-		if (cz_addr4_hinted(ip->saddr))
+		/* no pod IP as source, no LB IP as destination: nothing of ours (addrhint) */
+		if (cz_addr4_hinted(ip->saddr, CZ_HINT_POD))
 			v = cz_addr4.lookup(&ip->saddr);
-		else if (!cz_addr4_hinted(ip->daddr))
+		else if (!cz_addr4_hinted(ip->daddr, CZ_HINT_LB))
 			return CZ_TC_NEXT;
 		if (!v)
 			return to_lb4(skb, data, data_end, ip);
@@ -169,8 +169,8 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	if (!ip)
 		return pod_check6(skb, data, data_end);
 	/* a plain pod's packet: two bits of addrhint (types.h), and it goes */
-	next = cz_addr4_hinted(ip->daddr) ? pod_next4(ip) : CZ_TC_NEXT;
-	if (!cz_addr4_hinted(ip->saddr))
+	next = cz_addr4_hinted(ip->daddr, CZ_HINT_LB) ? pod_next4(ip) : CZ_TC_NEXT;
+	if (!cz_addr4_hinted(ip->saddr, CZ_HINT_POD))
 		return next;
 	v = cz_addr4.lookup(&ip->saddr);
 	if (!v || !(v->kind & CZ_K_POD))

@@ -151,11 +151,13 @@ struct range4_key {
  */
 
 /*
- * addrhint (layout 7): array of CZ_ADDRHINT_MAX __u64, a one-hash Bloom filter of addr4's keys
- * (1 << CZ_ADDRHINT_LOG2 bits). User space is its only writer: a key's bit is set before the
- * key is written and cleared (when no other key has it) after the key is gone, so an address
- * whose bit is clear is in no addr4 entry, and the pod-facing hook and the uplinks' egress let a
- * packet of two such addresses go without a lookup. A stale bit costs a lookup, never a verdict.
+ * addrhint (layout 7): array of CZ_ADDRHINT_MAX __u64, one-hash Bloom filters of addr4's keys by
+ * role, in two halves of 1 << CZ_ADDRHINT_LOG2 bits: the pod IPs (words from 0), the LB IPs
+ * (words from CZ_ADDRHINT_MAX / 2). User space is its only writer: a key's bit is set before
+ * the key is written and cleared (when no other key has it) after the key is gone, so an
+ * address whose bit is clear has no such role in addr4, and the pod-facing hook and the
+ * uplinks' egress let a packet go without a lookup when its source is no pod IP and its
+ * destination no LB IP. A stale bit costs a lookup, never a verdict.
  */
 
 /* IPv6: the same maps, keyed and valued with 16-byte addresses */

@@ -500,8 +500,9 @@ MAPS: tuple[MapSpec, ...] = (
         "flowhint", _ARRAY, _u32, _u64, "__u32", "__u64",
         lambda s, _: 2 * _pow2(max(1, s // 2)), 2, "CZ_FLOWHINT_MAX",
     ),
-    # the addresses' hint (layout 7): a one-hash Bloom filter of addr4's keys, 64 bits per
-    # Service (a power of two); user space's alone, rebuilt from addr4 at every start
+    # the addresses' hint (layout 7): one-hash Bloom filters of addr4's pod IPs and LB IPs, a
+    # half each, 64 bits per Service (a power of two); user space's alone, rebuilt from addr4
+    # at every start
     MapSpec(
         "addrhint", _ARRAY, _u32, _u64, "__u32", "__u64", lambda s, _: _pow2(max(64, s)), 7,
         "CZ_ADDRHINT_MAX",
@@ -600,8 +601,8 @@ class Layout:
 
     @property
     def addr_hint_log2(self) -> int:
-        """log2 of the address hint's bits (CZ_ADDRHINT_LOG2)."""
-        return (self.addrhint.max_entries * 64).bit_length() - 1
+        """log2 of the bits of one half of the address hint (CZ_ADDRHINT_LOG2)."""
+        return (self.addrhint.max_entries // 2 * 64).bit_length() - 1
 
 
 def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | None = None) -> Layout:

@@ -112,7 +112,7 @@ class PinnedMaps(Views, FlowTables):
             if "flowcfg" in p.created or p.version != LAYOUT_VERSION:
                 maps.set_flow_timeouts(**DEFAULT_FLOW_TIMEOUTS)  # before any program reads it
             maps._repair = True
-            maps._hint_sync(maps._keys(layout.addr4))  # before any program of ours reads it
+            maps._hint_sync_raw(maps._items(layout.addr4))  # before any program of ours reads it
             maps._old_flows = p.old_flows
             if p.reseed:
                 maps.seed_flow_hints()
@@ -218,7 +218,7 @@ class PinnedMaps(Views, FlowTables):
         m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
         self._m = m
         if self._repair:
-            self._hint_sync(raw)
+            self._hint_sync_raw(raw.items())
             # a write that stopped half way: the slots that addresses carry are active, the
             # others parked
             active = set(self.slots.active().values())
@@ -349,27 +349,34 @@ class PinnedMaps(Views, FlowTables):
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
             self._write_ranges(range_add)
-            self._hint_sync([*m.svc, *m.pod, *dels])  # the keys before and after: a superset
+            self._hint_sync(m.pod, m.svc, only_add=True)  # the new keys' bits, before them
             self._write_addrs(sets)
             self._delete_allowed(d.allowed_del)
             self._write_ranges(range_del, delete=True)
-            self._hint_sync([*m.svc, *m.pod])  # the deleted keys' bits go
+            self._hint_sync(m.pod, m.svc)  # the bits of the roles gone go
             self.slots.park(n for n in services if n not in m.refs)
         except bpfsys.BpfError as e:
             self._m = None  # the maps hold part of it: read them again before the next apply
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
 
-    def _hint_sync(self, keys: Iterable[bytes]) -> None:
-        """Make addrhint hold the bits of the IPv4 addresses among `keys` (packed), and only
-        those: the words that differ from what this process last wrote, or every word the
-        first time (bpf/lib/types.h, addrhint)."""
-        log2 = self.layout.addr_hint_log2
-        want: dict[int, int] = {}
-        for k in keys:
-            if len(k) == 4:
-                b = addr_hint_bit(k, log2)
-                want[b >> 6] = want.get(b >> 6, 0) | 1 << (b & 63)
+    def _hint_sync(
+        self, pods: Iterable[bytes], lbs: Iterable[bytes], only_add: bool = False
+    ) -> None:
+        """Make addrhint hold the bits of the IPv4 addresses among `pods` and `lbs` (packed) in
+        their halves, and only those (`only_add`: those and every bit it holds now, a superset
+        to write before the keys): the words that differ from what this process last wrote, or
+        every word the first time (bpf/lib/types.h, addrhint)."""
+        if only_add and self._hint is None:  # not written by this process: what addr4 holds
+            self._hint_sync_raw(self._items(self.layout.addr4))
+        log2, half = self.layout.addr_hint_log2, self.layout.addrhint.max_entries // 2
+        want: dict[int, int] = dict(self._hint or {}) if only_add else {}
+        for base, keys in ((0, pods), (half, lbs)):
+            for k in keys:
+                if len(k) == 4:
+                    b = addr_hint_bit(k, log2)
+                    w = base + (b >> 6)
+                    want[w] = want.get(w, 0) | 1 << (b & 63)
         old = self._hint
         if old is None:
             words = list(range(self.layout.addrhint.max_entries))
@@ -381,6 +388,18 @@ class PinnedMaps(Views, FlowTables):
             [struct.pack("=Q", want.get(w, 0)) for w in words],
         )
         self._hint = want
+
+    def _hint_sync_raw(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        """_hint_sync from addr4's entries as read: (key, value) pairs."""
+        pods, lbs = [], []
+        for k, v in raw:
+            if len(k) == 4:
+                kind = addr_val(v, 4).kind
+                if kind & K_POD:
+                    pods.append(k)
+                if kind & K_LB:
+                    lbs.append(k)
+        self._hint_sync(pods, lbs)
 
     def _write_ranges(self, keys: list[bytes], delete: bool = False) -> None:
         """Add or delete range4/range6 keys, one call each (an LPM trie has no batch

@@ -483,7 +483,7 @@ def test_egress_trusts_the_address_hint(progs: Progs) -> None:
 
     spec = progs.maps.layout.addrhint
     bit = layout.addr_hint_bit(IPv4Address(POD_WHOLE).packed, progs.maps.layout.addr_hint_log2)
-    key = (bit >> 6).to_bytes(4, "little")
+    key = (bit >> 6).to_bytes(4, "little")  # in the pod IPs' half, the first
     frame = bytes(
         Ether(src=MAC_A, dst=MAC_B) / IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=5, dport=6) / b"h"
     )
