@@ -811,34 +811,31 @@ class RealOvnLab(ClusterLab):
     # -- live migration, the Kube-OVN/KubeVirt way ----------------------------------------------
 
     def binding(self, w: Workload) -> str:
-        """The SB port binding's chassis (by hostname), additional chassis and options."""
-        names = {
-            line.split()[0]: line.split()[1]
-            for line in self.ovn.sbctl(
-                "--bare", "--format=table", "--columns=_uuid,hostname", "list", "chassis"
-            ).splitlines()[2:]
-            if len(line.split()) == 2
-        }
-        raw = self.ovn.sbctl(
-            "--format=json",
-            "--columns=chassis,additional_chassis,options",
-            "find",
-            "port_binding",
-            f"logical_port={port_name(w)}",
-        )
-        data = json.loads(raw)["data"][0]
+        """The SB port binding of `w`'s port: its chassis and additional chassis (by
+        hostname, the node's name) and its options."""
+        chassis = json.loads(
+            self.ovn.sbctl("--format=json", "--columns=_uuid,name,hostname", "list", "chassis")
+        )["data"]
+        # rows point at a chassis by its row's UUID, the activation names its system-id
+        names = {key: row[2] for row in chassis for key in (row[0][1], row[1])}
+        data = json.loads(
+            self.ovn.sbctl(
+                "--format=json",
+                "--columns=chassis,additional_chassis,options",
+                "find",
+                "port_binding",
+                f"logical_port={port_name(w)}",
+            )
+        )["data"][0]
 
-        def uuids(v: Any) -> list[str]:
-            if v[0] == "uuid":
-                return [v[1]]
-            return [u[1] for u in v[1]]
+        def hosts(v: Any) -> list[str]:
+            refs = [v[1]] if v[0] == "uuid" else [u[1] for u in v[1]]
+            return [names.get(u, u) for u in refs]
 
-        main = [names.get(u, u) for u in uuids(data[0])]
-        extra = [names.get(u, u) for u in uuids(data[1])]
-        opts = {k: v for k, v in data[2][1] if k != "additional-chassis-activated"}
-        act = [k for k, _ in data[2][1] if k == "additional-chassis-activated"]
-        return f"chassis={main} additional={extra} options={opts}" + (
-            " (target activated)" if act else ""
+        opts = dict(data[2][1])
+        activated = opts.pop("additional-chassis-activated", None)
+        return f"chassis={hosts(data[0])} additional={hosts(data[1])} options={opts}" + (
+            f" (activated: {names.get(activated, activated)})" if activated else ""
         )
 
     def _set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
@@ -895,6 +892,8 @@ class RealOvnLab(ClusterLab):
         deleted after the migration)."""
         p = port_name(w)
         src, dst = self.migrating.pop(w.name)
+        steps = self.bindings[f"{w.name} n{src}->n{dst}"]
+        steps.append(f"succeeded (requested-chassis={node_name(dst)}): {self.binding(w)}")
         self.ovn.nbctl(
             "remove",
             "logical_switch_port",
@@ -908,7 +907,7 @@ class RealOvnLab(ClusterLab):
             "options",
             "activation-strategy",
         )
-        self.bindings[f"{w.name} n{src}->n{dst}"].append(f"source pod deleted: {self.binding(w)}")
+        steps.append(f"source pod deleted: {self.binding(w)}")
 
     def move_link(self, name: str, to: int) -> None:
         """The switch-over: the source interface goes (its br-int port with it), the target's
@@ -928,7 +927,6 @@ class RealOvnLab(ClusterLab):
             wait_for(lambda: "activated" in self.binding(w), 3, "the target's activation")
         steps.append(f"RARP: {self.binding(w)} after {(time.monotonic() - t) * 1000:.0f} ms")
         self.reset_migrate_options(w, to)
-        steps.append(f"succeeded: {self.binding(w)}")
 
     # -- OVN's port security: MAC and ARP (the model has the IP part only) -----------------------
 
@@ -986,10 +984,128 @@ class RealOvnLab(ClusterLab):
         finally:
             cap.close()
 
+    # -- what only the real dataplane shows ------------------------------------------------------
+
+    def run_real_dataplane(self) -> list[Row]:
+        """Rows the model has no counterpart for: a whole-IP VM reached across chassis
+        (announced by another node: geneve seen on the ToR), natOutgoing of plain pods (the
+        MASQUERADE rule of Kube-OVN's chain counting them), a full pod-MTU packet across
+        chassis."""
+        s = "13 real dataplane"
+        rows = [self._across_chassis(s, "vm-b", 1)]
+        for name in ("p1", "p3"):
+            n = self.location[name]
+            before = self._masqueraded(n)
+            ok, detail = self.check(
+                "tcp", self.pod_ns(name), model.SERVER_IP, model.SERVER_TCP, node_ip(n)
+            )
+            got = self._masqueraded(n) - before
+            rows.append(
+                Row(
+                    s,
+                    f"{self.where(name)} -> external: natOutgoing masquerades it as {node_ip(n)}",
+                    self.layout,
+                    ok and got > 0,
+                    f"{detail}; {node_name(n)}'s OVN-MASQUERADE MASQUERADE rule: +{got} packets",
+                )
+            )
+        a, b = self.workloads["p1"], self.workloads["p3"]
+        size = POD_MTU - 28
+        p = self.lab.exec(
+            self.pod_ns(a.name),
+            "ping",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            "-M",
+            "do",
+            "-s",
+            str(size),
+            b.ip,
+            check=False,
+        )
+        rows.append(
+            Row(
+                s,
+                f"{self.where(a.name)} -> {self.where(b.name)}: a {POD_MTU}-byte packet across "
+                "chassis (Kube-OVN's geneve MTU)",
+                self.layout,
+                p.returncode == 0,
+                (p.stdout.strip().splitlines() or [p.stderr.strip()])[-1],
+            )
+        )
+        return rows
+
+    def _masqueraded(self, n: int) -> int:
+        out = self.lab.exec(
+            self.node(n), "iptables", "-w", "-t", "nat", "-n", "-v", "-x", "-L", "OVN-MASQUERADE"
+        ).stdout
+        return sum(
+            int(line.split()[0])
+            for line in out.splitlines()
+            if "MASQUERADE" in line and line.split()[0].isdigit()
+        )
+
+    def _across_chassis(self, s: str, name: str, announcer: int) -> Row:
+        """The LB IP of `name` announced by node `announcer` (not the VM's node): the
+        client's TCP and UDP reach the VM through that node's agent, ovn0 and geneve; the
+        answer leaves by the VM's own node (the 29000 policy) as the LB IP."""
+        w = self.workloads[name]
+        home = self.location[name]
+        assert w.lb_ip is not None and home != announcer
+        for n, sp in self.speakers.items():
+            ips = set(sp.announced) - {w.lb_ip}
+            sp.announce(ips | {w.lb_ip} if n == announcer else ips)
+        cap = self.lab.packet_socket(self.tor, f"sw{home}")
+        try:
+            wait_for(
+                lambda: self.router_owner(w.lb_ip or "") == node_name(announcer),
+                5,
+                "the ToR to take the announcement",
+            )
+            drain(cap)
+            checks = [
+                self.check("tcp", self.client, w.lb_ip, 80, model.CLIENT_IP),
+                self.check("udp", self.client, w.lb_ip, 53, model.CLIENT_IP),
+            ]
+            geneve = answers = 0
+            for frame in _frames(cap, 0.5):
+                if frame[12:14] != b"\x08\x00":
+                    continue
+                ihl = (frame[14] & 0xF) * 4
+                src, dst = socket.inet_ntoa(frame[26:30]), socket.inet_ntoa(frame[30:34])
+                dport = struct.unpack("!H", frame[14 + ihl + 2 : 14 + ihl + 4])[0]
+                if (
+                    frame[23] == 17
+                    and dport == 6081
+                    and (src, dst) == (node_ip(announcer), node_ip(home))
+                ):
+                    geneve += 1
+                elif src == w.lb_ip and dst == model.CLIENT_IP:
+                    answers += 1
+        except TimeoutError as e:
+            checks, geneve, answers = [(False, str(e))], 0, 0
+        finally:
+            cap.close()
+            self.announce()
+        return Row(
+            s,
+            f"client -> {self.where(name)} announced by {node_name(announcer)}: across chassis "
+            f"by geneve, the answer leaves {node_name(home)} as the LB IP",
+            self.layout,
+            all(ok for ok, _ in checks) and geneve > 0 and answers > 0,
+            "; ".join(d for _, d in checks)
+            + f"; on {node_name(home)}'s ToR port: {geneve} geneve packets from "
+            f"{node_ip(announcer)}, {answers} answers from {w.lb_ip}",
+        )
+
     # -- running ---------------------------------------------------------------------------------
 
     def run_all(self) -> list[Row]:
-        rows = super().run_all() + self.run_port_security()
+        rows = super().run_all() + self.run_port_security() + self.run_real_dataplane()
         return [dataclasses.replace(r, layout=LAYOUT) for r in rows]
 
     def down(self) -> None:
@@ -998,6 +1114,16 @@ class RealOvnLab(ClusterLab):
         finally:
             self.ovn.stop()
             shutil.rmtree(self.ovn.root, ignore_errors=True)
+
+
+def _frames(sock: socket.socket, quiet: float) -> list[bytes]:
+    """The frames `sock` received (both directions) until `quiet` seconds pass without one."""
+    out = []
+    sock.settimeout(quiet)
+    with contextlib.suppress(TimeoutError):
+        while True:
+            out.append(sock.recv(65535))
+    return out
 
 
 def _udp_frame(src_mac: str, dst_mac: str, src: str, dst: str, dport: int, data: bytes) -> bytes:
@@ -1041,6 +1167,26 @@ def planned_cases(workloads: Sequence[Workload] = DEFAULT_WORKLOADS) -> list[tup
                     + ("(OVN drops it)" if secured else "(no port security: delivered)"),
                 )
             )
+    s = "13 real dataplane"
+    rows.append(
+        (
+            s,
+            f"client -> {lab.where('vm-b')} announced by node1: across chassis by geneve, the "
+            "answer leaves node2 as the LB IP",
+        )
+    )
+    for name in ("p1", "p3"):
+        n = lab.location[name]
+        rows.append(
+            (s, f"{lab.where(name)} -> external: natOutgoing masquerades it as {node_ip(n)}")
+        )
+    rows.append(
+        (
+            s,
+            f"{lab.where('p1')} -> {lab.where('p3')}: a {POD_MTU}-byte packet across chassis "
+            "(Kube-OVN's geneve MTU)",
+        )
+    )
     return rows
 
 

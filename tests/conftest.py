@@ -79,9 +79,10 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The cluster lab's tables (tests/datapath/test_cluster_lab.py), whatever the verdicts, so
-    that every run's log shows them."""
-    mod = sys.modules.get("tests.datapath.test_cluster_lab")
-    for layout, table in getattr(mod, "TABLES", {}).items():
-        terminalreporter.section(f"cluster lab: {layout}")
-        terminalreporter.write_line(table)
+    """The cluster labs' tables (tests/datapath/test_cluster_lab.py, test_real_ovn.py),
+    whatever the verdicts, so that every run's log shows them."""
+    for name in ("tests.datapath.test_cluster_lab", "tests.datapath.test_real_ovn"):
+        mod = sys.modules.get(name)
+        for layout, table in getattr(mod, "TABLES", {}).items():
+            terminalreporter.section(f"cluster lab: {layout}")
+            terminalreporter.write_line(table)
