@@ -1193,15 +1193,16 @@ def planned_cases(workloads: Sequence[Workload] = DEFAULT_WORKLOADS) -> list[tup
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--prefix", default="czo", show_default=True, help="Namespace and pin prefix.")
 @click.option("--observer", type=click.Choice(["drop", "count"]), default="drop", show_default=True)
+@click.option("--agent-arg", "agent_args", multiple=True, help="An extra argument of `run`.")
 @click.option("--json", "as_json", type=click.Path(dir_okay=False), help="Write the rows here.")
-def main(prefix: str, observer: str, as_json: str | None) -> None:
+def main(prefix: str, observer: str, agent_args: tuple[str, ...], as_json: str | None) -> None:
     """The cluster lab on real OVS and OVN (issue 27): every row of the model's kubeovn
     layout plus OVN's port security, on three chassis. Exits 1 when a row fails."""
     if os.geteuid() != 0:
         raise click.ClickException("run as root (namespaces, BPF, OVS)")
     signal.signal(signal.SIGTERM, model._interrupted)
     t0 = time.monotonic()
-    lab = RealOvnLab(prefix=prefix, observer=observer, log=click.echo)
+    lab = RealOvnLab(prefix=prefix, observer=observer, agent_args=agent_args, log=click.echo)
     click.echo(f"agent and daemon logs in {lab.workdir} and {lab.ovn.root}")
     with lab:
         t_up = time.monotonic() - t0
