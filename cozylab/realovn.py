@@ -98,7 +98,6 @@ import click
 from cozylab import cluster as model
 from cozylab.cluster import (
     CANARY_LB,
-    DEFAULT_WORKLOADS,
     GW_MAC,
     JOIN_CIDR,
     JOIN_GW,
@@ -134,6 +133,14 @@ OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 OVN_SCHEMAS = {db: Path(f"/usr/share/ovn/ovn-{db}.ovsschema") for db in ("nb", "sb")}
 UPLINK, UNDERLAY = "eth0", "phy0"  # the node's OVS bridge (its own port: a tap) and the veth
 ETH_P_RARP = 0x8035
+#: (attacker, victim) of OVN's port-security rows: a VM and a pod with port security, vm-f
+#: without (its frames must arrive: the probe sees what is delivered)
+PORT_SECURITY_SPOOFS = (("vm-e", "vm-a"), ("p3", "vm-a"), ("vm-f", "vm-b"))
+PORT_SECURITY_KINDS = ("spoofed source MAC", "ARP reply for another IP")
+#: when a migrating VM's port moves to the target node's port group (so its traffic to outside
+#: leaves by the target's ovn0): when the target pod is routed, as pod.go
+#: reconcileRouteSubnets reads ("both-ready"), or at the switch-over ("switch")
+PORT_GROUP_MOVES = ("both-ready", "switch")
 
 
 def missing_prerequisites() -> list[str]:
@@ -246,8 +253,12 @@ class Ovn:
     """The OVS and OVN daemons of the lab, each a child of this process with a pidfile under
     `root` (one directory per node, `central` for NB, SB and northd), and their clients."""
 
-    def __init__(self, root: Path, nsenter: Callable[[str], list[str]]) -> None:
+    def __init__(
+        self, root: Path, nsenter: Callable[[str], list[str]], logdir: Path | None = None
+    ) -> None:
         self.root = root
+        #: the daemons' logs (kept after the run; `root`, with the sockets, is removed)
+        self.logdir = logdir or root
         self.nsenter = nsenter
         self.daemons: list[Daemon] = []
         self.central = root / "central"
@@ -279,7 +290,9 @@ class Ovn:
         `<dir>/<name>.log`), killed with this process's thread if that dies (setpriv)."""
         rundir = Path(env.get("OVS_RUNDIR") or self.central)
         pidfile = rundir / f"{name}.pid"
-        log = rundir / f"{name}.log"
+        logs = self.logdir / rundir.name
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
         cmd = [
             *(self.nsenter(ns) if ns else []),
             *(["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []),
@@ -288,7 +301,7 @@ class Ovn:
             f"--pidfile={pidfile}",
             f"--log-file={log}",
         ]
-        with (rundir / f"{name}.out").open("a") as out:
+        with (logs / f"{name}.out").open("a") as out:
             proc = subprocess.Popen(
                 cmd,
                 text=True,
@@ -305,7 +318,7 @@ class Ovn:
                 raise RuntimeError(
                     f"{name} exited ({proc.returncode}) at start: {' '.join(cmd)}\n"
                     + _tail(log)
-                    + _tail(rundir / f"{name}.out")
+                    + _tail(logs / f"{name}.out")
                 )
             return pidfile.exists()
 
@@ -435,9 +448,13 @@ class RealOvnLab(ClusterLab):
     """The model lab's kubeovn layout with its OVS part replaced by real OVS and OVN (the
     module docstring)."""
 
-    def __init__(self, prefix: str = "czo", **kw: Any) -> None:
+    def __init__(self, prefix: str = "czo", port_group_move: str = "both-ready", **kw: Any) -> None:
+        if port_group_move not in PORT_GROUP_MOVES:
+            raise ValueError(f"port_group_move {port_group_move!r}: one of {PORT_GROUP_MOVES}")
         super().__init__("kubeovn", prefix=prefix, **kw)
-        self.ovn = Ovn(Path("/tmp") / f"{prefix}-ovn", self.lab.nsenter)
+        self.port_group_move = port_group_move
+        # sockets need short paths: the run directories live in /tmp, the logs in the workdir
+        self.ovn = Ovn(Path("/tmp") / f"{prefix}-ovn", self.lab.nsenter, self.workdir / "ovn")
         self.migrating: dict[str, tuple[int, int]] = {}
         self._t0 = time.monotonic()
         self.timings: dict[str, float] = {}
@@ -856,7 +873,8 @@ class RealOvnLab(ClusterLab):
         self.configure_nic(dst, w, "eth1")
         self.batch(self.pod_ns(w.name), [f"link set eth1 address {w.mac}"])
         self.set_migrate_options(w, src, dst)
-        self.move_port_group(w, src, dst)
+        if self.port_group_move == "both-ready":
+            self.move_port_group(w, src, dst)
         with contextlib.suppress(TimeoutError):
             wait_for(lambda: "additional=['" in self.binding(w), 5, "the two-chassis binding")
         steps.append(f"scheduling: {self.binding(w)}")
@@ -922,6 +940,8 @@ class RealOvnLab(ClusterLab):
         with self.lab.packet_socket(self.pod_ns(name), "eth0") as s:
             s.send(rarp_frame(w.mac))
         self.location[name] = to
+        if self.port_group_move == "switch":
+            self.move_port_group(w, frm, to)
         t = time.monotonic()
         with contextlib.suppress(TimeoutError):
             wait_for(lambda: "activated" in self.binding(w), 3, "the target's activation")
@@ -936,10 +956,9 @@ class RealOvnLab(ClusterLab):
         sent on the attacker's eth0 and looked for on the victim's eth0."""
         s = "10 spoofing"
         rows = []
-        pairs = (("vm-e", "vm-a"), ("p3", "vm-a"), ("vm-f", "vm-b"))
-        for attacker, victim in pairs:
+        for attacker, victim in PORT_SECURITY_SPOOFS:
             a, v = self.workloads[attacker], self.workloads[victim]
-            for kind in ("spoofed source MAC", "ARP reply for another IP"):
+            for kind in PORT_SECURITY_KINDS:
                 marker = f"cz-ps {attacker} {kind}".encode()
                 if kind == "spoofed source MAC":
                     frame = _udp_frame("02:00:0a:f4:ee:ee", v.mac, a.ip, v.ip, 53, marker)
@@ -1150,16 +1169,17 @@ def _udp_frame(src_mac: str, dst_mac: str, src: str, dst: str, dport: int, data:
     return eth + b"\x08\x00" + hdr + udp
 
 
-def planned_cases(workloads: Sequence[Workload] = DEFAULT_WORKLOADS) -> list[tuple[str, str]]:
-    """The (scenario, case) of every row `RealOvnLab.run_all()` returns: the model's kubeovn
-    rows (the Cilium view on ovn0 alone), then OVN's port-security rows."""
-    del workloads
+def planned_cases() -> list[tuple[str, str]]:
+    """The (scenario, case) of every row `RealOvnLab.run_all()` returns with the default
+    workloads: the model's kubeovn rows (the Cilium view on ovn0 alone), then OVN's
+    port-security rows and the real dataplane's own."""
     rows = [
         (s, c.replace(f"ovn0 + {model.TUNNEL}", "ovn0")) for s, c in model.planned_cases("kubeovn")
     ]
     lab = ClusterLab("kubeovn")
-    for attacker, victim, secured in (("vm-e", "vm-a", 1), ("p3", "vm-a", 1), ("vm-f", "vm-b", 0)):
-        for kind in ("spoofed source MAC", "ARP reply for another IP"):
+    for attacker, victim in PORT_SECURITY_SPOOFS:
+        secured = lab.workloads[attacker].port_security
+        for kind in PORT_SECURITY_KINDS:
             rows.append(
                 (
                     "10 spoofing",
@@ -1193,17 +1213,38 @@ def planned_cases(workloads: Sequence[Workload] = DEFAULT_WORKLOADS) -> list[tup
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--prefix", default="czo", show_default=True, help="Namespace and pin prefix.")
 @click.option("--observer", type=click.Choice(["drop", "count"]), default="drop", show_default=True)
+@click.option(
+    "--port-group-move",
+    type=click.Choice(PORT_GROUP_MOVES),
+    default="both-ready",
+    show_default=True,
+    help="When a migrating VM's port joins the target node's port group (its traffic to "
+    "outside then leaves by that node): when the target pod is routed, as read in Kube-OVN, "
+    "or at the switch-over.",
+)
 @click.option("--agent-arg", "agent_args", multiple=True, help="An extra argument of `run`.")
 @click.option("--json", "as_json", type=click.Path(dir_okay=False), help="Write the rows here.")
-def main(prefix: str, observer: str, agent_args: tuple[str, ...], as_json: str | None) -> None:
+def main(
+    prefix: str,
+    observer: str,
+    port_group_move: str,
+    agent_args: tuple[str, ...],
+    as_json: str | None,
+) -> None:
     """The cluster lab on real OVS and OVN (issue 27): every row of the model's kubeovn
     layout plus OVN's port security, on three chassis. Exits 1 when a row fails."""
     if os.geteuid() != 0:
         raise click.ClickException("run as root (namespaces, BPF, OVS)")
     signal.signal(signal.SIGTERM, model._interrupted)
     t0 = time.monotonic()
-    lab = RealOvnLab(prefix=prefix, observer=observer, agent_args=agent_args, log=click.echo)
-    click.echo(f"agent and daemon logs in {lab.workdir} and {lab.ovn.root}")
+    lab = RealOvnLab(
+        prefix=prefix,
+        observer=observer,
+        port_group_move=port_group_move,
+        agent_args=agent_args,
+        log=click.echo,
+    )
+    click.echo(f"agent and daemon logs in {lab.workdir}")
     with lab:
         t_up = time.monotonic() - t0
         rows = lab.run_all()
