@@ -50,11 +50,14 @@ functions named are where each step is read from, one function here per step):
   ResetLogicalSwitchPortMigrateOptions (`requested-chassis=<dst>`) and pod.go handleDeletePod
   -> CleanLogicalSwitchPortMigrateOptions. The VM's port moves to the target node's port
   group when the target pod is routed (pod.go reconcileRouteSubnets; read, not checked
-  against a cluster): here at "both ready".
+  against a cluster): here at "both ready", or at the switch-over with
+  `port_group_move="switch"` (`--port-group-move switch`), what the model does.
 
 What it keeps from the model lab (it is a subclass of cozylab.cluster.ClusterLab and replaces
-only its OVS part: `_node`, `_ovs`, `_ovs_routes`, `_ovs_port`, `_pod_link`, `_workload`,
-`_set_endpoints`, `_observer`, `move_link`, `cleanup_leftovers`, `down`): the ToR, the client
+only its OVS part: `_router` (extended), `_node`, `_ovs`, `_ovs_routes`, `_ovs_port`,
+`_pod_link`, `_workload`, `_set_endpoints`, `_observer`, `move_link`, `cleanup_leftovers`,
+`down`, `run_all` (extended); when cozylab/cluster.py changes shape, these are the hooks this
+module needs): the ToR, the client
 and server, the API double and its forwarders, one `cozyebpf run` per node with the
 DaemonSet's environment, the MetalLB-like speakers and election, the workloads, streams and
 every row builder with their expectations, plus the rows of OVN's port security (MAC and ARP,
