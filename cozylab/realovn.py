@@ -456,6 +456,10 @@ class RealOvnLab(ClusterLab):
             raise ValueError(f"port_group_move {port_group_move!r}: one of {PORT_GROUP_MOVES}")
         super().__init__("kubeovn", prefix=prefix, **kw)
         self.port_group_move = port_group_move
+        #: per migration: the target interface's capture until the switch-over, and what it
+        #: received before the VM's RARP
+        self.target_caps: dict[str, tuple[str, socket.socket]] = {}
+        self.before_rarp: dict[str, int] = {}
         # sockets need short paths: the run directories live in /tmp, the logs in the workdir
         self.ovn = Ovn(Path("/tmp") / f"{prefix}-ovn", self.lab.nsenter, self.workdir / "ovn")
         self.migrating: dict[str, tuple[int, int]] = {}
@@ -785,11 +789,12 @@ class RealOvnLab(ClusterLab):
     def _ovs_port(self, n: int, w: Workload, pod_dev: str) -> None:
         self.configure_nic(n, w, pod_dev)
 
-    def configure_nic(self, n: int, w: Workload, pod_dev: str) -> None:
-        """ovs_linux.go configureNic: a veth <name>_h (node) / `pod_dev` (pod), the pod MTU,
-        the node end a port of br-int with iface-id = the port's name, tx checksum off on the
-        pod end (TurnOffNicTxChecksum, on a userspace datapath)."""
-        node, pns = self.node(n), self.pod_ns(w.name)
+    def configure_nic(self, n: int, w: Workload, pod_dev: str, pns: str | None = None) -> None:
+        """ovs_linux.go configureNic: a veth <name>_h (node) / `pod_dev` (pod, in namespace
+        `pns`, the workload's by default), the pod MTU, the node end a port of br-int with
+        iface-id = the port's name, tx checksum off on the pod end (TurnOffNicTxChecksum, on a
+        userspace datapath)."""
+        node, pns = self.node(n), pns or self.pod_ns(w.name)
         self.lab.veth(node, w.ovs_dev, f"02:00:0a:f5:{w.index:02x}:{n:02x}", pns, pod_dev, w.mac)
         self.batch(node, [f"link set {w.ovs_dev} mtu {POD_MTU}", f"link set {w.ovs_dev} up"])
         self.batch(pns, [f"link set {pod_dev} mtu {POD_MTU}"])
@@ -858,6 +863,10 @@ class RealOvnLab(ClusterLab):
             f" (activated: {names.get(activated, activated)})" if activated else ""
         )
 
+    def target_ns(self, w: Workload) -> str:
+        """The target virt-launcher pod's namespace during a migration."""
+        return self.ns(f"{w.name}-t")
+
     def _set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
         src = self.location[w.name]
         if len(nodes) == 2 and w.name not in self.migrating:
@@ -868,13 +877,20 @@ class RealOvnLab(ClusterLab):
 
     def migration_scheduling(self, w: Workload, src: int, dst: int) -> None:
         """kubevirt.go handleAddOrUpdateVMIMigration, MigrationScheduling: the target pod's
-        interface (here `eth1` of the VM's namespace, down until the switch-over) bound to the
-        same port on the target's br-int; SetLogicalSwitchPortMigrateOptions; the target pod
-        routed (reconcileRouteSubnets): the port moves to the target's port group."""
+        interface (`eth1`, up, in a namespace of its own as the target virt-launcher pod's,
+        with the VM's MAC and no address) bound to the same port on the target's br-int;
+        SetLogicalSwitchPortMigrateOptions; the target pod routed (reconcileRouteSubnets): the
+        port moves to the target's port group. A packet socket on `eth1` counts what OVN
+        delivers there before the VM's RARP (with activation-strategy=rarp: nothing)."""
         self.migrating[w.name] = (src, dst)
         steps = self.bindings.setdefault(f"{w.name} n{src}->n{dst}", [])
-        self.configure_nic(dst, w, "eth1")
-        self.batch(self.pod_ns(w.name), [f"link set eth1 address {w.mac}"])
+        target = self.add_ns(self.target_ns(w))
+        self.configure_nic(dst, w, "eth1", target)
+        self.batch(target, [f"link set eth1 address {w.mac}", "link set eth1 up"])
+        self.target_caps[w.name] = (
+            f"{w.label(src)} -> n{dst}",
+            self.lab.packet_socket(target, "eth1"),
+        )
         self.set_migrate_options(w, src, dst)
         if self.port_group_move == "both-ready":
             self.move_port_group(w, src, dst)
@@ -937,6 +953,15 @@ class RealOvnLab(ClusterLab):
         w = self.workloads[name]
         frm = self.location[name]
         steps = self.bindings.setdefault(f"{name} n{frm}->n{to}", [])
+        desc, cap = self.target_caps.pop(name)
+        with cap:
+            self.before_rarp[desc] = sum(
+                1 for f in _queued(cap) if f[:6] == model._mac(w.mac) or _dst(f) == w.ip
+            )
+        target = self.target_ns(w)
+        self.batch(target, [f"link set eth1 netns {self.pod_ns(name)}"])
+        run("ip", "netns", "del", target)
+        self.created.remove(target)
         self.batch(self.pod_ns(name), ["link del eth0", "link set eth1 name eth0"])
         self.ovn.vsctl(frm, "--if-exists", "del-port", "br-int", w.ovs_dev)
         self.batch(self.pod_ns(name), self._pod_link(w))
@@ -1127,10 +1152,24 @@ class RealOvnLab(ClusterLab):
     # -- running ---------------------------------------------------------------------------------
 
     def run_all(self) -> list[Row]:
-        rows = super().run_all() + self.run_port_security() + self.run_real_dataplane()
+        rows = super().run_all()
+        rows += [
+            Row(
+                "7 live migration",
+                f"{desc} before its RARP the target gets nothing (activation-strategy=rarp)",
+                self.layout,
+                got == 0,
+                f"{got} frames to the VM on the target pod's interface while both were ready",
+            )
+            for desc, got in self.before_rarp.items()
+        ]
+        rows += self.run_port_security() + self.run_real_dataplane()
         return [dataclasses.replace(r, layout=LAYOUT) for r in rows]
 
     def down(self) -> None:
+        for _, cap in self.target_caps.values():
+            cap.close()
+        self.target_caps.clear()
         try:
             super().down()
         finally:
@@ -1146,6 +1185,23 @@ def _frames(sock: socket.socket, quiet: float) -> list[bytes]:
         while True:
             out.append(sock.recv(65535))
     return out
+
+
+def _queued(sock: socket.socket) -> list[bytes]:
+    """The frames waiting on `sock` now (bounded, even under a flood)."""
+    out: list[bytes] = []
+    sock.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        while len(out) < 100_000:
+            out.append(sock.recv(65535))
+    return out
+
+
+def _dst(frame: bytes) -> str:
+    """The IPv4 destination of an Ethernet frame ("" for anything else)."""
+    if frame[12:14] != b"\x08\x00" or len(frame) < 34:
+        return ""
+    return socket.inet_ntoa(frame[30:34])
 
 
 def _udp_frame(src_mac: str, dst_mac: str, src: str, dst: str, dport: int, data: bytes) -> bytes:
@@ -1179,6 +1235,16 @@ def planned_cases() -> list[tuple[str, str]]:
     rows = [
         (s, c.replace(f"ovn0 + {model.TUNNEL}", "ovn0")) for s, c in model.planned_cases("kubeovn")
     ]
+    lab = ClusterLab("kubeovn")
+    for name, to in model.MIGRATIONS:
+        rows.append(
+            (
+                "7 live migration",
+                f"{lab.where(name)} -> n{to} before its RARP the target gets nothing "
+                "(activation-strategy=rarp)",
+            )
+        )
+        lab.location[name] = to
     lab = ClusterLab("kubeovn")
     for attacker, victim in PORT_SECURITY_SPOOFS:
         secured = lab.workloads[attacker].port_security
