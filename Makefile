@@ -27,7 +27,7 @@ release:
 image-test:
 	bash scripts/image-test.sh $(IMAGE_TEST_ARGS)
 
-# The cluster lab of issue 18 (cozylab/cluster.py): three nodes, Kube-OVN-like and per-pod
+# The cluster lab of issue 18 (cozylab/cluster/): three nodes, Kube-OVN-like and per-pod
 # layouts, one agent per node; prints scenario x case x layout with PASS/FAIL and the
 # migration figures (about a minute per layout). Options, e.g.:
 # make cluster-lab CLUSTER_LAB_ARGS='--layout kubeovn --observer count'

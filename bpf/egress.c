@@ -87,10 +87,18 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	struct addr6_val *v6;
 
 	if (ip) {
-		struct addr4_val *v = cz_addr4.lookup(&ip->saddr);
+		struct addr4_val *v = NULL;
 
-		if (!v || !(v->kind & CZ_K_POD))
+		/* no managed source, no LB IP as destination: nothing of ours (addrhint) */
+		if (cz_addr4_hinted(ip->saddr))
+			v = cz_addr4.lookup(&ip->saddr);
+		else if (!cz_addr4_hinted(ip->daddr))
+			return CZ_TC_NEXT;
+		if (!v)
 			return to_lb4(skb, data, data_end, ip);
+		/* from an LB IP: a VM's packet, translated (by the pod-facing hook, or a node's) */
+		if (!(v->kind & CZ_K_POD))
+			return CZ_TC_NEXT; /* as to_lb4 decides it: by the ToR */
 		if (cz_unlikely(spoof_unsure(skb, v->dev, 0, &ip->saddr)))
 			return CZ_SLOW; /* the full path asks the FIB (egress_full) */
 		return fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
@@ -163,7 +171,10 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	ip = fast_ip4(data, data_end);
 	if (!ip)
 		return pod_check6(skb, data, data_end);
-	next = pod_next4(ip);
+	/* a plain pod's packet: two bits of addrhint (types.h), and it goes */
+	next = cz_addr4_hinted(ip->daddr) ? pod_next4(ip) : CZ_TC_NEXT;
+	if (!cz_addr4_hinted(ip->saddr))
+		return next;
 	v = cz_addr4.lookup(&ip->saddr);
 	if (!v || !(v->kind & CZ_K_POD))
 		return next;

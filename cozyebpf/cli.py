@@ -316,14 +316,15 @@ def main() -> None:
 )
 @click.option(
     "--host-routing",
-    type=click.Choice(["on", "off"]),
-    default="off",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
     show_default=True,
     help="on: a packet cozyebpf translated goes straight to the device the kernel's FIB names "
     "(bpf_redirect_neigh, TTL - 1), skipping the node's netfilter, conntrack and second route "
     "lookup; TTL 1, too big for the device, fragments and options still take the stack. "
-    "Behind XDP ingress a tc program hands on what XDP let through. off: today's path through "
-    "the stack (README, Host routing).",
+    "Behind XDP ingress a tc program hands on what XDP let through. off: the path through "
+    "the stack. auto: on where pod-facing hooks are attached (--pod-devices; a Cozystack node, "
+    "where it was measured), else off (README, Host routing).",
 )
 def run(**options: Any) -> None:
     """Load and attach the datapath, then keep its maps in sync with the Services.

@@ -51,7 +51,7 @@ class RunConfig:
     trusted_endpoints: str  # "controller" or "any"
     metrics_auth: str  # "auto", "kubernetes" or "none"
     metrics_cert_dir: str
-    host_routing: str  # "on" or "off"
+    host_routing: str  # "auto" (on with pod-facing devices), "on" or "off"
 
     def reserved_networks(self) -> tuple[IPNetwork, ...]:
         """--reserved-cidrs as networks; PermanentError naming a bad item."""
@@ -91,7 +91,8 @@ class RunConfig:
                 "tcp_closing": self.flow_timeout_tcp_closing,
             },
             pod_devices=pod_devices,
-            host_routing=self.host_routing == "on",
+            host_routing=self.host_routing == "on"
+            or (self.host_routing == "auto" and bool(pod_devices)),
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -133,6 +134,13 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
         mon = maps.monitor_state()
         slots = maps.service_counters()
         entries = maps.entries()
+        uplinks, pod_devices = maps.node_config()
+        out["node"] = {
+            "uplinks": [_device_name(i) for i in uplinks],
+            "pod_devices": pod_devices,  # the pod-facing hooks and their paths are on
+            "host_routing": maps.host_routing(),
+            "fib_gen": maps.fib_gen(),  # bumped on each change of the node's routes
+        }
     out["layout_version"] = found.version if found else LAYOUT_VERSION  # the maps'
     services: dict[str, set[str]] = {"whole-ip": set(), "port-filter": set()}
     for lb, entry in state.services.items():
@@ -161,6 +169,23 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
     out["top_dropping_services"] = [{"service": s, "packets": n} for s, n in by_service[:TOP]]
     out["maps"] = {name: {"entries": n, "capacity": cap} for name, (n, cap) in entries.items()}
     return out
+
+
+def _device_name(ifindex: int) -> str:
+    try:
+        return socket.if_indextoname(ifindex)
+    except OSError:
+        return f"ifindex {ifindex}"
+
+
+def render_node(node: dict[str, Any]) -> str:
+    """One line: what the agent wrote of the node's part (flowcfg)."""
+    hr = "on" if node["host_routing"] else "off"
+    pods = "on" if node["pod_devices"] else "off (no --pod-devices)"
+    return (
+        f"node: uplinks {', '.join(node['uplinks']) or 'none'}; pod-facing hooks {pods}; "
+        f"host routing {hr} (--host-routing); FIB answers of generation {node['fib_gen']}"
+    )
 
 
 def gather(pin_dir: str, agent_address: str) -> dict[str, Any]:
@@ -199,6 +224,8 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
             f"services: {svc['whole-ip']} whole-IP, {svc['port-filter']} port-filter "
             f"({dp['lb_ips']} LB IPs, {dp['pods']} pods)"
         )
+        if "node" in dp:
+            out.append(render_node(dp["node"]))
         m = dp["monitor"]
         if m["running"]:
             out.append(f"monitor: running (--type {m['type']}, {m['rate']} events/s)")

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import click
 
@@ -94,6 +95,76 @@ def who_connects(lab: Lab, port: int) -> tuple[socket.socket, list[str]]:
     return s, seen
 
 
+def start_agent(lab: Lab, cli: list[str], services: Path, log: IO[str]) -> subprocess.Popen[str]:
+    """`cozyebpf run` on the node, logging to `log`; returns once it programmed the maps and
+    attached (its log shown), or raises with its log."""
+    agent = lab.popen(
+        lab.node,
+        *cli,
+        "run",
+        "--manifests",
+        str(services),
+        "--devices",
+        UPLINK,
+        "--pin-dir",
+        PIN_DIR,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    # the maps are filled while the programs compile (tens of seconds on a loaded
+    # machine): wait for both, as long as the tests give an agent to start
+    ready = False
+    for _ in range(1200):
+        text = Path(log.name).read_text()
+        ready = "programmed:" in text and "datapath ready" in text
+        if ready or agent.poll() is not None:
+            break
+        time.sleep(0.1)
+    click.echo(Path(log.name).read_text().rstrip())
+    if agent.poll() is not None:
+        raise click.ClickException("the agent stopped; see its log above")
+    if not ready:
+        raise click.ClickException(
+            "the agent did not program the maps and attach its programs within 120 s; "
+            "see its log above (a busy machine compiles slowly: run the demo again)"
+        )
+    return agent
+
+
+def show_whole_ip(lab: Lab) -> None:
+    step("whole-IP (vm-whole): every port of the LB IP reaches pod1")
+    show(lab, lab.client, "ping", "-c", "2", "-W", "2", LB_WHOLE)
+    with http_server(
+        lab, lab.pod_ns(POD1), 8080, "hello from pod1 (port 8080 is not in spec.ports)\n"
+    ):
+        show(lab, lab.client, "curl", "-sS", "-m", "3", f"http://{LB_WHOLE}:8080/")
+
+
+def show_port_filter(lab: Lab) -> None:
+    step("port filter (vm-filtered): only spec.ports (tcp/80) and, with allowICMP, ping")
+    with (
+        http_server(lab, lab.pod_ns(POD2), 80, "hello from pod2 on a listed port\n"),
+        http_server(lab, lab.pod_ns(POD2), 8081, "you should not see this\n"),
+    ):
+        show(lab, lab.client, "curl", "-sS", "-m", "3", f"http://{LB_FILT}:80/")
+        show(lab, lab.client, "curl", "-sS", "-m", "2", f"http://{LB_FILT}:8081/", ok=False)
+    show(lab, lab.client, "ping", "-c", "1", "-W", "2", LB_FILT)
+
+
+def show_egress(lab: Lab) -> None:
+    step("egress: the pods' own connections leave with the LB IP as source")
+    for pod, port in ((POD1, 7001), (POD2, 7002)):
+        srv, seen = who_connects(lab, port)
+        show(lab, lab.pod_ns(pod), "nc", "-z", "-w", "2", CLIENT_IP, str(port))
+        time.sleep(0.2)
+        srv.close()
+        click.secho(
+            f"client saw a connection from {seen[0] if seen else 'nobody'} "
+            f"({pod.name} is {pod.ip})",
+            fg="green",
+        )
+
+
 @click.command()
 @click.option(
     "--manifests",
@@ -128,67 +199,11 @@ def main(manifests: str, cozyebpf_cmd: str) -> None:
             click.echo(
                 f"client {CLIENT_IP}; pod1 {POD1.ip}; pod2 {POD2.ip}; LB IPs {LB_WHOLE}, {LB_FILT}"
             )
-
             step(f"starting `cozyebpf run --manifests {manifests} --devices {UPLINK}` on the node")
-            agent = lab.popen(
-                lab.node,
-                *cli,
-                "run",
-                "--manifests",
-                str(Path(tmp, "services.yaml")),
-                "--devices",
-                UPLINK,
-                "--pin-dir",
-                PIN_DIR,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            # the maps are filled while the programs compile (tens of seconds on a loaded
-            # machine): wait for both, as long as the tests give an agent to start
-            ready = False
-            for _ in range(1200):
-                text = Path(log.name).read_text()
-                ready = "programmed:" in text and "datapath ready" in text
-                if ready or agent.poll() is not None:
-                    break
-                time.sleep(0.1)
-            click.echo(Path(log.name).read_text().rstrip())
-            if agent.poll() is not None:
-                raise click.ClickException("the agent stopped; see its log above")
-            if not ready:
-                raise click.ClickException(
-                    "the agent did not program the maps and attach its programs within 120 s; "
-                    "see its log above (a busy machine compiles slowly: run the demo again)"
-                )
-
-            step("whole-IP (vm-whole): every port of the LB IP reaches pod1")
-            show(lab, lab.client, "ping", "-c", "2", "-W", "2", LB_WHOLE)
-            with http_server(
-                lab, lab.pod_ns(POD1), 8080, "hello from pod1 (port 8080 is not in spec.ports)\n"
-            ):
-                show(lab, lab.client, "curl", "-sS", "-m", "3", f"http://{LB_WHOLE}:8080/")
-
-            step("port filter (vm-filtered): only spec.ports (tcp/80) and, with allowICMP, ping")
-            with (
-                http_server(lab, lab.pod_ns(POD2), 80, "hello from pod2 on a listed port\n"),
-                http_server(lab, lab.pod_ns(POD2), 8081, "you should not see this\n"),
-            ):
-                show(lab, lab.client, "curl", "-sS", "-m", "3", f"http://{LB_FILT}:80/")
-                show(lab, lab.client, "curl", "-sS", "-m", "2", f"http://{LB_FILT}:8081/", ok=False)
-            show(lab, lab.client, "ping", "-c", "1", "-W", "2", LB_FILT)
-
-            step("egress: the pods' own connections leave with the LB IP as source")
-            for pod, port in ((POD1, 7001), (POD2, 7002)):
-                srv, seen = who_connects(lab, port)
-                show(lab, lab.pod_ns(pod), "nc", "-z", "-w", "2", CLIENT_IP, str(port))
-                time.sleep(0.2)
-                srv.close()
-                click.secho(
-                    f"client saw a connection from {seen[0] if seen else 'nobody'} "
-                    f"({pod.name} is {pod.ip})",
-                    fg="green",
-                )
-
+            agent = start_agent(lab, cli, Path(tmp, "services.yaml"), log)
+            show_whole_ip(lab)
+            show_port_filter(lab)
+            show_egress(lab)
             step("cozyebpf maps dump (read from the pins by another process)")
             show(lab, lab.node, *cli, "maps", "dump", "--pin-dir", PIN_DIR)
         finally:

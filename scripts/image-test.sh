@@ -394,7 +394,7 @@ phase_done inspect
 # --- 5. the tests, with every cozyebpf command from the image -------------------------
 # The DaemonSet as the chart renders it for this image: image-exec.sh makes its container's
 # volumeMounts and read-only root (DS_* in image.conf), and the cluster lab's agents run with
-# its container's args and env (COZYEBPF_TEST_DAEMONSET, read by cozylab/cluster.py).
+# its container's args and env (COZYEBPF_TEST_DAEMONSET, read by cozylab/cluster/agents.py).
 [[ -x .venv/bin/helm ]] || die "no helm in .venv/bin (scripts/setup.sh installs it)"
 .venv/bin/helm template cozyebpf charts/cozyebpf --namespace cozy-system \
 	--set "image.repository=${IMAGE_REF%:*}" --set "image.tag=${IMAGE_REF##*:}" \

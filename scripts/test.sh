@@ -4,7 +4,7 @@
 # as root, or as a user who may sudo: it runs itself again through sudo then.
 #
 # 1. scripts/setup.sh (idempotent; fast when everything is in place)
-# 2. lint: ruff check, ruff format --check, mypy, clang-format on bpf/
+# 2. lint: ruff check, ruff format --check, mypy, clang-format on bpf/ and cozylab/bpf/
 # 3. pytest: tests/unit (no kernel needed) and tests/datapath (real BPF), pyproject.toml's
 #    testpaths (tests/unit/test_chart.py too: helm from step 1 lints and renders the chart;
 #    under CI=true a missing helm fails those tests, never skips them)
@@ -41,12 +41,12 @@ lint "ruff check" .venv/bin/ruff check cozyebpf cozylab bench tests
 lint "ruff format" .venv/bin/ruff format --check cozyebpf cozylab bench tests
 lint "mypy" .venv/bin/mypy
 shopt -s nullglob
-BPF_SOURCES=(bpf/*.c bpf/lib/*.h)
+BPF_SOURCES=(bpf/*.c bpf/lib/*.h cozylab/bpf/*.c)
 shopt -u nullglob
 if ((${#BPF_SOURCES[@]} > 0)); then
 	lint "clang-format" clang-format --dry-run -Werror "${BPF_SOURCES[@]}"
 else
-	echo "--> clang-format: no bpf/*.c or bpf/lib/*.h, skipped"
+	echo "--> clang-format: no bpf/*.c, bpf/lib/*.h or cozylab/bpf/*.c, skipped"
 fi
 
 if ((${#LINT_FAILED[@]} == 0)); then

@@ -86,6 +86,70 @@ static __always_inline int cz_fib_forwards(int rc)
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
 }
 
+/*
+ * The FIB's answers, cached per (source, destination, input device): what a VM's packets ask
+ * for every packet, asked once (bpf_fib_lookup was the larger part of the pod-facing hook's
+ * cost: docs/design.md, "Host routing"). Not pinned: each loaded instance of the programs begins
+ * cold, and a cache needs no layout. An answer is valid while flowcfg's fib_gen is the one it
+ * was asked under: the agent bumps it on every change of routes, rules and links
+ * (BpfDatapath._follow_routes). BPF_FIB_LKUP_RET_FRAG_NEEDED depends on the packet, not the
+ * route: it is cached as the route's SUCCESS and derived again for each packet as the kernel
+ * derives it (is_skb_forwardable: the device's MTU plus an Ethernet and a VLAN header, any GSO
+ * packet). NO_NEIGH (a kernel before 6.5, asked without BPF_FIB_LOOKUP_SKIP_NEIGH) is never
+ * cached.
+ */
+struct cz_fibc_key {
+	__be32 src;
+	__be32 dst;
+	__u32 ifindex; /* the device the packet entered (or is routed as if it had) */
+};
+
+struct cz_fibc_val {
+	__u32 gen; /* flowcfg's fib_gen when asked */
+	__s32 rc;  /* BPF_FIB_LKUP_RET_*, FRAG_NEEDED cached as SUCCESS */
+	__u32 ifindex;
+	__be32 nh; /* the next hop (fib->ipv4_dst) */
+	__u32 mtu; /* fib->mtu_result */
+	__u32 pad;
+};
+
+#define CZ_FIBC4_MAX 16384
+#define CZ_FWD_SLACK (14 + 4) /* is_skb_forwardable: an Ethernet and a VLAN header */
+
+BPF_TABLE("lru_hash", struct cz_fibc_key, struct cz_fibc_val, cz_fibc4, CZ_FIBC4_MAX);
+
+static __always_inline int cz_fib4_cached(struct __sk_buff *skb, struct bpf_fib_lookup *fib,
+					  const struct flow_cfg *c, __be32 src, __be32 dst,
+					  __u32 ifindex)
+{
+	struct cz_fibc_key k = {.src = src, .dst = dst, .ifindex = ifindex};
+	struct cz_fibc_val *v = cz_fibc4.lookup(&k);
+	struct cz_fibc_val n = {};
+	__u32 gen = c->fib_gen; /* read before asking: a change after it invalidates the answer */
+	int rc;
+
+	if (v && v->gen == gen) {
+		fib->ifindex = v->ifindex;
+		fib->ipv4_dst = v->nh;
+		fib->mtu_result = v->mtu;
+		rc = v->rc;
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS && skb->len > v->mtu + CZ_FWD_SLACK &&
+		    !skb->gso_size)
+			rc = BPF_FIB_LKUP_RET_FRAG_NEEDED;
+		return rc;
+	}
+	rc = cz_fib4(skb, fib, src, dst, ifindex);
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return rc;
+	n.gen = gen;
+	n.rc = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED ? BPF_FIB_LKUP_RET_SUCCESS : rc;
+	n.ifindex = fib->ifindex;
+	n.nh = fib->ipv4_dst;
+	n.mtu = fib->mtu_result;
+	cz_fibc4.update(&k, &n);
+	return rc;
+}
+
 /* The reverse path's question for cz_spoofed: the route to `src`, as for a packet from `in`. */
 static __always_inline void cz_fib_rev(struct bpf_fib_lookup *fib, int v6, const void *src,
 				       __u32 in)
@@ -250,7 +314,7 @@ static __always_inline int cz_route_in(struct __sk_buff *skb, int v6)
 
 		if ((void *)(ip + 1) > data_end)
 			return CZ_TC_NEXT;
-		rc = cz_fib4(skb, &fib, ip->saddr, ip->daddr, skb->ifindex);
+		rc = cz_fib4_cached(skb, &fib, c, ip->saddr, ip->daddr, skb->ifindex);
 	}
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
 		return CZ_TC_NEXT;
@@ -307,7 +371,7 @@ static __always_inline int pod_side4(struct __sk_buff *skb, void *data_end, stru
 	c = cz_cfg();
 	if (!c)
 		return CZ_SIDE_NOT;
-	rc = cz_fib4(skb, fib, ip->saddr, ip->daddr, skb->ingress_ifindex);
+	rc = cz_fib4_cached(skb, fib, c, ip->saddr, ip->daddr, skb->ingress_ifindex);
 	if ((cz_fib_forwards(rc) || rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) &&
 	    cz_is_uplink(c, fib->ifindex))
 		return rc == BPF_FIB_LKUP_RET_SUCCESS && (c->flags & CZ_CFG_HOST_ROUTING)
@@ -339,6 +403,62 @@ static __always_inline int pod_next4(struct iphdr *ip)
 }
 
 /*
+ * ICMP fragmentation-needed (type 3, code 4) for the IPv4 packet in `skb`, which this node sent
+ * and which is larger than `mtu`, the device it would be handed to: the packet becomes the
+ * ICMP message (from `from`, to its own source, quoting its header and 8 bytes) and goes to the
+ * uplink's ingress, where the node's stack takes it as any router's and lowers the path MTU of
+ * the destination (the sender's next packet fits, or is fragmented there). A packet with IP
+ * options is not answered (CZ_TC_DROP, as the device would have dropped it).
+ */
+struct cz_frag_needed {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct icmphdr icmp;
+	__u8 quote[sizeof(struct iphdr) + 8];
+} __attribute__((packed));
+
+static __always_inline int cz_frag_needed4(struct __sk_buff *skb, __be32 from, __u32 mtu)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	struct cz_frag_needed m = {};
+	__s64 sum;
+
+	if ((void *)(ip + 1) > data_end || ip->ihl != 5)
+		return CZ_TC_DROP;
+	__builtin_memcpy(m.eth.h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(m.eth.h_source, eth->h_dest, ETH_ALEN);
+	m.eth.h_proto = bpf_htons(ETH_P_IP);
+	m.ip.version = 4;
+	m.ip.ihl = 5;
+	m.ip.tos = 0xc0; /* internetwork control, as the kernel's ICMP */
+	m.ip.tot_len = bpf_htons(sizeof(m) - sizeof(m.eth));
+	m.ip.ttl = 64;
+	m.ip.protocol = IPPROTO_ICMP;
+	m.ip.saddr = from;
+	m.ip.daddr = ip->saddr;
+	m.icmp.type = 3; /* ICMP_DEST_UNREACH */
+	m.icmp.code = 4; /* ICMP_FRAG_NEEDED */
+	m.icmp.un.frag.mtu = bpf_htons(mtu);
+	if (bpf_skb_load_bytes(skb, sizeof(*eth), m.quote, sizeof(m.quote)) < 0)
+		return CZ_TC_DROP;
+	sum = bpf_csum_diff(0, 0, (__be32 *)&m.ip, sizeof(m.ip), 0);
+	if (sum < 0)
+		return CZ_TC_DROP;
+	m.ip.check = ~cz_csum_fold32((__u32)sum);
+	sum = bpf_csum_diff(0, 0, (__be32 *)&m.icmp, sizeof(m.icmp) + sizeof(m.quote), 0);
+	if (sum < 0)
+		return CZ_TC_DROP;
+	m.icmp.checksum = ~cz_csum_fold32((__u32)sum);
+	if (bpf_skb_change_tail(skb, sizeof(m), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &m, sizeof(m), 0) < 0)
+		return CZ_TC_DROP;
+	return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
+}
+
+/*
  * Uplink egress, IPv4, a packet whose source is no managed pod IP. To a managed LB IP from a
  * client of this node -- its own address (a process of the node, or a pod the node masqueraded)
  * or a pod behind a pod-facing device -- whose pod sits behind a pod-facing device, it takes the
@@ -359,7 +479,7 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 	struct cz_fast f = {};
 	struct ip6 pod = {}, client = {}, to;
 	__u32 reason;
-	int rc;
+	int rc, too_big;
 
 	if (!c || !(c->flags & CZ_CFG_POD_DEVICES))
 		return CZ_TC_NEXT;
@@ -368,9 +488,10 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 		return CZ_TC_NEXT;
 	pod.a[0] = d->pod_ip;
 	client.a[0] = ip->saddr;
-	/* a VM's LB IP: by the ToR, to the node of its LB IP, which holds that pod's flows */
-	if (cz_addr4.lookup(&ip->saddr))
-		return CZ_TC_NEXT;
+	/*
+	 * (A VM's packet, its source an LB IP, does not come here: fast_egress sends it by the ToR,
+	 * to the node of its LB IP, which holds that pod's flows.)
+	 */
 	/*
 	 * Routes as for a packet that arrives on the uplink (an output lookup keeps to the uplink):
 	 * the client is this node's own address, or a pod behind a pod-facing device
@@ -381,7 +502,8 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 		return CZ_TC_NEXT;
 	/* a pod behind an uplink: the node of its LB IP serves it */
 	rc = cz_fib4(skb, &fib, client.a[0], pod.a[0], skb->ifindex);
-	if (!cz_fib_forwards(rc) || cz_is_uplink(c, fib.ifindex))
+	too_big = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED;
+	if ((!cz_fib_forwards(rc) && !too_big) || cz_is_uplink(c, fib.ifindex))
 		return CZ_TC_NEXT;
 	/* a frame the fast decision does not take goes by the ToR (a pod here: out of reach) */
 	reason = fast_ingress(data, data_end, skb->len, &f, &to);
@@ -392,6 +514,15 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 		fast_count(0, reason, f.slot, skb->len);
 		return CZ_TC_DROP;
 	}
+	/*
+	 * Larger than the pod's device (Kube-OVN's ovn0 under a larger uplink; the device would
+	 * drop it, the ToR bring it back as a martian): the node is told the path's MTU, as the
+	 * stack tells it when a route's device is too small. Nothing is recorded or translated.
+	 * (No TTL here: the node sent it, or forwarded it already, and counted that hop then.)
+	 */
+	if (too_big || (skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS > fib.mtu_result
+				      : skb->len > fib.mtu_result + sizeof(struct ethhdr)))
+		return cz_frag_needed4(skb, ip->daddr, fib.mtu_result);
 	/* only what the pod's filter let in: the flow admits what the client sends as well */
 	flow_record(0, &pod, &client, f.dport, f.sport, f.proto, 0, f.tcp_flags, 1);
 	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {

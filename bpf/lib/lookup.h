@@ -14,6 +14,20 @@
 #define CZ_FRAG_TIMEOUT_NS 30000000000ULL
 
 /*
+ * May the IPv4 address `a` be a key of addr4? 0: it is not (its bit in addrhint is clear,
+ * types.h). The same hash as user space's (layout.addr_hint_bit), on the address as it lies in
+ * memory; an array lookup, which the verifier inlines.
+ */
+static __always_inline int cz_addr4_hinted(__be32 a)
+{
+	__u32 h = ((__u32)a * 0x9E3779B1u) >> (32 - CZ_ADDRHINT_LOG2);
+	__u32 w = h >> 6;
+	__u64 *v = cz_addrhint.lookup(&w);
+
+	return v && ((*v >> (h & 63)) & 1);
+}
+
+/*
  * An addr entry, in both families: the other addresses and the flags. (The full path looks
  * allowed ports up in allow4/allow6, which hold them all; the inline ports are the fast
  * path's.)

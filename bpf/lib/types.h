@@ -9,7 +9,7 @@
 
 #include <linux/types.h>
 
-#define CZ_LAYOUT_VERSION 6
+#define CZ_LAYOUT_VERSION 7
 
 /* addr4_val.flags, .pod_flags */
 #define CZ_F_PORT_FILTER 0x01 /* only allowed ports, replies and (opt.) ICMP pass */
@@ -122,7 +122,12 @@ struct flow_cfg {
 	__u64 timeout_ns[4];	       /* by CZ_TO_* */
 	__u32 uplinks[CZ_UPLINKS_MAX]; /* ifindexes of the uplinks; 0: unused */
 	__u32 flags;		       /* CZ_CFG_* */
-	__u32 reserved;		       /* zero */
+	/*
+	 * The node's routes' generation, bumped by the agent on every change of routes, rules and
+	 * links (and by each write of the node's part): cz_fib4_cached's answers are valid while
+	 * it is the one they were asked under. Was `reserved`, zero; older programs never read it.
+	 */
+	__u32 fib_gen;
 };
 
 /*
@@ -143,6 +148,14 @@ struct range4_key {
  * concurrent update, and both words of a bit share a cache line. Ingress looks a reply up in
  * the flow table only when its bit is set in either. Bits are never cleared: a stale bit costs
  * one lookup, never a verdict.
+ */
+
+/*
+ * addrhint (layout 7): array of CZ_ADDRHINT_MAX __u64, a one-hash Bloom filter of addr4's keys
+ * (1 << CZ_ADDRHINT_LOG2 bits). User space is its only writer: a key's bit is set before the
+ * key is written and cleared (when no other key has it) after the key is gone, so an address
+ * whose bit is clear is in no addr4 entry, and the pod-facing hook and the uplinks' egress let a
+ * packet of two such addresses go without a lookup. A stale bit costs a lookup, never a verdict.
  */
 
 /* IPv6: the same maps, keyed and valued with 16-byte addresses */

@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
-from cozyebpf.datapath import attach, bpfsys, loader
+from cozyebpf.datapath import attach, bpfsys, loader, rtnl
 from cozyebpf.datapath.compiler import Compilation, Request
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, MON_OFF
 from cozyebpf.datapath.maps import DEFAULT_FLOW_TIMEOUTS, DEFAULT_PIN_DIR, PinnedMaps
@@ -79,6 +79,8 @@ class BpfDatapath:
         #: migration): `cozyebpf run` holds a stop that lands inside until it is done
         #: (cozyebpf.safepoint)
         self.guard: Callable[[str], AbstractContextManager[object]] = unguarded
+        #: follows the node's routes for the programs' cached FIB answers (_follow_routes)
+        self._routes: rtnl.Follow | None = None
 
     # -- programs ------------------------------------------------------------------------
 
@@ -135,8 +137,20 @@ class BpfDatapath:
                 self._spares.setdefault(name, []).append(prog)
             else:
                 self.programs[name] = prog
+        self._follow_routes()
         with self.guard("attaching the programs"):
             self._attach_all()
+
+    def _follow_routes(self) -> None:
+        """The pod-facing hook and host routing cache the FIB's answers (bpf/lib/cluster.h,
+        cz_fib4_cached): every change of the node's routes, rules or devices bumps flowcfg's
+        generation, and the programs ask again. Followed from before the attach, so that no
+        change is missed; set_node (prepare) bumped it for whatever changed before."""
+        if not (self.pod_devices or self.host_routing) or self._routes is not None:
+            return
+        maps = self._maps()
+        self._routes = rtnl.Follow(rtnl.route_events(), maps.bump_fib_gen, "routes")
+        self._routes.start()
 
     def _attach_all(self) -> None:
         egress = self._program("cz_egress")
@@ -286,6 +300,11 @@ class BpfDatapath:
         repaired: list[str] = []
         if self._monitor_left_on():
             repaired.append("monitor events: on without a monitor")
+        if self._routes is not None and not self._routes.alive():
+            self._routes = None
+            self._maps().bump_fib_gen()
+            self._follow_routes()
+            repaired.append("route follower: stopped, started again")
         if self.pod_devices:
             repaired += self._follow_pod_devices()
         for (dev, role), a in list(self.attachments.items()):
@@ -383,6 +402,9 @@ class BpfDatapath:
         if self._compilation is not None:
             self._compilation.cancel()
             self._compilation = None
+        if self._routes is not None:
+            self._routes.stop()
+            self._routes = None
         if self.maps:
             self.maps.close()
             self.maps = None

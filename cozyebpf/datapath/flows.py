@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from cozyebpf.datapath.layout import (
 from cozyebpf.datapath.pins import Pins, copy_entries
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import IPAddress
+
+#: flowcfg is read, changed and written whole; the agent's threads do it one at a time
+_CFG_LOCK = threading.Lock()
 
 #: the flows' idle timeouts by default (seconds), as Linux conntrack's: UDP, ICMP echo, TCP
 #: established, TCP after a FIN or RST (cozyebpf run --flow-timeout-*)
@@ -203,12 +207,23 @@ class FlowTables(Pins):
 
     def set_flow_timeouts(self, udp: float, icmp: float, tcp: float, tcp_closing: float) -> None:
         """The flows' idle timeouts in seconds (0: never), read by the programs (flowcfg)."""
-        cfg = self._flow_cfg()
-        for i, t in enumerate((udp, icmp, tcp, tcp_closing)):
+        for t in (udp, icmp, tcp, tcp_closing):
             if t < 0:
                 raise ValueError(f"a flow timeout cannot be negative: {t}")
-            cfg.timeout_ns[i] = int(t * 1e9) if t else NEVER_NS
-        self._set_flow_cfg(cfg)
+        with _CFG_LOCK:
+            cfg = self._flow_cfg()
+            for i, t in enumerate((udp, icmp, tcp, tcp_closing)):
+                cfg.timeout_ns[i] = int(t * 1e9) if t else NEVER_NS
+            self._set_flow_cfg(cfg)
+
+    def bump_fib_gen(self) -> int:
+        """The routes changed: every FIB answer the programs cached (bpf/lib/cluster.h,
+        cz_fib4_cached) is asked again. Returns the new generation."""
+        with _CFG_LOCK:
+            cfg = self._flow_cfg()
+            cfg.fib_gen = (cfg.fib_gen + 1) & 0xFFFFFFFF
+            self._set_flow_cfg(cfg)
+            return int(cfg.fib_gen)
 
     def flow_timeouts(self) -> dict[str, float]:
         """The timeouts the programs apply, in seconds (0: never)."""
@@ -225,18 +240,24 @@ class FlowTables(Pins):
             raise DatapathError(
                 f"{len(uplinks)} uplink devices; the programs know at most {UPLINKS_MAX}"
             )
-        cfg = self._flow_cfg()
-        for i in range(UPLINKS_MAX):
-            cfg.uplinks[i] = uplinks[i] if i < len(uplinks) else 0
-        cfg.flags = (CFG_POD_DEVICES if pod_devices else 0) | (
-            CFG_HOST_ROUTING if host_routing else 0
-        )
-        self._set_flow_cfg(cfg)
+        with _CFG_LOCK:
+            cfg = self._flow_cfg()
+            for i in range(UPLINKS_MAX):
+                cfg.uplinks[i] = uplinks[i] if i < len(uplinks) else 0
+            cfg.flags = (CFG_POD_DEVICES if pod_devices else 0) | (
+                CFG_HOST_ROUTING if host_routing else 0
+            )
+            cfg.fib_gen = (cfg.fib_gen + 1) & 0xFFFFFFFF  # the uplinks decide what is cached
+            self._set_flow_cfg(cfg)
 
     def node_config(self) -> tuple[list[int], bool]:
         """The uplinks' ifindexes and whether the cluster paths are on (set_node)."""
         cfg = self._flow_cfg()
         return [int(i) for i in cfg.uplinks if i], bool(cfg.flags & CFG_POD_DEVICES)
+
+    def fib_gen(self) -> int:
+        """The generation of the programs' cached FIB answers (bump_fib_gen)."""
+        return int(self._flow_cfg().fib_gen)
 
     def host_routing(self) -> bool:
         """Whether the programs hand what they translate to its next device (set_node)."""

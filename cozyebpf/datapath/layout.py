@@ -18,13 +18,14 @@ from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.reasons import REASONS
 
 #: bump with CZ_LAYOUT_VERSION in bpf/lib/types.h whenever a layout below changes
-LAYOUT_VERSION = 6
+LAYOUT_VERSION = 7
 #: the oldest layout whose agent can run on maps of this layout; `meta` records it beside the
 #: layout version (docs/design.md, *Releases and map layouts*). A layout that only adds (a map,
 #: a field or bits that older programs leave zero and whose zero means what it meant) keeps it,
 #: so that the previous release can run on its maps (a rollback keeps every flow); one that
 #: changes what an older agent reads or writes (a key, a value's size, a meaning) raises it to
-#: LAYOUT_VERSION. 6: layout 6 gave svcstats' values more room, which layout 5 cannot read.
+#: LAYOUT_VERSION. 6: layout 6 gave svcstats' values more room, which layout 5 cannot read;
+#: layout 7 only added a map (addrhint), so 6 can run on its maps.
 OLDEST_COMPATIBLE = 6
 
 F_PORT_FILTER = 0x01
@@ -131,7 +132,7 @@ class FlowCfg(ctypes.Structure):
         ("timeout_ns", ctypes.c_uint64 * 4),
         ("uplinks", ctypes.c_uint32 * UPLINKS_MAX),
         ("flags", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("fib_gen", ctypes.c_uint32),  # the routes' generation (cz_fib4_cached); was reserved
     ]
 
 
@@ -496,6 +497,12 @@ MAPS: tuple[MapSpec, ...] = (
         "flowhint", _ARRAY, _u32, _u64, "__u32", "__u64",
         lambda s, _: 2 * _pow2(max(1, s // 2)), 2, "CZ_FLOWHINT_MAX",
     ),
+    # the addresses' hint (layout 7): a one-hash Bloom filter of addr4's keys, 64 bits per
+    # Service (a power of two); user space's alone, rebuilt from addr4 at every start
+    MapSpec(
+        "addrhint", _ARRAY, _u32, _u64, "__u32", "__u64", lambda s, _: _pow2(max(64, s)), 7,
+        "CZ_ADDRHINT_MAX",
+    ),
     # the full paths the entry programs hand uncommon frames to (bpf/lib/tail.h), one prog array
     # per program type; pinned, so that they keep their programs when the agent is gone
     MapSpec("tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
@@ -556,6 +563,7 @@ class Layout:
     range6: MapSpec
     stats: MapSpec
     flowhint: MapSpec
+    addrhint: MapSpec
     tail_xdp: MapSpec
     tail_tc: MapSpec
     svcstats: MapSpec
@@ -587,6 +595,11 @@ class Layout:
         """log2 of the bits of one half (CZ_FLOWHINT_LOG2)."""
         return (self.hint_words * 64).bit_length() - 1
 
+    @property
+    def addr_hint_log2(self) -> int:
+        """log2 of the address hint's bits (CZ_ADDRHINT_LOG2)."""
+        return (self.addrhint.max_entries * 64).bit_length() - 1
+
 
 def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | None = None) -> Layout:
     """The maps for `max_services` Services, `service_slots` of them with counters of their own
@@ -605,6 +618,13 @@ META, STATS, EVENTS = DEFAULT_LAYOUT.meta, DEFAULT_LAYOUT.stats, DEFAULT_LAYOUT.
 ADDR4, ALLOW4, FLOW4 = DEFAULT_LAYOUT.addr4, DEFAULT_LAYOUT.allow4, DEFAULT_LAYOUT.flow4
 ADDR6, ALLOW6, FLOW6 = DEFAULT_LAYOUT.addr6, DEFAULT_LAYOUT.allow6, DEFAULT_LAYOUT.flow6
 FRAG4, FRAG6, FLOWHINT = DEFAULT_LAYOUT.frag4, DEFAULT_LAYOUT.frag6, DEFAULT_LAYOUT.flowhint
+
+
+def addr_hint_bit(addr: bytes, log2: int) -> int:
+    """The address hint's bit of an IPv4 address (packed): cz_addr4_hinted in bpf/lib/lookup.h,
+    on the word as it lies in memory."""
+    x = int.from_bytes(addr, sys.byteorder)
+    return ((x * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - log2)
 
 
 def flow_hint_bit(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
+import struct
 from collections.abc import Iterable
 from ipaddress import IPv4Network, IPv6Network
 
@@ -43,6 +44,7 @@ from cozyebpf.datapath.layout import (
     META,
     SAME_SINCE,
     Layout,
+    addr_hint_bit,
     be16,
     map_specs,
     possible_cpus,
@@ -82,6 +84,8 @@ class PinnedMaps(Views, FlowTables):
         self.sizes = {s.name: s.max_entries for s in layout.all if not s.fixed}
         self._m: Mirror | None = None  # the mirror; None: read the maps before the next apply
         self._repair = False  # read_state rewrites addr values that disagree (the agent's)
+        #: addrhint's words as this process last wrote them (None: not written yet)
+        self._hint: dict[int, int] | None = None
 
     @classmethod
     def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
@@ -108,6 +112,7 @@ class PinnedMaps(Views, FlowTables):
             if "flowcfg" in p.created or p.version != LAYOUT_VERSION:
                 maps.set_flow_timeouts(**DEFAULT_FLOW_TIMEOUTS)  # before any program reads it
             maps._repair = True
+            maps._hint_sync(maps._keys(layout.addr4))  # before any program of ours reads it
             maps._old_flows = p.old_flows
             if p.reseed:
                 maps.seed_flow_hints()
@@ -213,6 +218,7 @@ class PinnedMaps(Views, FlowTables):
         m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
         self._m = m
         if self._repair:
+            self._hint_sync(raw)
             # a write that stopped half way: the slots that addresses carry are active, the
             # others parked
             active = set(self.slots.active().values())
@@ -358,14 +364,38 @@ class PinnedMaps(Views, FlowTables):
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
             self._write_ranges(range_add)
+            self._hint_sync([*m.svc, *m.pod, *dels])  # the keys before and after: a superset
             self._write_addrs(sets)
             self._delete_allowed(d.allowed_del)
             self._write_ranges(range_del, delete=True)
+            self._hint_sync([*m.svc, *m.pod])  # the deleted keys' bits go
             self.slots.park(n for n in services if n not in m.refs)
         except bpfsys.BpfError as e:
             self._m = None  # the maps hold part of it: read them again before the next apply
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
+
+    def _hint_sync(self, keys: Iterable[bytes]) -> None:
+        """Make addrhint hold the bits of the IPv4 addresses among `keys` (packed), and only
+        those: the words that differ from what this process last wrote, or every word the
+        first time (bpf/lib/types.h, addrhint)."""
+        log2 = self.layout.addr_hint_log2
+        want: dict[int, int] = {}
+        for k in keys:
+            if len(k) == 4:
+                b = addr_hint_bit(k, log2)
+                want[b >> 6] = want.get(b >> 6, 0) | 1 << (b & 63)
+        old = self._hint
+        if old is None:
+            words = list(range(self.layout.addrhint.max_entries))
+        else:
+            words = sorted(w for w in want.keys() | old.keys() if want.get(w, 0) != old.get(w, 0))
+        self._update_batch(
+            self.layout.addrhint,
+            [struct.pack("=I", w) for w in words],
+            [struct.pack("=Q", want.get(w, 0)) for w in words],
+        )
+        self._hint = want
 
     def _write_ranges(self, keys: list[bytes], delete: bool = False) -> None:
         """Add or delete range4/range6 keys, one call each (an LPM trie has no batch

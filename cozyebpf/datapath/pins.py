@@ -256,10 +256,14 @@ def closed_on_error(fds: dict[str, int], pin_dir: str = "") -> Iterator[None]:
 
 def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
     """Open existing pins (for `maps dump`), whatever their size; every map must be there with
-    our layout and version. Their fds, and the layout their sizes say."""
+    our layout and version, but that the maps of a layout this one can run on and read (from
+    OLDEST_COMPATIBLE on: an older release still running on the node) may lack the maps added
+    after it, which only the agent writes (those are then not in the fds). Their fds, and the
+    layout their sizes say."""
     found = read_pinned_meta(pin_dir)
     if found is not None and not found.runnable():
         raise LayoutTooNew(pin_dir, found, reader=True)
+    version = found.version if found is not None else LAYOUT_VERSION
     fds: dict[str, int] = {}
     with closed_on_error(fds):
         for spec in map_specs().all:
@@ -267,6 +271,8 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
             try:
                 fds[spec.name] = fd = bpfsys.obj_get(path)
             except bpfsys.BpfError as e:
+                if e.errno == errno.ENOENT and OLDEST_COMPATIBLE <= version < SAME_SINCE[spec.name]:
+                    continue  # newer than the maps' layout: nothing of theirs is in it
                 if e.errno == errno.ENOENT:
                     raise DatapathError(
                         f"no cozyebpf map pinned at {path}: is `cozyebpf run` running on this "
@@ -284,7 +290,7 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
         found = read_meta(fds[META.name])
         if found is None:
             raise DatapathError(f"{pin_dir}/meta holds no layout version")
-        if found.version < LAYOUT_VERSION:
+        if found.version < min(LAYOUT_VERSION, OLDEST_COMPATIBLE):
             raise DatapathError(
                 f"maps in {pin_dir} have layout version {found.version}, this cozyebpf uses "
                 f"{LAYOUT_VERSION}; `cozyebpf run` of this version migrates them"
@@ -385,9 +391,9 @@ def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
             padded = _padded(spec, info, version)
             if padded:
                 why += ", values zero-padded"
-            # the flow hint's bits depend on its size: rebuilt, then seeded from the flows;
-            # prog arrays are filled by the loader
-            copy = ((proven and not kind_problem) or padded) and spec.name != "flowhint"
+            # the hints' bits depend on their size: rebuilt, then seeded from the flows (the
+            # address hint from addr4, at every start); prog arrays are filled by the loader
+            copy = ((proven and not kind_problem) or padded) and spec.name not in HINT_MAPS
             copy = copy and spec.map_type != bpfsys.BPF_MAP_TYPE_PROG_ARRAY
             keep_old = copy and spec.name in FLOW_MAPS
             fds[spec.name] = _migrate(spec, fd, info, path, why, copy, keep_old)
@@ -398,6 +404,7 @@ def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
 
 
 FLOW_MAPS = ("flow4", "flow6")
+HINT_MAPS = ("flowhint", "addrhint")
 
 
 def _padded(spec: MapSpec, info: bpfsys.MapInfo, version: int | None) -> bool:

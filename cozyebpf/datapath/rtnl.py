@@ -1,21 +1,25 @@
-"""The four things the agent reads from rtnetlink, without pyroute2.
+"""The things the agent reads from rtnetlink, without pyroute2.
 
 pyroute2 costs the agent's process about 11 MB once imported, for the rest of its life, and
 the agent only needs to *read* four things on its common path: which XDP program a device has
 (at attach and at every attachment check), our legacy clsact filters (to clean them up when tcx
 is used), the devices of the default route (`--devices auto`) and the node's own addresses
-(which no LB IP may take), followed as they change (`address_events`). These are plain rtnetlink
-requests; pyroute2 stays for what changes the kernel's tc state (legacy clsact filters, on
-kernels without tcx), and is imported only there. tests/datapath/test_rtnl.py compares every answer
-with pyroute2's.
+(which no LB IP may take), followed as they change (`address_events`), and that the routes
+changed (`route_events`: the programs' cached FIB answers are then asked again). These are
+plain rtnetlink requests; pyroute2 stays for what changes the kernel's tc state (legacy clsact
+filters, on kernels without tcx), and is imported only there. tests/datapath/test_rtnl.py
+compares every answer with pyroute2's.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import select
 import socket
 import struct
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 NETLINK_ROUTE = 0
 NLM_F_REQUEST = 0x1
@@ -33,7 +37,10 @@ TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_BPF_NAME, TCA_BPF_ID = 7, 11  # include/uapi/linux/pkt_cls.h
 RTA_OIF, RTA_MULTIPATH, RTA_TABLE = 4, 9, 15
 IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
+RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
+RTMGRP_IPV4_ROUTE, RTMGRP_IPV4_RULE = 0x40, 0x80
+RTNLGRP_NEXTHOP = 32  # beyond the bind mask: NETLINK_ADD_MEMBERSHIP
+SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
 RT_TABLE_MAIN = 254
 NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 
@@ -44,6 +51,9 @@ _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, proto, scope, type
 _RTATTR = struct.Struct("=HH")  # len, type
 _RTNEXTHOP = struct.Struct("=HBBi")  # len, flags, hops, ifindex
+
+
+log = logging.getLogger(__name__)
 
 
 class NetlinkError(OSError):
@@ -195,3 +205,53 @@ def address_events() -> socket.socket:
     s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
     s.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
     return s
+
+
+def route_events() -> socket.socket:
+    """A netlink socket that receives a message whenever an IPv4 route, rule or nexthop object,
+    or a device (its state, its MTU), changes in this network namespace; an address's change
+    comes as its local routes' change. The caller reads and closes it."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+    s.bind((0, RTMGRP_LINK | RTMGRP_IPV4_ROUTE | RTMGRP_IPV4_RULE))
+    s.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, RTNLGRP_NEXTHOP)
+    return s
+
+
+class Follow:
+    """Calls `changed()` from a thread of its own after each burst of notifications on the
+    netlink socket `events` (made before the caller's first read, so that no change is missed),
+    and once when notifications were lost (ENOBUFS): the caller reads again what it follows.
+    `stop()` ends the thread and closes the socket."""
+
+    def __init__(self, events: socket.socket, changed: Callable[[], object], name: str) -> None:
+        self.events, self.changed, self.name = events, changed, name
+        self._stop_r, self._stop_w = socket.socketpair()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        for s in (self.events, self._stop_r, self._stop_w):
+            s.close()
+
+    def alive(self) -> bool:
+        return self._thread is None or self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.events, self._stop_r], [], [])
+            if self._stop_r in ready:
+                return
+            try:
+                while True:  # drain what queued up: one call covers them all
+                    self.events.recv(1 << 16, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
+            except OSError as e:  # ENOBUFS: notifications were lost; the call covers them
+                log.debug("%s: %s", self.name, e)
+            self.changed()

@@ -9,7 +9,6 @@ address it handles to its dummy device kube-ipvs0."""
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -57,50 +56,33 @@ class LocalAddresses:
         self.exclude = tuple(exclude)
         self.notify: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
-        self._events = rtnl.address_events()  # before the first read: no change is missed
+        events = rtnl.address_events()  # before the first read: no change is missed
         self._current = read_local(self.exclude)
         self._changed = True
-        self._stop_r, self._stop_w = socket.socketpair()
-        self._thread: threading.Thread | None = None
+        self._follow = rtnl.Follow(events, self._reread, "local-addresses")
 
     def start(self, notify: Callable[[], None] | None = None) -> None:
         if notify is not None:
             self.notify = notify
-        self._thread = threading.Thread(target=self._run, name="local-addresses", daemon=True)
-        self._thread.start()
+        self._follow.start()
 
     def stop(self) -> None:
-        self._stop_w.send(b"x")
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-        for s in (self._events, self._stop_r, self._stop_w):
-            s.close()
+        self._follow.stop()
 
     def alive(self) -> bool:
-        return self._thread is None or self._thread.is_alive()
+        return self._follow.alive()
 
-    def _run(self) -> None:
-        while True:
-            ready, _, _ = select.select([self._events, self._stop_r], [], [])
-            if self._stop_r in ready:
+    def _reread(self) -> None:
+        try:
+            now = read_local(self.exclude)
+        except OSError as e:
+            log.error("reading this node's addresses failed: %s; keeping the last read", e)
+            return
+        with self._lock:
+            if now == self._current:
                 return
-            try:
-                while True:  # drain what queued up: one read covers them all
-                    self._events.recv(1 << 16, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                pass
-            except OSError as e:  # ENOBUFS: notifications were lost; the read below covers it
-                log.debug("address notifications: %s", e)
-            try:
-                now = read_local(self.exclude)
-            except OSError as e:
-                log.error("reading this node's addresses failed: %s; keeping the last read", e)
-                continue
-            with self._lock:
-                if now == self._current:
-                    continue
-                self._current, self._changed = now, True
-            self.notify()
+            self._current, self._changed = now, True
+        self.notify()
 
     def take(self) -> dict[IPAddress, str] | None:
         """The node's addresses if they changed since the last take, else None."""

@@ -13,10 +13,10 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 from cozyebpf.datapath import bpfsys
+from cozylab.cilium import LISTED, CiliumLike
 from cozylab.k8s import Svc
 from cozylab.netns import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, cozy_proxy_ruleset
 from cozylab.netns import DEFAULT_PODS as PODS
-from tests.support.ciliumlike import LISTED, CiliumLike
 from tests.support.labtools import AgentLab, agent_lab
 from tests.support.packets import LB_WHOLE
 
@@ -47,13 +47,13 @@ def arrived(env: AgentLab, port: int, marker: int) -> bool:
 
 def test_nftables_nat_loses_unlisted_ports_cozyebpf_does_not(env: AgentLab) -> None:
     lab = env.lab
-    cilium = CiliumLike(lab, LB_WHOLE)
+    cilium = CiliumLike.on_uplink(lab, LB_WHOLE)
     try:
         # 1. cozy-proxy: nftables stateless NAT in prerouting
         lab.exec(lab.node, "nft", "-f", "-", input=cozy_proxy_ruleset([(LB_WHOLE, POD1.ip)]))
         assert arrived(env, LISTED, 1), "nftables NAT works for a listed port"
         assert not arrived(env, UNLISTED, 2), "the Cilium-like program drops unlisted ports"
-        seen, dropped, _ = cilium.counts()
+        seen, dropped = cilium.to_lb()
         assert dropped >= 1 and seen >= 2
         lab.exec(lab.node, "nft", "delete", "table", "ip", "cozy_proxy")
 
@@ -61,10 +61,10 @@ def test_nftables_nat_loses_unlisted_ports_cozyebpf_does_not(env: AgentLab) -> N
         env.manifest_path.write_text("")
         env.start_agent()
         env.set_services(Svc("vm", LB_WHOLE, POD1.ip, [("TCP", LISTED)], whole_ip="true"))
-        before = cilium.counts()
+        before = cilium.to_lb()
         assert arrived(env, UNLISTED, 3), "cozyebpf delivers the unlisted port"
         assert arrived(env, LISTED, 4)
-        assert cilium.counts() == before, "Cilium must never see a packet to the LB IP"
+        assert cilium.to_lb() == before, "Cilium must never see a packet to the LB IP"
 
         # our egress program runs before the Cilium-like one in the tcx chain
         def order() -> list[str]:

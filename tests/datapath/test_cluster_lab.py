@@ -1,4 +1,4 @@
-"""The cluster lab of issue 18 (cozylab/cluster.py): three nodes laid out as Kube-OVN lays
+"""The cluster lab of issue 18 (cozylab/cluster/): three nodes laid out as Kube-OVN lays
 out a Cozystack node (natOutgoing, a vxlan overlay between the nodes' OVS namespaces) or with
 per-pod veths, a real `cozyebpf run` per node against one API double, MetalLB-like speakers,
 a live migration and a Cilium-like program on ovn0 and the tunnel.

@@ -15,10 +15,12 @@ device -- still gets the stack's answer (ICMP), never vanishes.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +38,22 @@ from cozyebpf.model import build_state
 from cozyebpf.state import diff
 from cozylab import netns as labmod
 from cozylab.k8s import Svc, objects
-from cozylab.netns import CLIENT_IP, CLIENT_IP6, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, capture, drain
+from cozylab.netns import (
+    CLIENT_IP,
+    CLIENT_IP6,
+    CLIENT_MAC,
+    UPLINK,
+    UPLINK_MAC,
+    Lab,
+    capture,
+    drain,
+    wait_for,
+)
 from tests.support.env import unique_prefix
 from tests.support.packets import LB_WHOLE, assert_frame, checksums_ok
 
 POD1 = labmod.DEFAULT_PODS[0]
+IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # linux/in.h
 LB6 = "2001:db8:113::10"
 WHOLE = Svc(
     "vm-whole", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true", lb_ip6=LB6, pod_ip6=POD1.ip6
@@ -80,6 +93,18 @@ class Node:
         assert self.dp.maps is not None
         self.dp.maps.set_node([self.uplink], True, on)
         assert self.dp.maps.host_routing() is on
+
+    def fib_gen(self) -> int:
+        assert self.dp.maps is not None
+        return int(self.dp.maps._flow_cfg().fib_gen)
+
+    @contextmanager
+    def routes_change(self) -> Iterator[None]:
+        """The body changes the node's routes or devices: wait until the agent's route follower
+        bumped the generation of the programs' cached FIB answers (as it does for any change)."""
+        gen = self.fib_gen()
+        yield
+        wait_for(lambda: self.fib_gen() != gen, 3.0, "the route follower bumps fib_gen")
 
     def stack_packets(self) -> int:
         """Packets the node's forward and postrouting hooks counted so far."""
@@ -306,11 +331,13 @@ def test_ttl_1_gets_the_stacks_answer(node: Node) -> None:
 @pytest.fixture
 def small_pod_link(node: Node) -> Iterator[None]:
     """The VM's link 1400 bytes, as Kube-OVN's ovn0 under a 1500-byte uplink."""
-    node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1400")
+    with node.routes_change():
+        node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1400")
     try:
         yield
     finally:
-        node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1500")
+        with node.routes_change():
+            node.lab.ip(node.lab.node, "link", "set", POD1.host_dev, "mtu", "1500")
 
 
 @pytest.mark.parametrize("size", [1390, 1376], ids=["over-mtu", "within-vlan-slack"])
@@ -374,12 +401,14 @@ def test_vm_packet_too_big_for_the_uplink_is_translated_then_fragmented(
     node.host_routing(on)
     lab = node.lab
     lab.exec(lab.node, "nft", "-f", "-", input=NATOUT)
-    lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1400")
+    with node.routes_change():
+        lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1400")
     try:
         big = out_frame(size=1450)
         got = node.send(lab.pod_ns(POD1), big, lab.client)
     finally:
-        lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1500")
+        with node.routes_change():
+            lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1500")
         lab.exec(lab.node, "nft", "delete", "table", "ip", "czhr_nat")
     assert len(got) >= 2, f"{len(got)} fragments at the client"
     assert {p[IP].src for p in got} == {LB_WHOLE}
@@ -404,3 +433,93 @@ def test_check_puts_the_route_program_back(node: Node) -> None:
     before = node.stack_packets()
     got = node.send(lab.client, in_frame(), lab.pod_ns(POD1))
     assert len(got) == 1 and node.stack_packets() == before, "not host-routed after the repair"
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_a_route_change_is_followed(node: Node, on: bool) -> None:
+    """The pod-facing hook caches the FIB's answer per (source, destination, device): a route
+    that changes after the answer was cached is followed at once (the agent's route follower
+    bumps flowcfg's fib_gen). A blackhole route to the client: the VM's packet is the stack's
+    (dropped there, as the route says), never translated and sent on by a stale answer; the
+    route removed, it flows again."""
+    node.host_routing(on)
+    lab = node.lab
+    assert len(node.send(lab.pod_ns(POD1), out_frame(), lab.client)) == 1  # cached
+    counted = node.counters()["nat_egress"]
+    with node.routes_change():
+        lab.ip(lab.node, "route", "add", "blackhole", f"{CLIENT_IP}/32")
+    try:
+        got = node.send(lab.pod_ns(POD1), out_frame(), lab.client)
+        assert got == [], "sent on by a stale FIB answer"
+        assert node.counters()["nat_egress"] == counted, "translated by a stale FIB answer"
+    finally:
+        with node.routes_change():
+            lab.ip(lab.node, "route", "del", "blackhole", f"{CLIENT_IP}/32")
+    got = node.send(lab.pod_ns(POD1), out_frame(), lab.client)
+    assert len(got) == 1 and got[0][IP].src == LB_WHOLE
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_node_to_lb_ip_too_big_for_the_vm_link_gets_frag_needed(
+    node: Node, small_pod_link: None, on: bool
+) -> None:
+    """The node's own datagram to a VM's LB IP is handed to the VM's device by the uplink's
+    egress (to_lb4). Larger than that device (1400 under a 1500-byte uplink), it would vanish
+    there: the node's stack gets ICMP fragmentation-needed instead and lowers the path MTU of
+    the LB IP (the next such send says EMSGSIZE, as TCP's segments then fit); a datagram that
+    fits arrives translated, whole."""
+    lab = node.lab
+    node.host_routing(on)
+    lab.ip(lab.node, "route", "add", f"{LB_WHOLE}/32", "via", CLIENT_IP, "dev", UPLINK)
+    rx = lab.packet_socket(lab.pod_ns(POD1), "eth0")
+
+    def send(size: int) -> str:
+        def run() -> str:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+                s.connect((LB_WHOLE, 4444))
+                try:
+                    s.send(b"z" * size)
+                except OSError as e:
+                    return os.strerror(e.errno or 0)
+                return "sent"
+
+        return lab.in_ns(lab.node, run)
+
+    try:
+        drain(rx)
+        assert send(1420) == "sent"
+        wait_for(lambda: "mtu 1400" in lab.exec(lab.node, "ip", "route", "get", LB_WHOLE).stdout,
+                 2.0, "the path MTU of the LB IP learned from fragmentation-needed")  # fmt: skip
+        assert send(1420) == os.strerror(errno.EMSGSIZE)
+        assert [Ether(f) for f in capture(rx, 0.3)] == [], "the too-big datagram reached the VM"
+        assert send(1400 - 28) == "sent"
+        got = [Ether(f) for f in capture(rx, 0.5)]
+        got = [p for p in got if UDP in p and p[UDP].dport == 4444]
+        assert len(got) == 1, [p.summary() for p in got]
+        assert len(got[0][IP]) == 1400 and got[0][IP].dst == POD1.ip
+        # (its UDP checksum is the node's partial one: the veth passes checksum offload on)
+        assert bytes(got[0][UDP].payload) == b"z" * (1400 - 28)
+    finally:
+        rx.close()
+        lab.ip(lab.node, "route", "del", f"{LB_WHOLE}/32")
+        lab.exec(lab.node, "ip", "route", "flush", "cache")
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_status_says_whether_host_routing_is_on(node: Node, on: bool) -> None:
+    """`cozyebpf status` shows the node's part the agent wrote: the uplinks, the pod-facing
+    hooks, host routing, and the generation of the cached FIB answers."""
+    from cozyebpf.status import datapath_status, render_node
+
+    node.host_routing(on)
+    d = node.lab.in_ns(node.lab.node, lambda: datapath_status(node.dp.pin_dir))
+    assert d["node"] == {
+        "uplinks": [UPLINK],
+        "pod_devices": True,
+        "host_routing": on,
+        "fib_gen": node.fib_gen(),
+    }
+    line = render_node(d["node"])
+    assert line.startswith(f"node: uplinks {UPLINK}; pod-facing hooks on; host routing ")
+    assert f"host routing {'on' if on else 'off'} (--host-routing)" in line

@@ -7,26 +7,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
 
 from cozyebpf import __version__
-from cozyebpf.datapath.layout import LAYOUT_VERSION, OLDEST_COMPATIBLE
+from cozyebpf.datapath.layout import ALL_MAPS, LAYOUT_VERSION, OLDEST_COMPATIBLE, SAME_SINCE
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta
 from cozylab.k8s import Svc, manifest
-from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK, Lab
-from tests.datapath.test_upgrade import NewFlows
+from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK
+from cozylab.traffic import Download, NewFlows, Pusher, TcpChat, flowing, line_echo
 from tests.support.env import IN_CI
 from tests.support.labtools import (
     AgentLab,
@@ -39,7 +38,6 @@ from tests.support.labtools import (
     udp_talk,
 )
 from tests.support.packets import LB_FILT, LB_WHOLE
-from tests.support.traffic import TcpChat, flowing, line_echo
 from tests.unit.test_compiler_child import booby_trap
 
 POD1, POD2 = DEFAULT_PODS[:2]
@@ -208,57 +206,6 @@ def previous_release_tree(repo: Path, dest: Path) -> tuple[str, Path]:
 
 
 @dataclass
-class Download:
-    """A download the port-filter pod opened: the client's server sends 1 KiB every 2 ms for as
-    long as it runs, the pod reads it. Its answers pass only by the pod's flow: a lost flow
-    stalls it for good (nothing for 5 s is an error), as a reset would."""
-
-    lab: Lab
-    ns: str
-    dst: tuple[str, int]
-    answered: int = 0  # KiB received (for `flowing`)
-    error: BaseException | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        sock = self.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_STREAM)
-        sock.settimeout(5)
-        sock.connect(self.dst)
-
-        def read() -> None:
-            got = 0
-            try:
-                while not self._stop.is_set():
-                    data = sock.recv(65536)
-                    if not data:
-                        raise ConnectionError("closed by the server")
-                    got += len(data)
-                    self.answered = got // 1024
-            except BaseException as e:
-                self.error = e
-            finally:
-                sock.close()
-
-        self._thread = threading.Thread(target=read, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(10)
-
-
-def send_forever(s: socket.socket) -> None:
-    """Accept one connection and send it 1 KiB every 2 ms until it goes."""
-    conn, _ = s.accept()
-    with conn:
-        while True:
-            conn.sendall(b"x" * 1024)
-            time.sleep(0.002)
-
-
-@dataclass
 class Switches:
     """The issue's traffic while the agents change: UDP echo to a whole-IP LB IP (a new flow
     for each request), TCP through a port filter, a download the port-filter pod opened, new
@@ -291,14 +238,15 @@ def switches(env: AgentLab) -> Iterator[tuple[Switches, Callable[[], bytes]]]:
     with (
         serve(lab, pod1, socket.SOCK_DGRAM, 9106, udp_echo),
         serve(lab, pod2, socket.SOCK_STREAM, 80, line_echo),
-        serve(lab, lab.client, socket.SOCK_STREAM, 9107, send_forever),
+        Pusher(lab, lab.client, 9107, chunk=1024, every=0.002),  # sends until the pod goes
         pod_flows(env) as answer_later,  # UDP 9105 (echo) and the idle TCP connection
     ):
         t = Switches(
             env,
             NewFlows(lab, lab.client, (LB_WHOLE, 9106)),
             TcpChat(lab, lab.client, (LB_FILT, 80)),
-            Download(lab, pod2, (CLIENT_IP, 9107)),
+            # its data passes only by the pod's flow: a lost flow stalls it for good
+            Download(lab, pod2, (CLIENT_IP, 9107), stall=5),
             NewFlows(lab, pod2, (CLIENT_IP, 9105)),
         )
         for s in t.all():
@@ -324,7 +272,15 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
         text=True,
         env={**os.environ, "PYTHONPATH": str(old), "PYTHONSAFEPATH": "1"},
     )
-    assert said.stdout == f"cozyebpf, version {version}\n", said.stderr  # its own code
+    # its own code (0.1.0 said "cozyebpf, version 0.1.0"; from 0.2.0 on the layouts too)
+    assert said.stdout.startswith((f"cozyebpf, version {version}\n", f"cozyebpf {version} ")), (
+        said.stdout + said.stderr
+    )
+    # its map layout, from its own types.h (0.2.0: 6; this release adds addrhint, layout 7)
+    types = (old / "bpf" / "lib" / "types.h").read_text()
+    found = re.search(r"#define CZ_LAYOUT_VERSION (\d+)", types)
+    assert found is not None
+    old_layout = int(found.group(1))
     manifest_text = manifest(WHOLE, FILT)
     with agent_lab("v", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2], manifest_text) as env:
         new_cmd = env.cmd
@@ -343,7 +299,9 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
 
         run_previous()
         env.set_services(WHOLE, FILT)
-        assert read_pinned_meta(env.pin_dir) == PinnedLayout(LAYOUT_VERSION, 0, "")
+        prev_meta = read_pinned_meta(env.pin_dir)
+        assert prev_meta is not None and prev_meta.version == old_layout
+        assert prev_meta.release in ("", version)  # 0.1.0 recorded no release
         with switches(env) as (traffic, answer_later):
             maps = env.map_ids()
             flowing(traffic.all(), udp=0, tcp=30, other=150)
@@ -357,7 +315,10 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
             run_previous()  # the rollback
             flowing(traffic.all(), udp=0, tcp=30, other=150)
             assert answer_later() == b"later"
-            assert env.map_ids() == maps, "every map kept, both ways"
+            # the maps this release added stay pinned, unused by the previous one
+            added = {k: v for k, v in env.map_ids().items() if k not in maps}
+            assert env.map_ids() == {**maps, **added}, "every map kept, both ways"
+            assert set(added) == {s.name for s in ALL_MAPS if SAME_SINCE[s.name] > old_layout}
         traffic.check()
         assert "rebuilt map" not in env.log() and "migrated map" not in env.log()
         env.set_services(WHOLE)

@@ -16,12 +16,12 @@ import pytest
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.attach import current_xdp, link_pin
 from cozyebpf.datapath.loader import bpf_dir
+from cozylab.cilium import CiliumLike
 from cozylab.k8s import Svc, manifest
 from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK
-from tests.support.ciliumlike import CiliumLike
+from cozylab.traffic import TcpChat, UdpStream, flowing, line_echo
 from tests.support.labtools import AgentLab, agent_lab, serve, tcp_talk, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
-from tests.support.traffic import TcpChat, UdpStream, flowing, line_echo
 
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
@@ -68,8 +68,8 @@ def test_no_packet_lost_across_restarts_kill_and_upgrade(env: AgentLab, tmp_path
     lab = env.lab
     env.start_agent()
     env.set_services(WHOLE, FILT)
-    inbound = UdpStream(lab, lab.client, lab.pod_ns(POD1), (LB_WHOLE, 9100), 9100)
-    outbound = UdpStream(lab, lab.pod_ns(POD1), lab.client, (CLIENT_IP, 9101), 9101)
+    inbound = UdpStream(lab, lab.client, (LB_WHOLE, 9100), (lab.pod_ns(POD1), 9100), 1000)
+    outbound = UdpStream(lab, lab.pod_ns(POD1), (CLIENT_IP, 9101), (lab.client, 9101), 1000)
     with (
         serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 9102, line_echo),
         serve(lab, lab.client, socket.SOCK_STREAM, 9103, line_echo),
@@ -108,7 +108,7 @@ def test_no_packet_lost_across_restarts_kill_and_upgrade(env: AgentLab, tmp_path
     # every start replaced the programs in place: the same links throughout, 6 XDP programs
     assert {name: link for name, (link, _) in env.links().items()} == links
     assert len(set(programs)) == 6
-    assert inbound.sent > 3000 and outbound.sent > 3000
+    assert len(inbound.sent) > 3000 and len(outbound.sent) > 3000
     assert inbound.lost() == [] and outbound.lost() == []
     assert outbound.peers == {LB_WHOLE}  # translated all along
     for chat in (chat_in, chat_out):
@@ -117,16 +117,16 @@ def test_no_packet_lost_across_restarts_kill_and_upgrade(env: AgentLab, tmp_path
 
 def test_tcx_mode_runs_before_cilium_like_programs(env: AgentLab) -> None:
     lab = env.lab
-    cilium = CiliumLike(lab, LB_WHOLE)
+    cilium = CiliumLike.on_uplink(lab, LB_WHOLE)
     try:
         env.start_agent("--ingress-hook", "tcx")
         env.set_services(WHOLE, FILT)
         assert set(env.links()) == {"tcx-ingress_uplink", "tcx-egress_uplink"}
-        before = cilium.counts()
+        before = cilium.to_lb()
         with serve(lab, lab.pod_ns(POD1), socket.SOCK_STREAM, 4444, line_echo):
             assert tcp_talk(lab, lab.client, LB_WHOLE, 4444, b"hi\n") == b"hi\n"
         assert lab.exec(lab.client, "ping", "-c", "2", "-W", "1", LB_WHOLE).returncode == 0
-        assert cilium.counts() == before, "Cilium-like programs never see the LB IP"
+        assert cilium.to_lb() == before, "Cilium-like programs never see the LB IP"
 
         def order() -> list[str]:
             idx = socket.if_nametoindex(UPLINK)

@@ -170,6 +170,7 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "frag4": 1024,
         "frag6": 1024,
         "flowhint": 1024,  # 2 halves of 512 words (a power of two >= 500)
+        "addrhint": 1024,  # 64 bits per Service (a power of two >= 1000 words)
         "tail_xdp": 4,  # prog arrays: not Service-related
         "tail_tc": 4,
         "svcstats": 1001,  # a counter slot per Service, and slot 0 (never given out)
@@ -185,6 +186,7 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "seen6": 256,
     }
     assert lay.hint_words == 512 and lay.hint_log2 == 15
+    assert lay.addr_hint_log2 == 16  # 1024 words of 64 bits
     assert layout.map_specs().addr4.max_entries == 2 * layout.DEFAULT_MAX_SERVICES
     with pytest.raises(ValueError):
         layout.map_specs(0)

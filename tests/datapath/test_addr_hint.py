@@ -1,0 +1,118 @@
+"""addrhint (bpf/lib/types.h): the one-hash Bloom filter of addr4's keys that lets the
+pod-facing hook and the uplinks' egress skip a plain pod's packet without a lookup. Whatever
+the agent applies, every key of addr4 has its bit, set before the key is written; once a key is
+gone its bit is clear unless another key has it; an agent that starts rebuilds it from addr4.
+Real maps (PinnedMaps on bpffs); tests/datapath/test_prog_run.py shows the programs read it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from ipaddress import IPv4Address
+
+import pytest
+
+from cozyebpf.datapath.attach import detach_all
+from cozyebpf.datapath.layout import addr_hint_bit
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.model import build_state
+from cozyebpf.state import diff
+from cozylab.k8s import Svc, objects
+from tests.support.env import unique_prefix
+
+
+@pytest.fixture
+def pin() -> Iterator[str]:
+    path = f"/sys/fs/bpf/{unique_prefix('hint')}"
+    yield path
+    detach_all(path)
+
+
+def words(maps: PinnedMaps) -> dict[int, int]:
+    """addrhint as the kernel holds it: word -> bits, the words that are not zero."""
+    spec = maps.layout.addrhint
+    out = {}
+    for w in range(spec.max_entries):
+        raw = maps._lookup(spec, w.to_bytes(4, "little"))
+        assert raw is not None
+        if v := int.from_bytes(raw, "little"):
+            out[w] = v
+    return out
+
+
+def expected(maps: PinnedMaps) -> dict[int, int]:
+    """The bits of the IPv4 keys addr4 holds now."""
+    out: dict[int, int] = {}
+    for k in maps._keys(maps.layout.addr4):
+        b = addr_hint_bit(k, maps.layout.addr_hint_log2)
+        out[b >> 6] = out.get(b >> 6, 0) | 1 << (b & 63)
+    return out
+
+
+def services(rng: random.Random, n: int) -> list[Svc]:
+    out = []
+    for i in rng.sample(range(1, 250), n):
+        dual = rng.random() < 0.2
+        out.append(
+            Svc(
+                f"vm{i}",
+                f"203.0.113.{i}",
+                f"10.244.{i}.{rng.randrange(1, 250)}",
+                [("TCP", 22)],
+                whole_ip="true" if rng.random() < 0.5 else None,
+                lb_ip6=f"2001:db8:113::{i:x}" if dual else None,
+                pod_ip6=f"2001:db8:244::{i:x}" if dual else None,
+            )
+        )
+    return out
+
+
+def test_the_hint_follows_every_apply(pin: str) -> None:
+    """Random histories: after each apply the hint is exactly addr4's bits; at the moment a key
+    is written its bit is already set (a write checked through a wrapper)."""
+    rng = random.Random(2026)
+    maps = PinnedMaps.ensure(pin, max_services=16)  # 64 words: bits shared between keys
+    write = maps._write_addrs
+    checked = 0
+
+    def checking(addrs: list[bytes]) -> None:
+        nonlocal checked
+        have = words(maps)
+        for a in addrs:
+            if len(a) == 4:
+                b = addr_hint_bit(a, maps.layout.addr_hint_log2)
+                assert have.get(b >> 6, 0) >> (b & 63) & 1, f"{IPv4Address(a)} written first"
+                checked += 1
+        write(addrs)
+
+    maps._write_addrs = checking  # type: ignore[method-assign]
+    try:
+        for _ in range(25):
+            state = build_state(
+                [o for s in services(rng, rng.randrange(0, 12)) for o in objects(s)], "cozy-proxy"
+            ).state
+            maps.apply(diff(maps.read_state(), state))
+            assert words(maps) == expected(maps)
+        assert checked > 50
+    finally:
+        maps.close()
+
+
+def test_a_starting_agent_rebuilds_the_hint(pin: str) -> None:
+    """Bits an older agent left (or none: addrhint new at an upgrade from layout 6) are made
+    right before any program could read them: at PinnedMaps.ensure, from addr4's keys."""
+    maps = PinnedMaps.ensure(pin, max_services=16)
+    state = build_state(
+        [o for s in services(random.Random(7), 8) for o in objects(s)], "cozy-proxy"
+    ).state
+    maps.apply(diff(maps.read_state(), state))
+    want = expected(maps)
+    spec = maps.layout.addrhint
+    stale = [w.to_bytes(4, "little") for w in range(spec.max_entries)]
+    maps._update_batch(spec, stale, [(0xF0F0).to_bytes(8, "little")] * len(stale))
+    maps.close()
+    again = PinnedMaps.ensure(pin, max_services=16)
+    try:
+        assert words(again) == want
+    finally:
+        again.close()
