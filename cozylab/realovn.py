@@ -2,7 +2,7 @@
 packages, userspace datapath), three chassis, configured as Kube-OVN's controller and daemon
 configure them (issue 27; `make real-ovn-lab`, `python -m cozylab.realovn`,
 tests/datapath/test_real_ovn.py). docs/real-ovn-lab.md has the reading behind every step, the
-traps and what this lab proves next to the model (cozylab/cluster.py, layout "kubeovn").
+traps and what this lab proves next to the model (cozylab/cluster/, layout "kubeovn").
 
     czo-client / czo-server / czo-tor: the model lab's (ToR bridge br0 192.0.2.254/24, the
     LB pool on-link, the outside client and server); each node's port sw<N> of br0 has tx
@@ -54,16 +54,19 @@ functions named are where each step is read from, one function here per step):
   `port_group_move="switch"` (`--port-group-move switch`), what the model does.
 
 What it keeps from the model lab (it is a subclass of cozylab.cluster.ClusterLab and replaces
-only its OVS part: `_router` (extended), `_node`, `_ovs`, `_ovs_routes`, `_ovs_port`,
-`_pod_link`, `_workload`, `_set_endpoints`, `_observer`, `move_link`, `cleanup_leftovers`,
-`down`, `run_all` (extended); when cozylab/cluster.py changes shape, these are the hooks this
-module needs): the ToR, the client
-and server, the API double and its forwarders, one `cozyebpf run` per node with the
+only its OVS part: of the topology (cozylab/cluster/topology.py) `_router` (extended),
+`_node`, `_ovs`, `_ovs_routes`, `_ovs_port`, `_pod_link`, `_workload`, `move_link`,
+`cleanup_leftovers`; of the lab (cozylab/cluster/lab.py) `set_endpoints`, `_observer`,
+`observed_devices`, `down`, `table` and `run_all` (extended), and `migration_scenario`
+(`RealMigration`, cozylab/cluster/scenarios/migration.py's `Migration` with one row more);
+when cozylab/cluster/ changes shape, these are the hooks this module needs): the ToR, the
+client and server, the API double and its forwarders, one `cozyebpf run` per node with the
 DaemonSet's environment, the MetalLB-like speakers and election, the workloads, streams and
-every row builder with their expectations, plus the rows of OVN's port security (MAC and ARP,
-which the model does not have). The Cilium-like observer sits on ovn0 only: the userspace
-datapath has no tunnel netdev (no genev_sys_6081), so the model's tunnel point has no
-counterpart here.
+every scenario with its rows and expectations, plus the rows of OVN's port security (MAC and
+ARP, which the model does not have) and of the real dataplane, declared as the model's are
+(`Case`s in `Group`s: `table()` runs them and `planned_cases` names them). The Cilium-like
+observer (cozylab/cilium.py) sits on ovn0 only: the userspace datapath has no tunnel netdev
+(no genev_sys_6081), so the model's tunnel point has no counterpart here.
 
 What it leaves out: Kube-OVN's controller and daemon themselves (their writes are replayed as
 read), the kernel datapath (ovn0 here is a tap with native XDP; on a node it is an
@@ -93,14 +96,21 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
-from cozylab import cluster as model
-from cozylab.cluster import (
+from cozylab.cilium import CiliumLike, Point
+from cozylab.cluster import ClusterLab, Row, format_table
+from cozylab.cluster.announcer import _arp, _mac
+from cozylab.cluster.report import _interrupted
+from cozylab.cluster.rows import Case, Check, Group, names, run_groups
+from cozylab.cluster.scenarios import migration
+from cozylab.cluster.spec import (
     CANARY_LB,
+    CLIENT_IP,
     GW_MAC,
     JOIN_CIDR,
     JOIN_GW,
@@ -110,10 +120,8 @@ from cozylab.cluster import (
     POD_GW,
     POD_MTU,
     ROUTER_IP,
-    ClusterLab,
-    Observer,
-    Point,
-    Row,
+    SERVER_IP,
+    SERVER_TCP,
     Workload,
     join_ip,
     node_ip,
@@ -140,6 +148,11 @@ ETH_P_RARP = 0x8035
 #: without (its frames must arrive: the probe sees what is delivered)
 PORT_SECURITY_SPOOFS = (("vm-e", "vm-a"), ("p3", "vm-a"), ("vm-f", "vm-b"))
 PORT_SECURITY_KINDS = ("spoofed source MAC", "ARP reply for another IP")
+SPOOFING, REAL_DATAPLANE = "10 spoofing", "13 real dataplane"
+#: a whole-IP VM and the node (not its own) that announces its LB IP for that row
+ACROSS_CHASSIS = ("vm-b", 1)
+NAT_OUTGOING = ("p1", "p3")  # plain pods whose traffic to outside Kube-OVN masquerades
+MTU_PAIR = ("p1", "p3")  # a full pod-MTU packet between them, across chassis
 #: when a migrating VM's port moves to the target node's port group (so its traffic to outside
 #: leaves by the target's ovn0): when the target pod is routed, as pod.go
 #: reconcileRouteSubnets reads ("both-ready"), or at the switch-over ("switch")
@@ -447,9 +460,35 @@ def _tail(path: Path, chars: int = 1500) -> str:
     return ""
 
 
+class RealMigration(migration.Migration):
+    """The model's migration (cozylab/cluster/scenarios/migration.py) with a row more: what
+    OVN delivered to the target pod's interface before the VM's RARP, with
+    activation-strategy=rarp nothing (`RealOvnLab.move_link` counts it at the switch-over)."""
+
+    def group(self) -> Group:
+        g = super().group()
+        name = f"{self.desc} before its RARP the target gets nothing (activation-strategy=rarp)"
+        return dataclasses.replace(
+            g, cases=[*g.cases, Case(migration.SCENARIO, name, self._before_rarp)]
+        )
+
+    def _before_rarp(self) -> Check:
+        lab = self.lab
+        assert isinstance(lab, RealOvnLab)
+        got = lab.before_rarp.get(self.desc)
+        if got is None:
+            return False, "; ".join([*self.errors, "not counted: no switch-over ran"])
+        return (
+            got == 0,
+            f"{got} frames to the VM on the target pod's interface while both were ready",
+        )
+
+
 class RealOvnLab(ClusterLab):
     """The model lab's kubeovn layout with its OVS part replaced by real OVS and OVN (the
     module docstring)."""
+
+    migration_scenario: ClassVar[type[migration.Migration]] = RealMigration
 
     def __init__(self, prefix: str = "czo", port_group_move: str = "both-ready", **kw: Any) -> None:
         if port_group_move not in PORT_GROUP_MOVES:
@@ -461,7 +500,8 @@ class RealOvnLab(ClusterLab):
         self.target_caps: dict[str, tuple[str, socket.socket]] = {}
         self.before_rarp: dict[str, int] = {}
         # sockets need short paths: the run directories live in /tmp, the logs in the workdir
-        self.ovn = Ovn(Path("/tmp") / f"{prefix}-ovn", self.lab.nsenter, self.workdir / "ovn")
+        # (set at bring-up: a lab made only for its table, `planned_cases`, makes no directory)
+        self.ovn = Ovn(Path("/tmp") / f"{prefix}-ovn", self.lab.nsenter)
         self.migrating: dict[str, tuple[int, int]] = {}
         self._t0 = time.monotonic()
         self.timings: dict[str, float] = {}
@@ -487,6 +527,7 @@ class RealOvnLab(ClusterLab):
             )
         self._t0 = time.monotonic()
         super()._router()
+        self.ovn.logdir = self.workdir / "ovn"
         self.ovn.start_central()
         self.init_cluster_router()
         self.create_logical_switch(JOIN, f"{JOIN_GW}/16", LRP_JOIN_MAC)
@@ -828,10 +869,13 @@ class RealOvnLab(ClusterLab):
 
     def _observer(self) -> None:
         """The Cilium-like program on ovn0 (ingress and egress); no tunnel netdev here."""
-        points = [Point(n, self.node(n), "ovn0", e) for n in NODES for e in (False, True)]
-        lbs = [w.lb_ip for w in self.vms if w.lb_ip] + [CANARY_LB]
-        self.observer = Observer(self.lab, points, lbs, self.observer_mode == "drop")
+        points = [Point(self.node(n), "ovn0", ("ingress", "egress"), n) for n in NODES]
+        lbs = {lb: 0 for lb in [w.lb_ip for w in self.vms if w.lb_ip] + [CANARY_LB]}
+        self.observer = CiliumLike(self.lab, points, lbs, self.observer_mode == "drop")
         self.timings["bring-up (topology, daemons, ports)"] = time.monotonic() - self._t0
+
+    def observed_devices(self) -> str:
+        return "ovn0"
 
     # -- live migration, the Kube-OVN/KubeVirt way ----------------------------------------------
 
@@ -867,13 +911,15 @@ class RealOvnLab(ClusterLab):
         """The target virt-launcher pod's namespace during a migration."""
         return self.ns(f"{w.name}-t")
 
-    def _set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
+    def set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
+        """Kube-OVN's controller acts where the model writes the EndpointSlice: the target pod
+        scheduled ("both ready": MigrationScheduling), the source pod deleted ("new ready")."""
         src = self.location[w.name]
         if len(nodes) == 2 and w.name not in self.migrating:
             self.migration_scheduling(w, src, nodes[1])
         elif w.name in self.migrating and list(nodes) == [src]:
             self.clean_migrate_options(w)
-        super()._set_endpoints(w, nodes, pods)
+        super().set_endpoints(w, nodes, pods)
 
     def migration_scheduling(self, w: Workload, src: int, dst: int) -> None:
         """kubevirt.go handleAddOrUpdateVMIMigration, MigrationScheduling: the target pod's
@@ -956,7 +1002,7 @@ class RealOvnLab(ClusterLab):
         desc, cap = self.target_caps.pop(name)
         with cap:
             self.before_rarp[desc] = sum(
-                1 for f in _queued(cap) if f[:6] == model._mac(w.mac) or _dst(f) == w.ip
+                1 for f in _queued(cap) if f[:6] == _mac(w.mac) or _dst(f) == w.ip
             )
         target = self.target_ns(w)
         self.batch(target, [f"link set eth1 netns {self.pod_ns(name)}"])
@@ -978,37 +1024,33 @@ class RealOvnLab(ClusterLab):
 
     # -- OVN's port security: MAC and ARP (the model has the IP part only) -----------------------
 
-    def run_port_security(self) -> list[Row]:
+    def port_security_group(self) -> Group:
         """From a VM with port security, a frame with another source MAC and an ARP reply
-        claiming another IP must not reach the victim; from vm-f (none) both do. Each is
-        sent on the attacker's eth0 and looked for on the victim's eth0."""
-        s = "10 spoofing"
-        rows = []
+        claiming another IP must not reach the victim; from vm-f (none) both do."""
+        cases = []
         for attacker, victim in PORT_SECURITY_SPOOFS:
-            a, v = self.workloads[attacker], self.workloads[victim]
+            secured = self.workloads[attacker].port_security
             for kind in PORT_SECURITY_KINDS:
-                marker = f"cz-ps {attacker} {kind}".encode()
-                if kind == "spoofed source MAC":
-                    frame = _udp_frame("02:00:0a:f4:ee:ee", v.mac, a.ip, v.ip, 53, marker)
-                    seen = self._delivered(attacker, victim, frame, marker)
-                else:
-                    claim = "10.244.99.99"
-                    frame = model._arp(
-                        2, model._mac(a.mac), claim, model._mac(v.mac), v.ip, model._mac(v.mac)
-                    )
-                    seen = self._delivered(attacker, victim, frame, socket.inet_aton(claim))
-                want = not a.port_security
-                rows.append(
-                    Row(
-                        s,
-                        f"{self.where(attacker)} -> {victim}: {kind} "
-                        + ("(no port security: delivered)" if want else "(OVN drops it)"),
-                        self.layout,
-                        seen == want,
-                        f"{'delivered' if seen else 'not delivered'} to {victim}'s eth0",
-                    )
-                )
-        return rows
+                what = "(OVN drops it)" if secured else "(no port security: delivered)"
+                name = f"{self.where(attacker)} -> {victim}: {kind} {what}"
+                check = partial(self.port_security, attacker, victim, kind)
+                cases.append(Case(SPOOFING, name, check))
+        return Group(cases)
+
+    def port_security(self, attacker: str, victim: str, kind: str) -> Check:
+        """One spoofed frame (`kind`), sent on the attacker's eth0 and looked for on the
+        victim's: delivered only when the attacker's port has no port security."""
+        a, v = self.workloads[attacker], self.workloads[victim]
+        marker = f"cz-ps {attacker} {kind}".encode()
+        if kind == "spoofed source MAC":
+            frame = _udp_frame("02:00:0a:f4:ee:ee", v.mac, a.ip, v.ip, 53, marker)
+            seen = self._delivered(attacker, victim, frame, marker)
+        else:
+            claim = "10.244.99.99"
+            frame = _arp(2, _mac(a.mac), claim, _mac(v.mac), v.ip, _mac(v.mac))
+            seen = self._delivered(attacker, victim, frame, socket.inet_aton(claim))
+        said = f"{'delivered' if seen else 'not delivered'} to {victim}'s eth0"
+        return seen == (not a.port_security), said
 
     def _delivered(self, attacker: str, victim: str, frame: bytes, marker: bytes) -> bool:
         cap = self.lab.packet_socket(self.pod_ns(victim), "eth0")
@@ -1033,58 +1075,49 @@ class RealOvnLab(ClusterLab):
 
     # -- what only the real dataplane shows ------------------------------------------------------
 
-    def run_real_dataplane(self) -> list[Row]:
+    def real_dataplane_group(self) -> Group:
         """Rows the model has no counterpart for: a whole-IP VM reached across chassis
         (announced by another node: geneve seen on the ToR), natOutgoing of plain pods (the
         MASQUERADE rule of Kube-OVN's chain counting them), a full pod-MTU packet across
         chassis."""
-        s = "13 real dataplane"
-        rows = [self._across_chassis(s, "vm-b", 1)]
-        for name in ("p1", "p3"):
-            n = self.location[name]
-            before = self._masqueraded(n)
-            ok, detail = self.check(
-                "tcp", self.pod_ns(name), model.SERVER_IP, model.SERVER_TCP, node_ip(n)
+        s, (vm, by), (a, b) = REAL_DATAPLANE, ACROSS_CHASSIS, MTU_PAIR
+        home = node_name(self.location[vm])
+        cases = [
+            Case(
+                s,
+                f"client -> {self.where(vm)} announced by {node_name(by)}: across chassis by "
+                f"geneve, the answer leaves {home} as the LB IP",
+                partial(self.across_chassis, vm, by),
             )
-            got = self._masqueraded(n) - before
-            rows.append(
-                Row(
-                    s,
-                    f"{self.where(name)} -> external: natOutgoing masquerades it as {node_ip(n)}",
-                    self.layout,
-                    ok and got > 0,
-                    f"{detail}; {node_name(n)}'s OVN-MASQUERADE MASQUERADE rule: +{got} packets",
-                )
-            )
-        a, b = self.workloads["p1"], self.workloads["p3"]
+        ]
+        for name in NAT_OUTGOING:
+            ip = node_ip(self.location[name])
+            what = f"{self.where(name)} -> external: natOutgoing masquerades it as {ip}"
+            cases.append(Case(s, what, partial(self.nat_outgoing, name)))
+        what = f"{self.where(a)} -> {self.where(b)}: a {POD_MTU}-byte packet across chassis"
+        cases.append(Case(s, f"{what} (Kube-OVN's geneve MTU)", partial(self.full_mtu, a, b)))
+        return Group(cases)
+
+    def nat_outgoing(self, name: str) -> Check:
+        """TCP from plain pod `name` to the server: the server sees the node's address and
+        Kube-OVN's OVN-MASQUERADE rule counts it."""
+        n = self.location[name]
+        before = self._masqueraded(n)
+        ok, detail = self.check("tcp", self.pod_ns(name), SERVER_IP, SERVER_TCP, node_ip(n))
+        got = self._masqueraded(n) - before
+        said = f"{detail}; {node_name(n)}'s OVN-MASQUERADE MASQUERADE rule: +{got} packets"
+        return ok and got > 0, said
+
+    def full_mtu(self, a: str, b: str) -> Check:
+        """A ping of the pod MTU with DF from `a` to `b` (on other chassis)."""
         size = POD_MTU - 28
         p = self.lab.exec(
-            self.pod_ns(a.name),
-            "ping",
-            "-c",
-            "2",
-            "-i",
-            "0.2",
-            "-W",
-            "2",
-            "-M",
-            "do",
-            "-s",
-            str(size),
-            b.ip,
+            self.pod_ns(a),
+            *("ping", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", str(size)),
+            self.workloads[b].ip,
             check=False,
         )
-        rows.append(
-            Row(
-                s,
-                f"{self.where(a.name)} -> {self.where(b.name)}: a {POD_MTU}-byte packet across "
-                "chassis (Kube-OVN's geneve MTU)",
-                self.layout,
-                p.returncode == 0,
-                (p.stdout.strip().splitlines() or [p.stderr.strip()])[-1],
-            )
-        )
-        return rows
+        return p.returncode == 0, (p.stdout.strip().splitlines() or [p.stderr.strip()])[-1]
 
     def _masqueraded(self, n: int) -> int:
         out = self.lab.exec(
@@ -1096,7 +1129,7 @@ class RealOvnLab(ClusterLab):
             if "MASQUERADE" in line and line.split()[0].isdigit()
         )
 
-    def _across_chassis(self, s: str, name: str, announcer: int) -> Row:
+    def across_chassis(self, name: str, announcer: int) -> Check:
         """The LB IP of `name` announced by node `announcer` (not the VM's node): the
         client's TCP and UDP reach the VM through that node's agent, ovn0 and geneve; the
         answer leaves by the VM's own node (the 29000 policy) as the LB IP."""
@@ -1115,8 +1148,8 @@ class RealOvnLab(ClusterLab):
             )
             drain(cap)
             checks = [
-                self.check("tcp", self.client, w.lb_ip, 80, model.CLIENT_IP),
-                self.check("udp", self.client, w.lb_ip, 53, model.CLIENT_IP),
+                self.check("tcp", self.client, w.lb_ip, 80, CLIENT_IP),
+                self.check("udp", self.client, w.lb_ip, 53, CLIENT_IP),
             ]
             geneve = answers = 0
             for frame in _frames(cap, 0.5):
@@ -1131,18 +1164,14 @@ class RealOvnLab(ClusterLab):
                     and (src, dst) == (node_ip(announcer), node_ip(home))
                 ):
                     geneve += 1
-                elif src == w.lb_ip and dst == model.CLIENT_IP:
+                elif src == w.lb_ip and dst == CLIENT_IP:
                     answers += 1
         except TimeoutError as e:
             checks, geneve, answers = [(False, str(e))], 0, 0
         finally:
             cap.close()
             self.announce()
-        return Row(
-            s,
-            f"client -> {self.where(name)} announced by {node_name(announcer)}: across chassis "
-            f"by geneve, the answer leaves {node_name(home)} as the LB IP",
-            self.layout,
+        return (
             all(ok for ok, _ in checks) and geneve > 0 and answers > 0,
             "; ".join(d for _, d in checks)
             + f"; on {node_name(home)}'s ToR port: {geneve} geneve packets from "
@@ -1151,20 +1180,13 @@ class RealOvnLab(ClusterLab):
 
     # -- running ---------------------------------------------------------------------------------
 
+    def table(self) -> list[Group]:
+        """The model's rows (section 7 with `RealMigration`'s row more, section 9 on ovn0),
+        then OVN's port security and what only the real dataplane shows."""
+        return [*super().table(), self.port_security_group(), self.real_dataplane_group()]
+
     def run_all(self) -> list[Row]:
-        rows = super().run_all()
-        rows += [
-            Row(
-                "7 live migration",
-                f"{desc} before its RARP the target gets nothing (activation-strategy=rarp)",
-                self.layout,
-                got == 0,
-                f"{got} frames to the VM on the target pod's interface while both were ready",
-            )
-            for desc, got in self.before_rarp.items()
-        ]
-        rows += self.run_port_security() + self.run_real_dataplane()
-        return [dataclasses.replace(r, layout=LAYOUT) for r in rows]
+        return run_groups(self.table(), LAYOUT)
 
     def down(self) -> None:
         for _, cap in self.target_caps.values():
@@ -1230,53 +1252,10 @@ def _udp_frame(src_mac: str, dst_mac: str, src: str, dst: str, dport: int, data:
 
 def planned_cases() -> list[tuple[str, str]]:
     """The (scenario, case) of every row `RealOvnLab.run_all()` returns with the default
-    workloads: the model's kubeovn rows (the Cilium view on ovn0 alone), then OVN's
+    workloads, read from the table it runs, without building anything: the model's kubeovn
+    rows (the migrations' with the RARP row, the Cilium view on ovn0 alone), then OVN's
     port-security rows and the real dataplane's own."""
-    rows = [
-        (s, c.replace(f"ovn0 + {model.TUNNEL}", "ovn0")) for s, c in model.planned_cases("kubeovn")
-    ]
-    lab = ClusterLab("kubeovn")
-    for name, to in model.MIGRATIONS:
-        rows.append(
-            (
-                "7 live migration",
-                f"{lab.where(name)} -> n{to} before its RARP the target gets nothing "
-                "(activation-strategy=rarp)",
-            )
-        )
-        lab.location[name] = to
-    lab = ClusterLab("kubeovn")
-    for attacker, victim in PORT_SECURITY_SPOOFS:
-        secured = lab.workloads[attacker].port_security
-        for kind in PORT_SECURITY_KINDS:
-            rows.append(
-                (
-                    "10 spoofing",
-                    f"{lab.where(attacker)} -> {victim}: {kind} "
-                    + ("(OVN drops it)" if secured else "(no port security: delivered)"),
-                )
-            )
-    s = "13 real dataplane"
-    rows.append(
-        (
-            s,
-            f"client -> {lab.where('vm-b')} announced by node1: across chassis by geneve, the "
-            "answer leaves node2 as the LB IP",
-        )
-    )
-    for name in ("p1", "p3"):
-        n = lab.location[name]
-        rows.append(
-            (s, f"{lab.where(name)} -> external: natOutgoing masquerades it as {node_ip(n)}")
-        )
-    rows.append(
-        (
-            s,
-            f"{lab.where('p1')} -> {lab.where('p3')}: a {POD_MTU}-byte packet across chassis "
-            "(Kube-OVN's geneve MTU)",
-        )
-    )
-    return rows
+    return names(RealOvnLab().table())
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -1304,7 +1283,7 @@ def main(
     layout plus OVN's port security, on three chassis. Exits 1 when a row fails."""
     if os.geteuid() != 0:
         raise click.ClickException("run as root (namespaces, BPF, OVS)")
-    signal.signal(signal.SIGTERM, model._interrupted)
+    signal.signal(signal.SIGTERM, _interrupted)
     t0 = time.monotonic()
     lab = RealOvnLab(
         prefix=prefix,
@@ -1318,7 +1297,7 @@ def main(
         t_up = time.monotonic() - t0
         rows = lab.run_all()
     total = time.monotonic() - t0
-    click.echo(model.format_table(rows))
+    click.echo(format_table(rows))
     for desc, fig in lab.migration.items():
         click.secho(f"\nlive migration, {desc}:", bold=True)
         for k, v in fig.items():
