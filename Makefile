@@ -3,7 +3,7 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup image-test cluster-lab deploy release
+.PHONY: bench bench-quick bench-setup image-test cluster-lab real-ovn-lab deploy release
 
 # deploy/ rendered from the chart (charts/cozyebpf), the one source of truth; run it after
 # every change to the chart (tests/unit/test_chart.py fails while deploy/ differs).
@@ -34,6 +34,15 @@ image-test:
 cluster-lab:
 	bash scripts/setup.sh
 	PYTHONPATH=. $(PYTHON) -m cozylab.cluster $(CLUSTER_LAB_ARGS)
+
+# The same lab on Kube-OVN's real dataplane (cozylab/realovn.py, issue 27): Open vSwitch and
+# OVN themselves (userspace datapath), three chassis, Kube-OVN's topology and node side; every
+# row of the kubeovn layout plus OVN's port security and the real dataplane's own rows (about
+# 75 s; tests/datapath/test_real_ovn.py runs the same rows in the suite). Options, e.g.:
+# make real-ovn-lab REAL_OVN_LAB_ARGS='--observer count --json rows.json'
+real-ovn-lab:
+	bash scripts/setup.sh
+	PYTHONPATH=. $(PYTHON) -m cozylab.realovn $(REAL_OVN_LAB_ARGS)
 
 bench-setup:
 	bash scripts/setup.sh

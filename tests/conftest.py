@@ -92,6 +92,7 @@ SLOW_FIRST = (  # by their share of a sequential run (--durations), largest firs
     "test_releases.py",
     "test_reserved.py",
     "test_cluster_lab.py",
+    "test_real_ovn.py",
 )
 
 
@@ -108,9 +109,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """In a pytest-xdist worker: the cluster lab's tables go to the controller, which prints
     them (pytest_terminal_summary)."""
     output = getattr(session.config, "workeroutput", None)
-    mod = sys.modules.get("tests.datapath.test_cluster_lab")
-    if output is not None and getattr(mod, "TABLES", None):
-        output["cluster_lab_tables"] = dict(mod.TABLES)
+    tables = _lab_tables()
+    if output is not None and tables:
+        output["cluster_lab_tables"] = tables
+
+
+#: the test modules of the cluster labs, whose TABLES the summary prints
+LAB_MODULES = ("tests.datapath.test_cluster_lab", "tests.datapath.test_real_ovn")
+
+
+def _lab_tables() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in LAB_MODULES:
+        out.update(getattr(sys.modules.get(name), "TABLES", {}))
+    return out
 
 
 class _WorkerTables:
@@ -128,10 +140,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The cluster lab's tables (tests/datapath/test_cluster_lab.py), whatever the verdicts, so
-    that every run's log shows them (with parallel workers, from the worker that ran it)."""
-    mod = sys.modules.get("tests.datapath.test_cluster_lab")
-    tables = {**getattr(mod, "TABLES", {}), **_WORKER_TABLES}
-    for layout, table in tables.items():
+    """The cluster labs' tables (tests/datapath/test_cluster_lab.py, test_real_ovn.py),
+    whatever the verdicts, so that every run's log shows them (with parallel workers, from the
+    worker that ran each)."""
+    for layout, table in {**_lab_tables(), **_WORKER_TABLES}.items():
         terminalreporter.section(f"cluster lab: {layout}")
         terminalreporter.write_line(table)

@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cozylab.cilium import CiliumLike, Point
 from cozylab.cluster import scenarios
@@ -19,6 +19,7 @@ from cozylab.cluster.agents import NodeAgents
 from cozylab.cluster.announcer import Speaker, elect
 from cozylab.cluster.api import ApiBridge, node_object, pod_object, service_object, slice_object
 from cozylab.cluster.rows import Check, Group, Row, run_groups
+from cozylab.cluster.scenarios.migration import Migration
 from cozylab.cluster.spec import (
     CANARY_LB,
     CLIENT_IP,
@@ -41,6 +42,10 @@ from cozylab.traffic import EchoHub, Pusher, describe
 class ClusterLab(Topology):
     """The three-node lab of the package's docstring. `up()` builds it (agents included),
     `down()` removes everything; `run_all()` runs every scenario's rows (`table()`)."""
+
+    #: section 7's scenario, one per migration (a lab on another dataplane extends it:
+    #: cozylab/realovn.py adds what OVN delivers before the VM's RARP)
+    migration_scenario: ClassVar[type[Migration]] = Migration
 
     def __init__(
         self,
@@ -153,6 +158,11 @@ class ClusterLab(Topology):
             points = [Point(self.node(n), "eth0", ("ingress",), n) for n in NODES]
         lbs = {lb: 0 for lb in [w.lb_ip for w in self.vms if w.lb_ip] + [CANARY_LB]}
         self.observer = CiliumLike(self.lab, points, lbs, self.observer_mode == "drop")
+
+    def observed_devices(self) -> str:
+        """The devices `_observer` puts the Cilium-like program on in each node, as section 9's
+        rows name them."""
+        return f"ovn0 + {TUNNEL}" if self.layout == "kubeovn" else "eth0"
 
     def down(self) -> None:
         if self._agents:

@@ -85,6 +85,21 @@ def _command(name: str, package: str) -> Callable[[], str | None]:
     return check
 
 
+def _ovn() -> str | None:
+    """Open vSwitch and OVN (userspace datapath: taps) and Kube-OVN's iptables/ipset, for the
+    lab on the real dataplane (cozylab/realovn.py)."""
+    names = ("ovsdb-server", "ovs-vswitchd", "ovn-northd", "ovn-controller", "ipset")
+    lacking = [n for n in (*names, "iptables-restore") if shutil.which(n) is None]
+    if not Path("/dev/net/tun").exists():
+        lacking.append("/dev/net/tun")
+    if not lacking:
+        return None
+    return (
+        f"{', '.join(lacking)} (scripts/setup.sh installs openvswitch-switch, ovn-central, "
+        "ovn-host, ipset, iptables)"
+    )
+
+
 #: name -> check: None when present, else what is missing and how to get it
 PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "root": _root,
@@ -101,6 +116,7 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "ethtool": _command("ethtool", "ethtool"),
     "capsh": _command("capsh", "libcap2-bin"),
     "helm": _helm,
+    "ovn": _ovn,
 }
 
 #: what the marker `datapath` needs: loading BPF and the namespace lab

@@ -29,7 +29,7 @@ def table(lab: ClusterLab) -> list[Group]:
     groups = [paths.group(lab)]
     if lab.layout == "kubeovn":
         for name, to in migration.MIGRATIONS:
-            groups.append(migration.Migration(lab, name, to, at).group())
+            groups.append(lab.migration_scenario(lab, name, to, at).group())
             at[name] = to
     groups += [
         restart.Restart(lab, at).group(),

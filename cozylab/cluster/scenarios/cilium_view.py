@@ -8,18 +8,12 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from cozylab.cluster.rows import Case, Check, Group
-from cozylab.cluster.spec import NODES, TUNNEL, node_name
+from cozylab.cluster.spec import NODES, node_name
 
 if TYPE_CHECKING:
     from cozylab.cluster.lab import ClusterLab
 
 SCENARIO = "9 cilium view"
-
-
-def devices(layout: str) -> str:
-    """The devices the observer sits on in each node, as the rows name them (`_observer` of
-    cozylab/cluster/lab.py puts it there)."""
-    return f"ovn0 + {TUNNEL}" if layout == "kubeovn" else "eth0"
 
 
 def nothing_to_an_lb(lab: ClusterLab, n: int) -> Check:
@@ -29,7 +23,7 @@ def nothing_to_an_lb(lab: ClusterLab, n: int) -> Check:
     detail = "; ".join(
         f"{c.point.name}: to LB {c.to_lb}, from LB {c.from_lb}, dropped {c.dropped}" for c in counts
     )
-    ok = bool(counts) and devs == devices(lab.layout) and sum(c.to_lb for c in counts) == 0
+    ok = bool(counts) and devs == lab.observed_devices() and sum(c.to_lb for c in counts) == 0
     return ok, f"mode {lab.observer_mode}; {detail}"
 
 
@@ -37,7 +31,7 @@ def group(lab: ClusterLab) -> Group:
     cases = [
         Case(
             SCENARIO,
-            f"{node_name(n)} {devices(lab.layout)}: no packet to an LB IP",
+            f"{node_name(n)} {lab.observed_devices()}: no packet to an LB IP",
             partial(nothing_to_an_lb, lab, n),
         )
         for n in NODES
