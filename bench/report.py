@@ -660,13 +660,17 @@ def chart(res: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]})
-    dp, cp = res.get("datapath"), res.get("control")
+    fig, axes = plt.subplots(
+        1, 4, figsize=(23, 5.4), gridspec_kw={"width_ratios": [2.2, 1.7, 1, 1]}
+    )
+    dp, cp, kv = res.get("datapath"), res.get("control"), res.get("kubeovn")
     if dp:
         datapath_chart(axes[0], dp)
+    if kv:
+        kubeovn_chart(axes[1], kv)
     if cp:
-        cold_sync_chart(axes[1], cp)
-    change_chart(axes[2], cp)
+        cold_sync_chart(axes[2], cp)
+    change_chart(axes[3], cp)
     for a in axes:
         if not a.has_data():
             a.text(0.5, 0.5, "not run", ha="center", va="center", transform=a.transAxes, alpha=0.4)
@@ -680,6 +684,25 @@ def chart(res: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def kubeovn_chart(ax: Any, kv: dict[str, Any]) -> None:
+    """The Kube-OVN node (bench/kubeovn.py): Mpps per busy core of each contender on each
+    row, as grouped bars."""
+    from bench.kubeovn import CONTENDERS, LABELS
+
+    colors = ("#888888", "#bbbbbb", "#d62728", "#aec7e8", "#1f77b4", "#9467bd")
+    rows = list(kv["summary"])
+    w = 0.8 / len(CONTENDERS)
+    for j, c in enumerate(CONTENDERS):
+        xs = [i + (j - len(CONTENDERS) / 2 + 0.5) * w for i in range(len(rows))]
+        ys = [kv["summary"][r].get(c, {}).get("mpps", 0) for r in rows]
+        ax.bar(xs, ys, w, label=LABELS[c], color=colors[j % len(colors)])
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r.removeprefix("kubeovn-") for r in rows], rotation=20, fontsize=8)
+    ax.set_ylabel("Mpps per busy core")
+    ax.set_title("A Kube-OVN node (60-byte UDP)", fontsize=10)
+    ax.legend(fontsize=7)
 
 
 def datapath_chart(ax: Any, dp: dict[str, Any]) -> None:
