@@ -84,8 +84,11 @@ class PinnedMaps(Views, FlowTables):
         self.sizes = {s.name: s.max_entries for s in layout.all if not s.fixed}
         self._m: Mirror | None = None  # the mirror; None: read the maps before the next apply
         self._repair = False  # read_state rewrites addr values that disagree (the agent's)
-        #: addrhint's words as this process last wrote them (None: not written yet)
+        #: addrhint as this process last wrote it (None: not yet): the words, how many keys
+        #: have each bit (word, bit), and the roles (HINT_POD, HINT_LB) each key has in it
         self._hint: dict[int, int] | None = None
+        self._hint_n: dict[tuple[int, int], int] = {}
+        self._hint_roles: dict[bytes, int] = {}
 
     @classmethod
     def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
@@ -112,7 +115,7 @@ class PinnedMaps(Views, FlowTables):
             if "flowcfg" in p.created or p.version != LAYOUT_VERSION:
                 maps.set_flow_timeouts(**DEFAULT_FLOW_TIMEOUTS)  # before any program reads it
             maps._repair = True
-            maps._hint_sync_raw(maps._items(layout.addr4))  # before any program of ours reads it
+            maps._hint_rebuild(maps._items(layout.addr4))  # before any program of ours reads it
             maps._old_flows = p.old_flows
             if p.reseed:
                 maps.seed_flow_hints()
@@ -218,7 +221,7 @@ class PinnedMaps(Views, FlowTables):
         m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
         self._m = m
         if self._repair:
-            self._hint_sync_raw(raw.items())
+            self._hint_rebuild(raw.items())
             # a write that stopped half way: the slots that addresses carry are active, the
             # others parked
             active = set(self.slots.active().values())
@@ -349,57 +352,82 @@ class PinnedMaps(Views, FlowTables):
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
             self._write_ranges(range_add)
-            self._hint_sync(m.pod, m.svc, only_add=True)  # the new keys' bits, before them
+            roles = {k: _roles_in(m, k) for k in touched if len(k) == 4}
+            self._hint_change(roles, gain=True)  # the roles that come: bits before the keys
             self._write_addrs(sets)
             self._delete_allowed(d.allowed_del)
             self._write_ranges(range_del, delete=True)
-            self._hint_sync(m.pod, m.svc)  # the bits of the roles gone go
+            self._hint_change(roles, gain=False)  # the roles gone: bits after the keys
             self.slots.park(n for n in services if n not in m.refs)
         except bpfsys.BpfError as e:
             self._m = None  # the maps hold part of it: read them again before the next apply
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
 
-    def _hint_sync(
-        self, pods: Iterable[bytes], lbs: Iterable[bytes], only_add: bool = False
-    ) -> None:
-        """Make addrhint hold the bits of the IPv4 addresses among `pods` and `lbs` (packed) in
-        their halves, and only those (`only_add`: those and every bit it holds now, a superset
-        to write before the keys): the words that differ from what this process last wrote, or
-        every word the first time (bpf/lib/types.h, addrhint)."""
-        if only_add and self._hint is None:  # not written by this process: what addr4 holds
-            self._hint_sync_raw(self._items(self.layout.addr4))
-        log2, half = self.layout.addr_hint_log2, self.layout.addrhint.max_entries // 2
-        want: dict[int, int] = dict(self._hint or {}) if only_add else {}
-        for base, keys in ((0, pods), (half, lbs)):
-            for k in keys:
-                if len(k) == 4:
-                    b = addr_hint_bit(k, log2)
-                    w = base + (b >> 6)
-                    want[w] = want.get(w, 0) | 1 << (b & 63)
-        old = self._hint
-        if old is None:
-            words = list(range(self.layout.addrhint.max_entries))
-        else:
-            words = sorted(w for w in want.keys() | old.keys() if want.get(w, 0) != old.get(w, 0))
+    def _hint_pos(self, key: bytes, role: int) -> tuple[int, int]:
+        """(word, bit) of an IPv4 key's bit in the half of `role` (bpf/lib/types.h)."""
+        b = addr_hint_bit(key, self.layout.addr_hint_log2)
+        base = 0 if role == HINT_POD else self.layout.addrhint.max_entries // 2
+        return base + (b >> 6), b & 63
+
+    def _hint_write(self, words: Iterable[int]) -> None:
+        assert self._hint is not None
+        ws = sorted(set(words))
         self._update_batch(
             self.layout.addrhint,
-            [struct.pack("=I", w) for w in words],
-            [struct.pack("=Q", want.get(w, 0)) for w in words],
+            [struct.pack("=I", w) for w in ws],
+            [struct.pack("=Q", self._hint.get(w, 0)) for w in ws],
         )
-        self._hint = want
 
-    def _hint_sync_raw(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
-        """_hint_sync from addr4's entries as read: (key, value) pairs."""
-        pods, lbs = [], []
+    def _hint_rebuild(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        """addrhint from addr4's entries as read, (key, value) pairs: every word the first
+        time, then the words that differ from what this process last wrote (bpf/lib/types.h,
+        addrhint). O(addr4): at a start and a full read."""
+        old = self._hint
+        self._hint, self._hint_n, self._hint_roles = {}, {}, {}
+        roles = {}
         for k, v in raw:
             if len(k) == 4:
                 kind = addr_val(v, 4).kind
-                if kind & K_POD:
-                    pods.append(k)
-                if kind & K_LB:
-                    lbs.append(k)
-        self._hint_sync(pods, lbs)
+                roles[k] = (HINT_POD if kind & K_POD else 0) | (HINT_LB if kind & K_LB else 0)
+        self._hint_change(roles, gain=True, write=False)
+        if old is None:
+            self._hint_write(range(self.layout.addrhint.max_entries))
+        else:
+            self._hint_write(
+                w for w in old.keys() | self._hint.keys() if old.get(w) != self._hint.get(w)
+            )
+
+    def _hint_change(self, roles: dict[bytes, int], gain: bool, write: bool = True) -> None:
+        """Give the IPv4 keys in `roles` (key -> HINT_POD | HINT_LB, 0: none) their roles in
+        addrhint: `gain`, only the roles each gains (before the keys are written); else only
+        those each loses (after), a bit cleared when no key has it any more. O(the keys)."""
+        if self._hint is None:  # not written by this process: what addr4 holds first
+            self._hint_rebuild(self._items(self.layout.addr4))
+        assert self._hint is not None
+        changed: set[int] = set()
+        for k, new in roles.items():
+            old = self._hint_roles.get(k, 0)
+            for role in (HINT_POD, HINT_LB):
+                if not (new & ~old if gain else old & ~new) & role:
+                    continue
+                w, b = pos = self._hint_pos(k, role)
+                n = self._hint_n.get(pos, 0) + (1 if gain else -1)
+                if n:
+                    self._hint_n[pos] = n
+                else:
+                    self._hint_n.pop(pos, None)
+                if (n == 1 and gain) or (n == 0 and not gain):
+                    bits = self._hint.get(w, 0) ^ (1 << b)
+                    self._hint[w] = bits
+                    changed.add(w)
+            now = old | new if gain else new
+            if now:
+                self._hint_roles[k] = now
+            else:
+                self._hint_roles.pop(k, None)
+        if write and changed:
+            self._hint_write(changed)
 
     def _write_ranges(self, keys: list[bytes], delete: bool = False) -> None:
         """Add or delete range4/range6 keys, one call each (an LPM trie has no batch
@@ -457,3 +485,11 @@ def _ranges_change(m: Mirror, d: MapDiff) -> tuple[list[bytes], list[bytes], set
             flipped.add(pod)
             range_del += [range_key(pod, n) for n in old]
     return range_add, range_del, flipped
+
+
+HINT_POD, HINT_LB = 1, 2  # a key's roles in addrhint (its halves: bpf/lib/lookup.h)
+
+
+def _roles_in(m: Mirror, key: bytes) -> int:
+    """The roles `key` has in the mirror, as addrhint keeps them."""
+    return (HINT_POD if key in m.pod else 0) | (HINT_LB if key in m.svc else 0)
