@@ -290,7 +290,7 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
         found = read_meta(fds[META.name])
         if found is None:
             raise DatapathError(f"{pin_dir}/meta holds no layout version")
-        if found.version < min(LAYOUT_VERSION, OLDEST_COMPATIBLE):
+        if found.version < OLDEST_COMPATIBLE:
             raise DatapathError(
                 f"maps in {pin_dir} have layout version {found.version}, this cozyebpf uses "
                 f"{LAYOUT_VERSION}; `cozyebpf run` of this version migrates them"
