@@ -958,8 +958,12 @@ class RealOvnLab(ClusterLab):
         steps.append(f"scheduling: {self.binding(w)}")
 
     def set_migrate_options(self, w: Workload, src: int, dst: int) -> None:
-        """ovn-nb-logical_switch_port.go SetLogicalSwitchPortMigrateOptions."""
+        """ovn-nb-logical_switch_port.go SetLogicalSwitchPortMigrateOptions. `--wait=hv`: the
+        target's ovn-controller knows the options before the lab binds the target's interface
+        (without, under load it could see the interface first and take the port: 1 frame
+        before the RARP, seen once in CI)."""
         self.ovn.nbctl(
+            "--wait=hv",
             "set",
             "logical_switch_port",
             port_name(w),
