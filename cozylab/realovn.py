@@ -129,6 +129,7 @@ from cozylab.cluster.spec import (
     node_name,
     ovn0_mac,
 )
+from cozylab.cluster.topology import NODE_SYSCTLS
 from cozylab.netns import drain, run, wait_for
 
 LAYOUT = "real-ovn"
@@ -695,16 +696,7 @@ class RealOvnLab(ClusterLab):
 
     def _node(self, n: int) -> None:
         ns = self.add_ns(self.node(n))
-        self.sysctl(
-            ns,
-            [
-                ("net.ipv4.ip_forward", "1"),
-                ("net.ipv4.conf.all.send_redirects", "0"),
-                ("net.ipv4.conf.default.send_redirects", "0"),
-                ("net.ipv4.conf.all.accept_redirects", "0"),
-                ("net.ipv4.conf.default.accept_redirects", "0"),
-            ],
-        )
+        self.sysctl(ns, NODE_SYSCTLS)
         self.lab.veth(
             ns, UNDERLAY, f"02:00:c0:00:22:{n:02x}", self.tor, f"sw{n}", f"02:00:c0:00:12:{n:02x}"
         )

@@ -41,6 +41,15 @@ from cozylab.cluster.spec import (
 )
 from cozylab.netns import Lab, run
 
+#: a node's forwarding, as a router without ICMP redirects (the model's and the real-OVN lab's)
+NODE_SYSCTLS = [
+    ("net.ipv4.ip_forward", "1"),
+    ("net.ipv4.conf.all.send_redirects", "0"),
+    ("net.ipv4.conf.default.send_redirects", "0"),
+    ("net.ipv4.conf.all.accept_redirects", "0"),
+    ("net.ipv4.conf.default.accept_redirects", "0"),
+]
+
 
 class Topology:
     """The namespaces of one lab (`prefix`-<what>) and how they are wired for `layout`;
@@ -188,16 +197,7 @@ class Topology:
 
     def _node(self, n: int) -> None:
         ns = self.add_ns(self.node(n))
-        self.sysctl(
-            ns,
-            [
-                ("net.ipv4.ip_forward", "1"),
-                ("net.ipv4.conf.all.send_redirects", "0"),
-                ("net.ipv4.conf.default.send_redirects", "0"),
-                ("net.ipv4.conf.all.accept_redirects", "0"),
-                ("net.ipv4.conf.default.accept_redirects", "0"),
-            ],
-        )
+        self.sysctl(ns, NODE_SYSCTLS)
         self.lab.veth(ns, "eth0", node_mac(n), self.tor, f"sw{n}", f"02:00:c0:00:12:{n:02x}")
         self.batch(self.tor, [f"link set sw{n} master br0", f"link set sw{n} up"])
         lines = [
