@@ -13,7 +13,10 @@ A file is read once it is whole: when inotify says its writer closed it or renam
 place (or a ConfigMap's `..data` was swapped), or else when its (mtime, size, inode) stayed the
 same for half a poll interval. A writer that truncates the file and then writes it (`cat >`,
 an editor saving in place) is otherwise caught in between: an empty or cut file would be read
-as a manifest with fewer Services, and theirs would be removed until the next read.
+as a manifest with fewer Services, and theirs would be removed until the next read. While
+inotify has seen the file modified and not yet closed by its writer, the file must stay the
+same for WRITER_GRACE instead: a writer stalled between its truncation and its write (a loaded
+node) is waited for, one that keeps the file open is read once it has been quiet that long.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ T = TypeVar("T")
 FAST = "fastyaml"  # the event reader, as a loader name
 
 _KEEP = "the previous state stays programmed"
+#: seconds a file inotify saw modified, and its writer has not closed yet, must stay unchanged
+#: before it is read anyway (see the module)
+WRITER_GRACE = 5.0
 Signature = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
 
 
@@ -82,6 +88,7 @@ def _position(data: str | bytes, offset: int) -> str:
 
 
 # inotify(7): what the watch of the directory reports
+_IN_MODIFY = 0x002
 _IN_ATTRIB = 0x004
 _IN_CLOSE_WRITE = 0x008
 _IN_MOVED_FROM = 0x040
@@ -93,7 +100,8 @@ _IN_MOVE_SELF = 0x800
 _IN_NONBLOCK = 0o4000
 _IN_CLOEXEC = 0o2000000
 _WATCH_MASK = (
-    _IN_ATTRIB
+    _IN_MODIFY
+    | _IN_ATTRIB
     | _IN_CLOSE_WRITE
     | _IN_MOVED_FROM
     | _IN_MOVED_TO
@@ -185,6 +193,8 @@ class ManifestSource:
         #: the file's signature when inotify last said it is whole (closed after writing,
         #: renamed into place), set by the watch thread
         self._whole: Signature | None = None
+        #: inotify saw the file modified since its writer last closed it (the watch thread)
+        self._writing = False
         self._seen: tuple[Signature | None, float] = (None, 0.0)  # a signature, first seen at
         # a document's digest (of its text) -> what it reads as
         self._cache: dict[bytes, list[Read]] = {}
@@ -370,11 +380,15 @@ class ManifestSource:
                         ]
                         if not ours:
                             continue  # other files in the directory
-                        if any(
-                            n.startswith("..") or m & (_IN_CLOSE_WRITE | _IN_MOVED_TO)
-                            for n, m in ours
-                        ):
+                        whole, writing = False, self._writing
+                        for n, m in ours:  # in order: a batch may hold a write and its close
+                            if n.startswith("..") or m & (_IN_CLOSE_WRITE | _IN_MOVED_TO):
+                                whole, writing = True, False
+                            elif m & _IN_MODIFY:
+                                writing = True
+                        if whole:
                             self._whole = self._signature()
+                        self._writing = writing
                 else:
                     self._stop.wait(self.poll_interval)
                 if self.changed():
@@ -391,8 +405,9 @@ class ManifestSource:
 
     def _is_whole(self) -> bool:
         """May the changed file be read now (see the module): inotify said it is whole, or its
-        signature has not changed for half a poll interval (the watch thread wakes the agent
-        again a poll interval later while the file differs from what was read)."""
+        signature has not changed for half a poll interval, or for WRITER_GRACE while inotify
+        saw it modified and not yet closed (the watch thread wakes the agent again a poll
+        interval later while the file differs from what was read)."""
         sig = self._signature()
         if sig is None or sig == self._whole:
             return True
@@ -400,7 +415,8 @@ class ManifestSource:
         if sig != self._seen[0]:
             self._seen = (sig, now)
             return False
-        return now - self._seen[1] >= self.poll_interval / 2
+        quiet = max(self.poll_interval / 2, WRITER_GRACE if self._writing else 0.0)
+        return now - self._seen[1] >= quiet
 
     def take(self) -> ChangeSet | None:
         """The whole file as a ChangeSet when it changed and is whole (see the module); an

@@ -161,7 +161,7 @@ def test_bad_input_keeps_the_last_good_state(env: AgentLab) -> None:
     env.manifest_path.write_text("kind: Service\n  bad: [indent\n")
     wait_for(lambda: f"{env.manifest_path}: line" in env.log(), 10, "the YAML error")
     time.sleep(0.3)
-    assert [str(x) for x in env.maps_state().services] == [LB_WHOLE]
+    assert [str(x) for x in env.maps_state().services] == [LB_WHOLE], env.log()[-3000:]
     assert ping_lb(env)
     # one bad Service next to a good one: the good one is programmed, the bad one named
     bad = Svc("broken", "010.1.2.3", POD2.ip, [("TCP", 80)])

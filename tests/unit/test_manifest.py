@@ -373,6 +373,54 @@ def test_a_file_being_written_is_read_once_it_is_whole(tmp_path: Path) -> None:
     assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
 
 
+def test_a_writer_seen_by_inotify_is_waited_for(tmp_path: Path) -> None:
+    """A writer that stalls between its truncation and its write (a loaded node) would leave an
+    empty file quiet for longer than half a poll interval: while inotify has seen the file
+    modified and not closed, take() waits for the close, or for WRITER_GRACE of quiet (a writer
+    that keeps the file open)."""
+    import threading
+
+    from cozyebpf.sources.manifest import WRITER_GRACE
+
+    path = tmp_path / "m.yaml"
+    path.write_text(SERVICE)
+    clock = FakeClock()
+    woke = threading.Event()
+    src = ManifestSource(path, poll_interval=0.2, clock=clock)
+    assert src.take() is not None
+    src.start(woke.set)
+    try:
+        assert src.inotify
+        for closes in (True, False):
+            woke.clear()
+            with open(path, "w") as f:  # truncated: inotify reports a modification, no close
+                assert woke.wait(10), "inotify did not report the truncation"
+                changes = src.take()
+                assert changes is not None and changes.whole is None
+                clock.advance(0.5)  # quiet for longer than half a poll interval
+                changes = src.take()
+                assert changes is not None and changes.whole is None, "read while being written"
+                f.write(SLICE)
+                f.flush()
+                time.sleep(0.2)  # the watch thread sees the write
+                if closes:
+                    woke.clear()
+                    f.close()
+                    assert woke.wait(10), "inotify did not report the close"
+                else:
+                    assert src.take().whole is None  # type: ignore[union-attr]
+                    clock.advance(WRITER_GRACE)
+                changes = src.take()
+                assert changes is not None and changes.whole is not None
+                assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
+            path.write_text(SERVICE)  # back to the first content, read whole
+            time.sleep(0.2)
+            changes = src.take()
+            assert changes is not None and changes.whole is not None and changes.whole.services
+    finally:
+        src.stop()
+
+
 def test_unchanged_documents_are_not_parsed_again(tmp_path: Path) -> None:
     """A file read again after an edit gives exactly what a fresh read gives, and only the
     documents whose text changed are parsed (the others' records are reused)."""
