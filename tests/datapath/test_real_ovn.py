@@ -89,11 +89,6 @@ def test_row(real_ovn: Callable[[], list[Row]], scenario: str, case: str) -> Non
     rows = {(r.scenario, r.case): r for r in real_ovn()}
     row = rows.get((scenario, case))
     assert row is not None, f"no row for {scenario} / {case}"
-    if "before its RARP" in case and not row.ok:
-        # a known flake, not yet understood: under CI's load OVN sometimes delivers one frame
-        # to the target before the RARP (with the options set and waited for, --wait=hv); the
-        # row stays in `make real-ovn-lab` and its detail in the table
-        pytest.xfail(f"known flake under load: {row.detail}")
     assert row.ok, f"{scenario} / {case}: {row.detail}"
 
 
