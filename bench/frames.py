@@ -5,16 +5,9 @@ from __future__ import annotations
 import socket
 import struct
 
+from cozyebpf.explain import inet_csum
+
 FRAME_LEN = 60  # the minimum Ethernet frame without FCS: 14 + 20 + 8 + 18 bytes of payload
-
-
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF
 
 
 def mac(text: str) -> bytes:
@@ -29,10 +22,10 @@ def udp_frame(
     s, d = socket.inet_aton(src), socket.inet_aton(dst)
     pseudo = s + d + struct.pack("!BBH", 0, socket.IPPROTO_UDP, ulen)
     udp = struct.pack("!HHHH", sport, dport, ulen, 0) + payload
-    uc = _csum(pseudo + udp) or 0xFFFF
+    uc = inet_csum(pseudo + udp) or 0xFFFF
     udp = udp[:6] + struct.pack("!H", uc) + udp[8:]
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + ulen, 1, 0, ttl, socket.IPPROTO_UDP, 0, s, d)
-    ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
+    ip = ip[:10] + struct.pack("!H", inet_csum(ip)) + ip[12:]
     frame = mac(dst_mac) + mac(src_mac) + b"\x08\x00" + ip + udp
     assert len(frame) == FRAME_LEN
     return frame

@@ -77,7 +77,9 @@ def parse_proto(text: str) -> int:
     raise ExplainError(f"--proto {text!r}: one of {', '.join(PROTOS)} or a protocol number")
 
 
-def _csum(data: bytes) -> int:
+def inet_csum(data: bytes) -> int:
+    """The Internet checksum of `data` (RFC 1071); bench/ and the tests' packet models use it
+    too."""
     if len(data) % 2:
         data += b"\0"
     s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
@@ -113,13 +115,13 @@ def build_packet(
         pseudo = src.packed + dst.packed + struct.pack("!xBH", proto, len(l4))
     if at >= 0:
         covered = l4 if proto == 1 else pseudo + l4  # ICMPv4 does not cover the IP header
-        csum = _csum(covered) or (0xFFFF if proto == 17 else 0)
+        csum = inet_csum(covered) or (0xFFFF if proto == 17 else 0)
         l4 = l4[:at] + struct.pack("!H", csum) + l4[at + 2 :]
     if v6:
         return struct.pack("!IHBB", 6 << 28, len(l4), proto, 64) + src.packed + dst.packed + l4
     hdr = struct.pack("!BBHHHBBH", 0x45, 0, 20 + len(l4), 1, 0, 64, proto, 0)
     hdr += src.packed + dst.packed
-    hdr = hdr[:10] + struct.pack("!H", _csum(hdr)) + hdr[12:]
+    hdr = hdr[:10] + struct.pack("!H", inet_csum(hdr)) + hdr[12:]
     return hdr + l4
 
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
+from cozyebpf.explain import inet_csum
 from tests.support import refmodel as rm
 from tests.support.refmodel import (
     ALLOW_ICMP,
@@ -351,16 +352,6 @@ class Frame:
 
 def _payload(n: int, salt: int = 0) -> bytes:
     return bytes((salt + 37 * i) & 0xFF for i in range(n))
-
-
-def inet_csum(data: bytes) -> int:
-    """The Internet checksum of `data` (RFC 1071)."""
-    if len(data) % 2:
-        data += b"\0"
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while s > 0xFFFF:
-        s = (s & 0xFFFF) + (s >> 16)
-    return int(~s & 0xFFFF)
 
 
 def _pseudo(family: int, src: Addr, dst: Addr, proto: int, length: int) -> bytes:
