@@ -128,8 +128,44 @@ int cz_egress(struct __sk_buff *skb)
 }
 
 /*
- * The pod-facing hook, IPv6: only the source check (cz_spoofed); the translation is left to the
- * uplinks' egress.
+ * A managed pod's IPv6 packet at the pod-facing hook (`v`: its source's entry). One the FIB sends
+ * out of an uplink, with a hop to go and within the uplink's MTU, is translated here as the
+ * uplinks' egress translates it (fast_snat, flow record included), before the node's masquerade
+ * (Kube-OVN's natOutgoing, ip6tables) could take it on the way, and with host routing on handed
+ * to the uplink (cz_host_route). The FIB is asked every time: IPv6 answers are not cached (as
+ * cz_route_in's). Anything else goes on untouched (CZ_TC_NEXT): a packet too big or out of hops
+ * gets the stack's answer at the pod's own address, and extension headers and ICMPv6 (fast_snat's
+ * CZ_SLOW, before it writes anything) are translated by the uplinks' egress.
+ */
+static __always_inline int pod_route6(struct __sk_buff *skb, void *data, void *data_end,
+				      struct ipv6hdr *ip6, struct addr6_val *v)
+{
+	struct flow_cfg *c = cz_cfg();
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	if (!c)
+		return CZ_TC_NEXT;
+	__builtin_memset(&fib, 0, sizeof(fib));
+	fib.family = CZ_AF_INET6;
+	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
+	fib.ifindex = skb->ingress_ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), CZ_FIB_SKIP_NEIGH);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !cz_is_uplink(c, fib.ifindex) ||
+	    !cz_hr_fits6(skb, ip6, fib.mtu_result))
+		return CZ_TC_NEXT;
+	rc = fast_snat(skb, data, data_end, ip6, 1, &v->lb_ip, v->out_slot, v->pod_flags);
+	if (rc == CZ_SLOW)
+		return CZ_TC_NEXT;
+	if (rc == CZ_TC_NEXT && (c->flags & CZ_CFG_HOST_ROUTING))
+		return cz_host_route(skb, 1, &fib);
+	return rc;
+}
+
+/*
+ * The pod-facing hook, IPv6: the source check (cz_spoofed), then what leaves by an uplink is
+ * translated (and host-routed: pod_route6); the rest is translated by the uplinks' egress.
  */
 static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *data_end)
 {
@@ -139,10 +175,11 @@ static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *d
 	if (!ip6)
 		return CZ_TC_NEXT;
 	v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
-	if (v && (v->kind & CZ_K_POD) &&
-	    cz_unlikely(cz_spoofed(skb, &v->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
+	if (!v || !(v->kind & CZ_K_POD))
+		return CZ_TC_NEXT;
+	if (cz_unlikely(cz_spoofed(skb, &v->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
 		return spoof_drop(skb, ip6, 1, v->out_slot);
-	return CZ_TC_NEXT;
+	return pod_route6(skb, data, data_end, ip6, v);
 }
 
 /*
@@ -152,7 +189,8 @@ static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *d
  * the node by an uplink, or answers a connection this node opened to the pod's LB IP, is
  * translated as egress translates it, flow record included (lib/cluster.h, pod_side4);
  * everything else passes untouched. A packet to a managed LB IP ends the device's tc chain here
- * (pod_next4). IPv6 is translated by the uplinks' egress.
+ * (pod_next4). IPv6 is translated here when it leaves by an uplink and fits (pod_route6), else by
+ * the uplinks' egress.
  */
 int cz_pod_ingress(struct __sk_buff *skb)
 {

@@ -321,13 +321,18 @@ def _path(
         x.program == POD_HOOK and x.device == in_device
         for x in attach.list_attachments(maps.pin_dir)
     )
-    if pod_hook and not v6:
+    if pod_hook:
+        rest = (
+            "; the stack, untranslated, when its hop limit is 1, too big, or with extension "
+            "headers or ICMPv6 (the uplink's egress translates it)"
+            if v6
+            else "; the stack when TTL <= 1, too big, or taken by the full path"
+        )
         return (
             f"host routing: translated by the pod-facing hook on {in_device} and handed there "
-            "to the uplink (past netfilter); the stack when TTL <= 1, too big, or taken by the "
-            "full path"
+            f"to the uplink (past netfilter){rest}"
         )
-    return "the node's stack routes it (host routing starts at a pod-facing hook, IPv4)"
+    return "the node's stack routes it (host routing starts at a pod-facing hook)"
 
 
 # (81 lines: argument checks, the dry run and the verdict's fields in the order they are

@@ -240,6 +240,16 @@ static __always_inline int cz_spoofed(struct __sk_buff *skb, __u32 *dev, int v6,
  */
 #define CZ_HR_GSO_HDRS 120
 
+/* Does the IPv6 packet `ip6` (of `skb`) fit a device of MTU `mtu`, with a hop to go? */
+static __always_inline int cz_hr_fits6(struct __sk_buff *skb, struct ipv6hdr *ip6, __u32 mtu)
+{
+	__u32 len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+
+	if (ip6->hop_limit <= 1)
+		return 0;
+	return skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS <= mtu : len <= mtu;
+}
+
 static __always_inline int cz_host_route(struct __sk_buff *skb, int v6, struct bpf_fib_lookup *fib)
 {
 	void *data = (void *)(long)skb->data;
@@ -250,10 +260,7 @@ static __always_inline int cz_host_route(struct __sk_buff *skb, int v6, struct b
 	if (v6) {
 		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
 
-		if ((void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1)
-			return CZ_TC_NEXT;
-		len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
-		if (skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS > mtu : len > mtu)
+		if ((void *)(ip6 + 1) > data_end || !cz_hr_fits6(skb, ip6, mtu))
 			return CZ_TC_NEXT;
 		ip6->hop_limit--;
 		nh.nh_family = CZ_AF_INET6;

@@ -319,6 +319,90 @@ def test_outside_to_vm_ipv6(node: Node, on: bool) -> None:
     assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
 
 
+def out_frame6(hlim: int = 64, size: int = 18) -> Packet:
+    """The VM's IPv6 datagram to the client, as it leaves the VM."""
+    return (
+        Ether(src=POD1.mac, dst=POD1.host_mac)
+        / IPv6(src=POD1.ip6, dst=CLIENT_IP6, fl=0x2604, hlim=hlim)
+        / UDP(sport=40000, dport=53)
+        / (b"w" * size)
+    )
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_vm_to_outside_ipv6(node: Node, on: bool) -> None:
+    """IPv6 from the VM: translated on the pod-facing hook whatever the path (before the node's
+    masquerade, tested below), then handed to the uplink, past netfilter, or routed by the
+    stack; the same frame arrives either way."""
+    node.host_routing(on)
+    before, counted = node.stack_packets(), node.counters()["nat_egress"]
+    got = node.send(node.lab.pod_ns(POD1), out_frame6(), node.lab.client)
+    assert len(got) == 1, f"{len(got)} frames at the client"
+    # the whole frame, its UDP checksum as scapy computes it over the new pseudo-header
+    assert_frame(bytes(got[0]), forwarded(out_frame6(), UPLINK_MAC, CLIENT_MAC, src=LB6))
+    assert node.counters()["nat_egress"] == counted + 1
+    stack = node.stack_packets() - before
+    assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
+
+
+#: Kube-OVN's natOutgoing for an IPv6 subnet (ip6tables MASQUERADE of the ovn60subnets-nat set)
+NATOUT6 = """
+table ip6 czhr_nat6 {
+    chain postrouting {
+        type nat hook postrouting priority srcnat; policy accept;
+        ip6 saddr 2001:db8:244::/48 oifname "uplink" masquerade
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
+def test_vm_ipv6_leaves_as_its_lb_ip_under_the_nodes_masquerade(node: Node, on: bool) -> None:
+    """With the node masquerading its pods' IPv6 (natOutgoing), the VM's packet still leaves
+    from its LB IP: the pod-facing hook translates it before the stack's postrouting, where the
+    uplink's egress would come too late."""
+    assert POD1.ip6.startswith("2001:db8:244:"), POD1.ip6
+    node.host_routing(on)
+    lab = node.lab
+    lab.exec(lab.node, "nft", "-f", "-", input=NATOUT6)
+    try:
+        got = node.send(lab.pod_ns(POD1), out_frame6(), lab.client)
+    finally:
+        lab.exec(lab.node, "nft", "delete", "table", "ip6", "czhr_nat6")
+    assert [p[IPv6].src for p in got] == [LB6]
+
+
+def test_ipv6_hop_limit_1_gets_the_stacks_answer_at_the_pod(node: Node) -> None:
+    """Hop limit 1 is neither translated nor redirected: the stack answers time exceeded to the
+    VM's own address, and nothing reaches the client."""
+    from scapy.layers.inet6 import ICMPv6TimeExceeded
+
+    node.host_routing(True)
+    lab = node.lab
+    assert node.send(lab.pod_ns(POD1), out_frame6(hlim=1), lab.client) == []
+    got = node.send(lab.pod_ns(POD1), out_frame6(hlim=1), lab.pod_ns(POD1), ICMPv6TimeExceeded)
+    assert [p[IPv6].dst for p in got] == [POD1.ip6], [p.summary() for p in got]
+
+
+def test_ipv6_too_big_for_the_uplink_gets_packet_too_big_at_the_pod(node: Node) -> None:
+    """Larger than the uplink: left untranslated to the stack, which answers packet-too-big
+    with the uplink's MTU to the VM's own address (a router does not fragment IPv6)."""
+    from scapy.layers.inet6 import ICMPv6PacketTooBig
+
+    node.host_routing(True)
+    lab = node.lab
+    with node.routes_change():
+        lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1400")
+    try:
+        big = out_frame6(size=1400)
+        assert node.send(lab.pod_ns(POD1), big, lab.client) == []
+        got = node.send(lab.pod_ns(POD1), big, lab.pod_ns(POD1), ICMPv6PacketTooBig)
+    finally:
+        with node.routes_change():
+            lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1500")
+    assert [(p[IPv6].dst, p[ICMPv6PacketTooBig].mtu) for p in got] == [(POD1.ip6, 1400)]
+
+
 def test_ttl_1_gets_the_stacks_answer(node: Node) -> None:
     """TTL 1 is not redirected (it would leave with TTL 0): the stack answers time exceeded."""
     node.host_routing(True)
@@ -379,15 +463,22 @@ def test_explain_says_which_path(node: Node, on: bool) -> None:
     inbound = run(CLIENT_IP, f"{LB_WHOLE}:4444", "udp", "ingress", None, None)
     outbound = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, POD1.host_dev)
     node_own = run(f"{POD1.ip}:40000", f"{CLIENT_IP}:53", "udp", "egress", None, None)
+    outbound6 = run(
+        f"[{POD1.ip6}]:40000", f"[{CLIENT_IP6}]:53", "udp", "egress", None, POD1.host_dev
+    )
     if on:
         how = "marked by XDP, " if node.dp.ingress_hook == "auto" else ""
         assert inbound.startswith(f"host routing: {how}handed to the device the node's FIB")
-        assert outbound.startswith(
-            f"host routing: translated by the pod-facing hook on {POD1.host_dev}"
-        )
+        for out in (outbound, outbound6):
+            assert out.startswith(
+                f"host routing: translated by the pod-facing hook on {POD1.host_dev}"
+            )
+        assert "hop limit is 1" in outbound6 and "hop limit" not in outbound
         assert node_own.startswith("the node's stack routes it (host routing starts at")
     else:
-        assert inbound == outbound == node_own == "the node's stack routes it (--host-routing off)"
+        assert {inbound, outbound, outbound6, node_own} == {
+            "the node's stack routes it (--host-routing off)"
+        }
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
