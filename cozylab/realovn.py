@@ -975,7 +975,7 @@ class RealOvnLab(ClusterLab):
         round that claims it (the claim as additional chassis not yet in its copy of the
         Southbound row) and its block in the next, when the claim is: `ovs-ofctl monitor`
         showed the delivery flow (table 65, `output:<port>`) one batch ahead of the block in
-        every migration. Under load that round is long enough for a frame or more to reach the
+        each of the 7 migrations it recorded. Under load that round is long enough for a frame or more to reach the
         target's interface (seen in CI: 1-5). QEMU on the target has not started the VM then:
         the frames are lost, as they would be without the option."""
         desc, cap = self.target_caps[w.name]
