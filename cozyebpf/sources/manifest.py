@@ -389,6 +389,8 @@ class ManifestSource:
                         if whole:
                             self._whole = self._signature()
                         self._writing = writing
+                        if not whole and all(m == _IN_MODIFY for _, m in ours):
+                            continue  # being written: the close (or the poll) wakes the agent
                 else:
                     self._stop.wait(self.poll_interval)
                 if self.changed():

@@ -394,7 +394,10 @@ def test_a_writer_seen_by_inotify_is_waited_for(tmp_path: Path) -> None:
         for closes in (True, False):
             woke.clear()
             with open(path, "w") as f:  # truncated: inotify reports a modification, no close
-                assert woke.wait(10), "inotify did not report the truncation"
+                deadline = time.monotonic() + 10
+                while not src._writing:
+                    assert time.monotonic() < deadline, "inotify did not report the truncation"
+                    time.sleep(0.01)
                 changes = src.take()
                 assert changes is not None and changes.whole is None
                 clock.advance(0.5)  # quiet for longer than half a poll interval
@@ -417,6 +420,36 @@ def test_a_writer_seen_by_inotify_is_waited_for(tmp_path: Path) -> None:
             time.sleep(0.2)
             changes = src.take()
             assert changes is not None and changes.whole is not None and changes.whole.services
+    finally:
+        src.stop()
+
+
+def test_a_write_in_progress_does_not_wake_the_agent(tmp_path: Path) -> None:
+    """The watch thread notes a modification (the file is being written) without waking the
+    agent, which would find it not whole; the writer's close wakes it, and the file is whole
+    then (test_changes_are_seen_through_inotify reads at that wake-up)."""
+    import threading
+
+    path = tmp_path / "m.yaml"
+    path.write_text(SERVICE)
+    woke = threading.Event()
+    src = ManifestSource(path, poll_interval=3600)  # no wake-up by the poll
+    assert src.take() is not None
+    src.start(woke.set)
+    try:
+        with open(path, "w") as f:
+            f.write(SLICE)
+            f.flush()
+            deadline = time.monotonic() + 10
+            while not src._writing:
+                assert time.monotonic() < deadline, "inotify did not report the write"
+                time.sleep(0.01)
+            time.sleep(0.1)
+            assert not woke.is_set(), "woken while the file is being written"
+        assert woke.wait(10), "the close did not wake the agent"
+        changes = src.take()
+        assert changes is not None and changes.whole is not None
+        assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
     finally:
         src.stop()
 
