@@ -972,12 +972,13 @@ class RealOvnLab(ClusterLab):
         in the same round), then count and drop what the target's capture got before it.
 
         ovn-controller (23.03.1 here; the same code in main) installs a port's flows in the
-        round that claims it (the claim as additional chassis not yet in its copy of the
-        Southbound row) and its block in the next, when the claim is: `ovs-ofctl monitor`
-        showed the delivery flow (table 65, `output:<port>`) one batch ahead of the block in
-        each of the 7 migrations it recorded. Under load that round is long enough for a frame or more to reach the
-        target's interface (seen in CI: 1-5). QEMU on the target has not started the VM then:
-        the frames are lost, as they would be without the option."""
+        round that claims it and its block in the next: physical.c adds the block only once the
+        port's Southbound row names this chassis as additional chassis, which the claim makes
+        true a round later. `ovs-ofctl monitor` showed the delivery flow (table 65,
+        `output:<port>`) one batch ahead of the block in each of the 7 migrations it recorded.
+        Under load that round is long enough for a frame or more to reach the target's
+        interface (seen in CI: 1-5). QEMU on the target has not started the VM then: the frames
+        are lost, as they would be without the option."""
         desc, cap = self.target_caps[w.name]
         mgmt = f"unix:{self.ovn.node_dir(n) / 'br-int.mgmt'}"
 

@@ -380,16 +380,18 @@ class ManifestSource:
                         ]
                         if not ours:
                             continue  # other files in the directory
+                        # in order: a batch may hold a write and its close, or a close and
+                        # the next write, after which the file is not whole
                         whole, writing = False, self._writing
-                        for n, m in ours:  # in order: a batch may hold a write and its close
+                        for n, m in ours:
                             if n.startswith("..") or m & (_IN_CLOSE_WRITE | _IN_MOVED_TO):
                                 whole, writing = True, False
                             elif m & _IN_MODIFY:
-                                writing = True
+                                whole, writing = False, True
                         if whole:
                             self._whole = self._signature()
                         self._writing = writing
-                        if not whole and all(m == _IN_MODIFY for _, m in ours):
+                        if writing:
                             continue  # being written: the close (or the poll) wakes the agent
                 else:
                     self._stop.wait(self.poll_interval)
@@ -411,7 +413,7 @@ class ManifestSource:
         saw it modified and not yet closed (the watch thread wakes the agent again a poll
         interval later while the file differs from what was read)."""
         sig = self._signature()
-        if sig is None or sig == self._whole:
+        if sig is None or (sig == self._whole and not self._writing):
             return True
         now = self.clock()
         if sig != self._seen[0]:
