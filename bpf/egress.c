@@ -146,12 +146,7 @@ static __always_inline int pod_route6(struct __sk_buff *skb, void *data, void *d
 
 	if (!c)
 		return CZ_TC_NEXT;
-	__builtin_memset(&fib, 0, sizeof(fib));
-	fib.family = CZ_AF_INET6;
-	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
-	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
-	fib.ifindex = skb->ingress_ifindex;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), CZ_FIB_SKIP_NEIGH);
+	rc = cz_fib6(skb, &fib, &ip6->saddr, &ip6->daddr, skb->ingress_ifindex);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !cz_is_uplink(c, fib.ifindex) ||
 	    !cz_hr_fits6(skb, ip6, fib.mtu_result))
 		return CZ_TC_NEXT;

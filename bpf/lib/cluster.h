@@ -81,6 +81,27 @@ static __always_inline int cz_fib4(struct __sk_buff *skb, struct bpf_fib_lookup 
 	return rc;
 }
 
+/* cz_fib4's IPv6 twin: the route for src -> dst (16 bytes each) as a packet arriving on
+ * `ifindex` takes it, the next hop in fib->ipv6_dst. */
+static __always_inline int cz_fib6(struct __sk_buff *skb, struct bpf_fib_lookup *fib,
+				   const void *src, const void *dst, __u32 ifindex)
+{
+	int rc;
+
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = CZ_AF_INET6;
+	__builtin_memcpy(fib->ipv6_src, src, 16);
+	__builtin_memcpy(fib->ipv6_dst, dst, 16);
+	fib->ifindex = ifindex;
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), CZ_FIB_SKIP_NEIGH);
+	if (rc < 0) {
+		__builtin_memcpy(fib->ipv6_dst, dst, 16);
+		fib->ifindex = ifindex;
+		rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	}
+	return rc;
+}
+
 static __always_inline int cz_fib_forwards(int rc)
 {
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
@@ -307,12 +328,7 @@ static __always_inline int cz_route_in(struct __sk_buff *skb, int v6)
 
 		if ((void *)(ip6 + 1) > data_end)
 			return CZ_TC_NEXT;
-		__builtin_memset(&fib, 0, sizeof(fib));
-		fib.family = CZ_AF_INET6;
-		__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
-		__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
-		fib.ifindex = skb->ifindex;
-		rc = bpf_fib_lookup(skb, &fib, sizeof(fib), CZ_FIB_SKIP_NEIGH);
+		rc = cz_fib6(skb, &fib, &ip6->saddr, &ip6->daddr, skb->ifindex);
 	} else {
 		struct iphdr *ip = data + sizeof(struct ethhdr);
 
