@@ -983,11 +983,16 @@ class RealOvnLab(ClusterLab):
         mgmt = f"unix:{self.ovn.node_dir(n) / 'br-int.mgmt'}"
 
         def blocked() -> bool:
+            """Both ends of the block: the RARP flow from the port (table 0) and the drop of
+            what goes to it (table 65, OFTABLE_LOG_TO_PHY: the last flow of that batch)."""
             ofport = self.ovn.vsctl(n, "get", "interface", w.ovs_dev, "ofport")
             if not ofport.isdigit() or int(ofport) <= 0:
                 return False
-            flows = run("ovs-ofctl", "dump-flows", mgmt, f"table=0,rarp,in_port={ofport}")
-            return "controller(" in flows.stdout
+            rarp = run("ovs-ofctl", "dump-flows", mgmt, f"table=0,rarp,in_port={ofport}").stdout
+            out = run("ovs-ofctl", "dump-flows", mgmt, "table=65").stdout.splitlines()
+            return "controller(" in rarp and any(
+                "priority=1000" in f and f.endswith("actions=drop") for f in out
+            )
 
         try:
             wait_for(blocked, 5, "the target's activation block")
