@@ -159,12 +159,19 @@ def test_attachments_are_checked_and_repaired(env: AgentLab) -> None:
     egress = env.links()["tcx-egress_uplink"]
     link = lab.in_ns(lab.node, push)
     try:
+        # the repair attaches a new link in front, detaches the old one, then moves the pin to
+        # the new one: both are awaited (the order alone holds a moment before the pin moves)
         wait_for(
-            lambda: lab.in_ns(lab.node, order) == ["cz_egress", "pusher"],
+            lambda: (
+                lab.in_ns(lab.node, order) == ["cz_egress", "pusher"]
+                and env.links()["tcx-egress_uplink"] != egress
+            ),
             10,
-            lambda: f"ours first: {lab.in_ns(lab.node, order)}; log:\n{env.log()[-2000:]}",
+            lambda: (
+                f"ours first, attached again: {lab.in_ns(lab.node, order)}, pinned link "
+                f"{env.links()['tcx-egress_uplink']} (was {egress}); log:\n{env.log()[-2000:]}"
+            ),
         )
-        assert env.links()["tcx-egress_uplink"] != egress, "attached again, in front"
     finally:
         bpfsys.link_detach(link)
         os.close(link)
