@@ -235,14 +235,14 @@ def taps(node: Node) -> Iterator[Taps]:
         b.cleanup()
 
 
-def out_frame(ttl: int = 64, size: int = 18) -> Packet:
-    """The VM's datagram to the client, as it leaves the VM."""
-    return (
-        Ether(src=POD1.mac, dst=POD1.host_mac)
-        / IP(src=POD1.ip, dst=CLIENT_IP, id=0x2601, ttl=ttl)
-        / UDP(sport=40000, dport=53)
-        / (b"x" * size)
+def out_frame(ttl: int = 64, size: int = 18, v6: bool = False) -> Packet:
+    """The VM's datagram to the client, as it leaves the VM (`ttl`: the hop limit for IPv6)."""
+    ip = (
+        IPv6(src=POD1.ip6, dst=CLIENT_IP6, fl=0x2604, hlim=ttl)
+        if v6
+        else IP(src=POD1.ip, dst=CLIENT_IP, id=0x2601, ttl=ttl)
     )
+    return Ether(src=POD1.mac, dst=POD1.host_mac) / ip / UDP(sport=40000, dport=53) / (b"x" * size)
 
 
 def in_frame(ttl: int = 64, size: int = 18, df: bool = False) -> Packet:
@@ -319,16 +319,6 @@ def test_outside_to_vm_ipv6(node: Node, on: bool) -> None:
     assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
 
 
-def out_frame6(hlim: int = 64, size: int = 18) -> Packet:
-    """The VM's IPv6 datagram to the client, as it leaves the VM."""
-    return (
-        Ether(src=POD1.mac, dst=POD1.host_mac)
-        / IPv6(src=POD1.ip6, dst=CLIENT_IP6, fl=0x2604, hlim=hlim)
-        / UDP(sport=40000, dport=53)
-        / (b"w" * size)
-    )
-
-
 @pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
 def test_vm_to_outside_ipv6(node: Node, on: bool) -> None:
     """IPv6 from the VM: translated on the pod-facing hook whatever the path (before the node's
@@ -336,10 +326,10 @@ def test_vm_to_outside_ipv6(node: Node, on: bool) -> None:
     stack; the same frame arrives either way."""
     node.host_routing(on)
     before, counted = node.stack_packets(), node.counters()["nat_egress"]
-    got = node.send(node.lab.pod_ns(POD1), out_frame6(), node.lab.client)
+    got = node.send(node.lab.pod_ns(POD1), out_frame(v6=True), node.lab.client)
     assert len(got) == 1, f"{len(got)} frames at the client"
     # the whole frame, its UDP checksum as scapy computes it over the new pseudo-header
-    assert_frame(bytes(got[0]), forwarded(out_frame6(), UPLINK_MAC, CLIENT_MAC, src=LB6))
+    assert_frame(bytes(got[0]), forwarded(out_frame(v6=True), UPLINK_MAC, CLIENT_MAC, src=LB6))
     assert node.counters()["nat_egress"] == counted + 1
     stack = node.stack_packets() - before
     assert (stack == 0) if on else (stack >= 2), f"netfilter counted {stack} packets"
@@ -366,7 +356,7 @@ def test_vm_ipv6_leaves_as_its_lb_ip_under_the_nodes_masquerade(node: Node, on: 
     lab = node.lab
     lab.exec(lab.node, "nft", "-f", "-", input=NATOUT6)
     try:
-        got = node.send(lab.pod_ns(POD1), out_frame6(), lab.client)
+        got = node.send(lab.pod_ns(POD1), out_frame(v6=True), lab.client)
     finally:
         lab.exec(lab.node, "nft", "delete", "table", "ip6", "czhr_nat6")
     assert [p[IPv6].src for p in got] == [LB6]
@@ -379,8 +369,9 @@ def test_ipv6_hop_limit_1_gets_the_stacks_answer_at_the_pod(node: Node) -> None:
 
     node.host_routing(True)
     lab = node.lab
-    assert node.send(lab.pod_ns(POD1), out_frame6(hlim=1), lab.client) == []
-    got = node.send(lab.pod_ns(POD1), out_frame6(hlim=1), lab.pod_ns(POD1), ICMPv6TimeExceeded)
+    last_hop = out_frame(ttl=1, v6=True)
+    assert node.send(lab.pod_ns(POD1), last_hop, lab.client) == []
+    got = node.send(lab.pod_ns(POD1), last_hop, lab.pod_ns(POD1), ICMPv6TimeExceeded)
     assert [p[IPv6].dst for p in got] == [POD1.ip6], [p.summary() for p in got]
 
 
@@ -394,7 +385,7 @@ def test_ipv6_too_big_for_the_uplink_gets_packet_too_big_at_the_pod(node: Node) 
     with node.routes_change():
         lab.ip(lab.node, "link", "set", UPLINK, "mtu", "1400")
     try:
-        big = out_frame6(size=1400)
+        big = out_frame(size=1400, v6=True)
         assert node.send(lab.pod_ns(POD1), big, lab.client) == []
         got = node.send(lab.pod_ns(POD1), big, lab.pod_ns(POD1), ICMPv6PacketTooBig)
     finally:
