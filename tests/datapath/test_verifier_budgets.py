@@ -4,6 +4,7 @@ entry program with the full path and the other programs it hands frames to."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -57,6 +58,9 @@ def counts() -> Iterator[dict[str, int]]:
                 fd = loader.slow_program_fd(prog, name)
                 assert fd is not None, f"{entry} loaded no {name}"
                 out[name] = bpfsys.prog_info(fd).verified_insns
+        report = os.environ.get("COZYEBPF_VERIFIER_COUNTS")
+        if report:  # the kernel matrix's table (cozylab/kmatrix.py)
+            Path(report).write_text(json.dumps({"kernel": os.uname().release, "counts": out}))
         yield out
     finally:
         maps.close()
