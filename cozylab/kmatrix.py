@@ -265,7 +265,10 @@ def _die_with_parent() -> None:
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1bc|\r")
-PYTEST_LINE = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+#: pytest -v: a test's id starts a line, its verdict ends one (the same, unless the test printed
+#: lines of its own in between, as test_verifier_budgets does)
+PYTEST_TEST = re.compile(r"^(tests/\S+::\S+)")
+PYTEST_VERDICT = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+\[\s*\d+%\]$")
 
 
 def qemu_command(
@@ -384,6 +387,7 @@ def _follow(
     fd = proc.stdout.fileno()
     buf = b""
     counted = {"passed": 0, "failed": 0, "skipped": 0}
+    current = [""]  # the test running
     next_note = started + 60
     while True:
         now = time.monotonic()
@@ -408,7 +412,7 @@ def _follow(
             line = ANSI.sub("", raw.decode(errors="replace"))
             log.write(line + "\n")
             log.flush()
-            _note(line, tag, say, counted, phase_start, plan)
+            _note(line, tag, say, counted, phase_start, plan, current)
 
 
 def _note(
@@ -418,6 +422,7 @@ def _note(
     counted: dict[str, int],
     phase_start: dict[int, float],
     plan: Sequence[Phase],
+    current: list[str],
 ) -> None:
     if line.startswith("cz-guest-init:"):
         say(f"{tag} {line.removeprefix('cz-guest-init: ')}")
@@ -432,15 +437,24 @@ def _note(
         else:
             say(f"{tag} phase {i + 1}/{len(plan)} ended:{m.group(3)}")
         return
-    m = PYTEST_LINE.match(line)
-    if m:
-        verdict = m.group(2)
+    verdict = _verdict(line, current)
+    if verdict is not None:
         key = {"PASSED": "passed", "XFAIL": "passed", "SKIPPED": "skipped"}.get(verdict, "failed")
         counted[key] += 1
         if key == "failed":
-            say(f"{tag} {verdict}: {m.group(1)}")
+            say(f"{tag} {verdict}: {current[0]}")
     elif "Kernel panic" in line or "BUG:" in line:
         say(f"{tag} {line}")
+
+
+def _verdict(line: str, current: list[str]) -> str | None:
+    """A pytest -v line: the verdict it ends with, if any; `current` holds the id of the test
+    that last started (a line that starts with one)."""
+    m = PYTEST_TEST.match(line)
+    if m:
+        current[0] = m.group(1)
+    v = PYTEST_VERDICT.search(line)
+    return v.group(1) if v else None
 
 
 def _headers_label(kernel: Kernel, which: str) -> str:
@@ -481,11 +495,12 @@ def run_host(
                 text=True,
             )
             assert proc.stdout is not None
+            current = [""]
             for line in proc.stdout:
                 log.write(line)
-                m = PYTEST_LINE.match(line)
-                if m and m.group(2) in ("FAILED", "ERROR"):
-                    say(f"[{release}] {m.group(2)}: {m.group(1)}")
+                verdict = _verdict(line.rstrip("\n"), current)
+                if verdict in ("FAILED", "ERROR"):
+                    say(f"[{release}] {verdict}: {current[0]}")
             proc.wait()
         row.seconds = time.monotonic() - started
         if junit.is_file():

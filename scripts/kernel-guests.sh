@@ -31,12 +31,15 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/as-root.sh" "$@" # as root, or again through sudo
 
-RECIPE_VERSION=1 # raise it with every change to what the build below puts in the cache
+RECIPE_VERSION=2 # raise it with every change to what the build below puts in the cache
 CACHE="${COZYEBPF_GUEST_CACHE:-/var/cache/cozyebpf/kernel-matrix}"
 ARCH=amd64
 GUEST_PACKAGES=(
 	python3 python3-bpfcc libbpfcc iproute2 iputils-ping nftables curl netcat-openbsd procps
 	ethtool libcap2-bin python3-seccomp kmod util-linux
+	# the .venv (--system-site-packages) takes these of its tests' dependencies from Debian's
+	# packages where the machine has them (hypothesis: sortedcontainers; kubernetes' auth)
+	python3-sortedcontainers python3-cryptography
 	initramfs-tools zstd
 )
 # the modules the initramfs needs to reach the root file system
