@@ -290,9 +290,9 @@ class BpfDatapath:
         attach.remove_legacy(attach.ifindex_of(dev), attach.TC_INGRESS_PARENT)
 
     def check(self) -> list[str]:
-        """Verify every attachment is in place and our tcx programs run first; repair and
-        report what was wrong (one line each). A monitor's events left on by a monitor that is
-        gone (killed) are turned off."""
+        """Verify every attachment is in place and our tc programs run first (tcx, or a legacy
+        clsact filter: attach.LEGACY_PRIO); repair and report what was wrong (one line each).
+        A monitor's events left on by a monitor that is gone (killed) are turned off."""
         with self.guard("checking the attachments"):
             return self._check()
 
@@ -313,7 +313,7 @@ class BpfDatapath:
                 if problem is None:
                     continue
                 log.warning("%s %s: %s; re-attaching", dev, a.hook, problem)
-                if problem == "not first":
+                if problem == "not first" and a.hook.startswith("tcx-"):
                     spares = self._spares.get(a.program)
                     if not spares:
                         raise DatapathError(f"no second instance of {a.program} to move first")
@@ -377,7 +377,10 @@ class BpfDatapath:
                 return "detached"
             return None if ids[0] == a.prog_id else "not first"
         _, parent = attach.DIRECTIONS[a.hook.removeprefix("tc-")]
-        return None if attach.legacy_filters(ifindex, parent) else "filter gone"
+        first = attach.legacy_first(ifindex, parent)
+        if first is None:
+            return "filter gone"
+        return None if first else "not first"
 
     # -- maps ----------------------------------------------------------------------------
 
