@@ -64,6 +64,7 @@ TESTS = {
         "tests/datapath/test_verifier_budgets.py",
         "tests/datapath/test_prog_run.py",
         "tests/datapath/test_differential.py",
+        "tests/datapath/test_kernel_paths.py",
     ),
     "own": ("tests/datapath/test_verifier_budgets.py",),
 }
@@ -646,6 +647,7 @@ def main(
 
     def say(text: str) -> None:
         click.echo(f"kernel-matrix {_mmss(time.monotonic() - started)} {text}")
+        sys.stdout.flush()  # as it happens, also into a file or a pipe
 
     rows: list[Result] = []
     for k in guests:
