@@ -161,10 +161,11 @@ class Phase:
     tests: tuple[str, ...]
 
 
-def phases(kernel: Kernel | None, plan: str) -> list[Phase]:
-    """What runs on `kernel` (None: this machine): the plan's tests with the image's headers,
-    and for "full" the compile again with the kernel's own where Debian has them."""
-    out = [Phase("fallback", TESTS[plan])]
+def phases(kernel: Kernel | None, plan: str, tests: Sequence[str] = ()) -> list[Phase]:
+    """What runs on `kernel` (None: this machine): the plan's tests (or `tests`) with the
+    image's headers, and for "full" the compile again with the kernel's own where Debian has
+    them."""
+    out = [Phase("fallback", tuple(tests) or TESTS[plan])]
     if plan == "full" and kernel is not None and kernel.own != kernel.fallback:
         out.append(Phase("own", TESTS["own"]))
     return out
@@ -614,6 +615,13 @@ def select_kernels(spec: str, available: Sequence[Kernel]) -> tuple[list[Kernel]
     help="full: budgets, BPF_PROG_RUN, the differential and the agent's paths (plus the "
     "compile with a kernel's own headers); ci: compile, load and budgets only.",
 )
+@click.option(
+    "--tests",
+    "test_files",
+    default="",
+    help="Comma-separated test files (or node ids) to run instead of the plan's, with the "
+    "image's headers, e.g. tests/datapath/test_kernel_paths.py.",
+)
 @click.option("--smp", default=2, show_default=True, help="CPUs of each guest.")
 @click.option("--memory", "memory_mb", default=3072, show_default=True, help="MB per guest.")
 @click.option(
@@ -628,6 +636,7 @@ def select_kernels(spec: str, available: Sequence[Kernel]) -> tuple[list[Kernel]
 def main(
     kernels: str,
     plan: str,
+    test_files: str,
     smp: int,
     memory_mb: int,
     timeout: int,
@@ -649,13 +658,14 @@ def main(
         click.echo(f"kernel-matrix {_mmss(time.monotonic() - started)} {text}")
         sys.stdout.flush()  # as it happens, also into a file or a pipe
 
+    tests = [t.strip() for t in test_files.split(",") if t.strip()]
     rows: list[Result] = []
     for k in guests:
         out = Path(keep) / k.release if keep else None
         try:
             rows += run_guest(
                 k,
-                phases(k, plan),
+                phases(k, plan, tests),
                 smp=smp,
                 memory_mb=memory_mb,
                 timeout=timeout,
@@ -665,7 +675,7 @@ def main(
         except GuestError as e:
             raise click.ClickException(str(e)) from None
     if host:
-        rows.append(run_host(TESTS[plan], say=say))
+        rows.append(run_host(phases(None, plan, tests)[0].tests, say=say))
     click.echo(f"\nkernel matrix ({plan}), {_mmss(time.monotonic() - started)} in all:\n")
     click.echo(table(rows))
     bad = failures(rows)

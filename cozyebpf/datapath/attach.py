@@ -35,8 +35,8 @@ TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
 #: list, a replaced one keeps its place), so ours, added after Cilium's, runs before it however
 #: often Cilium replaces its own. When Cilium's is added anew after ours (its first start on the
 #: node after ours), the attachment check finds ours not first and adds it again in front, with
-#: the other handle, before the old one goes (`_attach_legacy`). Handle 1 at priority 1 was ours
-#: too before 0.4: each side's replace then took the other's filter off the device.
+#: the other handle, before the old one goes (`_attach_legacy`). Until issue 36 ours took
+#: handle 1 of priority 1 too: each side's replace then took the other's filter off the device.
 LEGACY_PRIO = 1
 LEGACY_HANDLES = (0x637A0001, 0x637A0002)  # "cz", 1 and 2
 ETH_P_ALL = 3
