@@ -51,6 +51,8 @@ from typing import Any
 
 import click
 
+from cozyebpf.datapath.kernel import version as kernel_version
+
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("COZYEBPF_GUEST_CACHE", "/var/cache/cozyebpf/kernel-matrix"))
 BUILD_HINT = "run scripts/kernel-guests.sh (as root; about 6 minutes the first time)"
@@ -110,10 +112,8 @@ class Kernel:
 
 def kernel_line(release: str) -> str:
     """The major.minor of a kernel release ("6.12.118+deb12-amd64" -> "6.12")."""
-    m = re.match(r"(\d+)\.(\d+)", release)
-    if not m:
-        raise ValueError(f"not a kernel release: {release!r}")
-    return f"{m.group(1)}.{m.group(2)}"
+    major, minor = kernel_version(release)
+    return f"{major}.{minor}"
 
 
 def guest_kernels(cache: Path = CACHE) -> list[Kernel]:

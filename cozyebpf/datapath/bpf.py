@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
-from cozyebpf.datapath import attach, bpfsys, loader, rtnl
+from cozyebpf.datapath import attach, bpfsys, kernel, loader, rtnl
 from cozyebpf.datapath.compiler import Compilation, Request
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, MON_OFF
 from cozyebpf.datapath.maps import DEFAULT_FLOW_TIMEOUTS, DEFAULT_PIN_DIR, PinnedMaps
@@ -108,7 +108,10 @@ class BpfDatapath:
             ) from None
 
     def prepare(self) -> None:
-        """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
+        """Check the kernel and the devices and create or adopt the pinned maps (fast; nothing
+        attached). A kernel older than the oldest proven one is refused (datapath.kernel)."""
+        for note in kernel.check():  # what this kernel lacks and the datapath works around
+            log.info("%s", note)
         uplinks = [attach.ifindex_of(dev) for dev in self.devices]  # a typo fails here
         with self.guard("preparing the maps"):
             self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
