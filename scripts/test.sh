@@ -4,7 +4,7 @@
 # as root, or as a user who may sudo: it runs itself again through sudo then.
 #
 # 1. scripts/setup.sh --kernel-guests (idempotent; fast when everything is in place; the
-#    first time it also builds the kernel matrix's guests, about 6 minutes, which
+#    first time it also builds the kernel matrix's guests, 3 to 5 minutes, which
 #    tests/datapath/test_kernel_guest.py boots)
 # 2. lint: ruff check, ruff format --check, mypy, clang-format on bpf/ and cozylab/bpf/
 # 3. pytest: tests/unit (no kernel needed) and tests/datapath (real BPF), pyproject.toml's
