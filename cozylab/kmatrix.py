@@ -460,7 +460,7 @@ def _verdict(line: str, current: list[str]) -> str | None:
 
 def _headers_label(kernel: Kernel, which: str) -> str:
     hdr = kernel.own if which == "own" else kernel.fallback
-    return f"{hdr.name} ({'own' if which == 'own' else 'the image fallback'})"
+    return f"{hdr.name} ({'own' if which == 'own' else 'image fallback'})"
 
 
 # -- this machine ----------------------------------------------------------------------------
@@ -472,7 +472,7 @@ def host_headers() -> str:
     name = os.path.basename(target).removeprefix("linux-headers-")
     if name.endswith(os.uname().release):
         return f"{name} (own)"
-    return f"{name} (linked by scripts/setup.sh, as the image links its fallback)"
+    return f"{name} (image fallback, as setup.sh links)"
 
 
 def run_host(

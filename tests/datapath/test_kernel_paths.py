@@ -45,6 +45,7 @@ from cozylab.netns import (
     DEFAULT_PODS,
     UPLINK,
     UPLINK_MAC,
+    Pod,
     capture,
     drain,
     wait_for,
@@ -157,17 +158,17 @@ def to_client(frame: Packet, src: str) -> Packet:
     return Ether(src=UPLINK_MAC, dst=CLIENT_MAC) / IP(bytes(want))
 
 
-def to_pod(frame: Packet, pod: object) -> Packet:
+def to_pod(frame: Packet, pod: Pod) -> Packet:
     """`frame` (from the client, to an LB IP) as `pod` gets it: its link's MACs, TTL - 1,
     destination the pod IP."""
     want = frame[IP].copy()
     want.ttl -= 1
-    want.dst = pod.ip  # type: ignore[attr-defined]
+    want.dst = pod.ip
     del want.chksum
     for layer in (TCP, UDP):
         if layer in want:
             del want[layer].chksum
-    return Ether(src=pod.host_mac, dst=pod.mac) / IP(bytes(want))  # type: ignore[attr-defined]
+    return Ether(src=pod.host_mac, dst=pod.mac) / IP(bytes(want))
 
 
 def from_client(ip: Packet) -> Packet:
