@@ -149,13 +149,20 @@ mkdir -p "$CACHE"
 exec > >(tee "$CACHE/build.log") 2>&1
 WORK="$(mktemp -d "$CACHE/build.XXXXXX")"
 ROOT="$WORK/root"
-MOUNTS=()
+# Every mount under $WORK, deepest first: ours (proc, sys, dev) and any debootstrap left behind.
+mounts_under_work() { awk -v w="$WORK/" 'index($2, w) == 1 { print $2 }' /proc/self/mounts | sort -r; }
 cleanup() {
-	local i
-	for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
-		umount -l "${MOUNTS[i]}" 2>/dev/null || true
-	done
-	rm -rf "$WORK"
+	local m
+	while read -r m; do
+		umount -l "$m" 2>/dev/null || true
+	done < <(mounts_under_work)
+	if [[ -n "$(mounts_under_work)" ]]; then
+		printf 'kernel-guests.sh: %s still has mounts (%s); not removing it\n' "$WORK" \
+			"$(mounts_under_work | paste -sd' ' -)" >&2
+		return
+	fi
+	# --one-file-system: never into a bind mount of the host's /dev, /sys or /proc
+	rm -rf --one-file-system "$WORK"
 }
 trap cleanup EXIT
 
@@ -175,7 +182,6 @@ chmod 0755 "$ROOT/usr/sbin/policy-rc.d"
 for m in proc sys dev; do
 	mount --rbind "/$m" "$ROOT/$m"
 	mount --make-rslave "$ROOT/$m"
-	MOUNTS+=("$ROOT/$m")
 done
 in_root() { chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 "$@"; }
 
@@ -270,10 +276,10 @@ echo czguest >"$ROOT/etc/hostname"
 : >"$ROOT/etc/fstab"
 rm -f "$ROOT/usr/sbin/policy-rc.d"
 
-for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
-	umount -l "${MOUNTS[i]}"
-done
-MOUNTS=()
+while read -r m; do
+	umount -l "$m"
+done < <(mounts_under_work)
+[[ -z "$(mounts_under_work)" ]] || die "could not unmount $(mounts_under_work | paste -sd' ' -)"
 
 SIZE_MB=$(($(du -sm "$ROOT" | cut -f1) * 5 / 4 + 512))
 step "making the disk image ($SIZE_MB MB, ext4) from the root"
