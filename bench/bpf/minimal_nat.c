@@ -11,11 +11,11 @@
  * record, no counters. TCX_NEXT either way.
  */
 #include <uapi/linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/in.h>
-#include <linux/udp.h>
-#include <linux/tcp.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/udp.h>
+#include <uapi/linux/tcp.h>
 
 struct min_svc {
 	__be32 pod_ip;

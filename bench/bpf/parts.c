@@ -6,8 +6,8 @@
  * and key/value layouts of the product's (addr4, flow4, flowhint, stats).
  */
 #include <uapi/linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/ip.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
 
 struct parts_addr {
 	__u8 bytes[56]; /* struct addr4_val */

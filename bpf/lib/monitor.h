@@ -41,28 +41,38 @@ static __always_inline int cz_mon_token(struct mon_ctl *c)
 	return __sync_val_compare_and_swap(&c->tat, old, tat + c->interval_ns) == old;
 }
 
-/* A record to fill and submit (cz_mon_submit), or NULL: the event is lost and counted. */
-static __always_inline struct cz_event *cz_mon_reserve(struct mon_ctl *c)
+/* Counters of monstats, by their place in struct mon_stat */
+#define CZ_MON_EVENTS 0
+#define CZ_MON_LOST_LIMIT 1
+#define CZ_MON_LOST_FULL 2
+
+static __always_inline void cz_mon_count(__u32 counter)
 {
 	__u32 zero = 0;
-	struct mon_stat *st = cz_monstats.lookup(&zero);
-	struct cz_event *e;
+	__u64 *st = (__u64 *)cz_monstats.lookup(&zero);
 
-	if (!cz_mon_token(c)) {
-		if (st)
-			st->lost_limit++;
-		return NULL;
-	}
-	e = cz_events.ringbuf_reserve(sizeof(*e));
-	if (st) {
-		if (e)
-			st->events++;
-		else
-			st->lost_full++;
-	}
-	return e;
+	if (st)
+		st[counter & 3]++;
 }
 
+/* Does the bucket admit an event? One it refuses is counted. */
+static __always_inline int cz_mon_admit(struct mon_ctl *c)
+{
+	if (cz_mon_token(c))
+		return 1;
+	cz_mon_count(CZ_MON_LOST_LIMIT);
+	return 0;
+}
+
+/*
+ * An event's record: cz_mon_event4 and cz_mon_event reserve it, test it once and count it only
+ * after submitting it. A helper that returned the record after testing it to pick its counter
+ * had clang test it twice, and Linux 6.1's verifier rejected the programs ("Unreleased
+ * reference"): its reg_type_not_null() does not take ring buffer memory for non-NULL once
+ * tested, so it followed the second test's NULL branch, where the record is never submitted
+ * (6.12's verifier knows better). Counted after the submit, the record is no longer held
+ * whatever clang makes of the counting.
+ */
 static __always_inline void cz_mon_fill(struct cz_event *e, __u32 ifindex, int dir, __u32 reason,
 					__u32 slot, __u32 len, __u8 v6, __u8 proto, __be16 sport,
 					__be16 dport)
@@ -85,14 +95,20 @@ static __always_inline void cz_mon_event4(struct mon_ctl *c, __u32 ifindex, int 
 					  __u32 slot, __u32 len, __u8 proto, __be32 src, __be32 dst,
 					  __be16 sport, __be16 dport)
 {
-	struct cz_event *e = cz_mon_reserve(c);
+	struct cz_event *e;
 
-	if (!e)
+	if (!cz_mon_admit(c))
 		return;
+	e = cz_events.ringbuf_reserve(sizeof(*e));
+	if (!e) {
+		cz_mon_count(CZ_MON_LOST_FULL);
+		return;
+	}
 	cz_mon_fill(e, ifindex, dir, reason, slot, len, 0, proto, sport, dport);
 	cz_ip4_set(&e->src, src);
 	cz_ip4_set(&e->dst, dst);
 	cz_events.ringbuf_submit(e, 0);
+	cz_mon_count(CZ_MON_EVENTS);
 }
 
 /* An event of either family, addresses as struct ip6. */
@@ -101,14 +117,20 @@ static __always_inline void cz_mon_event(struct mon_ctl *c, __u32 ifindex, int d
 					 const struct ip6 *src, const struct ip6 *dst, __be16 sport,
 					 __be16 dport)
 {
-	struct cz_event *e = cz_mon_reserve(c);
+	struct cz_event *e;
 
-	if (!e)
+	if (!cz_mon_admit(c))
 		return;
+	e = cz_events.ringbuf_reserve(sizeof(*e));
+	if (!e) {
+		cz_mon_count(CZ_MON_LOST_FULL);
+		return;
+	}
 	cz_mon_fill(e, ifindex, dir, reason, slot, len, v6, proto, sport, dport);
 	e->src = *src;
 	e->dst = *dst;
 	cz_events.ringbuf_submit(e, 0);
+	cz_mon_count(CZ_MON_EVENTS);
 }
 
 #endif

@@ -13,15 +13,15 @@
 #ifndef COZYEBPF_PARSE_H
 #define COZYEBPF_PARSE_H
 
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
-#include <linux/in.h>
-#include <linux/in6.h>
-#include <linux/icmp.h>
-#include <linux/icmpv6.h>
-#include <linux/tcp.h>
-#include <linux/udp.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/in6.h>
+#include <uapi/linux/icmp.h>
+#include <uapi/linux/icmpv6.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/udp.h>
 #include "types.h"
 
 #define CZ_MAX_VLAN 2

@@ -3,8 +3,8 @@
 #ifndef COZYEBPF_TC_H
 #define COZYEBPF_TC_H
 
-#include <linux/if_ether.h>
-#include <linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/pkt_cls.h>
 
 #define CZ_TC_NEXT -1	/* TCX_NEXT; TC_ACT_UNSPEC for a legacy cls_bpf filter: the next runs */
 #define CZ_TC_DROP 2	/* TCX_DROP == TC_ACT_SHOT */

@@ -7,7 +7,7 @@
 #ifndef COZYEBPF_TYPES_H
 #define COZYEBPF_TYPES_H
 
-#include <linux/types.h>
+#include <uapi/linux/types.h>
 
 #define CZ_LAYOUT_VERSION 7
 

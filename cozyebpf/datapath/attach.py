@@ -26,7 +26,20 @@ OUR_PROGRAMS = ("cz_ingress", "cz_ingress_tc", "cz_egress", "cz_pod_ingress", "c
 XDP_MODES = {"native": bpfsys.XDP_FLAGS_DRV_MODE, "generic": bpfsys.XDP_FLAGS_SKB_MODE}
 TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
+#: A legacy clsact filter (a kernel without tcx, before 6.6) runs first at priority 1, the
+#: lowest there is (0 asks the kernel to pick one). Cilium's filters take priority 1 too, with
+#: protocol all and handle 1, and are replaced in place when Cilium attaches again
+#: (pkg/datapath/loader/tc.go, attachTCProgram: netlink.FilterReplace; its TCFilterPriority is 1
+#: by default). Ours share that priority and protocol with handles of their own: of the filters
+#: of one priority cls_bpf runs the one added last first (a new filter goes to the head of its
+#: list, a replaced one keeps its place), so ours, added after Cilium's, runs before it however
+#: often Cilium replaces its own. When Cilium's is added anew after ours (its first start on the
+#: node after ours), the attachment check finds ours not first and adds it again in front, with
+#: the other handle, before the old one goes (`_attach_legacy`). Until issue 36 ours took
+#: handle 1 of priority 1 too: each side's replace then took the other's filter off the device.
 LEGACY_PRIO = 1
+LEGACY_HANDLES = (0x637A0001, 0x637A0002)  # "cz", 1 and 2
+ETH_P_ALL = 3
 
 
 @dataclass(frozen=True)
@@ -268,6 +281,9 @@ def tcx_supported() -> bool:
     return True
 
 
+#: devices warned about a forced legacy filter on a kernel with tcx (once each)
+_WARNED_LEGACY: set[str] = set()
+
 #: direction -> (tcx attach type, clsact parent)
 DIRECTIONS = {
     "ingress": (bpfsys.BPF_TCX_INGRESS, TC_INGRESS_PARENT),
@@ -279,13 +295,21 @@ def attach_tc(
     prog_fd: int, program: str, device: str, pin_dir: str, direction: str, mode: str = "auto"
 ) -> Attachment:
     """Attach (or atomically replace) a tc program on `device`: a tcx link placed before every
-    other tcx program (BPF_F_BEFORE) where the kernel has tcx, else a clsact filter at priority
-    1 (mode "legacy" forces that)."""
+    other tcx program (BPF_F_BEFORE) where the kernel has tcx, else a clsact filter that runs
+    first (LEGACY_PRIO; mode "legacy" forces that)."""
     ifindex = ifindex_of(device)
     prog_id = bpfsys.prog_info(prog_fd).id
     attach_type, parent = DIRECTIONS[direction]
     if mode == "auto":
         mode = "tcx" if tcx_supported() else "legacy"
+    elif mode == "legacy" and device not in _WARNED_LEGACY and tcx_supported():
+        _WARNED_LEGACY.add(device)
+        log.warning(
+            "%s: --tc-mode legacy on a kernel with tcx: the clsact filter runs after every tcx "
+            "program of the hook (Cilium attaches with tcx here), so ours is not first; "
+            "--tc-mode auto uses tcx",
+            device,
+        )
     if mode == "legacy":
         _attach_legacy(prog_fd, program, device, ifindex, parent)
         log.info("attached %s (clsact %s, prio %d) to %s", program, direction, LEGACY_PRIO, device)
@@ -351,9 +375,54 @@ def detach_link(path: str) -> bool:
     return True
 
 
+def _ours(f: rtnl.TcFilter) -> bool:
+    return f.name.startswith(OUR_PROGRAMS)
+
+
+def legacy_first(ifindex: int, parent: int) -> bool | None:
+    """Is one of our clsact filters the first the kernel runs at `parent`? None: we have none."""
+    filters = rtnl.tc_filters(ifindex, parent)
+    if not any(_ours(f) for f in filters):
+        return None
+    return _ours(filters[0])
+
+
 def _attach_legacy(prog_fd: int, program: str, device: str, ifindex: int, parent: int) -> None:
+    """Our program in a clsact filter that runs first at `parent` (LEGACY_PRIO, LEGACY_HANDLES):
+    our filter's program replaced in place where ours runs first already; else a new filter,
+    which goes in front of the others of its priority, and then our other filters removed."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
+
+    def put(ipr: IPRoute, command: str, handle: int) -> None:
+        try:
+            ipr.tc(
+                command,
+                "bpf",
+                ifindex,
+                handle,
+                fd=prog_fd,
+                name=program,
+                parent=parent,
+                prio=LEGACY_PRIO,
+                protocol=ETH_P_ALL,
+                direct_action=True,
+            )
+        except NetlinkError as e:
+            theirs = [
+                f"{f.name} (prio {f.prio}, protocol {f.protocol:#x})"
+                for f in rtnl.tc_filters(ifindex, parent)
+                if not _ours(f) and f.prio == LEGACY_PRIO
+            ]
+            raise DatapathError(
+                f"adding the clsact filter {program} to {device} failed: {e}"
+                + (
+                    f"; priority {LEGACY_PRIO} holds {', '.join(theirs)}, which it cannot share "
+                    f"(a filter of one priority shares its protocol and kind: all, bpf)"
+                    if theirs
+                    else ""
+                )
+            ) from e
 
     with IPRoute() as ipr:
         try:
@@ -361,31 +430,52 @@ def _attach_legacy(prog_fd: int, program: str, device: str, ifindex: int, parent
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise DatapathError(f"adding clsact qdisc to {device} failed: {e}") from e
-        try:
-            ipr.tc(
-                "replace-filter",
-                "bpf",
-                ifindex,
-                ":1",
-                fd=prog_fd,
-                name=program,
-                parent=parent,
-                prio=LEGACY_PRIO,
-                direct_action=True,
-            )
-        except NetlinkError as e:
-            raise DatapathError(
-                f"adding the clsact filter {program} to {device} failed: {e}"
-            ) from e
+        filters = rtnl.tc_filters(ifindex, parent)
+        ours = [f for f in filters if _ours(f)]
+        first = filters[0] if filters else None
+        if first is not None and _ours(first) and first.handle in LEGACY_HANDLES:
+            put(ipr, "replace-filter", first.handle)  # in place: it keeps its place
+            keep = first.handle
+        else:
+            used = {f.handle for f in ours if f.prio == LEGACY_PRIO}
+            if used >= set(LEGACY_HANDLES):  # both taken (one not first): that one goes
+                stale = next(f for f in ours if f.handle == LEGACY_HANDLES[1])
+                _remove_filter(ipr, ifindex, parent, stale)
+                used.discard(stale.handle)
+            keep = next(h for h in LEGACY_HANDLES if h not in used)
+            put(ipr, "add-filter", keep)  # the head of its priority's list
+        for f in ours:
+            if not (f.prio == LEGACY_PRIO and f.handle == keep):
+                _remove_filter(ipr, ifindex, parent, f)
+
+
+def _remove_filter(ipr: Any, ifindex: int, parent: int, f: rtnl.TcFilter) -> None:
+    """One filter, by its priority, protocol and handle: never a whole priority, which would
+    take the filters of others sharing it (Cilium's) too."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
+        ipr.tc(
+            "del-filter",
+            "bpf",
+            ifindex,
+            f.handle,
+            parent=parent,
+            prio=f.prio,
+            protocol=f.protocol,
+        )
+    except NetlinkError as e:
+        if e.code != errno.ENOENT:
+            raise
 
 
 def legacy_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]:
     """(priority, program name, program id) of our (cz_*) clsact filters at `parent` on a
     device."""
     out = {
-        (prio, name.split(":")[0], prog_id)
-        for prio, name, prog_id in rtnl.bpf_filter_programs(ifindex, parent)
-        if name.startswith(OUR_PROGRAMS)
+        (f.prio, f.name.split(":")[0], f.prog_id)
+        for f in rtnl.tc_filters(ifindex, parent)
+        if _ours(f)
     }
     return sorted(out)
 
@@ -396,16 +486,18 @@ def legacy_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
 
 
 def remove_legacy(ifindex: int, parent: int) -> list[str]:
-    ours = legacy_filters(ifindex, parent)
+    """Remove our clsact filters at `parent` of a device, each by its handle (the filters of
+    others at the same priority stay)."""
+    ours = [f for f in rtnl.tc_filters(ifindex, parent) if _ours(f)]
     if not ours:
         return []  # the common case: pyroute2 is not even imported
     from pyroute2 import IPRoute
 
     removed = []
     with IPRoute() as ipr:
-        for prio, name in ours:
-            ipr.tc("del-filter", "bpf", ifindex, parent=parent, prio=prio)
-            removed.append(f"clsact filter {name} prio {prio}")
+        for f in ours:
+            _remove_filter(ipr, ifindex, parent, f)
+            removed.append(f"clsact filter {f.name} prio {f.prio}")
     return removed
 
 

@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
-from cozyebpf.datapath import attach, bpfsys, loader, rtnl
+from cozyebpf.datapath import attach, bpfsys, kernel, loader, rtnl
 from cozyebpf.datapath.compiler import Compilation, Request
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, MON_OFF
 from cozyebpf.datapath.maps import DEFAULT_FLOW_TIMEOUTS, DEFAULT_PIN_DIR, PinnedMaps
@@ -108,7 +108,10 @@ class BpfDatapath:
             ) from None
 
     def prepare(self) -> None:
-        """Check the devices and create or adopt the pinned maps (fast; nothing attached)."""
+        """Check the kernel and the devices and create or adopt the pinned maps (fast; nothing
+        attached). A kernel older than the oldest proven one is refused (datapath.kernel)."""
+        for note in kernel.check():  # what this kernel lacks and the datapath works around
+            log.info("%s", note)
         uplinks = [attach.ifindex_of(dev) for dev in self.devices]  # a typo fails here
         with self.guard("preparing the maps"):
             self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
@@ -290,9 +293,9 @@ class BpfDatapath:
         attach.remove_legacy(attach.ifindex_of(dev), attach.TC_INGRESS_PARENT)
 
     def check(self) -> list[str]:
-        """Verify every attachment is in place and our tcx programs run first; repair and
-        report what was wrong (one line each). A monitor's events left on by a monitor that is
-        gone (killed) are turned off."""
+        """Verify every attachment is in place and our tc programs run first (tcx, or a legacy
+        clsact filter: attach.LEGACY_PRIO); repair and report what was wrong (one line each).
+        A monitor's events left on by a monitor that is gone (killed) are turned off."""
         with self.guard("checking the attachments"):
             return self._check()
 
@@ -313,7 +316,7 @@ class BpfDatapath:
                 if problem is None:
                     continue
                 log.warning("%s %s: %s; re-attaching", dev, a.hook, problem)
-                if problem == "not first":
+                if problem == "not first" and a.hook.startswith("tcx-"):
                     spares = self._spares.get(a.program)
                     if not spares:
                         raise DatapathError(f"no second instance of {a.program} to move first")
@@ -377,7 +380,10 @@ class BpfDatapath:
                 return "detached"
             return None if ids[0] == a.prog_id else "not first"
         _, parent = attach.DIRECTIONS[a.hook.removeprefix("tc-")]
-        return None if attach.legacy_filters(ifindex, parent) else "filter gone"
+        first = attach.legacy_first(ifindex, parent)
+        if first is None:
+            return "filter gone"
+        return None if first else "not first"
 
     # -- maps ----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 NETLINK_ROUTE = 0
 NLM_F_REQUEST = 0x1
@@ -126,16 +127,28 @@ def xdp_program(ifindex: int) -> tuple[int, int] | None:
     return None
 
 
-def bpf_filter_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]:
-    """(priority, program name, program id) of every cls_bpf filter at `parent` (a clsact
-    direction) of a device; [] when it has no clsact qdisc."""
+@dataclass(frozen=True)
+class TcFilter:
+    """A cls_bpf filter of a clsact direction."""
+
+    prio: int
+    protocol: int  # ETH_P_*, host order (3: all)
+    handle: int
+    name: str  # the program's name as tc was given it
+    prog_id: int
+
+
+def tc_filters(ifindex: int, parent: int) -> list[TcFilter]:
+    """Every cls_bpf filter at `parent` (a clsact direction) of a device, in the order the
+    kernel runs them (by priority; of one priority, as its list holds them: the one added last
+    first); [] when it has no clsact qdisc."""
     body = _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, parent, 0)
-    out: list[tuple[int, str, int]] = []
+    out: list[TcFilter] = []
     try:
         for kind, payload in request(RTM_GETTFILTER, body, dump=True):
             if kind != RTM_NEWTFILTER:
                 continue
-            info = _TCMSG.unpack_from(payload)[4]
+            handle, info = _TCMSG.unpack_from(payload)[2::2]
             a = dict(attrs(payload, _TCMSG.size))
             if a.get(TCA_KIND, b"").rstrip(b"\0") != b"bpf" or TCA_OPTIONS not in a:
                 continue
@@ -143,10 +156,17 @@ def bpf_filter_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]
             if TCA_BPF_NAME in opts:
                 name = opts[TCA_BPF_NAME].rstrip(b"\0").decode(errors="replace")
                 prog_id = struct.unpack("=I", opts[TCA_BPF_ID][:4])[0] if TCA_BPF_ID in opts else 0
-                out.append((info >> 16, name, prog_id))
+                proto = socket.ntohs(info & 0xFFFF)
+                out.append(TcFilter(info >> 16, proto, handle, name, prog_id))
     except NetlinkError:
         return []  # no clsact qdisc (EINVAL), or the device is gone
     return out
+
+
+def bpf_filter_programs(ifindex: int, parent: int) -> list[tuple[int, str, int]]:
+    """(priority, program name, program id) of every cls_bpf filter at `parent` (a clsact
+    direction) of a device; [] when it has no clsact qdisc."""
+    return [(f.prio, f.name, f.prog_id) for f in tc_filters(ifindex, parent)]
 
 
 def bpf_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:

@@ -17,10 +17,10 @@
  * `cilium_like_<i>` for the points after it and sets NPOINTS.
  */
 #include <uapi/linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/in.h>
-#include <linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/pkt_cls.h>
 
 #ifndef NPOINTS
 #define NPOINTS 1

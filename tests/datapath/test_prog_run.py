@@ -6,6 +6,7 @@ the same code the agent uses (PinnedMaps.apply); no namespace is needed."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -189,6 +190,46 @@ def test_counters_count_each_verdict(progs: Progs) -> None:
     delta = {k: after[k] - before.get(k, 0) for k in REASONS if after[k] != before.get(k, 0)}
     assert delta == {"drop_port": 3, "drop_icmp": 1, "nat_ingress": 1, "nat_egress": 1}
     assert progs.maps.counters()["drop_port"]["bytes"] >= 3 * len(frame)
+
+
+def test_the_monitor_counts_every_event_it_writes_refuses_or_loses(progs: Progs) -> None:
+    """With the monitor on, each counted packet is an event: written to the ring buffer whole,
+    refused by the token bucket once it is empty, or lost to a full ring buffer; monstats counts
+    each kind (what `cozyebpf monitor` reports as lost). The bucket's rate is one event in
+    1,000 s and its burst two intervals: three events pass, then none for the whole test."""
+    from cozyebpf.monitor import RingBuffer
+
+    m = progs.maps
+    frame = bytes(eth() / IP(src=CLIENT, dst=LB_FILT) / TCP(sport=1, dport=81))  # drop_port
+    ring = RingBuffer(m.fds[m.layout.events.name], m.layout.events.max_entries)
+    ring.skip()
+    before = m.monitor_state()
+    interval = 1000 * 10**9
+    try:
+        m.set_monitor(layout.MON_DROPS, interval, 2 * interval)
+        assert bpfsys.prog_test_run(progs.ingress, frame, repeat=5).retval == XDP_DROP
+        limited = m.monitor_state()
+        records = list(ring.records())
+        # every event admitted: the ring buffer (256 KiB, ~3,600 records) overflows
+        m.set_monitor(layout.MON_DROPS, 1, 10**15)
+        n = 2 * m.layout.events.max_entries // ctypes.sizeof(layout.CzEvent)
+        bpfsys.prog_test_run(progs.ingress, frame, repeat=n)
+        full = m.monitor_state()
+    finally:
+        m.set_monitor(layout.MON_OFF)
+        ring.skip()
+        ring.close()
+    assert (limited.events - before.events, limited.lost_limit - before.lost_limit) == (3, 2)
+    assert limited.lost_full == before.lost_full
+    assert len(records) == 3
+    for raw in records:
+        ev = layout.CzEvent.from_buffer_copy(raw)
+        assert (REASONS[ev.reason], ev.proto, ev.v6, ev.len) == ("drop_port", 6, 0, len(frame))
+        assert (ev.src.a[0], ev.dst.a[0]) == (be32(A(CLIENT)), be32(A(LB_FILT)))
+        assert (ev.sport, ev.dport) == (be16(1), be16(81))
+    written, lost = full.events - limited.events, full.lost_full - limited.lost_full
+    assert written + lost == n and full.lost_limit == limited.lost_limit
+    assert 0 < written < n and lost > 0, (written, lost)
 
 
 def test_programs_use_the_pinned_maps(progs: Progs) -> None:
@@ -388,10 +429,13 @@ def test_replies_of_a_busy_flow_are_looked_up_only_now_and_then(progs: Progs, ho
             assert run(reply)[0] == XDP_PASS  # the slot vouches for it
             age_flows(m, 150_000_000)  # past CZ_SEEN_NS
             assert run(reply)[0] == XDP_DROP
-            # an entry user space writes, expired: seen at once
+            # an entry user space writes, expired: seen at once. Expired by a second past a UDP
+            # timeout of one: a fixed age of minutes is no time at all on a machine up for
+            # less (a guest of the kernel matrix), where the subtraction went below zero
+            m.set_flow_timeouts(1, 30, 432000, 10)
             assert progs.tc(out)[0] == TC_NEXT
             assert run(reply)[0] == XDP_PASS
-            m.add_flows([flow], last_seen_ns=coarse_now_ns() - 200 * 10**9)
+            m.add_flows([flow], last_seen_ns=coarse_now_ns() - 2 * 10**9)
             assert run(reply)[0] == XDP_DROP
             # a UDP timeout shorter than the window: the slot's time is checked against it
             m.set_flow_timeouts(0.05, 30, 432000, 10)

@@ -103,6 +103,51 @@ def test_bpf_filters_of_a_clsact_direction(lab: Lab) -> None:
     lab.in_ns(lab.node, check)
 
 
+def test_tc_filters_in_the_order_the_kernel_runs_them(lab: Lab) -> None:
+    """rtnl.tc_filters: priority, protocol, handle and name of each filter as pyroute2 reads
+    them, and its program, in the kernel's order: by priority, and of one priority the filter
+    added last first (a replaced one keeps its place). remove_legacy takes our filter by its
+    handle and leaves another's of the same priority (removing by priority took both)."""
+    from bcc import BPF
+    from pyroute2 import IPRoute
+
+    parent = attach.TC_INGRESS_PARENT
+    idx = lab.in_ns(lab.node, lambda: socket.if_nametoindex(UPLINK))
+
+    def add(ipr: IPRoute, cmd: str, fd: int, name: str, prio: int, handle: int) -> None:
+        where = {"parent": parent, "prio": prio, "protocol": attach.ETH_P_ALL}
+        ipr.tc(cmd, "bpf", idx, handle, fd=fd, name=name, direct_action=True, **where)
+
+    def check() -> None:
+        fds = {n: trivial(BPF.SCHED_CLS, n) for n in ("cz_egress", "cil", "late")}
+        with IPRoute() as ipr:
+            ipr.tc("add", "clsact", idx)
+            add(ipr, "add-filter", fds["cil"], "cil", 1, 1)
+            add(ipr, "add-filter", fds["late"], "late", 2, 7)
+            add(ipr, "add-filter", fds["cz_egress"], "cz_egress", 1, attach.LEGACY_HANDLES[0])
+            add(ipr, "replace-filter", fds["cil"], "cil", 1, 1)  # in place
+            pr2 = [
+                (f["info"] >> 16, socket.ntohs(f["info"] & 0xFFFF), f["handle"], name)
+                for f in ipr.get_filters(idx, parent=parent)
+                if f.get_attr("TCA_OPTIONS")
+                and (name := f.get_attr("TCA_OPTIONS").get_attr("TCA_BPF_NAME"))
+            ]
+        got = rtnl.tc_filters(idx, parent)
+        assert [(f.prio, f.protocol, f.handle, f.name) for f in got] == pr2
+        assert [f.prog_id for f in got] == [bpfsys.prog_info(fds[f.name]).id for f in got]
+        assert [(f.name, f.handle) for f in got] == [
+            ("cz_egress", attach.LEGACY_HANDLES[0]),
+            ("cil", 1),
+            ("late", 7),
+        ]
+        assert attach.legacy_first(idx, parent) is True
+        assert attach.remove_legacy(idx, parent) == ["clsact filter cz_egress prio 1"]
+        assert [f.name for f in rtnl.tc_filters(idx, parent)] == ["cil", "late"]
+        assert attach.legacy_first(idx, parent) is None
+
+    lab.in_ns(lab.node, check)
+
+
 def test_default_route_devices(lab: Lab) -> None:
     from pyroute2 import IPRoute
 

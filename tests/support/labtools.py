@@ -18,6 +18,7 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.state import MapState
 from cozylab.k8s import Svc, manifest
 from cozylab.netns import DEFAULT_PODS, UPLINK, Lab, Pod, capture, drain, wait_for
+from tests.support.env import hang_bound
 
 T = TypeVar("T")
 
@@ -67,7 +68,7 @@ class AgentLab:
         )
         wait_for(  # a bound for a hang, not an expectation: a loaded machine compiles slowly
             lambda: "datapath ready" in self.log()[offset:] or self.proc_exited(),
-            120,
+            hang_bound(120),
             "the agent to attach",
         )
         assert not self.proc_exited(), self.log()[offset:]

@@ -100,6 +100,15 @@ def _ovn() -> str | None:
     )
 
 
+def _kernel_guest() -> str | None:
+    """qemu and the kernel matrix's guests (cozylab/kmatrix.py), which scripts/setup.sh
+    --kernel-guests (scripts/test.sh runs it so) builds once."""
+    from cozylab.kmatrix import missing
+
+    why = missing()
+    return None if why is None else f"the kernel-matrix guests: {why}"
+
+
 #: name -> check: None when present, else what is missing and how to get it
 PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "root": _root,
@@ -117,6 +126,7 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "capsh": _command("capsh", "libcap2-bin"),
     "helm": _helm,
     "ovn": _ovn,
+    "kernel-guest": _kernel_guest,
 }
 
 #: what the marker `datapath` needs: loading BPF and the namespace lab

@@ -1,0 +1,65 @@
+"""What cozyebpf does on each kernel, as the kernel matrix proved it (issue 36: `make
+kernel-matrix`; README, *Kernels*; docs/design.md, *The kernel matrix*).
+
+- Linux 6.6 and later (Talos 1.9-1.11: 6.12; Talos 1.12, 1.13: 6.18): every tc program on tcx,
+  placed before every other program of its hook (BPF_F_BEFORE).
+- Linux 6.1 to 6.5 (Debian 12: 6.1) has no tcx: the tc programs are legacy clsact filters that
+  run first, at priority 1 beside Cilium's (attach.LEGACY_PRIO); where Cilium adds its filter
+  anew after ours, the attachment check puts ours back in front (within --check-interval).
+  Before 6.5 bpf_fib_lookup has no BPF_FIB_LOOKUP_SKIP_NEIGH: the programs ask again without
+  it (bpf/lib/cluster.h), and host routing takes two lookups where it takes one on 6.5.
+- Older than 6.1: refused at start. Nothing older is proven: the verifier of an older kernel
+  counts and prunes differently (6.1 rejected programs 6.12 took, until issue 36 changed
+  them), and the programs use helpers of 5.8 to 5.12 (the ring buffer, bpf_redirect_neigh,
+  bpf_ktime_get_coarse_ns, the FIB's MTU answer).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from cozyebpf.errors import DatapathError
+
+#: the oldest kernel the programs are proven on (the kernel matrix's oldest guest)
+MINIMUM = (6, 1)
+#: tcx (and BPF_F_BEFORE); before it, legacy clsact filters
+TCX = (6, 6)
+#: BPF_FIB_LOOKUP_SKIP_NEIGH; before it, the FIB is asked again without
+FIB_SKIP_NEIGH = (6, 5)
+
+
+def version(release: str) -> tuple[int, int]:
+    """(major, minor) of a kernel release: "6.12.118+deb12-amd64" -> (6, 12)."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    if m is None:
+        raise DatapathError(f"cannot read a kernel version from the release {release!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check(release: str | None = None) -> list[str]:
+    """Refuse a kernel older than MINIMUM (DatapathError naming it, the reason and the
+    minimum); else what this kernel lacks that the datapath works around, one line each, for
+    the log ([] on 6.6 and later)."""
+    release = release or os.uname().release
+    v = version(release)
+    if v < MINIMUM:
+        raise DatapathError(
+            f"Linux {release} is older than {MINIMUM[0]}.{MINIMUM[1]}, the oldest kernel "
+            f"cozyebpf's programs are proven on (the kernel matrix: 6.1, 6.12 and 6.18); an "
+            f"older verifier is not known to accept them, and they need the ring buffer, "
+            f"bpf_redirect_neigh and the FIB's MTU answer (Linux 5.8 to 5.12). Run the node "
+            f"on Linux {MINIMUM[0]}.{MINIMUM[1]} or later (Debian 12, Talos 1.9 and later)"
+        )
+    notes = []
+    if v < TCX:
+        notes.append(
+            f"Linux {release} has no tcx (6.6): the tc programs are clsact filters, first at "
+            f"priority 1"
+        )
+    if v < FIB_SKIP_NEIGH:
+        notes.append(
+            f"Linux {release} has no BPF_FIB_LOOKUP_SKIP_NEIGH (6.5): the FIB is asked "
+            f"again without it"
+        )
+    return notes
