@@ -100,6 +100,15 @@ def _ovn() -> str | None:
     )
 
 
+def _kube() -> str | None:
+    """etcd, kube-apiserver and kube-controller-manager of the pinned release, built by
+    scripts/build-kube.sh (setup.sh runs it), for the labs' real control plane."""
+    from cozylab.kubecp import missing_prerequisites
+
+    lacking = missing_prerequisites()
+    return "; ".join(lacking) if lacking else None
+
+
 #: name -> check: None when present, else what is missing and how to get it
 PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "root": _root,
@@ -117,6 +126,7 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "capsh": _command("capsh", "libcap2-bin"),
     "helm": _helm,
     "ovn": _ovn,
+    "kube": _kube,
 }
 
 #: what the marker `datapath` needs: loading BPF and the namespace lab
