@@ -98,12 +98,12 @@ Both layouts:
   with that annotation, which the agents read (`get`).
 
 What the lab leaves out: a kubelet, the scheduler, kube-proxy and ClusterIP traffic, the node
-lifecycle controller (the lab writes what they would); OVS and OVN themselves (flows, logical switch ports, ACLs, conntrack
-zones in OVS; port security's MAC and ARP parts), GENEVE, Cilium itself (only the observer
-stands in for its programs), kube-proxy and ClusterIP Services, IPv6 (Cozystack patches it out
-of Kube-OVN), KubeVirt's memory copy and the pod annotation
+lifecycle controller (the lab writes what they would); OVS and OVN themselves (flows, logical
+switch ports, ACLs, conntrack zones in OVS; port security's MAC and ARP parts), GENEVE, Cilium
+itself (only the observer stands in for its programs), kube-proxy and ClusterIP Services, IPv6
+(Cozystack patches it out of Kube-OVN), KubeVirt's memory copy and the pod annotation
 kubevirt.io/migration-target-ready-timestamp (the agent reads Pods only for port security), a
-MetalLB memberlist (elections are computed by the lab from the EndpointSlices it writes), more
+MetalLB memberlist (elections are computed by the lab from the pods it makes ready), more
 than one VLAN or subnet, and rp_filter (0 everywhere, as Cilium sets it on its devices).
 
 Every address is a documentation range (192.0.2.0/24 nodes, 198.51.100.0/24 outside,
@@ -113,13 +113,12 @@ own interfaces and every namespace, pin and process is removed on every exit pat
 
 The package, by seam: `spec` (addresses, names, workloads), `topology` (namespaces, veths,
 routes: the ToR, the nodes, the OVS model, the pods), `cni` (Kube-OVN's nftables, OVN's port
-security), `api` (the objects the lab writes to the real API server, the identities), `announcer` (MetalLB's stand-in),
-`agents` (a `cozyebpf run` per node), `lab` (`ClusterLab`: all of it up and down, the
-probes), `scenarios` (one module per section, each declaring its rows where it runs them),
-`rows` (rows and the table they come from), `report` (the table and the command line). The
-Cilium-like observer and the traffic streams are cozylab's own (cozylab/cilium.py,
-cozylab/traffic.py), shared with the datapath tests.
-"""
+security), `api` (what the lab writes to the real API server, the identities), `announcer`
+(MetalLB's stand-in), `agents` (a `cozyebpf run` per node), `lab` (`ClusterLab`: all of it up
+and down, the probes), `scenarios` (one module per section, each declaring its rows where it
+runs them), `rows` (rows and the table they come from), `report` (the table and the command
+line). The Cilium-like observer and the traffic streams are cozylab's own (cozylab/cilium.py,
+cozylab/traffic.py), shared with the datapath tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Section 13: the Kubernetes API as the agents meet it on a cluster (issue 35), against the
+"""Section 14: the Kubernetes API as the agents meet it on a cluster (issue 35), against the
 real kube-apiserver and EndpointSlice controller: a Service created, changed and deleted in
 both modes; a VM's pod not Ready and Ready again; source ranges; EndpointSlices a tenant
 writes in its own namespace (RBAC lets it); the metrics for Prometheus's token and a
@@ -32,7 +32,7 @@ from cozylab.netns import wait_for
 if TYPE_CHECKING:
     from cozylab.cluster.lab import ClusterLab
 
-SCENARIO = "13 kubernetes api"
+SCENARIO = "14 kubernetes api"
 #: a Service the rows create, change and delete; its backend is the plain pod p3's address
 NEW = "vm-new"
 NEW_LB = "203.0.113.80"
