@@ -338,19 +338,19 @@ class Kube:
         """The same server, as the bearer of `token` (no client certificate)."""
         return Kube(self.netns, self.host, self.port, self.ca, token=token, timeout=self.timeout)
 
-    def request(
+    def _send(
         self,
         method: str,
         path: str,
-        body: Any = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-        timeout: float | None = None,
-    ) -> Obj:
-        """The decoded answer of a 2xx; KubeError otherwise."""
+        body: Any,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        timeout: float | None,
+        accept: str,
+    ) -> tuple[int, bytes]:
         if query:
             path += "?" + urllib.parse.urlencode(query)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -361,16 +361,38 @@ class Kube:
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
-            raw = resp.read()
+            return resp.status, resp.read()
         finally:
             conn.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> Obj:
+        """The decoded answer of a 2xx; KubeError otherwise."""
+        status, raw = self._send(
+            method, path, body, query, content_type, timeout, "application/json"
+        )
         try:
             out = json.loads(raw) if raw else {}
         except ValueError:
             out = {"message": raw.decode(errors="replace")}
-        if not 200 <= resp.status <= 299:
-            raise KubeError(method, path, resp.status, out if isinstance(out, dict) else {})
+        if not 200 <= status <= 299:
+            raise KubeError(method, path, status, out if isinstance(out, dict) else {})
         return out if isinstance(out, dict) else {"value": out}
+
+    def request_text(self, method: str, path: str) -> str:
+        """The text of a 2xx answer (/metrics, /healthz); KubeError otherwise."""
+        status, raw = self._send(method, path, None, None, "", None, "text/plain")
+        text = raw.decode(errors="replace")
+        if not 200 <= status <= 299:
+            raise KubeError(method, path, status, {"message": text[:500]})
+        return text
 
     # -- objects -------------------------------------------------------------------------
 
@@ -755,8 +777,22 @@ class ControlPlane:
         run("ip", "-n", self.ns, "addr", "add", f"{self.ip}/{prefix_len}", "dev", dev)
         run("ip", "-n", self.ns, "link", "set", dev, "up")
 
-    def route(self, *args: str) -> None:
-        run("ip", "-n", self.ns, "route", "replace", *args)
+    def link(
+        self, peer_ns: str, peer_dev: str, peer_ip: str, prefix_len: int, dev: str = "eth0"
+    ) -> None:
+        """Wire the control plane to namespace `peer_ns` by a veth of its own: `peer_dev`
+        there with `peer_ip`, `dev` here with `ip` (both /`prefix_len`), replacing an earlier
+        attachment."""
+        run("ip", "-n", self.ns, "link", "del", dev, check=False)
+        run(
+            "ip",
+            *("-n", self.ns, "link", "add", dev, "type", "veth"),
+            *("peer", "name", peer_dev, "netns", peer_ns),
+        )
+        run("ip", "-n", peer_ns, "addr", "add", f"{peer_ip}/{prefix_len}", "dev", peer_dev)
+        run("ip", "-n", peer_ns, "link", "set", peer_dev, "up")
+        run("ip", "-n", self.ns, "addr", "add", f"{self.ip}/{prefix_len}", "dev", dev)
+        run("ip", "-n", self.ns, "link", "set", dev, "up")
 
     # -- etcd ----------------------------------------------------------------------------
 

@@ -399,8 +399,11 @@ class LabApi:
                     out.add((str(ref.get("name")), str(ep.get("nodeName")), addr, ready))
         return out
 
-    def wait_slices(self, services: Iterable[str], timeout: float = 30) -> None:
-        """Until the controller wrote what the pods say for each of `services`."""
+    def wait_slices(self, services: Iterable[str], timeout: float = 90) -> None:
+        """Until the controller wrote what the pods say for each of `services`. A bound for
+        a hang: right after kube-apiserver restarts, kube-controller-manager's informers are
+        refused (403: the server's RBAC is not loaded yet although /readyz passed) and back
+        off, up to 30 s once it restarted a few times in two minutes (client-go's reflector)."""
         for svc in services:
             wait_for(
                 lambda svc=svc: self.endpoints(svc) == self.expected(svc),  # type: ignore[misc]

@@ -342,6 +342,17 @@ def metrics(lab: ClusterLab, who: str) -> Check:
     return ok, f"HTTP {code}: {said}"
 
 
+def every_request_granted(lab: ClusterLab) -> Check:
+    """Every request the agents made in the whole run was one the chart's ClusterRole grants:
+    no 403 in any agent's log (an Event, a list or watch, a pod's metadata, a review)."""
+    refused = {
+        node_name(n): [line for line in lab.agents.log(n).splitlines() if "HTTP 403" in line]
+        for n in NODES
+    }
+    bad = {n: lines[:2] for n, lines in refused.items() if lines}
+    return not bad, f"refused: {bad}" if bad else "no 403 in the agents' logs"
+
+
 def group(lab: ClusterLab) -> list[Group]:
     s = SCENARIO
     tenant = Tenant(lab)
