@@ -6,9 +6,11 @@ programs the real datapath. The lab writes Services, their LB IPs and their pods
 cluster's components would; the EndpointSlice controller writes the slices.
 
 A Service change reaches the datapath; faults of the real server: kube-apiserver killed
-(traffic kept, converges after it is back), etcd compacted while it is down (the watches
-resume with 410 Gone and list again), watches the server ends at their timeout (resumed, not
-listed again), a right removed from the ClusterRole (the error names the verb, the resource
+(traffic kept, converges after it is back; etcd compacted meanwhile, and the watches resume
+into 410 Gone and list again: with the watch cache, as kube-apiserver runs by default, the
+410 comes from the restarted server's cache, whose history starts at the restart, with or
+without the compaction; a compaction alone ends no watch the cache serves), watches the
+server ends at their timeout (resumed, not listed again), a right removed from the ClusterRole (the error names the verb, the resource
 and the ClusterRole); readiness follows the first complete sync; conflicts become Events the
 server stores; metrics only for Prometheus's token."""
 
@@ -156,8 +158,9 @@ def test_changes_reach_the_datapath_and_a_dead_api_server_keeps_traffic(
     env: tuple[AgentLab, LabApi],
 ) -> None:
     """kube-apiserver killed (SIGKILL): the agent keeps the datapath and says so; etcd is
-    compacted meanwhile; back, each watch resumes from its resourceVersion, older than the
-    compacted history: 410 Gone, a new list, and the maps converge on a change made then."""
+    compacted meanwhile; back, a watch that resumes from a resourceVersion older than the
+    restarted server's history (its watch cache starts at the restart) gets 410 Gone ("too
+    old resource version"), lists again, and the maps converge on a change made then."""
     agent, api = env
     put(api, WHOLE)
     agent.start_agent()
