@@ -5,14 +5,14 @@ ServiceAccount and its ClusterRole, reaches kube-apiserver over a link of the no
 programs the real datapath. The lab writes Services, their LB IPs and their pods as the
 cluster's components would; the EndpointSlice controller writes the slices.
 
-A Service change reaches the datapath; faults of the real server: kube-apiserver killed
-(traffic kept, converges after it is back; etcd compacted meanwhile, and the watches resume
-into 410 Gone and list again: with the watch cache, as kube-apiserver runs by default, the
-410 comes from the restarted server's cache, whose history starts at the restart, with or
-without the compaction; a compaction alone ends no watch the cache serves), watches the
-server ends at their timeout (resumed, not listed again), a right removed from the ClusterRole (the error names the verb, the resource
-and the ClusterRole); readiness follows the first complete sync; conflicts become Events the
-server stores; metrics only for Prometheus's token."""
+A Service change reaches the datapath; faults of the real server: kube-apiserver killed (traffic
+kept, converges after it is back; etcd compacted meanwhile, and the watches resume into 410 Gone
+and list again: with the watch cache, as kube-apiserver runs by default, the 410 comes from the
+restarted server's cache, whose history starts at the restart, with or without the compaction; a
+compaction alone ends no watch the cache serves), watches the server ends at their timeout
+(resumed, not listed again), a right removed from the ClusterRole (the error names the verb, the
+resource and the ClusterRole); readiness follows the first complete sync; conflicts become
+Events the server stores; metrics only for Prometheus's token."""
 
 from __future__ import annotations
 
