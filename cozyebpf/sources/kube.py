@@ -170,8 +170,9 @@ def forbidden(e: BaseException, verb: str, resource: str, group: str, cluster_ro
     said = server_message(e)
     return (
         f"HTTP 403 Forbidden: the ClusterRole {cluster_role} does not grant `{verb}` on "
-        f'{resource} (API group "{group}"); add it (the chart\'s ClusterRole has it)'
-        + (f"; the API server said: {said}" if said else "")
+        f'{resource} (API group "{group}"); add it (the chart\'s ClusterRole has it; a '
+        "kube-apiserver that has just started may refuse for a moment, until it has "
+        "loaded RBAC)" + (f"; the API server said: {said}" if said else "")
     )
 
 
