@@ -516,6 +516,7 @@ class ControlPlane:
         self.pki = Pki(workdir / "pki")
         self.procs: dict[str, Process] = {}
         self.started = 0.0
+        self.apiserver_starts = 0
         self.timings: dict[str, float] = {}
         self._attached: list[str] = []
 
@@ -669,6 +670,7 @@ class ControlPlane:
     def start_apiserver(self, timeout: float = 90) -> float:
         """Start kube-apiserver and wait for /readyz; the seconds that took."""
         t0 = time.monotonic()
+        self.apiserver_starts += 1
         self._start("kube-apiserver", self._apiserver_argv())
         wait_for(
             self._ready,
@@ -676,6 +678,13 @@ class ControlPlane:
             lambda: f"kube-apiserver to be ready: {self._tail('kube-apiserver')}",
         )
         return time.monotonic() - t0
+
+    def restart_controllers(self) -> None:
+        """A new kube-controller-manager: after kube-apiserver restarted a few times, the old
+        one's informers back off up to 30 s (client-go's reflector) before its controllers
+        see anything again; a new one lists at once (for a test module that goes on)."""
+        self._stop("kube-controller-manager")
+        self._start("kube-controller-manager", self._kcm_argv())
 
     def kill_apiserver(self, sig: int = signal.SIGKILL) -> int | None:
         """Stop kube-apiserver (SIGKILL: as a crash, every connection reset)."""
