@@ -414,9 +414,14 @@ class LabApi:
                 ),
             )
 
-    def events(self, namespace: str = NAMESPACE) -> list[Obj]:
-        """The Events of `namespace` as the server stores them."""
-        return self.admin.list("Event", namespace)
+    def events(self, namespace: str = NAMESPACE, component: str | None = "cozyebpf") -> list[Obj]:
+        """The Events of `namespace` as the server stores them, of `component` (the agents'
+        by default; None: all). The cluster's own components post theirs too: the
+        EndpointSlice controller's FailedToUpdateEndpointSlices on a Service, under load."""
+        events = self.admin.list("Event", namespace)
+        if component is None:
+            return events
+        return [e for e in events if (e.get("source") or {}).get("component") == component]
 
     def clean(self) -> None:
         """What the lab wrote, removed (a shared control plane serves the next lab)."""
