@@ -43,7 +43,7 @@ import ssl
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -428,18 +428,6 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    def patch(
-        self,
-        kind: str,
-        namespace: str | None,
-        name: str,
-        patch: Obj,
-        subresource: str = "",
-        content_type: str = "application/merge-patch+json",
-    ) -> Obj:
-        path = path_of(kind, namespace, name) + (f"/{subresource}" if subresource else "")
-        return self.request("PATCH", path, patch, content_type=content_type)
-
     def delete(self, kind: str, namespace: str | None, name: str, missing_ok: bool = True) -> None:
         """Delete now (grace period 0: no kubelet confirms a Pod's end here)."""
         try:
@@ -742,10 +730,6 @@ class ControlPlane:
             (self.pki.crt("admin"), self.pki.key("admin")),
         )
 
-    def client(self, token: str) -> Kube:
-        """The bearer of `token`, from inside the control plane's namespace."""
-        return Kube(self.ns, "127.0.0.1", API_PORT, self.pki.ca, token=token)
-
     def in_cluster(self, where: Path, namespace: str, token: str) -> Path:
         """The files a pod's ServiceAccount volume holds (token, ca.crt, namespace), in
         `where`: what the official client's in-cluster configuration reads."""
@@ -866,16 +850,3 @@ class ControlPlane:
                     30,
                     f"the namespace {ns} to be empty",
                 )
-
-
-@contextlib.contextmanager
-def control_plane(
-    prefix: str, workdir: Path, ip: str, log: Callable[[str], None] = lambda s: None
-) -> Iterator[ControlPlane]:
-    """A started `ControlPlane`, stopped on exit."""
-    cp = ControlPlane(prefix, workdir, ip, log)
-    cp.start()
-    try:
-        yield cp
-    finally:
-        cp.stop()

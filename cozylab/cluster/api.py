@@ -298,14 +298,6 @@ class LabApi:
         sa = next(o for o in self.chart if o["kind"] == "ServiceAccount")
         return str(sa["metadata"]["name"])
 
-    def cluster_role(self) -> Obj:
-        """The chart's ClusterRole for the agent (the one its binding names)."""
-        binding = next(o for o in self.chart if o["kind"] == "ClusterRoleBinding")
-        name = binding["roleRef"]["name"]
-        role = self.admin.get("ClusterRole", None, name)
-        assert role is not None, f"the chart's ClusterRole {name} is not on the server"
-        return role
-
     def agent_identity(self, n: int, where: Path) -> Path:
         """The DaemonSet's pod on node n (bound to it, never running) and the files its
         ServiceAccount volume would hold: a token bound to that pod, the CA, the namespace."""

@@ -291,9 +291,10 @@ def test_a_forbidden_event_names_the_right_and_the_cluster_role(
     api.forbid("events")
     try:
         rec.record([problem("vm3", "something")])
-        wait_for(lambda: rec.failed == 1, 5, "the failure")
+        wait_for(lambda: "could not record" in caplog.text, 5, "the failure logged")
     finally:
         rec.stop()
+    assert rec.failed == 1
     assert (
         "could not record an Event for Service default/vm3: HTTP 403 Forbidden: the "
         'ClusterRole cozy-proxy does not grant `create` on events (API group ""); add it'
@@ -320,7 +321,14 @@ def test_a_forbidden_list_or_watch_names_the_right_and_the_cluster_role(
         inf.backoff = Backoff(base=0.05, cap=0.2)
     src.start()
     try:
-        wait_for(lambda: "listing EndpointSlices is forbidden" in caplog.text, 5, "the error")
+        wait_for(
+            lambda: (
+                "listing EndpointSlices is forbidden" in caplog.text
+                and "listing Nodes is forbidden" in caplog.text
+            ),
+            5,
+            "both errors (each informer logs its own, on its own thread)",
+        )
         assert not src.synced and src.take() is None
         assert (
             "listing EndpointSlices is forbidden (HTTP 403 Forbidden: the ClusterRole "
