@@ -308,6 +308,15 @@ def main() -> None:
     "`any`, slices as written (a platform that writes its own). A manifest is always trusted.",
 )
 @click.option(
+    "--watch-timeout",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="With the API as source, the seconds each watch asks the API server to keep it open "
+    "(timeoutSeconds): the server ends it then, and the watch resumes from its last "
+    "resourceVersion without listing again.",
+)
+@click.option(
     "--metrics-auth",
     type=click.Choice(["auto", "kubernetes", "none"]),
     default="auto",
@@ -459,8 +468,14 @@ def _source(
 
     client = api_client(cfg.kubeconfig)
     trust_any = cfg.trusted_endpoints == "any"
-    kube = KubeSource(client, cfg.proxy_name, trust_any_endpoints=trust_any)
-    recorder = EventRecorder(client, node)
+    kube = KubeSource(
+        client,
+        cfg.proxy_name,
+        watch_timeout=cfg.watch_timeout,
+        trust_any_endpoints=trust_any,
+        cluster_role=cfg.cluster_role,
+    )
+    recorder = EventRecorder(client, node, cluster_role=cfg.cluster_role)
     recorder.start()
     stoppers.append(recorder.stop)
     return kube, client, recorder.record

@@ -49,6 +49,7 @@ class RunConfig:
     reserved_exclude_devices: str  # comma-separated device names, or ""
     cluster_role: str
     trusted_endpoints: str  # "controller" or "any"
+    watch_timeout: int  # seconds
     metrics_auth: str  # "auto", "kubernetes" or "none"
     metrics_cert_dir: str
     host_routing: str  # "auto" (on with pod-facing devices), "on" or "off"

@@ -55,13 +55,19 @@ def event_body(p: Problem, node: str) -> dict[str, Any]:
 
 
 class EventRecorder:
-    """Queue Problems as Events; create each once, then patch its count on repeats."""
+    """Queue Problems as Events; create each once, then patch its count on repeats. Uses the
+    rights the chart grants on events, `create` and `patch`, and no other: an Event that
+    exists already (made before a restart: its name is stable) is patched, and the answer
+    tells its count. `cluster_role`: the ClusterRole a 403 names."""
 
-    def __init__(self, api_client: Any, node: str, max_queue: int = 1000) -> None:
+    def __init__(
+        self, api_client: Any, node: str, max_queue: int = 1000, cluster_role: str = "cozyebpf"
+    ) -> None:
         from cozyebpf.sources.kube import KubeRest
 
         self.rest = KubeRest(api_client)
         self.node = node
+        self.cluster_role = cluster_role
         self.queue: queue.Queue[Problem | None] = queue.Queue(max_queue)
         self.counts: dict[tuple[str, str], int] = {}
         self.sent = 0
@@ -94,28 +100,42 @@ class EventRecorder:
                 self.sent += 1
             except Exception as e:  # never let the recorder die: the log has the problem
                 self.failed += 1
-                log.warning("could not record an Event for %s: %s", p.ref, _short(e))
+                log.warning("could not record an Event for %s: %s", p.ref, self._why(e))
 
     def _post(self, p: Problem) -> None:
         body = event_body(p, self.node)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         key = (ns, name)
         events = f"/api/v1/namespaces/{ns}/events"
+        merge = "application/merge-patch+json"
         if key not in self.counts:
             try:
+                self.verb = "create"
                 self.rest.json("POST", events, body=body, content_type="application/json")
                 self.counts[key] = 1
                 return
             except Exception as e:
                 if getattr(e, "status", None) != 409:
                     raise
-                existing = self.rest.json("GET", f"{events}/{name}")
-                self.counts[key] = int(existing.get("count") or 1)
+            # made before a restart: the patch's answer is the Event, with its count (the
+            # ClusterRole grants no `get` on events, and needs none)
+            self.verb = "patch"
+            patch = {"lastTimestamp": _now(), "message": p.message}
+            existing = self.rest.json("PATCH", f"{events}/{name}", body=patch, content_type=merge)
+            self.counts[key] = int(existing.get("count") or 1)
         self.counts[key] += 1
-        patch = {"count": self.counts[key], "lastTimestamp": _now(), "message": p.message}
-        self.rest.json(
-            "PATCH", f"{events}/{name}", body=patch, content_type="application/merge-patch+json"
-        )
+        bump = {"count": self.counts[key], "lastTimestamp": _now(), "message": p.message}
+        self.verb = "patch"
+        self.rest.json("PATCH", f"{events}/{name}", body=bump, content_type=merge)
+
+    verb = "create"  # the request that failed, for `_why`
+
+    def _why(self, e: BaseException) -> str:
+        if getattr(e, "status", None) == 403:
+            from cozyebpf.sources.kube import forbidden
+
+            return forbidden(e, self.verb, "events", "", self.cluster_role)
+        return _short(e)
 
 
 def _short(e: BaseException) -> str:

@@ -22,6 +22,13 @@ Known deviations from a real kube-apiserver:
 - A watch from a resourceVersion newer than the current one sends only later changes instead
   of answering 'Too large resource version' after 3 s.
 - Watches have no server-side default timeout; bookmarks are sent every `bookmark_interval`.
+- `compact()` expires a resume from an older resourceVersion, as a watch served by etcd would
+  be; `stop()` then `start()` keeps the history. The real kube-apiserver (issue 35, checked
+  against 1.34.3) serves watches from its watch cache: a compaction alone expires none of them,
+  and after a restart every resume from before it is 410 ("too old resource version"), since
+  the cache's history starts at the restart.
+- No RBAC: every request is allowed unless `forbid` says otherwise (the real server refused
+  the Event recorder's `get` on events, which the chart's ClusterRole does not grant).
 - Continue tokens are opaque random strings kept in memory; a malformed one is 410 (not 400),
   and the selectors of a continued list are those of its first page.
 - Injected faults carry no Retry-After header (urllib3 would silently retry a 429/503 that has

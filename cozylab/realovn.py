@@ -60,8 +60,10 @@ only its OVS part: of the topology (cozylab/cluster/topology.py) `_router` (exte
 `observed_devices`, `down`, `table` and `run_all` (extended), and `migration_scenario`
 (`RealMigration`, cozylab/cluster/scenarios/migration.py's `Migration` with one row more);
 when cozylab/cluster/ changes shape, these are the hooks this module needs): the ToR, the
-client and server, the API double and its forwarders, one `cozyebpf run` per node with the
-DaemonSet's environment, the MetalLB-like speakers and election, the workloads, streams and
+client and server, the real control plane (cozylab/kubecp.py: kube-apiserver, its
+EndpointSlice controller) and what the lab writes to it, one `cozyebpf run` per node with the
+DaemonSet's environment and in-cluster credentials, the MetalLB-like speakers and election,
+the workloads, streams and
 every scenario with its rows and expectations, plus the rows of OVN's port security (MAC and
 ARP, which the model does not have) and of the real dataplane, declared as the model's are
 (`Case`s in `Group`s: `table()` runs them and `planned_cases` names them). The Cilium-like
@@ -923,15 +925,17 @@ class RealOvnLab(ClusterLab):
         """The target virt-launcher pod's namespace during a migration."""
         return self.ns(f"{w.name}-t")
 
-    def set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
-        """Kube-OVN's controller acts where the model writes the EndpointSlice: the target pod
-        scheduled ("both ready": MigrationScheduling), the source pod deleted ("new ready")."""
+    def set_endpoints(
+        self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = (), wait: bool = True
+    ) -> None:
+        """Kube-OVN's controller acts where the lab writes the pods: the target pod scheduled
+        ("both ready": MigrationScheduling), the source pod done ("new ready")."""
         src = self.location[w.name]
         if len(nodes) == 2 and w.name not in self.migrating:
             self.migration_scheduling(w, src, nodes[1])
         elif w.name in self.migrating and list(nodes) == [src]:
             self.clean_migrate_options(w)
-        super().set_endpoints(w, nodes, pods)
+        super().set_endpoints(w, nodes, pods, wait)
 
     def migration_scheduling(self, w: Workload, src: int, dst: int) -> None:
         """kubevirt.go handleAddOrUpdateVMIMigration, MigrationScheduling: the target pod's

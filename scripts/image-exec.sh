@@ -18,8 +18,11 @@
 #     /host/..., and the entrypoint links kernel headers as it does in a pod on
 #     this node. One exception: /tmp is the host's, not the DaemonSet's emptyDir,
 #     because the tests keep the manifests and kubeconfigs they pass by path there;
+#   - the caller's /var/run/secrets/kubernetes.io/serviceaccount, read-only, when it
+#     holds a token: the ServiceAccount volume the kubelet mounts in every pod;
 # then chroot, an environment of exactly the image's Env plus the caller's
-# COZYEBPF_* variables (`docker run -e`; COZYEBPF_TEST_* excepted), and the
+# COZYEBPF_* variables (`docker run -e`; COZYEBPF_TEST_* excepted) and
+# KUBERNETES_SERVICE_HOST/PORT (what the kubelet sets in every container), and the
 # image's Entrypoint with the arguments (none: the image's Cmd). The process keeps its PID through
 # every exec, so signals reach the agent itself. The network namespace is the
 # caller's (the tests enter a lab node's with nsenter first, the DaemonSet uses
@@ -64,7 +67,16 @@ for m in "${DS_MOUNTS[@]}"; do
 	IFS='|' read -r _ _ target _ _ <<<"$m"
 	mkdir -p "$ROOTFS$target"
 done
+# the pod's ServiceAccount volume, as the kubelet mounts it, when the caller has one (the labs
+# bind-mount an agent's token and CA there: cozylab/cluster/agents.py in_cluster_wrapper)
+SA_DIR=/run/secrets/kubernetes.io/serviceaccount # /var/run is /run, here and in the image
+sa_mount=0
+if [[ -f $SA_DIR/token ]]; then
+	mkdir -p "$ROOTFS$SA_DIR"
+	sa_mount=1
+fi
 ((!DS_READONLY_ROOT)) || mount -o remount,bind,ro "$ROOTFS"
+((!sa_mount)) || mount --bind -o ro "$SA_DIR" "$ROOTFS$SA_DIR"
 for dir in proc sys dev; do
 	mount --rbind "/$dir" "$ROOTFS/$dir"
 done
@@ -88,7 +100,7 @@ env_args=("${IMAGE_ENV[@]}")
 while IFS= read -r -d '' var; do
 	case $var in
 	COZYEBPF_TEST_*) ;;
-	COZYEBPF_*) env_args+=("$var") ;;
+	COZYEBPF_* | KUBERNETES_SERVICE_HOST=* | KUBERNETES_SERVICE_PORT=*) env_args+=("$var") ;;
 	esac
 done < <(env -0)
 run=(/usr/bin/env -i "${env_args[@]}")

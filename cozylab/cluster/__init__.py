@@ -50,15 +50,30 @@ Both layouts:
   writes it: wholeIP "true"/"false", allowICMP, externalTrafficPolicy Local,
   allocateLoadBalancerNodePorts false, port 65535 for a WholeIP Service) and plain pods. Each
   runs in its own namespace with echo servers (TCP 80, 81, UDP 53).
-- The API: one FakeKubeAPI (cozylab/kubeapi.py) in the namespace czc-api, listening on its
-  127.0.0.1; a forwarder in each node namespace listens on the node's 127.0.0.1 at the same
-  port and relays each connection to it (sockets keep the namespace they were made in, so no
-  device and no packet is added to any node). EndpointSlices carry nodeName and targetRef.
+- The API: the real control plane (cozylab/kubecp.py, issue 35): etcd, kube-apiserver and
+  kube-controller-manager of the Kubernetes release cozylab/controlplane/kube/go.mod pins, in
+  the namespace czc-cp, on the nodes' segment at 192.0.2.250 (a port of the ToR's br0, so
+  the agents reach it over each node's eth0, through their own programs). The lab writes
+  what the cluster's other components would: the Nodes and their addresses (the kubelet),
+  the VMs' Services as Cozystack's chart writes them and their LB IPs (MetalLB: the Service's
+  status), the virt-launcher Pods bound to their nodes (no scheduler) with their status
+  (podIP, Running, Ready: the kubelet). Kubernetes' EndpointSlice controller writes the
+  slices (nodeName, targetRef, conditions, managed-by, the owner reference); the lab waits
+  for what it must write, then moves a canary pod of its own to a new IP and waits until
+  every agent programmed it (one watch stream, in order: every write before it was taken).
+  The chart's rendered ServiceAccount, ClusterRole and binding (and its EndpointSlice guard)
+  are applied; each agent runs with a token of that ServiceAccount from the TokenRequest API,
+  bound to a pod of the DaemonSet's on its node, and the CA, bind-mounted at
+  /var/run/secrets/kubernetes.io/serviceaccount in a mount namespace of its own, with
+  KUBERNETES_SERVICE_HOST/PORT: in-cluster configuration, as in the DaemonSet's pod. Nothing
+  in the lab talks to an agent with admin rights (the metrics rows scrape with Prometheus's
+  and a tenant's tokens). A test module shares one control plane between its labs; each lab
+  removes what it wrote.
 - The agents: `cozyebpf run` per node inside the node namespace (nsenter --net, so bpffs pins
   stay visible), with the arguments and environment of deploy/daemonset.yaml, or of the DaemonSet
   `make image-test` renders from the chart (COZYEBPF_RUN_DEVICES=auto,
   node name, health and metrics addresses, ...), COZYEBPF_PIN_DIR=/sys/fs/bpf/<prefix>-nodeN,
-  --kubeconfig for the forwarder, plus any extra arguments given. On kubeovn that is all: the
+  the in-cluster configuration above, plus any extra arguments given. On kubeovn that is all: the
   DaemonSet's COZYEBPF_RUN_POD_DEVICES=auto finds Kube-OVN's ovn0, so the lab runs what the
   DaemonSet runs. On perpod the pod devices are set to `lxc-*`, as an operator of a CNI with
   per-pod veths sets them (the pattern follows the veths as they come and go).
@@ -82,12 +97,13 @@ Both layouts:
   but vm-f, whose Service the agents must warn about. The API holds a Pod per virt-launcher pod
   with that annotation, which the agents read (`get`).
 
-What the lab leaves out: OVS and OVN themselves (flows, logical switch ports, ACLs, conntrack
-zones in OVS; port security's MAC and ARP parts), GENEVE, Cilium itself (only the observer
-stands in for its programs), kube-proxy and ClusterIP Services, IPv6 (Cozystack patches it out
-of Kube-OVN), KubeVirt's memory copy and the pod annotation
+What the lab leaves out: a kubelet, the scheduler, kube-proxy and ClusterIP traffic, the node
+lifecycle controller (the lab writes what they would); OVS and OVN themselves (flows, logical
+switch ports, ACLs, conntrack zones in OVS; port security's MAC and ARP parts), GENEVE, Cilium
+itself (only the observer stands in for its programs), kube-proxy and ClusterIP Services, IPv6
+(Cozystack patches it out of Kube-OVN), KubeVirt's memory copy and the pod annotation
 kubevirt.io/migration-target-ready-timestamp (the agent reads Pods only for port security), a
-MetalLB memberlist (elections are computed by the lab from the EndpointSlices it writes), more
+MetalLB memberlist (elections are computed by the lab from the pods it makes ready), more
 than one VLAN or subnet, and rp_filter (0 everywhere, as Cilium sets it on its devices).
 
 Every address is a documentation range (192.0.2.0/24 nodes, 198.51.100.0/24 outside,
@@ -97,13 +113,12 @@ own interfaces and every namespace, pin and process is removed on every exit pat
 
 The package, by seam: `spec` (addresses, names, workloads), `topology` (namespaces, veths,
 routes: the ToR, the nodes, the OVS model, the pods), `cni` (Kube-OVN's nftables, OVN's port
-security), `api` (the objects and the API double's bridge), `announcer` (MetalLB's stand-in),
-`agents` (a `cozyebpf run` per node), `lab` (`ClusterLab`: all of it up and down, the
-probes), `scenarios` (one module per section, each declaring its rows where it runs them),
-`rows` (rows and the table they come from), `report` (the table and the command line). The
-Cilium-like observer and the traffic streams are cozylab's own (cozylab/cilium.py,
-cozylab/traffic.py), shared with the datapath tests.
-"""
+security), `api` (what the lab writes to the real API server, the identities), `announcer`
+(MetalLB's stand-in), `agents` (a `cozyebpf run` per node), `lab` (`ClusterLab`: all of it up
+and down, the probes), `scenarios` (one module per section, each declaring its rows where it
+runs them), `rows` (rows and the table they come from), `report` (the table and the command
+line). The Cilium-like observer and the traffic streams are cozylab's own (cozylab/cilium.py,
+cozylab/traffic.py), shared with the datapath tests."""
 
 from __future__ import annotations
 

@@ -50,9 +50,25 @@ class NodeAgent:
     offset: int = 0  # where the current process's part of the log starts
 
 
+#: where a pod's ServiceAccount volume is mounted, and the official client's in-cluster
+#: configuration reads the token and the CA (a fixed path: kubernetes.config.incluster_config)
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def in_cluster_wrapper(identity: Path) -> list[str]:
+    """A command prefix that runs the rest in a mount namespace of its own where `identity`
+    (token, ca.crt, namespace) is bind-mounted on SERVICE_ACCOUNT_DIR, as the kubelet mounts a
+    pod's ServiceAccount volume. The mount point is made once on the machine (an empty
+    directory under /run); the mount itself is seen by that process alone."""
+    os.makedirs(SERVICE_ACCOUNT_DIR, exist_ok=True)
+    script = f'mount --bind -o ro "$0" {SERVICE_ACCOUNT_DIR} && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(identity)]
+
+
 class NodeAgents:
-    """The agents of a lab's nodes: started, waited for, stopped, read. `kubeconfig`: the
-    API's, set once the API runs."""
+    """The agents of a lab's nodes: started, waited for, stopped, read. `identity`: per node,
+    the ServiceAccount files of its agent's pod, and `api_env` the API server's address, set
+    once the API runs: each agent finds the API as in a pod (in-cluster configuration)."""
 
     def __init__(
         self, topo: Topology, cmd: list[str], extra_args: list[str], workdir: Path
@@ -61,7 +77,8 @@ class NodeAgents:
         self.cmd = cmd
         self.extra_args = extra_args
         self.workdir = workdir
-        self.kubeconfig: Path | None = None
+        self.identity: dict[int, Path] = {}
+        self.api_env: dict[str, str] = {}
         self.by_node: dict[int, NodeAgent] = {}
 
     def pin_dir(self, n: int) -> str:
@@ -80,22 +97,17 @@ class NodeAgents:
                 ref = e["valueFrom"]["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"spec.nodeName": node_name(n), "status.hostIP": node_ip(n)}[ref]
         env["COZYEBPF_PIN_DIR"] = self.pin_dir(n)
+        env.update(self.api_env)
         if self.topo.layout == "perpod":  # the DaemonSet's value for a CNI with per-pod veths
             env["COZYEBPF_RUN_POD_DEVICES"] = "lxc-*"
         return env
 
     def command(self) -> list[str]:
-        """The DaemonSet's container arguments (`run`), the API's kubeconfig, the extras."""
-        assert self.kubeconfig is not None, "the API runs before the agents"
-        return [
-            *self.cmd,
-            *daemonset_container()["args"],
-            "--kubeconfig",
-            str(self.kubeconfig),
-            *self.extra_args,
-        ]
+        """The DaemonSet's container arguments (`run`) and the extras."""
+        return [*self.cmd, *daemonset_container()["args"], *self.extra_args]
 
     def start(self, n: int, wait: bool = True) -> None:
+        assert n in self.identity and self.api_env, "the API runs before the agents"
         env = self.env(n)
         a = self.by_node.get(n) or NodeAgent(
             n, self.topo.node(n), env["COZYEBPF_PIN_DIR"], self.workdir / f"agent-node{n}.log"
@@ -110,6 +122,7 @@ class NodeAgents:
                 # killed with the lab's thread that started it: a lab killed by SIGKILL leaves
                 # no agent running (util-linux setpriv; nsenter --net does not fork)
                 *(["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []),
+                *in_cluster_wrapper(self.identity[n]),
                 *self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -17,10 +17,11 @@ from cozylab.cilium import CiliumLike, Point
 from cozylab.cluster import scenarios
 from cozylab.cluster.agents import NodeAgents
 from cozylab.cluster.announcer import Speaker, elect
-from cozylab.cluster.api import ApiBridge, node_object, pod_object, service_object, slice_object
+from cozylab.cluster.api import LabApi, PodState, pod_object, vm_pod_object
 from cozylab.cluster.rows import Check, Group, Row, run_groups
 from cozylab.cluster.scenarios.migration import Migration
 from cozylab.cluster.spec import (
+    API_IP,
     CANARY_LB,
     CLIENT_IP,
     DEFAULT_WORKLOADS,
@@ -35,6 +36,7 @@ from cozylab.cluster.spec import (
     node_name,
 )
 from cozylab.cluster.topology import Topology
+from cozylab.kubecp import ControlPlane
 from cozylab.netns import wait_for
 from cozylab.traffic import EchoHub, Pusher, describe
 
@@ -57,8 +59,13 @@ class ClusterLab(Topology):
         observer: str = "drop",
         workdir: Path | None = None,
         log: Callable[[str], None] = lambda s: None,
+        control_plane: ControlPlane | None = None,
     ) -> None:
         super().__init__(layout, prefix, workloads)
+        #: the control plane (cozylab/kubecp.py): given (shared by the labs of a test module,
+        #: each cleaning up what it wrote), or started by `up()` and stopped by `down()`
+        self.cp = control_plane
+        self._own_cp = control_plane is None
         self.cmd = list(cmd or [sys.executable, "-m", "cozyebpf"])
         self.agent_args = list(agent_args)
         self.observer_mode = observer
@@ -68,10 +75,12 @@ class ClusterLab(Topology):
         self.speakers: dict[int, Speaker] = {}
         self.echo: EchoHub | None = None
         self.pusher: Pusher | None = None
-        self.api: ApiBridge | None = None
+        self.api: LabApi | None = None
         self.observer: CiliumLike | None = None
         self.pod_names = {w.name: f"virt-launcher-{w.name}-{w.index:02d}aaa" for w in workloads}
         self.canary = 0
+        #: LB IPs of Services a scenario added, and the node of their backend (announced)
+        self.extra_lbs: dict[str, int] = {}
         self.migration: dict[str, dict[str, Any]] = {}  # figures, by migration
 
     @property
@@ -109,7 +118,10 @@ class ClusterLab(Topology):
         self.announce()
         self._observer()
         t1 = time.monotonic()
-        self.agents.kubeconfig = self.api.kubeconfig if self.api else None
+        assert self.api is not None
+        self.agents.api_env = self.api.cp.env()
+        for n in NODES:
+            self.agents.identity[n] = self.api.agent_identity(n, self.workdir / f"sa-node{n}")
         for n in NODES:
             self.agents.start(n, wait=False)
         for n in NODES:
@@ -132,17 +144,22 @@ class ClusterLab(Topology):
         self.pusher = Pusher(self.lab, self.server, SERVER_PUSH)
 
     def _api(self) -> None:
-        """The API with the Nodes, the VMs' Services, Pods and EndpointSlices, the canary."""
-        self.api = ApiBridge(
-            self.lab, self.add_ns(self.ns("api")), [self.node(n) for n in NODES], self.workdir
-        )
+        """The control plane on the ToR's segment (API_IP), the Nodes, the VMs' Services and
+        virt-launcher Pods (the EndpointSlice controller writes their slices), the canary."""
+        t0 = time.monotonic()
+        if self.cp is None:
+            self.cp = ControlPlane(self.prefix, self.workdir / "cp", API_IP, self.say).start()
+        self.cp.attach(self.tor, "br0", 24)
+        self.api = LabApi(self.cp, self.workdir)
+        self.api.setup()
         for n in NODES:
-            self.api.api.apply(node_object(n))
+            self.api.put_node(n)
         for w in self.vms:
-            self.api.api.apply(service_object(w))
-            self.api.api.apply(pod_object(w, self.pod_names[w.name], self.location[w.name]))
-            self.set_endpoints(w, [self.location[w.name]])
+            self.api.put_service(w)
+            self.set_endpoints(w, [self.location[w.name]], wait=False)
         self._canary_bump()
+        self.api.wait_slices([w.name for w in self.vms])
+        self.say(f"API objects written in {time.monotonic() - t0:.1f}s")
 
     def _observer(self) -> None:
         """The Cilium-like program: on ovn0 and the tunnel, both ways (kubeovn), on eth0
@@ -182,9 +199,13 @@ class ClusterLab(Topology):
             self.pusher.close()
             self.pusher = None
         if self.api:
-            with contextlib.suppress(Exception):
-                self.api.close()
+            if not self._own_cp:
+                with contextlib.suppress(Exception):
+                    self.api.clean()
             self.api = None
+        if self.cp is not None and self._own_cp:
+            self.cp.stop()
+            self.cp = None
         if self._agents:
             self._agents.detach()
         else:
@@ -199,30 +220,54 @@ class ClusterLab(Topology):
 
     # -- Services, announcements ---------------------------------------------------------
 
-    def set_endpoints(self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = ()) -> None:
-        """w's EndpointSlice: ready on `nodes`, with the pods named (default: its pod now)."""
+    def set_endpoints(
+        self, w: Workload, nodes: Sequence[int], pods: Sequence[str] = (), wait: bool = True
+    ) -> None:
+        """w's endpoints: ready on `nodes`, as its virt-launcher pods `pods` (default: its pod
+        now), each bound to its node and Running and Ready as the kubelet writes it; any other
+        running pod of w completes (phase Succeeded: KubeVirt's source pod after a migration).
+        The EndpointSlice controller writes the slice; `wait`: until it did."""
         assert self.api is not None
         names = list(pods) or [self.pod_names[w.name]] * len(nodes)
-        self.api.api.apply(
-            slice_object(w.name, w.ip, w.ports, list(zip(nodes, names, strict=True)))
-        )
+        for n, name in zip(nodes, names, strict=True):
+            self.api.put_pod(vm_pod_object(w, name, n), PodState(w.name, n, w.ip))
+        for name, p in list(self.api.pods.items()):
+            if p.service == w.name and p.phase == "Running" and name not in names:
+                self.api.set_pod(name, PodState(w.name, p.node, w.ip, False, "Succeeded"))
+        if wait:
+            self.api.wait_slices([w.name])
+
+    def set_ready(self, w: Workload, ready: bool) -> None:
+        """w's pod now Ready or not (its readiness probe, as the kubelet writes it)."""
+        assert self.api is not None
+        name = self.pod_names[w.name]
+        self.api.set_pod(name, PodState(w.name, self.location[w.name], w.ip, ready))
+        self.api.wait_slices([w.name])
 
     def _canary_bump(self) -> str:
-        """A Service of the lab's own whose endpoint changes after every EndpointSlice write:
-        once every agent programmed its new pod IP, every agent took the writes before it
-        (one watch stream, in order). Returns the pod IP to wait for."""
+        """A Service of the lab's own whose one pod gets a new IP at every sync (the lab's
+        marker: no kubelet changes a pod's IP, the API allows it): once every agent programmed
+        the new IP, every agent took the writes before it (one watch stream, in order;
+        `sync_agents` waits for the controller's slices first). Returns the IP to wait for."""
         assert self.api is not None
         self.canary += 1
         canary = Workload(
             "lab-canary", 99, 3, f"10.244.3.{200 + self.canary % 50}", CANARY_LB, whole_ip=True
         )
+        state = PodState(canary.name, 3, canary.ip)
         if self.canary == 1:
-            self.api.api.apply(service_object(canary))
-        self.api.api.apply(slice_object(canary.name, canary.ip, canary.ports, [(3, "canary")]))
+            self.api.put_service(canary)
+            labels = {"vm.kubevirt.io/name": canary.name}
+            self.api.put_pod(pod_object(canary.name, labels, 3), state)
+        else:
+            self.api.set_pod(canary.name, state)
         return canary.ip
 
     def sync_agents(self, timeout: float = 15) -> None:
-        """Wait until every running agent took every API write made so far."""
+        """Wait until the EndpointSlice controller wrote what the lab's pods say, and every
+        running agent took every API write made so far."""
+        assert self.api is not None
+        self.api.wait_slices({p.service for p in self.api.pods.values()} - {"lab-canary"})
         want = self._canary_bump()
         for a in self.agents.by_node.values():
             if a.proc is not None:
@@ -236,6 +281,7 @@ class ClusterLab(Topology):
         """Tell each speaker what it announces: the elected node of each LB IP."""
         ready = ready or self.ready()
         owners = {w.lb_ip: elect(w.lb_ip, ready[w.name]) for w in self.vms if w.lb_ip}
+        owners.update({lb: elect(lb, [n]) for lb, n in self.extra_lbs.items()})
         owners[CANARY_LB] = 3
         for n, sp in self.speakers.items():
             sp.announce({ip for ip, o in owners.items() if o == n})

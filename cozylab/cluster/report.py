@@ -45,7 +45,7 @@ def run_layout(layout: str, **kw: Any) -> tuple[list[Row], dict[str, Any], float
     """Build the lab, run every scenario, tear it down: (rows, migration figures, seconds)."""
     t0 = time.monotonic()
     lab = ClusterLab(layout, **kw)
-    lab.say(f"agent logs and kubeconfig in {lab.workdir}")
+    lab.say(f"the agents' and the control plane's logs in {lab.workdir}")
     with lab:
         rows = lab.run_all()
         figures = lab.migration

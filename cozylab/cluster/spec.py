@@ -24,6 +24,8 @@ TUNNEL = "vxlan_sys_4789"  # OVS's name for its vxlan device (Kube-OVN's tunnel 
 VNI = 1
 POD_MTU = 1400  # Kube-OVN: 1500 minus its tunnel overhead
 CANARY_LB = "203.0.113.250"
+#: kube-apiserver's address on the nodes' segment (the control plane's namespace on the ToR)
+API_IP = "192.0.2.250"
 SERVER_TCP, SERVER_UDP = 8443, 5353
 SERVER_PUSH = 8444  # the server sends without pause to whoever connects (a download)
 #: the port the nodes listen on (the kubelet's): section 12 claims a node's address

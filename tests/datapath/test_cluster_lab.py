@@ -1,7 +1,9 @@
 """The cluster lab of issue 18 (cozylab/cluster/): three nodes laid out as Kube-OVN lays
 out a Cozystack node (natOutgoing, a vxlan overlay between the nodes' OVS namespaces) or with
-per-pod veths, a real `cozyebpf run` per node against one API double, MetalLB-like speakers,
-a live migration and a Cilium-like program on ovn0 and the tunnel.
+per-pod veths, a real `cozyebpf run` per node against the real kube-apiserver (issue 35:
+etcd, kube-apiserver and kube-controller-manager of the pinned release, one control plane for
+both layouts), MetalLB-like speakers, a live migration and a Cilium-like program on ovn0 and
+the tunnel.
 
 Each layout is built once, every scenario runs against it (real sockets, real packets), it is
 torn down, and each row of the result becomes one test here: a failure names the layout, the
@@ -15,6 +17,10 @@ from pathlib import Path
 import pytest
 
 from cozylab.cluster import LAYOUTS, ClusterLab, Row, format_table, planned_cases
+from cozylab.cluster.spec import API_IP
+from cozylab.kubecp import ControlPlane
+
+pytestmark = pytest.mark.requires("kube", "helm")
 
 PLAN = {layout: planned_cases(layout) for layout in LAYOUTS}
 #: the tables of the layouts that ran, for the terminal summary (tests/conftest.py): CI's log
@@ -36,8 +42,18 @@ def _id(layout: str, scenario: str, case: str) -> str:
 
 
 @pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One control plane for both layouts (each lab removes what it wrote)."""
+    from tests.support.env import unique_prefix
+
+    cp = ControlPlane(unique_prefix("k"), tmp_path_factory.mktemp("control-plane"), API_IP)
+    with cp:
+        yield cp
+
+
+@pytest.fixture(scope="module")
 def cluster(
-    tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str]
+    tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str], control_plane: ControlPlane
 ) -> Iterator[Callable[[str], list[Row]]]:
     """The rows of a layout: built, run and torn down at the first test that asks for it."""
     from tests.support.env import unique_prefix
@@ -47,7 +63,13 @@ def cluster(
     def rows(layout: str) -> list[Row]:
         if layout not in results:
             workdir: Path = tmp_path_factory.mktemp(f"cluster-{layout}")
-            lab = ClusterLab(layout, prefix=unique_prefix("c"), cmd=cozyebpf_cmd, workdir=workdir)
+            lab = ClusterLab(
+                layout,
+                prefix=unique_prefix("c"),
+                cmd=cozyebpf_cmd,
+                workdir=workdir,
+                control_plane=control_plane,
+            )
             with lab:
                 results[layout] = lab.run_all()
             table = format_table(results[layout])

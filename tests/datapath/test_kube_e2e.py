@@ -1,52 +1,130 @@
-"""End to end with the Kubernetes source: the agent in the lab's node namespace watches the API
-server double (listening inside that namespace) and programs the real datapath. A Service
-change reaches the datapath, an outage keeps traffic flowing, and after recovery the maps
-converge; readiness follows the first complete sync; conflicts become Events."""
+"""End to end with the Kubernetes source, against the real control plane (cozylab/kubecp.py,
+issue 35: etcd, kube-apiserver and kube-controller-manager of the pinned release, one for the
+module): the agent in the lab's node namespace, in-cluster with a token of the chart's
+ServiceAccount and its ClusterRole, reaches kube-apiserver over a link of the node's own, and
+programs the real datapath. The lab writes Services, their LB IPs and their pods as the
+cluster's components would; the EndpointSlice controller writes the slices.
+
+A Service change reaches the datapath; faults of the real server: kube-apiserver killed (traffic
+kept, converges after it is back; etcd compacted meanwhile, and the watches resume into 410 Gone
+and list again: with the watch cache, as kube-apiserver runs by default, the 410 comes from the
+restarted server's cache, whose history starts at the restart, with or without the compaction; a
+compaction alone ends no watch the cache serves), watches the server ends at their timeout
+(resumed, not listed again), a right removed from the ClusterRole (the error names the verb, the
+resource and the ClusterRole); readiness follows the first complete sync; conflicts become
+Events the server stores; metrics only for Prometheus's token."""
 
 from __future__ import annotations
 
+import copy
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cozylab.cluster.agents import in_cluster_wrapper
+from cozylab.cluster.api import (
+    MONITORING_NAMESPACE,
+    NAMESPACE,
+    PROMETHEUS,
+    TENANT,
+    TENANT_NAMESPACE,
+    LabApi,
+    PodState,
+    lb_status,
+    pod_object,
+)
+from cozylab.cluster.spec import node_name
 from cozylab.k8s import Svc, objects
-from cozylab.kubeapi import FakeKubeAPI
+from cozylab.kubecp import ControlPlane
 from cozylab.netns import DEFAULT_PODS
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 
+pytestmark = pytest.mark.requires("kube", "helm")
+
 POD1, POD2 = DEFAULT_PODS[:2]
 WHOLE = Svc("vm1", LB_WHOLE, POD1.ip, [("TCP", 22)], whole_ip="true")
-FILT = Svc(
-    "vm2", LB_FILT, POD2.ip, [("TCP", 80)], allow_icmp="true", created="2026-01-02T00:00:00Z"
-)
+FILT = Svc("vm2", LB_FILT, POD2.ip, [("TCP", 80)], allow_icmp="true")
 HEALTH = "127.0.0.1:19810"
+#: the control plane's link to the node: kube-apiserver at API_IP, the node at NODE_IP (its
+#: Node object's InternalIP; the agent is node1)
+API_IP, NODE_IP, NODE = "192.0.2.250", "192.0.2.1", 1
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    from tests.support.env import unique_prefix
+
+    with ControlPlane(unique_prefix("ke"), tmp_path_factory.mktemp("cp"), API_IP) as cp:
+        yield cp
 
 
 @pytest.fixture
-def env(tmp_path: Path, cozyebpf_cmd: list[str]) -> Iterator[tuple[AgentLab, FakeKubeAPI]]:
+def env(
+    tmp_path: Path, cozyebpf_cmd: list[str], control_plane: ControlPlane
+) -> Iterator[tuple[AgentLab, LabApi]]:
+    cp = control_plane
+    if not cp.running("kube-apiserver"):  # a test that failed with it down
+        cp.start_apiserver()
+    starts = cp.apiserver_starts
     with agent_lab("k", tmp_path, cozyebpf_cmd, DEFAULT_PODS[:2]) as env:
-        api = FakeKubeAPI(bookmark_interval=0.5)
-        env.lab.in_ns(env.lab.node, api.start)  # the server socket lives in the node namespace
-        env.source_args = [
-            "--kubeconfig",
-            str(api.kubeconfig(tmp_path / "kubeconfig")),
-            "--node-name",
-            "node-a",
-            "--health-address",
-            HEALTH,
-        ]
+        cp.link(env.lab.node, "kapi", NODE_IP, 24)
+        api = LabApi(cp, tmp_path)
+        api.setup()
+        api.put_node(NODE)
+        identity = api.agent_identity(NODE, tmp_path / "serviceaccount")
+        env.source_args = ["--node-name", node_name(NODE), "--health-address", HEALTH]
+        env.env = cp.env()
+        env.wrapper = in_cluster_wrapper(identity)
         try:
             yield env, api
         finally:
-            api.stop()
+            if env.proc:
+                env.stop_agent()
+            if not cp.running("kube-apiserver"):
+                cp.start_apiserver()
+            if cp.apiserver_starts != starts:  # its controllers back off: new ones, for the next
+                cp.restart_controllers()
+            api.admin.apply(_role(api))  # a test that took a right away
+            api.clean()
 
 
-def put(api: FakeKubeAPI, *svcs: Svc) -> None:
+def _role(api: LabApi, without: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The chart's ClusterRole for the agent, as rendered; `without` (verb, resource): that
+    right taken out."""
+    binding = next(o for o in api.chart if o["kind"] == "ClusterRoleBinding")
+    role = copy.deepcopy(
+        next(
+            o
+            for o in api.chart
+            if o["kind"] == "ClusterRole" and o["metadata"]["name"] == binding["roleRef"]["name"]
+        )
+    )
+    if without:
+        verb, resource = without
+        for rule in role["rules"]:
+            if resource in rule.get("resources", []):
+                rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+    return role
+
+
+def put(api: LabApi, *svcs: Svc) -> None:
+    """Each Service as Cozystack's chart writes it, with a selector; its LB IP (MetalLB); its
+    pod on node1, Running and Ready (the EndpointSlice controller writes the slice)."""
     for s in svcs:
-        for o in objects(s):
-            api.apply(o)
+        svc: dict[str, Any] = copy.deepcopy(objects(s)[0])
+        del svc["metadata"]["creationTimestamp"], svc["status"]
+        svc["spec"]["selector"] = {"app": s.name}
+        api.admin.apply(svc)
+        api.admin.apply(lb_status(s.name, s.lb_ip), subresource="status")
+        assert s.pod_ip is not None
+        pod = pod_object(f"{s.name}-pod", {"app": s.name}, NODE)
+        api.put_pod(pod, PodState(s.name, NODE, s.pod_ip))
+    api.wait_slices([s.name for s in svcs])
 
 
 def lbs(env: AgentLab) -> set[str]:
@@ -74,9 +152,18 @@ def probe(env: AgentLab, path: str) -> str:
     return p.stdout
 
 
-def test_changes_reach_the_datapath_and_outages_keep_traffic(
-    env: tuple[AgentLab, FakeKubeAPI],
+def listed(env: AgentLab, kind: str) -> int:
+    """How many complete lists of `kind` (Services, EndpointSlices, Nodes) the agent made."""
+    return len(re.findall(rf"listed \d+ {kind} at resourceVersion", env.log()))
+
+
+def test_changes_reach_the_datapath_and_a_dead_api_server_keeps_traffic(
+    env: tuple[AgentLab, LabApi],
 ) -> None:
+    """kube-apiserver killed (SIGKILL): the agent keeps the datapath and says so; etcd is
+    compacted meanwhile; back, a watch that resumes from a resourceVersion older than the
+    restarted server's history (its watch cache starts at the restart) gets 410 Gone ("too
+    old resource version"), lists again, and the maps converge on a change made then."""
     agent, api = env
     put(api, WHOLE)
     agent.start_agent()
@@ -87,60 +174,133 @@ def test_changes_reach_the_datapath_and_outages_keep_traffic(
     put(api, FILT)  # a watch event
     wait_for(lambda: lbs(agent) == {LB_WHOLE, LB_FILT}, 10, "the new Service")
     assert ping(agent, LB_FILT)
+    assert listed(agent, "Services") == 1
 
-    api.set_down(True)  # outage: nothing changes in the datapath
-    api.delete("Service", "default", "vm1")
+    api.cp.kill_apiserver()  # every connection reset
     wait_for(lambda: "keeping the last known state" in agent.log(), 15, "the agent to notice")
     assert lbs(agent) == {LB_WHOLE, LB_FILT} and ping(agent, LB_WHOLE)
     assert probe(agent, "/healthz") == "200"
+    compacted = api.cp.compact()
 
-    api.set_down(False)  # recovery: the maps converge on the API's state
-    wait_for(lambda: lbs(agent) == {LB_FILT}, 20, "convergence after the outage")
+    api.cp.start_apiserver()  # back: the maps converge on what changes now
+    api.delete_service("vm1")
+    api.delete_pod("vm1-pod")
+    wait_for(lambda: lbs(agent) == {LB_FILT}, 30, "convergence after the outage")
     assert not ping(agent, LB_WHOLE) and ping(agent, LB_FILT)
+    log = agent.log()
+    assert listed(agent, "Services") == 2, log[-3000:]
+    gone = [line for line in log.splitlines() if "listing again" in line]
+    assert gone, f"no 410 after the compaction at revision {compacted}: {log[-3000:]}"
 
 
 def test_not_ready_and_nothing_removed_until_the_first_list(
-    env: tuple[AgentLab, FakeKubeAPI],
+    env: tuple[AgentLab, LabApi],
 ) -> None:
     agent, api = env
     put(api, WHOLE)
     agent.start_agent()
     wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
     agent.stop_agent()
-    api.set_down(True)
+    api.cp.kill_apiserver()
     agent.start_agent()  # restart during an outage: the pinned state stays
     wait_for(lambda: probe(agent, "/readyz") == "503", 10, "not ready")
     assert probe(agent, "/healthz") == "200"
     assert lbs(agent) == {LB_WHOLE} and ping(agent, LB_WHOLE)
-    api.set_down(False)
-    wait_for(lambda: probe(agent, "/readyz") == "200", 20, "ready after the list")
+    api.cp.start_apiserver()
+    wait_for(lambda: probe(agent, "/readyz") == "200", 30, "ready after the list")
+
+
+def test_watches_the_server_ends_are_resumed_not_listed_again(
+    env: tuple[AgentLab, LabApi],
+) -> None:
+    """kube-apiserver ends each watch at the timeoutSeconds it asks for (--watch-timeout):
+    the agent resumes it from its last resourceVersion (bookmarks included), without a new
+    list, and takes what changes after."""
+    agent, api = env
+    put(api, WHOLE)
+    agent.start_agent("--watch-timeout", "2")
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
+
+    def watches() -> int:
+        text = api.admin.request_text("GET", "/metrics")
+        return sum(
+            int(float(m))
+            for m in re.findall(
+                r'apiserver_request_total\{[^}]*resource="services"[^}]*verb="WATCH"[^}]*\} (\S+)',
+                text,
+            )
+        )
+
+    before = watches()
+    wait_for(lambda: watches() >= before + 3, 30, "the server to end three watches of Services")
+    put(api, FILT)
+    wait_for(lambda: lbs(agent) == {LB_WHOLE, LB_FILT}, 10, "a change after the watches ended")
+    assert listed(agent, "Services") == 1 and listed(agent, "EndpointSlices") == 1, agent.log()
+
+
+def test_a_right_taken_from_the_cluster_role_is_named(env: tuple[AgentLab, LabApi]) -> None:
+    """The chart's ClusterRole without `watch` on EndpointSlices: the agent's next watch (the
+    server ends each after --watch-timeout) is refused; its error names the verb, the resource
+    and the ClusterRole, the datapath stays; the right given back, it converges. Without
+    `create` on Events, a conflict's Event is refused and the log says which right is
+    missing."""
+    agent, api = env
+    put(api, WHOLE)
+    agent.start_agent("--watch-timeout", "2")
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
+    role = _role(api, without=("watch", "endpointslices"))
+    api.admin.apply(role)
+    name = role["metadata"]["name"]
+    said = (
+        f"HTTP 403 Forbidden: the ClusterRole {name} does not grant `watch` on endpointslices "
+        '(API group "discovery.k8s.io")'
+    )
+    wait_for(lambda: said in agent.log(), 30, lambda: f"the error: {agent.log()[-2000:]}")
+    assert lbs(agent) == {LB_WHOLE} and ping(agent, LB_WHOLE)
+    api.admin.apply(_role(api))
+    put(api, FILT)
+    wait_for(lambda: lbs(agent) == {LB_WHOLE, LB_FILT}, 30, "convergence with the right back")
+
+    api.admin.apply(_role(api, without=("create", "events")))
+    thief = Svc("vm-late", LB_WHOLE, POD2.ip, [("TCP", 80)])
+    put(api, thief)
+    said = f'the ClusterRole {name} does not grant `create` on events (API group "")'
+    wait_for(lambda: said in agent.log(), 15, lambda: f"the error: {agent.log()[-2000:]}")
+    assert "could not record an Event for Service default/vm-late" in agent.log()
 
 
 def test_a_conflict_becomes_an_event_on_the_newer_service(
-    env: tuple[AgentLab, FakeKubeAPI],
+    env: tuple[AgentLab, LabApi],
 ) -> None:
     agent, api = env
-    thief = Svc("vm-late", LB_WHOLE, POD2.ip, [("TCP", 80)], created="2026-03-01T00:00:00Z")
-    put(api, WHOLE, thief)
+    put(api, WHOLE)
+    time.sleep(1.1)  # creationTimestamp has seconds: the thief must be the newer
+    thief = Svc("vm-late", LB_WHOLE, POD2.ip, [("TCP", 80)])
+    put(api, thief)
     agent.start_agent()
     wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
     services = agent.maps_state().services  # the older Service keeps the LB IP
     assert {str(lb): str(e.pod_ip) for lb, e in services.items()} == {LB_WHOLE: POD1.ip}
-    events = wait_for(lambda: api.events("default"), 10, "an Event")
-    (ev,) = events
+    (ev,) = wait_for(lambda: api.events(NAMESPACE), 10, "an Event")
     assert ev["involvedObject"]["name"] == "vm-late" and ev["type"] == "Warning"
-    assert LB_WHOLE in ev["message"] and ev["source"]["host"] == "node-a"
+    assert LB_WHOLE in ev["message"] and ev["source"]["host"] == node_name(NODE)
+    # the agent restarts: the same Event is counted, not made again (patch, no get)
+    agent.stop_agent()
+    agent.start_agent()
+    wait_for(lambda: api.events(NAMESPACE)[0].get("count") == 2, 15, "the repeat counted")
+    assert "could not record an Event" not in agent.log()
 
 
 def test_an_lb_ip_that_is_another_nodes_address_is_refused(
-    env: tuple[AgentLab, FakeKubeAPI],
+    env: tuple[AgentLab, LabApi],
 ) -> None:
-    """Issue 31 with the API: a Service whose LB IP is another Node's InternalIP is not
-    programmed, gets a Warning Event that says why, and shows in the metrics; when that Node
-    goes, the Service is programmed."""
+    """Issue 31 with the API: a Service whose LB IP is another Node's InternalIP (as its
+    kubelet reports it) is not programmed, gets a Warning Event that says why, and shows in
+    the metrics; when that Node goes, the Service is programmed."""
     agent, api = env
     other_node = "198.51.100.50"
-    api.apply(
+    api.admin.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}})
+    api.admin.apply(
         {
             "apiVersion": "v1",
             "kind": "Node",
@@ -151,14 +311,14 @@ def test_an_lb_ip_that_is_another_nodes_address_is_refused(
                     {"type": "Hostname", "address": "node-b"},
                 ]
             },
-        }
+        },
+        subresource="status",
     )
     claim = Svc("vm-b", other_node, POD2.ip, whole_ip="true")
     put(api, WHOLE, claim)
     agent.start_agent("--metrics-address", "127.0.0.1:19811", "--metrics-auth", "none")
     wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the first sync")
-    events = wait_for(lambda: api.events("default"), 10, "an Event")
-    (ev,) = events
+    (ev,) = wait_for(lambda: api.events(NAMESPACE), 10, "an Event")
     assert ev["involvedObject"]["name"] == "vm-b" and ev["type"] == "Warning"
     assert ev["reason"] == "CozyebpfWarning"
     assert ev["message"].startswith(
@@ -168,20 +328,19 @@ def test_an_lb_ip_that_is_another_nodes_address_is_refused(
     assert 'cozyebpf_services_refused{reason="node"} 1.0' in metrics
     assert 'cozyebpf_services_refused{reason="node-address"} 0.0' in metrics
     assert ping(agent, LB_WHOLE)
-    api.delete("Node", "", "node-b")
+    api.admin.delete("Node", None, "node-b")
     wait_for(lambda: lbs(agent) == {LB_WHOLE, other_node}, 10, "vm-b programmed")
 
 
-def test_metrics_only_for_who_may_read_them(env: tuple[AgentLab, FakeKubeAPI]) -> None:
+def test_metrics_only_for_who_may_read_them(env: tuple[AgentLab, LabApi]) -> None:
     """As the chart runs it (issue 28, item 1): the metrics on the node's uplink address, over
     HTTPS with a certificate made at start; from the client (a tenant's VM, say): no token 401,
-    a token without the right 403, a token allowed to get /metrics 200 with the Services."""
+    a tenant's ServiceAccount token 403, Prometheus's (bound to the chart's metrics-reader
+    ClusterRole) 200 with the Services. TokenReview and SubjectAccessReview are the real
+    server's, with the agent's own rights."""
     from cozylab.netns import NODE_UPLINK_IP
 
     agent, api = env
-    api.add_token("tenant", "system:serviceaccount:tenant-a:default")
-    api.add_token("reader", "system:serviceaccount:monitoring:prometheus")
-    api.grant("system:serviceaccount:monitoring:prometheus", "/metrics")
     put(api, WHOLE)
     address = f"{NODE_UPLINK_IP}:19811"
     agent.start_agent("--metrics-address", address, "--metrics-auth", "kubernetes")
@@ -201,12 +360,17 @@ def test_metrics_only_for_who_may_read_them(env: tuple[AgentLab, FakeKubeAPI]) -
         body, _, code = p.stdout.rpartition("\n")
         return code, body
 
+    tenant = api.token_of(TENANT_NAMESPACE, TENANT)
+    reader = api.token_of(MONITORING_NAMESPACE, PROMETHEUS)
     code, body = scrape()
     assert code == "401" and "vm1" not in body, body
-    code, body = scrape("-H", "Authorization: Bearer tenant")
+    code, body = scrape("-H", f"Authorization: Bearer {tenant}")
     assert code == "403" and "vm1" not in body, body
-    code, body = scrape("-H", "Authorization: Bearer reader")
+    assert f"system:serviceaccount:{TENANT_NAMESPACE}:{TENANT} may not get /metrics" in body
+    code, body = scrape("-H", f"Authorization: Bearer {reader}")
     assert code == "200" and 'service="vm1"' in body, body[-2000:]
+    code, body = scrape("-H", "Authorization: Bearer not-a-token")
+    assert code == "401" and "vm1" not in body, body
     # plain HTTP is not served there
     plain = agent.lab.exec(
         agent.lab.client, "curl", "-s", "-m", "5", f"http://{address}/metrics", check=False

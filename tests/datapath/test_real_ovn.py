@@ -20,7 +20,7 @@ import pytest
 from cozylab.cluster import Row, format_table
 from cozylab.realovn import Ovn, RealOvnLab, planned_cases
 
-pytestmark = pytest.mark.requires("ovn")
+pytestmark = pytest.mark.requires("ovn", "kube", "helm")
 
 PLAN = planned_cases()
 #: the table of the run, for the terminal summary (tests/conftest.py)

@@ -37,6 +37,8 @@ class AgentLab:
     env: dict[str, str] = field(default_factory=dict)
     #: the agent's working directory (None: the tests')
     cwd: str | None = None
+    #: a command prefix the agent runs under (e.g. cozylab.cluster.agents.in_cluster_wrapper)
+    wrapper: list[str] = field(default_factory=list)
     _sockets: list[socket.socket] = field(default_factory=list)
 
     # -- agent ---------------------------------------------------------------------------
@@ -49,6 +51,7 @@ class AgentLab:
         log = self.log_path.open("a")
         self.proc = self.lab.popen(
             self.lab.node,
+            *self.wrapper,
             *self.cmd,
             "run",
             *(self.source_args or ["--manifests", str(self.manifest_path)]),

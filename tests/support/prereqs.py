@@ -109,6 +109,15 @@ def _kernel_guest() -> str | None:
     return None if why is None else f"the kernel-matrix guests: {why}"
 
 
+def _kube() -> str | None:
+    """etcd, kube-apiserver and kube-controller-manager of the pinned release, built by
+    scripts/build-kube.sh (setup.sh runs it), for the labs' real control plane."""
+    from cozylab.kubecp import missing_prerequisites
+
+    lacking = missing_prerequisites()
+    return "; ".join(lacking) if lacking else None
+
+
 #: name -> check: None when present, else what is missing and how to get it
 PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "root": _root,
@@ -127,6 +136,7 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "helm": _helm,
     "ovn": _ovn,
     "kernel-guest": _kernel_guest,
+    "kube": _kube,
 }
 
 #: what the marker `datapath` needs: loading BPF and the namespace lab

@@ -50,7 +50,11 @@ VALUE_SETS: dict[str, list[str]] = {
     "defaults": [],
     "all-values": ["-f", str(ALL_VALUES)],
     # what all-values cannot show: the switches off
-    "off": ["--set", "rbac.create=false,metrics.enabled=false,daemonset.priorityClassName="],
+    "off": [
+        "--set",
+        "rbac.create=false,metrics.enabled=false,daemonset.priorityClassName=,"
+        "endpointSliceGuard.enabled=false",
+    ],
 }
 
 
@@ -89,7 +93,11 @@ def values_of(name: str) -> dict[str, Any]:
     elif name == "off":
         _merge(
             values,
-            {"rbac": {"create": False}, "metrics": {"enabled": False}},
+            {
+                "rbac": {"create": False},
+                "metrics": {"enabled": False},
+                "endpointSliceGuard": {"enabled": False},
+            },
         )
         values["daemonset"]["priorityClassName"] = ""
     return values
@@ -469,6 +477,36 @@ def test_the_monitoring_objects(rendered: tuple[str, list[dict[str, Any]]]) -> N
         assert json.loads(text) == json.loads((CHART / "files/grafana-dashboard.json").read_text())
 
 
+def test_the_endpointslice_guard(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """Only the writers the values name may write an EndpointSlice labelled as Kubernetes'
+    controller's (the labs prove it against the real kube-apiserver: test_cluster_lab.py,
+    section 13, a tenant's forged slice refused)."""
+    name, objs = rendered
+    values = values_of(name)["endpointSliceGuard"]
+    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    if not values["enabled"]:
+        assert policies == [] and bindings == []
+        return
+    (policy,), (binding,) = policies, bindings
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["endpointslices"] and rule["apiGroups"] == ["discovery.k8s.io"]
+    assert rule["operations"] == ["CREATE", "UPDATE"]
+    (cond,) = spec["matchConditions"]
+    # the new and the old object: a tenant may neither label a slice nor change the label
+    assert "[object, oldObject]" in cond["expression"]
+    assert "'endpointslice-controller.k8s.io'" in cond["expression"]
+    (check,) = spec["validations"]
+    writers = json.loads(check["expression"].removeprefix("request.userInfo.username in "))
+    assert writers == values["writers"]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+
+
 # -- the schema --------------------------------------------------------------------------------
 
 
@@ -507,7 +545,7 @@ def test_deploy_is_rendered_from_the_chart(helm: str, tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stderr
     rendered = sorted(f.relative_to(tmp_path) for f in tmp_path.rglob("*") if f.is_file())
-    assert len(rendered) == 5
+    assert len(rendered) == 6
     for rel in rendered:
         assert (tmp_path / rel).read_text() == (REPO / "deploy" / rel).read_text(), (
             f"deploy/{rel} differs from the chart's rendering: run `make deploy`"

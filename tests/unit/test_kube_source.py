@@ -268,7 +268,9 @@ def test_events_are_created_once_then_counted(api: FakeKubeAPI) -> None:
         assert ev["count"] == 2
     finally:
         rec.stop()
-    # a new recorder (agent restart) continues the count instead of failing on 409
+    # a new recorder (agent restart) continues the count instead of failing on 409, with the
+    # rights the chart grants on events (create, patch) and no `get`: the real API server
+    # answers a get 403 (the labs saw it: tests/datapath/test_cluster_lab.py)
     rec2 = EventRecorder(api.api_client(), "node-a")
     rec2.start()
     try:
@@ -277,6 +279,71 @@ def test_events_are_created_once_then_counted(api: FakeKubeAPI) -> None:
         assert [e["count"] for e in api.events("default")] == [3]
     finally:
         rec2.stop()
+    verbs = {r.method for r in api.requests if "/events" in r.path}
+    assert verbs == {"POST", "PATCH"}, verbs
+
+
+def test_a_forbidden_event_names_the_right_and_the_cluster_role(
+    api: FakeKubeAPI, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = EventRecorder(api.api_client(), "node-a", cluster_role="cozy-proxy")
+    rec.start()
+    api.forbid("events")
+    try:
+        rec.record([problem("vm3", "something")])
+        wait_for(lambda: "could not record" in caplog.text, 5, "the failure logged")
+    finally:
+        rec.stop()
+    assert rec.failed == 1
+    assert (
+        "could not record an Event for Service default/vm3: HTTP 403 Forbidden: the "
+        'ClusterRole cozy-proxy does not grant `create` on events (API group ""); add it'
+    ) in caplog.text
+
+
+def test_a_forbidden_list_or_watch_names_the_right_and_the_cluster_role(
+    api: FakeKubeAPI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A resource the agent needs (EndpointSlices): the error names the verb, the resource,
+    its API group and the ClusterRole, and the source waits for it; one it can do without
+    (Nodes): the same, and what the agent goes without."""
+    put(api, VM1)
+    api.forbid("endpointslices")
+    api.forbid("nodes")
+    src = KubeSource(
+        api.api_client(),
+        "cozy-proxy",
+        watch_timeout=5,
+        request_timeout=5,
+        cluster_role="cozy-proxy",
+    )
+    for inf in src.informers:
+        inf.backoff = Backoff(base=0.05, cap=0.2)
+    src.start()
+    try:
+        wait_for(
+            lambda: (
+                "listing EndpointSlices is forbidden" in caplog.text
+                and "listing Nodes is forbidden" in caplog.text
+            ),
+            5,
+            "both errors (each informer logs its own, on its own thread)",
+        )
+        assert not src.synced and src.take() is None
+        assert (
+            "listing EndpointSlices is forbidden (HTTP 403 Forbidden: the ClusterRole "
+            "cozy-proxy does not grant `list` on endpointslices (API group "
+            '"discovery.k8s.io"); add it'
+        ) in caplog.text
+        assert (
+            "listing Nodes is forbidden, so no LB IP is checked against the Nodes' addresses: "
+            "HTTP 403 Forbidden: the ClusterRole cozy-proxy does not grant `list` on nodes "
+            '(API group ""); add it'
+        ) in caplog.text
+        api.forbid("endpointslices", False)
+        wait_for(lambda: src.synced, 5, "the sync once the right is there")
+    finally:
+        src.stop()
 
 
 def test_event_failures_are_logged_not_fatal(

@@ -10,6 +10,7 @@ from cozylab.cluster.rows import Group
 from cozylab.cluster.scenarios import (
     cilium_view,
     claim,
+    kube,
     migration,
     paths,
     restart,
@@ -37,5 +38,6 @@ def table(lab: ClusterLab) -> list[Group]:
         source_warnings.group(lab),
         cilium_view.group(lab),
         claim.group(lab),
+        *kube.group(lab),
     ]
     return groups

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from cozylab.cluster.api import service_object, slice_object
+from cozylab.cluster.api import VM_LABEL, PodState, pod_object
 from cozylab.cluster.rows import Case, Check, Group
 from cozylab.cluster.spec import CLIENT_IP, NODE_PORT, NODES, Workload, node_ip, node_name
 from cozylab.netns import wait_for
@@ -47,7 +47,7 @@ def event(lab: ClusterLab) -> Check:
     def posted() -> list[dict[str, Any]]:  # Events are posted in the background
         return [
             e
-            for e in api.api.events("default")
+            for e in api.events()
             if e["involvedObject"]["name"] == "vm-claim" and CLAIMED in e["message"]
         ]
 
@@ -60,19 +60,22 @@ def event(lab: ClusterLab) -> Check:
 
 @contextlib.contextmanager
 def claimed(lab: ClusterLab) -> Iterator[None]:
-    """The claiming Service and its EndpointSlice while the rows run, every agent synced."""
-    assert lab.api is not None
+    """The claiming Service and its backend pod (the EndpointSlice controller writes the
+    slice) while the rows run, every agent synced."""
+    api = lab.api
+    assert api is not None
     backend = lab.workloads[CLAIM_BACKEND]
     claim = Workload("vm-claim", 98, backend.node, backend.ip, CLAIMED, True)
-    lab.api.api.apply(service_object(claim))
-    endpoints = [(lab.location[CLAIM_BACKEND], "p1")]
-    lab.api.api.apply(slice_object(claim.name, claim.ip, claim.ports, endpoints))
+    node = lab.location[CLAIM_BACKEND]
     try:
+        api.put_service(claim)
+        pod = pod_object(CLAIM_BACKEND, {VM_LABEL: claim.name}, node)
+        api.put_pod(pod, PodState(claim.name, node, backend.ip))
         lab.sync_agents()
         yield
     finally:
-        lab.api.api.delete("Service", "default", claim.name)
-        lab.api.api.delete("EndpointSlice", "default", f"{claim.name}-x7k2p")
+        api.delete_service(claim.name)
+        api.delete_pod(CLAIM_BACKEND)
 
 
 def group(lab: ClusterLab) -> Group:

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from cozylab.cluster.api import pod_object, service_object
 from cozylab.cluster.rows import Case, Check, Group
 from cozylab.cluster.spec import (
     CLIENT_IP,
@@ -56,6 +55,11 @@ def tcp_ack(src: str, dst: str, sport: int, dport: int) -> bytes:
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
     return hdr[:16] + struct.pack("!H", ~total & 0xFFFF) + hdr[18:]
+
+
+def _event_keys(events: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """(uid, count) of each Event: a new Event, or a repeat of one, is not among them."""
+    return {(e["metadata"]["uid"], e.get("count", 1)) for e in events}
 
 
 class Migration:
@@ -119,7 +123,7 @@ class Migration:
         learned0 = lab.agents.learned()
         self._start_load()
         offsets = {n: len(lab.agents.log(n)) for n in NODES}
-        events0 = len(lab.api.api.events())
+        events0 = _event_keys(lab.api.events())
         self.t["start"] = time.monotonic()
         try:
             self._step("load", lambda: wait_for(self._loaded, 5))
@@ -144,17 +148,23 @@ class Migration:
     def _loaded(self) -> bool:
         return bool(self.udp.got and self.tin.echoes and self.tout.echoes)
 
-    def _both_ready(self, frm: int, offsets: dict[int, int], events0: int) -> None:
-        """ "old ready" -> "both ready": one address, two nodeNames; then the source ranges."""
+    def _both_ready(self, frm: int, offsets: dict[int, int], events0: set[tuple[str, int]]) -> None:
+        """ "old ready" -> "both ready": the target virt-launcher pod, on the target node with
+        the VM's IP, Ready beside the source pod (one address, two nodeNames in the slice the
+        EndpointSlice controller writes); then the source ranges."""
         lab, w = self.lab, self.w
         assert lab.api is not None
         self.t["both"] = time.monotonic()
-        lab.api.api.apply(pod_object(w, self.new_pod, self.to))
-        lab.set_endpoints(w, [frm, self.to], [lab.pod_names[self.name], self.new_pod])
+        self._step(
+            "both ready",
+            lambda: lab.set_endpoints(w, [frm, self.to], [lab.pod_names[self.name], self.new_pod]),
+        )
         self._step("both ready", lab.sync_agents)
         self.owners["both"] = lab.announce({**lab.ready(), self.name: [frm, self.to]})[self.lb]
         self.both_warnings = {n: lab.agents.warnings(n, offsets[n]) for n in NODES}
-        self.both_events = lab.api.api.events()[events0:]
+        self.both_events = [
+            e for e in lab.api.events() if (e["metadata"]["uid"], e.get("count", 1)) not in events0
+        ]
         got = len(self.udp.got)
         self._step(
             "both ready", lambda: wait_for(lambda: len(self.udp.got) > got + 10, 2, "echoes")
@@ -169,7 +179,7 @@ class Migration:
     def _new_ready(self) -> None:
         lab = self.lab
         lab.pod_names[self.name] = self.new_pod
-        lab.set_endpoints(self.w, [self.to])
+        self._step("new ready", lambda: lab.set_endpoints(self.w, [self.to]))
         self._step("new ready", lab.sync_agents)
         self.owners["new"] = lab.announce()[self.lb]
         self.t["new"] = time.monotonic()
@@ -192,10 +202,8 @@ class Migration:
         """While the VM is learning (both ready), give its Service source ranges that hold the
         client only; TCP that opens nothing from OUTSIDE_IP must be dropped (drop_source), not
         learned (issue 28): learning comes after the ranges. The ranges go again after."""
-        lab, lb = self.lab, self.lb
-        assert lab.api is not None
-        svc = service_object(self.w)
-        ranged = {**svc, "spec": {**svc["spec"], "loadBalancerSourceRanges": [f"{CLIENT_IP}/32"]}}
+        lab, lb, api = self.lab, self.lb, self.lab.api
+        assert api is not None
         errors: list[str] = []
         dropped = 0
 
@@ -203,7 +211,7 @@ class Migration:
             return sum(lab.agents.counted("drop_source").values())
 
         try:
-            lab.api.api.apply(ranged)
+            api.put_service(self.w, loadBalancerSourceRanges=[f"{CLIENT_IP}/32"])
             lab.sync_agents()
             before = drops()
             with lab.lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_RAW, 6) as raw:
@@ -216,7 +224,7 @@ class Migration:
         except (TimeoutError, RuntimeError, OSError) as e:
             errors.append(str(e))
         finally:
-            lab.api.api.apply(svc)
+            api.put_service(self.w)
             with contextlib.suppress(TimeoutError, RuntimeError):
                 lab.sync_agents()
         detail = f"3 ACKs from {OUTSIDE_IP} (outside): drop_source +{dropped}"

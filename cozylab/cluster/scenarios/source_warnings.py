@@ -29,7 +29,7 @@ def port_security_events(lab: ClusterLab, w: Workload, want: bool) -> Check:
     assert lab.api is not None
     events: list[dict[str, Any]] = [
         e
-        for e in lab.api.api.events("default")
+        for e in lab.api.events()
         if e["involvedObject"]["kind"] == "Service"
         and "port security" in e["message"]
         and e["involvedObject"]["name"] == w.name

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Builds the cluster labs' control plane from the Go module proxy, once per machine:
+#   bash scripts/build-kube.sh            (setup.sh calls it)
+#   bash scripts/build-kube.sh --print-dir  (the directory the binaries are in, and nothing else)
+#
+# kube-apiserver and kube-controller-manager of the release cozylab/controlplane/kube/go.mod
+# pins (the Kubernetes that Cozystack installs: README, "The real control plane"), and etcd
+# (cozylab/controlplane/etcd/, a main calling etcdmain.Main), into
+#   ${COZYEBPF_KUBE_CACHE:-/var/cache/cozyebpf/kube}/<kubernetes version>/
+# which is outside the repository: the binaries are never committed. go.sum is committed, so
+# the build fetches exactly those modules (-mod=readonly) through the machine's GOPROXY (the Go
+# module proxy); Go keeps them in its module and build caches (GOMODCACHE, GOCACHE), so a build
+# after a change of the pins is quicker than the first one.
+#
+# Idempotent: the directory holds a stamp of everything the build read (go.mod, go.sum, main.go,
+# this script, the Go version); when the stamp matches and the three binaries run, nothing is
+# built (a second run takes well under a second). The build is lean for CI's fresh machine:
+# -trimpath, stripped (-s -w), CGO off, only the three binaries, `-p` = the CPUs. Concurrent
+# runs (two worktrees) wait for each other on a lock in the cache directory.
+#
+# Environment:
+#   COZYEBPF_KUBE_CACHE  where the versions' directories go (default /var/cache/cozyebpf/kube)
+#   GO                   the go command (default: go on PATH, else /usr/local/go/bin/go)
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+KUBE_MOD="$REPO_ROOT/cozylab/controlplane/kube"
+ETCD_MOD="$REPO_ROOT/cozylab/controlplane/etcd"
+CACHE="${COZYEBPF_KUBE_CACHE:-/var/cache/cozyebpf/kube}"
+
+log() { printf '==> %s\n' "$*"; }
+die() {
+	printf 'build-kube.sh: ERROR: %s\n' "$*" >&2
+	exit 1
+}
+
+# The pinned release, from the one place that names it.
+KUBE_VERSION="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v[0-9]/ {print $2; exit}' "$KUBE_MOD/go.mod")"
+[[ $KUBE_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] ||
+	die "no k8s.io/kubernetes vX.Y.Z requirement in $KUBE_MOD/go.mod (found '${KUBE_VERSION}')"
+KUBE_MINOR="${BASH_REMATCH[1]}"
+DEST="$CACHE/$KUBE_VERSION"
+BINARIES=(etcd kube-apiserver kube-controller-manager)
+
+if [[ ${1:-} == --print-dir ]]; then
+	printf '%s\n' "$DEST"
+	exit 0
+fi
+[[ $# -eq 0 ]] || die "unknown arguments: $* (usage: build-kube.sh [--print-dir])"
+
+GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
+[[ -x $GO ]] || die "Go is missing ($GO): the labs' control plane is built with Go from the module proxy; install Go 1.26 (/usr/local/go) or set GO=/path/to/go"
+GO_VERSION="$("$GO" env GOVERSION)" || die "$GO does not run"
+
+stamp() {
+	{
+		printf 'go=%s\n' "$GO_VERSION"
+		sha256sum "$KUBE_MOD/go.mod" "$KUBE_MOD/go.sum" "$ETCD_MOD/go.mod" "$ETCD_MOD/go.sum" \
+			"$ETCD_MOD/main.go" "${BASH_SOURCE[0]}" | cut -c1-64
+	} | sha256sum | cut -c1-64
+}
+WANT="$(stamp)"
+
+built() {
+	[[ -f $DEST/stamp && $(<"$DEST/stamp") == "$WANT" ]] || return 1
+	local bin
+	for bin in "${BINARIES[@]}"; do
+		[[ -x $DEST/$bin ]] || return 1
+	done
+	"$DEST/kube-apiserver" --version >/dev/null 2>&1 && "$DEST/etcd" --version >/dev/null 2>&1
+}
+
+if built; then
+	log "kube: $KUBE_VERSION and etcd in $DEST (built before)"
+	exit 0
+fi
+
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"
+flock 9
+if built; then # another run built it while this one waited
+	log "kube: $KUBE_VERSION and etcd in $DEST (built by a concurrent run)"
+	exit 0
+fi
+
+START=$SECONDS
+WORK="$(mktemp -d "$CACHE/.build.XXXXXX")"
+trap 'rm -rf --one-file-system "$WORK"' EXIT
+export CGO_ENABLED=0
+JOBS="$(nproc)"
+BUILD=("$GO" build -mod=readonly -trimpath -p "$JOBS")
+
+# What kubernetes' own build stamps into its binaries (hack/lib/version.sh), so that /version
+# and the components' --version name the release.
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KUBE_MINOR"
+	ldflags+=" -X $pkg.gitTreeState=clean"
+done
+
+log "kube: building kube-apiserver and kube-controller-manager $KUBE_VERSION with $GO_VERSION (-p $JOBS; the first build on a machine takes many minutes: README)"
+(cd "$KUBE_MOD" && "${BUILD[@]}" -ldflags "$ldflags" -o "$WORK/" \
+	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager) ||
+	die "go build of kube-apiserver/kube-controller-manager $KUBE_VERSION failed (in $KUBE_MOD)"
+log "kube: building etcd ($(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$ETCD_MOD/go.mod"))"
+(cd "$ETCD_MOD" && "${BUILD[@]}" -ldflags "-s -w" -o "$WORK/etcd" .) ||
+	die "go build of etcd failed (in $ETCD_MOD)"
+
+have="$("$WORK/kube-apiserver" --version)" || die "the built kube-apiserver does not run"
+[[ $have == "Kubernetes $KUBE_VERSION" ]] || die "the built kube-apiserver says '$have', expected 'Kubernetes $KUBE_VERSION'"
+"$WORK/etcd" --version >/dev/null || die "the built etcd does not run"
+printf '%s\n' "$WANT" >"$WORK/stamp"
+rm -rf --one-file-system "$DEST"
+mv "$WORK" "$DEST"
+chmod 0755 "$DEST"
+log "kube: built $KUBE_VERSION and etcd into $DEST in $((SECONDS - START))s"
