@@ -3,11 +3,12 @@ cozyebpf` runs it, with one seam for tests/datapath/test_stop_points.py, so that
 inside a given section of the agent (cozyebpf.safepoint), not at a random moment.
 
 Once the file ARM exists and holds a section's name (e.g. "checking the attachments"), the
-next time the agent enters that section the seam removes ARM, prints `held-agent: held in <section>` and
-waits, inside the section, until a stop is asked (the test's SIGTERM, whose handler runs in
-this wait); then the section's body runs as the agent would run it. While it waits, every
-wake-up of the agent by a source (the manifest's watch thread handing over a change) prints
-`held-agent: notified`, so the test knows a change is there to take before it signals.
+next time the agent enters that section the seam removes ARM, prints `held-agent: held in
+<section>` and waits, inside the section, until a stop is asked (the test's SIGTERM, whose
+handler runs in this wait); then the section's body runs as the agent would run it. While it
+waits, every wake-up of the agent by a source (the manifest's watch thread handing over a
+change) prints `held-agent: notified`, so the test knows a change is there to take before it
+signals.
 
 Nothing of the agent is replaced: the seam wraps SafePoints.section and Notifier.notify and
 calls them.
