@@ -283,17 +283,16 @@ class ServerCollector(Collector):
         for reason, n in self.server.cut.items():
             cut.add_metric([reason], n)
         yield from (refused, cut)
-        if self.auth is None:
-            return
+        auth = self.auth or AuthStats()  # none without a token check (--metrics-auth none)
         yield CounterMetricFamily(
             "cozyebpf_metrics_token_reviews",
             "TokenReviews asked for callers' tokens that the cache did not answer.",
-            value=self.auth.reviews,
+            value=auth.reviews,
         )
         yield CounterMetricFamily(
             "cozyebpf_metrics_token_reviews_limited",
             "Callers' tokens answered 429, not reviewed: their source's rate limit was used up.",
-            value=self.auth.limited,
+            value=auth.limited,
         )
 
 
