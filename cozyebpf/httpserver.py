@@ -34,6 +34,7 @@ import logging
 import socket
 import socketserver
 import ssl
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -392,6 +393,7 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any, error: Any = None) -> None:
         """A client's failure ends its connection only: logged at debug level (socketserver
         would print a traceback to stderr for every reset connection of a flood)."""
+        error = error if error is not None else sys.exc_info()[1]
         log.debug("%s: connection from %s ended: %s", self.server_name, client_address[0], error)
 
 
