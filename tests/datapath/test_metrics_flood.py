@@ -51,10 +51,12 @@ PORT = 19811
 V4, V6 = (NODE_UPLINK_IP, PORT), (NODE_UPLINK_IP6, PORT)
 TOKENS = 10_000
 FLOOD_WORKERS = 6  # within MAX_PER_SOURCE: the flood's requests are answered, not refused
-SWARM_EACH = 8  # slow clients of each kind: 24 from one source, three times its cap
-#: the agent's threads beyond its own: the flood's source and the swarm's at their caps,
-#: Prometheus's scrape, and a thread or two of a connection on its way out
-THREADS_MORE = 2 * MAX_PER_SOURCE + 1 + 2
+SWARM_EACH = 16  # slow clients of each kind: 48 from one source, six times its cap
+#: the agent's threads beyond its own: the flood's source and the swarm's at their caps; a
+#: flood worker's last connection, whose thread may still be ending when its next one is
+#: admitted (its answer's end reached the client before the thread let go of its slot); and
+#: Prometheus's scrape, with its last one ending
+THREADS_MORE = 2 * MAX_PER_SOURCE + FLOOD_WORKERS + 2
 RSS_MORE = 20 << 20  # bytes: a connection costs tens of kB (OpenSSL's buffers, a stack)
 
 
