@@ -478,9 +478,10 @@ class ManifestSource:
         """Handle one batch of inotify events in the watch thread: when it leaves the file
         whole, read a snapshot and hand it over, unless an event of the file arrived between
         the batch and the end of that read (then those events decide, in turn). True when a
-        snapshot was handed over; False when there is nothing to take now (not the file's
-        events; or it is being written: its close will tell) or the agent should look itself
-        (an event that is neither a write nor a close)."""
+        snapshot was handed over (or the agent should look itself: the file went away, or an
+        event that is neither a write nor a close changed it); False when there is nothing to
+        take now (not the file's events; the file as it was taken; or it is being written:
+        its close will tell)."""
         with self._lock:
             writing = self._writing
         state = self._fold(events, False, writing)
@@ -498,9 +499,12 @@ class ManifestSource:
             if after is None:
                 with self._lock:
                     self._writing = False
-                    if snap is not None:
+                    # the file as taken (a ConfigMap's new `..v2` directory, a close without
+                    # a write) is nothing to take: no wake-up
+                    fresh = snap is not None and snap.sig != self._loaded
+                    if fresh:
                         self._snapshot = snap
-                return snap is not None or self.changed()
+                return fresh or (snap is None and self.changed())
             whole, writing = after  # the file changed after the batch: the snapshot is void
         with self._lock:
             self._writing = writing
@@ -542,6 +546,7 @@ class ManifestSource:
                 snap = None  # closed without a change
         if snap is None:
             if not self.changed():
+                self._held = None  # back to what was taken: a removal held is void
                 return nothing
             if self._ever_read and not self._is_whole():
                 log.debug("%s is changing; reading it once it is whole", self.path)

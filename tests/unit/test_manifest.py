@@ -357,6 +357,40 @@ def test_changes_are_seen_through_inotify(tmp_path: Path, how: str) -> None:
         src.stop()
 
 
+class QuietInotify:
+    """The watch's inotify when nothing more happened after a batch."""
+
+    def names(self, timeout: float) -> None:
+        return None
+
+
+def test_a_batch_that_leaves_the_file_as_taken_wakes_nothing(tmp_path: Path) -> None:
+    """The kubelet's atomic writer, one step per batch (as a loaded machine delivers them): its
+    new `..v2` directory and the `..data_tmp` link say "whole" but leave the file as taken, so
+    they wake nothing (the agent would find nothing to take: a full run of the suite once
+    woke at `..v2`); the swap of `..data` hands the new file over."""
+    from cozyebpf.sources.manifest import _IN_CREATE, _IN_MOVED_FROM, _IN_MOVED_TO
+
+    (tmp_path / "..v1").mkdir()
+    (tmp_path / "..v1" / "m.yaml").write_text(SERVICE)
+    (tmp_path / "..data").symlink_to("..v1")
+    (tmp_path / "m.yaml").symlink_to("..data/m.yaml")
+    src = ManifestSource(tmp_path / "m.yaml", poll_interval=3600)
+    assert whole_services(src.take()) == VM1
+    quiet = QuietInotify()
+    (tmp_path / "..v2").mkdir()
+    assert src._batch(quiet, [("..v2", _IN_CREATE)]) is False  # type: ignore[arg-type]
+    (tmp_path / "..v2" / "m.yaml").write_text(BOTH)
+    (tmp_path / "..data_tmp").symlink_to("..v2")
+    assert src._batch(quiet, [("..data_tmp", _IN_CREATE)]) is False  # type: ignore[arg-type]
+    os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+    moved = [("..data_tmp", _IN_MOVED_FROM), ("..data", _IN_MOVED_TO)]
+    assert src._batch(quiet, moved) is True  # type: ignore[arg-type]
+    changes = src.take()
+    assert changes is not None and changes.whole is not None
+    assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
+
+
 def test_a_file_being_written_is_read_once_it_is_whole(tmp_path: Path) -> None:
     """A writer that truncates the file and then writes it leaves it empty for a moment: read
     then, it would be a manifest without Services. take() reads a changed file only once its
