@@ -16,10 +16,14 @@ manifest with fewer Services, and theirs would be removed until the next read. S
 - With inotify, the watch thread itself reads the file when an event batch says its writer
   closed it or renamed it into place (or a ConfigMap's `..data` was swapped), and hands that
   snapshot (the bytes and their signature, read together) to the agent under a lock, but only
-  when no event of the file arrived between the batch and the end of the read: a truncation
-  that lands there (the next writer) discards the snapshot, and its close brings the next one.
-  Before issue 37 the thread stamped the file whole by a `stat` after the batch, and a
-  truncation in between was taken as whole: every Service removed.
+  when no event of the file arrived between the batch and SNAPSHOT_SETTLE after the end of the
+  read: a truncation that lands there (the next writer) discards the snapshot, and its close
+  brings the next one. Before issue 37 the thread stamped the file whole by a `stat` after the
+  batch, and a truncation in between was taken as whole: every Service removed. (The kernel
+  queues a truncation's event at the end of its system call, when readers already see the
+  empty file: the settle covers that moment, but a writer preempted inside it can still hand
+  a cut snapshot over; what then holds is the rule below, and the writer's close, which brings
+  the whole file.)
 - Otherwise (no inotify, a change inotify did not report as a close, a writer that keeps the
   file open) the agent reads the file itself once its (mtime, size, inode) stayed the same for
   half a poll interval, or for WRITER_GRACE while inotify has seen it modified and not yet
@@ -32,10 +36,10 @@ manifest with fewer Services, and theirs would be removed until the next read. S
   directory, then `mv` it over the manifest): the agent sees the old file or the new one,
   never a part.
 
-What is left: a writer that rewrites the file in place without truncating it (no event before
-its first byte) in one write that is still being copied when the snapshot is checked can hand
-over a mix of old and new bytes (the confirmation still holds back a mix that removes most);
-and a writer whose two opens are further apart than CONFIRM_AFTER is taken at its word.
+What is left: a cut snapshot (a writer that truncates, or rewrites in place, right after the
+previous close and is slower than SNAPSHOT_SETTLE to have its event queued) that removes fewer
+than half of the Services is taken, until that writer's close brings the whole file; and a
+writer whose two opens are further apart than CONFIRM_AFTER is taken at its word.
 """
 
 from __future__ import annotations
@@ -87,6 +91,11 @@ MOST = 0.5
 #: seconds between a read that would remove most Services and the read that confirms it: as
 #: long as a stalled writer is waited for (WRITER_GRACE)
 CONFIRM_AFTER = WRITER_GRACE
+#: seconds the watch thread waits, after reading a snapshot, for an event of the file that
+#: comes late: the kernel queues a truncation's or a write's event at the end of its system
+#: call, after readers already see the change (ext4 truncates, then notifies). Short, since
+#: every change waits for it; the confirmation above is what holds when a writer is slower
+SNAPSHOT_SETTLE = 0.01
 Signature = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
 
 
@@ -494,8 +503,7 @@ class ManifestSource:
                 snap = self._snapshot_now()
             except SourceError:  # gone (a rename away): the agent reports it
                 snap = None
-            more = ino.names(0)
-            after = self._fold(more, True, False) if more else None
+            after = self._late_events(ino)
             if after is None:
                 with self._lock:
                     self._writing = False
@@ -509,6 +517,21 @@ class ManifestSource:
         with self._lock:
             self._writing = writing
         return not writing and self.changed()
+
+    def _late_events(self, ino: _Inotify) -> tuple[bool, bool] | None:
+        """(whole, writing) after the file's events that arrive within SNAPSHOT_SETTLE of the
+        snapshot's read (from whole), or None when none does."""
+        deadline = time.monotonic() + SNAPSHOT_SETTLE
+        while True:
+            left = deadline - time.monotonic()
+            more = ino.names(max(0.0, left))
+            if more is None:
+                return None
+            after = self._fold(more, True, False)
+            if after is not None:
+                return after
+            if left <= 0:
+                return None
 
     def stop(self) -> None:
         self._stop.set()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cozyebpf.errors import SourceError, TemporaryError
-from cozyebpf.model import build_state
+from cozyebpf.model import ObjectSet, build_state
 from cozyebpf.sources import ChangeSet
 from cozyebpf.sources.manifest import ManifestSource
 from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry
@@ -452,19 +452,19 @@ def test_a_writer_seen_by_inotify_is_waited_for(tmp_path: Path) -> None:
                 f.flush()
                 time.sleep(0.2)  # the watch thread sees the write
                 if closes:
-                    woke.clear()
-                    f.close()
-                    assert woke.wait(10), "inotify did not report the close"
+                    f.close()  # the close hands the file over (a poll may wake the agent too)
+                    wait(lambda: handed(src), "inotify did not report the close")
                 else:
                     assert src.take().whole is None  # type: ignore[union-attr]
                     clock.advance(WRITER_GRACE)
                 changes = src.take()
                 assert changes is not None and changes.whole is not None
                 assert list(changes.whole.slices) == [("tenant-a", "vm1-x7k2p")]
-            path.write_text(SERVICE)  # back to the first content, read whole
-            time.sleep(0.2)
-            changes = src.take()
-            assert changes is not None and changes.whole is not None and changes.whole.services
+            path.write_text(SERVICE)  # back to the first content, read whole at its close
+            # the agent's loop turns until it takes a whole read: SERVICE, never the empty
+            # file its writer truncated first (which the watch may see, then hold)
+            whole = first_whole(src)
+            assert set(whole.services) == VM1 and not whole.slices
     finally:
         src.stop()
 
@@ -560,12 +560,10 @@ class Agent:
     def __init__(self, src: ManifestSource) -> None:
         self.src = src
         self.reads: list[set[tuple[str, str]]] = []
-        self.woke = threading.Event()
         self._lock = threading.Lock()
 
     def wake(self) -> None:
         self.take()
-        self.woke.set()
 
     def take(self) -> None:
         with self._lock:  # the agent's loop is one thread
@@ -577,6 +575,23 @@ class Agent:
 def writing(src: ManifestSource) -> bool:
     with src._lock:
         return src._writing
+
+
+def first_whole(src: ManifestSource) -> ObjectSet:
+    """take() as the agent's loop does, until a whole read comes; that read."""
+    deadline = time.monotonic() + 10  # a bound for a hang, not an expectation
+    while True:
+        changes = src.take()
+        if changes is not None and changes.whole is not None:
+            return changes.whole
+        assert time.monotonic() < deadline, "no whole read"
+        time.sleep(0.005)
+
+
+def handed(src: ManifestSource) -> bool:
+    """The watch thread handed a snapshot over (not taken yet)."""
+    with src._lock:
+        return src._snapshot is not None
 
 
 def wait(pred: Callable[[], bool], what: str) -> None:
@@ -618,6 +633,7 @@ def test_a_truncation_between_the_event_batch_and_the_snapshot_is_never_taken(
     src.start(agent.wake)
     try:
         path.write_text(BOTH)  # written and closed: the batch that says whole
+        wait(lambda: bool(nxt), "a batch that says whole")
         if closes:  # the truncated file was closed: its snapshot is handed over, and held
             wait(lambda: src._held is not None, "the empty file held")
         else:
@@ -626,10 +642,9 @@ def test_a_truncation_between_the_event_batch_and_the_snapshot_is_never_taken(
             agent.take()
             clock.advance(1)
         assert agent.reads == [VM1]
-        agent.woke.clear()
         with nxt[0] if not closes else open(path, "w") as f:  # the next writer's content
             f.write(BOTH)
-        wait(agent.woke.is_set, "the close to wake the agent")
+        wait(lambda: len(agent.reads) > 1, "the close to wake the agent")
         assert agent.reads == [VM1, VM1], "an empty or cut file was taken"
         changes = src.take()
         assert changes is not None and changes.whole is None  # taken once
@@ -727,10 +742,9 @@ def test_a_real_writer_that_truncates_and_stalls(tmp_path: Path, closes: bool) -
             clock.advance(0.25)
             stall -= 0.25
         assert agent.reads == [three], "the truncated file was taken"
-        agent.woke.clear()
         writer.communicate(services_file(3) + "---\n" + SLICE, timeout=30)
         assert writer.returncode == 0
-        wait(agent.woke.is_set, "the writer's close to wake the agent")
+        wait(lambda: len(agent.reads) > 1, "the writer's close to wake the agent")
         assert agent.reads == [three, three]
     finally:
         src.stop()
