@@ -236,7 +236,8 @@ class Agent:
         self._next_check = now + self.check_interval
         try:
             datapath.check()
-        except Exception as e:  # a failed check must not stop the loop
+        except Exception as e:  # a failed check must not stop the loop (a stop held by the
+            # check's section is raised at its end: Stopping is no Exception, it passes)
             log.error("checking the attachments failed: %s", e)
 
     def _failed(self, now: float, what: str, e: CozyError) -> None:

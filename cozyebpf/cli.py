@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cozyebpf")
 
+#: what `run` stops on its way out, in order: (what it is, for the log; how to stop it)
+Stoppers = list[tuple[str, Callable[[], None]]]
+
 pin_dir_option = click.option(
     "--pin-dir",
     default=DEFAULT_PIN_DIR,
@@ -373,10 +376,10 @@ def run(**options: Any) -> None:
     stop = threading.Event()
     safe = SafePoints()
     wake: list[Callable[[], None]] = []  # the agent's notify, once there is an agent
-    _stop_on_signals(stop, safe, wake)
     dp: BpfDatapath | None = None
-    stoppers: list[Callable[[], None]] = []
+    stoppers: Stoppers = []
     try:
+        _stop_on_signals(stop, safe, wake)  # inside: a stop from now on lands in `except`
         reserved_cidrs = cfg.reserved_networks()
         devs = resolve_devices(cfg.devices)
         pod_devs = resolve_pod_devices(cfg.pod_devices, devs)
@@ -392,7 +395,7 @@ def run(**options: Any) -> None:
         dp.prepare()
         dp.begin()  # compiling in a child; the control plane starts meanwhile
         local = LocalAddresses(cfg.exclude_devices())
-        stoppers.append(local.stop)
+        stoppers.append(("the address follower", local.stop))
         agent = Agent(
             source,
             dp,
@@ -408,10 +411,10 @@ def run(**options: Any) -> None:
         wake.append(agent.notify)
         local.start()
         source.start(agent.notify)
-        stoppers.insert(0, source.stop)
+        stoppers.insert(0, ("the source", source.stop))
         if portsec is not None:
             portsec.start()
-            stoppers.insert(0, portsec.stop)
+            stoppers.insert(0, ("the port-security check", portsec.stop))
         _serve(cfg, agent, client, stoppers)
         _attach_while_syncing(agent, dp, stop, cfg.pin_dir)
         agent.run(stop)
@@ -422,12 +425,21 @@ def run(**options: Any) -> None:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal: cleanup goes on
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for fn in stoppers:
-            fn()
         if dp is not None:
-            dp.close()
+            stoppers.append(("the datapath's descriptors", dp.close))
+        _stop_all(stoppers)
     log.info("stopped; the datapath stays attached (remove it with `cozyebpf detach`)")
     _exit_at_once(0)
+
+
+def _stop_all(stoppers: Stoppers) -> None:
+    """Call every stopper, in order, each even if one before it failed (a failure is logged
+    with what it stopped; the others still run, and so does the exit)."""
+    for what, fn in stoppers:
+        try:
+            fn()
+        except Exception as e:
+            log.error("stopping %s failed: %s: %s", what, type(e).__name__, e)
 
 
 def _stop_on_signals(
@@ -453,7 +465,7 @@ def _stop_on_signals(
 
 
 def _source(
-    cfg: RunConfig, node: str, stoppers: list[Callable[[], None]]
+    cfg: RunConfig, node: str, stoppers: Stoppers
 ) -> tuple[Source, Any, Callable[[list[Problem]], None] | None]:
     """(the source, the API client or None, where problems go): --manifests, or the API with
     an Event recorder (its stop added to `stoppers`)."""
@@ -477,11 +489,11 @@ def _source(
     )
     recorder = EventRecorder(client, node, cluster_role=cfg.cluster_role)
     recorder.start()
-    stoppers.append(recorder.stop)
+    stoppers.append(("the Event recorder", recorder.stop))
     return kube, client, recorder.record
 
 
-def _serve(cfg: RunConfig, agent: Agent, client: Any, stoppers: list[Callable[[], None]]) -> None:
+def _serve(cfg: RunConfig, agent: Agent, client: Any, stoppers: Stoppers) -> None:
     """The health and metrics servers the options ask for, started (stops into `stoppers`)."""
     if cfg.health_address:
         from cozyebpf.health import HealthServer
@@ -494,14 +506,14 @@ def _serve(cfg: RunConfig, agent: Agent, client: Any, stoppers: list[Callable[[]
             status=lambda: agent_status(agent),
         )
         health.start()
-        stoppers.append(health.stop)
+        stoppers.append(("the health server", health.stop))
     if cfg.metrics_address:
         from cozyebpf.metrics import MetricsServer, registry_for
 
         registry = registry_for(cfg.pin_dir, agent)
         metrics = MetricsServer(cfg.metrics_address, registry, *_metrics_guard(cfg, client))
         metrics.start()
-        stoppers.append(metrics.stop)
+        stoppers.append(("the metrics server", metrics.stop))
 
 
 def _attach_while_syncing(

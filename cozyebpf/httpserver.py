@@ -6,17 +6,38 @@ An unspecified host (empty, `0.0.0.0` or `::`) listens on every address of both 
 socket on `::` with IPV6_V6ONLY off, as Go's listeners and so the Kubernetes components do; on
 `0.0.0.0` alone when the kernel has no IPv6); any other host is the one address it names, of
 either family (`[2001:db8::1]:9811` or `2001:db8::1:9811`).
+
+The metrics are served on the node's address, which tenants' VMs reach, so a server holds what
+any client can throw at it (issue 37) with a bounded number of threads, one per connection:
+
+- at most MAX_CONNECTIONS connections at once, MAX_PER_SOURCE of them from one source (an IPv4
+  address, or an IPv6 /64: what one VM can hold); a connection over either cap is closed at
+  once, before its TLS handshake. When the server is full, a newcomer from a source that holds
+  fewer connections than the busiest one takes the place of one of the busiest source's
+  connections that has not sent its request yet: a Prometheus with one connection is never
+  shut out by a swarm from a few addresses;
+- a client has REQUEST_TIMEOUT from its connection to the end of its request's headers (the
+  TLS handshake included), a deadline for the whole request, not for each read: a client that
+  sends a byte a second is cut there; writing the answer has RESPONSE_TIMEOUT;
+- one request per connection (HTTP/1.0): no connection idles between requests.
+
+`ServerStats` counts what was refused or cut (the metrics server exports it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import ipaddress
 import logging
 import socket
 import socketserver
 import ssl
+import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -25,7 +46,23 @@ from cozyebpf.errors import PermanentError
 log = logging.getLogger(__name__)
 
 UNSPECIFIED = ("", "0.0.0.0", "::")
-TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds a client has to finish its TLS handshake
+#: connections served at once (a thread each): a scrape or a probe holds one for milliseconds,
+#: a few scrapers and probes need a handful; 64 threads cost the agent about 2 MB at most
+MAX_CONNECTIONS = 64
+#: connections at once from one source (an IPv4 address or an IPv6 /64): Prometheus holds
+#: one per target, `cozyebpf status` one; 8 leave room for a second scraper behind the same
+#: address, and a swarm from one VM holds an eighth of the server at most
+MAX_PER_SOURCE = 8
+#: seconds from the connection to the end of the request's headers, the TLS handshake
+#: included: Prometheus sends its request at once and gives a whole scrape 10 s by default
+#: (scrape_timeout), the kubelet's probes 1 s; what takes longer is a slow client
+REQUEST_TIMEOUT = 10.0
+#: seconds to write the answer (10k Services' metrics are ~6 MB, written in milliseconds
+#: to a scraper that reads them)
+RESPONSE_TIMEOUT = 10.0
+#: connections the kernel queues until the server accepts them (the accepting thread only
+#: counts and hands out: a queue of 128 rides out a burst without dropping SYNs)
+LISTEN_BACKLOG = 128
 
 
 def parse_address(address: str, option: str, example: str) -> tuple[str, int]:
@@ -50,6 +87,34 @@ def url(address: str, path: str, scheme: str = "http") -> str:
     return f"{scheme}://{authority(host.strip('[]'), port) if sep else address}{path}"
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one server holds: the caps and deadlines of the module's docstring."""
+
+    connections: int = MAX_CONNECTIONS
+    per_source: int = MAX_PER_SOURCE
+    request_timeout: float = REQUEST_TIMEOUT
+    response_timeout: float = RESPONSE_TIMEOUT
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def source_key(host: str) -> str:
+    """The source a client counts as, for caps and rate limits: its IPv4 address (also when it
+    arrives IPv4-mapped on a dual-stack socket), or the /64 of its IPv6 address (one VM may
+    hold a whole /64)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+    return str(ip)
+
+
 def _family(host: str, port: int) -> socket.AddressFamily:
     """The family to listen with on `host` (an address or a name)."""
     if not host:
@@ -62,10 +127,105 @@ def _family(host: str, port: int) -> socket.AddressFamily:
         return socket.AF_INET if socket.AF_INET in families else socket.AF_INET6
 
 
+@dataclass
+class ServerStats:
+    """What a server refused or cut, by reason; plain counters, read by the metrics."""
+
+    #: connections closed as they came: "source" (its source held MAX_PER_SOURCE), "full"
+    #: (the server held MAX_CONNECTIONS, none of them a busier source's waiting request)
+    refused: dict[str, int] = field(default_factory=lambda: {"source": 0, "full": 0})
+    #: connections closed before their answer: "slow" (the request or the answer outlived its
+    #: deadline), "displaced" (cut for a newcomer from a source that held fewer)
+    cut: dict[str, int] = field(default_factory=lambda: {"slow": 0, "displaced": 0})
+
+
+class _Conn:
+    """One connection being served: its socket (the TLS one once wrapped), its source, the
+    deadline of what it does now (None: the answer is being computed; the clock starts at its
+    first write), and whether its request is still being read."""
+
+    __slots__ = ("cut", "deadline", "limits", "reading", "sock", "source")
+
+    def __init__(self, sock: socket.socket, source: str, limits: Limits) -> None:
+        self.sock = sock
+        self.source = source
+        self.limits = limits
+        self.deadline: float | None = time.monotonic() + limits.request_timeout
+        self.reading = True
+        self.cut = False  # displaced by a newcomer
+
+    def timeout(self) -> float:
+        """Seconds left for the next read or write (TimeoutError when none is)."""
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + self.limits.response_timeout
+        left = self.deadline - now
+        if left <= 0:
+            raise TimeoutError("the connection's deadline passed")
+        return left
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def shut(self) -> None:
+        """Wake its thread out of a blocking read or write: the connection ends there."""
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # not SSLSocket's: no TLS state
+
+
+class _DeadlineIO(io.RawIOBase):
+    """A connection's socket as a file whose reads and writes end at its deadline (one
+    deadline for the whole request, not a timeout per read)."""
+
+    def __init__(self, conn: _Conn) -> None:
+        super().__init__()
+        self.conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        sock = self.conn.sock
+        sock.settimeout(self.conn.timeout())
+        return sock.recv_into(buf)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        sent = 0
+        while sent < len(view):
+            sock = self.conn.sock
+            sock.settimeout(self.conn.timeout())
+            sent += sock.send(view[sent:])
+        return sent
+
+
 class Handler(BaseHTTPRequestHandler):
-    """A request handler that answers with whole bodies and logs at debug level."""
+    """A request handler that answers with whole bodies and logs at debug level; its reads
+    and writes keep to the connection's deadlines."""
 
     log_name = "http"
+    server: _Server
+    conn: _Conn
+
+    def setup(self) -> None:
+        self.conn = self.server.current()
+        self.connection = self.request
+        self.rfile = io.BufferedReader(_DeadlineIO(self.conn))
+        self.wfile = io.BufferedWriter(_DeadlineIO(self.conn))
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.conn.reading = False  # read: no longer a slow client's to cut for a newcomer
+        self.conn.deadline = None  # the answer's deadline starts at its first write
+        return ok
+
+    @property
+    def source(self) -> str:
+        """The client's source (source_key), for caps and rate limits."""
+        return self.conn.source
 
     def send_body(
         self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
@@ -84,6 +244,7 @@ class Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self,
@@ -91,9 +252,16 @@ class _Server(ThreadingHTTPServer):
         address: tuple[str, int],
         handler: type[BaseHTTPRequestHandler],
         tls: ssl.SSLContext | None,
+        limits: Limits,
     ) -> None:
         self.address_family = family
         self.tls = tls
+        self.limits = limits
+        self.stats = ServerStats()
+        self._lock = threading.Lock()
+        self._conns: dict[str, list[_Conn]] = {}  # by source, oldest first
+        self._count = 0
+        self._local = threading.local()  # the connection the calling thread serves
         super().__init__(address, handler, bind_and_activate=False)
         try:
             if family == socket.AF_INET6 and address[0] == "::":
@@ -109,27 +277,130 @@ class _Server(ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        """With TLS, the handshake runs in the request's own thread (never in the accepting
-        one, which a slow or silent client would hold), bounded by a timeout."""
-        if self.tls is None:
-            super().finish_request(request, client_address)
+    def current(self) -> _Conn:
+        """The connection the calling thread serves."""
+        conn: _Conn = self._local.conn
+        return conn
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """In the accepting thread: admit the connection within the caps (see the module) and
+        serve it in a thread of its own, or close it at once."""
+        conn = _Conn(request, source_key(client_address[0]), self.limits)
+        refused, displaced = self._admit(conn)
+        if refused is not None:
+            log.debug("%s: refused %s (%s)", self.server_name, client_address[0], refused)
+            self.shutdown_request(request)
             return
-        request.settimeout(TLS_HANDSHAKE_TIMEOUT)
+        if displaced is not None:
+            log.debug("%s: cut a waiting connection of %s", self.server_name, displaced.source)
+            displaced.shut()
+        t = threading.Thread(
+            target=self._serve, args=(conn, client_address), name="http-conn", daemon=True
+        )
         try:
-            conn = self.tls.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as e:  # a port scan, plain HTTP, a bad client
-            log.debug("TLS handshake with %s failed: %s", client_address[0], e)
+            t.start()
+        except RuntimeError:  # no thread to be had (a limit of the container): not served
+            self._release(conn)
+            self.shutdown_request(request)
+
+    def _admit(self, conn: _Conn) -> tuple[str | None, _Conn | None]:
+        """(why it is refused, or None; a connection it displaces, or None), counted in."""
+        with self._lock:
+            mine = self._conns.get(conn.source, [])
+            if len(mine) >= self.limits.per_source:
+                self.stats.refused["source"] += 1
+                return "source", None
+            displaced = None
+            if self._count >= self.limits.connections:
+                # the busiest source gives way while it would still hold no fewer after it
+                busiest = max(self._conns.values(), key=len)
+                waiting = [c for c in busiest if c.reading and not c.cut]
+                if len(busiest) <= len(mine) + 1 or not waiting:
+                    self.stats.refused["full"] += 1
+                    return "full", None
+                displaced = waiting[0]  # the oldest: the slowest to send its request
+                displaced.cut = True
+                self.stats.cut["displaced"] += 1
+                self._forget(displaced)
+            self._conns.setdefault(conn.source, []).append(conn)
+            self._count += 1
+            return None, displaced
+
+    def _forget(self, conn: _Conn) -> None:
+        """Out of the count (under the lock; at most once per connection)."""
+        mine = self._conns.get(conn.source)
+        if mine is None or conn not in mine:
             return
+        mine.remove(conn)
+        if not mine:
+            del self._conns[conn.source]
+        self._count -= 1
+
+    def _release(self, conn: _Conn) -> None:
+        with self._lock:
+            self._forget(conn)
+
+    def connections(self) -> int:
+        """Connections served now."""
+        with self._lock:
+            return self._count
+
+    def _serve(self, conn: _Conn, client_address: Any) -> None:
+        self._local.conn = conn
         try:
-            super().finish_request(conn, client_address)
+            self.finish_request(conn.sock, client_address)
+        except Exception as e:  # a client that went away, a timeout: its own connection's end
+            self.handle_error(conn.sock, client_address, e)
         finally:
-            conn.close()  # the plain socket was detached into it
+            self.shutdown_request(conn.sock)
+            self._release(conn)
+            self._local.conn = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """With TLS, the handshake runs in the connection's own thread (never in the
+        accepting one, which a slow or silent client would hold), within its deadline."""
+        conn = self.current()
+        if self.tls is not None:
+            try:
+                tls_sock = self.tls.wrap_socket(
+                    request, server_side=True, do_handshake_on_connect=False
+                )
+                conn.sock = tls_sock  # what a newcomer's cut shuts from now on
+                if conn.cut:
+                    return
+                tls_sock.settimeout(conn.timeout())
+                tls_sock.do_handshake()
+            except (OSError, ssl.SSLError) as e:  # a port scan, plain HTTP, a bad client
+                log.debug("TLS handshake with %s failed: %s", client_address[0], e)
+                self._slow(conn, client_address)
+                return
+        try:
+            super().finish_request(conn.sock, client_address)
+        finally:
+            self._slow(conn, client_address)
+
+    def _slow(self, conn: _Conn, client_address: Any) -> None:
+        """Count the connection as cut for slowness when its deadline passed."""
+        if conn.cut or not conn.expired():
+            return
+        with self._lock:
+            self.stats.cut["slow"] += 1
+        what = "request" if conn.reading else "answer"
+        log.debug(
+            "%s: the %s of %s outlived its deadline", self.server_name, what, client_address[0]
+        )
+
+    def handle_error(self, request: Any, client_address: Any, error: Any = None) -> None:
+        """A client's failure ends its connection only: logged at debug level (socketserver
+        would print a traceback to stderr for every reset connection of a flood)."""
+        error = error if error is not None else sys.exc_info()[1]
+        log.debug("%s: connection from %s ended: %s", self.server_name, client_address[0], error)
 
 
 class HttpServer:
     """`handler` on `address` (the value of `option`, e.g. --health-address), in a daemon
-    thread named `name`; over HTTPS with `tls`. `paths`: what it serves, for the log."""
+    thread named `name`; over HTTPS with `tls`. `paths`: what it serves, for the log; `limits`:
+    the caps and deadlines of its connections (the module's)."""
 
     def __init__(
         self,
@@ -141,13 +412,14 @@ class HttpServer:
         example: str,
         tls: ssl.SSLContext | None = None,
         paths: str = "/",
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.name = name
         self.paths = paths
         self.scheme = "https" if tls is not None else "http"
         host, port = parse_address(address, option, example)
         try:
-            self.server = self._listen(host, port, handler, tls)
+            self.server = self._listen(host, port, handler, tls, limits)
         except OSError as e:
             raise PermanentError(f"cannot serve {name} on {address} ({option}): {e}") from e
         bound_host, bound_port = self.server.server_address[:2]
@@ -157,18 +429,22 @@ class HttpServer:
 
     @staticmethod
     def _listen(
-        host: str, port: int, handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None
+        host: str,
+        port: int,
+        handler: type[BaseHTTPRequestHandler],
+        tls: ssl.SSLContext | None,
+        limits: Limits,
     ) -> _Server:
         family = _family(host, port)
         if host:
-            return _Server(family, (host, port), handler, tls)
+            return _Server(family, (host, port), handler, tls, limits)
         if family == socket.AF_INET6:
             try:
-                return _Server(family, ("::", port), handler, tls)
+                return _Server(family, ("::", port), handler, tls, limits)
             except OSError as e:  # a kernel booted with ipv6.disable=1 has no such sockets
                 if e.errno != errno.EAFNOSUPPORT:
                     raise
-        return _Server(socket.AF_INET, ("0.0.0.0", port), handler, tls)
+        return _Server(socket.AF_INET, ("0.0.0.0", port), handler, tls, limits)
 
     def url(self, path: str) -> str:
         return f"{self.scheme}://{self.address}{path}"
@@ -176,6 +452,15 @@ class HttpServer:
     def start(self) -> None:
         self._thread.start()
         log.info("%s on %s", self.name, self.url(self.paths))
+
+    @property
+    def stats(self) -> ServerStats:
+        """What the server refused or cut (ServerStats)."""
+        return self.server.stats
+
+    def connections(self) -> int:
+        """Connections served now (each one a thread)."""
+        return self.server.connections()
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -31,7 +31,8 @@ from cozyebpf.datapath.layout import LAYOUT_VERSION
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS
 from cozyebpf.errors import CozyError
-from cozyebpf.httpserver import Handler, HttpServer
+from cozyebpf.httpserver import DEFAULT_LIMITS, Handler, HttpServer, Limits, ServerStats
+from cozyebpf.metricsauth import AuthStats
 from cozyebpf.model.compose import REFUSAL_HARM
 from cozyebpf.status import read_model
 
@@ -256,16 +257,57 @@ def _trim() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
+class ServerCollector(Collector):
+    """What the metrics server refused (httpserver.ServerStats) and its token check asked and
+    refused (metricsauth.AuthStats), read at each scrape."""
+
+    def __init__(self, server: ServerStats, auth: AuthStats | None) -> None:
+        self.server = server
+        self.auth = auth
+
+    def collect(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily(
+            "cozyebpf_metrics_connections_refused",
+            "Connections to the metrics server closed as they came: `source`, their source "
+            "(an IPv4 address or IPv6 /64) held its cap; `full`, the server held its cap.",
+            labels=["reason"],
+        )
+        for reason, n in self.server.refused.items():
+            refused.add_metric([reason], n)
+        cut = CounterMetricFamily(
+            "cozyebpf_metrics_connections_cut",
+            "Connections to the metrics server closed before their answer: `slow`, the request "
+            "or the answer outlived its deadline; `displaced`, cut for a source that held fewer.",
+            labels=["reason"],
+        )
+        for reason, n in self.server.cut.items():
+            cut.add_metric([reason], n)
+        yield from (refused, cut)
+        auth = self.auth or AuthStats()  # none without a token check (--metrics-auth none)
+        yield CounterMetricFamily(
+            "cozyebpf_metrics_token_reviews",
+            "TokenReviews asked for callers' tokens that the cache did not answer.",
+            value=auth.reviews,
+        )
+        yield CounterMetricFamily(
+            "cozyebpf_metrics_token_reviews_limited",
+            "Callers' tokens answered 429, not reviewed: their source's rate limit was used up.",
+            value=auth.limited,
+        )
+
+
 class MetricsServer(HttpServer):
     """/metrics (Prometheus text format), in a thread of its own: over HTTPS with `tls`, to
-    callers that `authorize` allows (cozyebpf/metricsauth.py), or plain HTTP to anyone."""
+    callers that `authorize` allows (cozyebpf/metricsauth.py), or plain HTTP to anyone. What
+    the server refused joins `registry` (ServerCollector)."""
 
     def __init__(
         self,
         address: str,
         registry: CollectorRegistry,
         tls: ssl.SSLContext | None = None,
-        authorize: Callable[[str | None], tuple[int, str]] | None = None,
+        authorize: Callable[[str | None, str], tuple[int, str]] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         class MetricsHandler(Handler):
             log_name = "metrics"
@@ -289,7 +331,7 @@ class MetricsServer(HttpServer):
             def _allowed(self) -> bool:
                 assert authorize is not None
                 try:
-                    code, why = authorize(self.headers.get("Authorization"))
+                    code, why = authorize(self.headers.get("Authorization"), self.source)
                 except Exception as e:  # the API server: not cached, the next scrape asks again
                     log.warning("metrics: cannot check a caller's token: %s", e)
                     self.send_error(503, "cannot check the token now")
@@ -314,4 +356,6 @@ class MetricsServer(HttpServer):
             example="0.0.0.0:9811",
             tls=tls,
             paths="/metrics",
+            limits=limits,
         )
+        registry.register(ServerCollector(self.stats, getattr(authorize, "stats", None)))

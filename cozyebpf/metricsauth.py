@@ -12,6 +12,13 @@ as Kubernetes components and controller-runtime's secure metrics serve theirs:
   `nonResourceURLs: ["/metrics"]`); 401 without a valid token, 403 without the right. Answers
   are cached for `CACHE_TTL` seconds per token (a hash of it), so a scrape every 30 s costs the
   API server two requests a minute per node at most.
+
+Anyone who reaches the node's address can send tokens, so what they cost is bounded (issue 37):
+the cache keeps the CACHE_MAX tokens used last, denials as well as grants (a flood of unknown
+tokens evicts the least recently used, never the whole cache, and Prometheus's token is used at
+every scrape); a token the cache does not answer is reviewed only within its source's token
+bucket (REVIEW_BURST at once, then one every REVIEW_EVERY seconds; a source is an IPv4 address
+or an IPv6 /64), else answered 429 without asking the API server.
 """
 
 from __future__ import annotations
@@ -21,13 +28,16 @@ import datetime
 import hashlib
 import ipaddress
 import logging
+import math
 import os
 import ssl
 import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from cozyebpf.errors import PermanentError
@@ -37,12 +47,50 @@ log = logging.getLogger(__name__)
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 CACHE_TTL = 60.0  # seconds an answer (allowed or not) is kept per token
-CACHE_MAX = 1024  # tokens remembered at most (then the cache starts over)
+#: tokens remembered at most; the least recently used goes first (an entry is ~200 bytes)
+CACHE_MAX = 1024
+#: token reviews one source may cause: REVIEW_BURST at once, then one every REVIEW_EVERY
+#: seconds. Prometheus needs one a minute per token (CACHE_TTL), a token rotation one more; a
+#: tenant's flood of unknown tokens costs the API server at most 6 TokenReviews a minute per
+#: address and node (and no SubjectAccessReview: an unknown token ends at the TokenReview)
+REVIEW_BURST = 4
+REVIEW_EVERY = 10.0
+#: sources whose bucket is kept (the least recently used goes; a source seen again starts
+#: with a full bucket, so only more addresses than this would get more than their share)
+SOURCES_MAX = 4096
+
+
+@dataclass
+class AuthStats:
+    """What the authorizer asked and refused; plain counters, read by the metrics."""
+
+    reviews: int = 0  # TokenReviews asked (a token the cache did not answer)
+    limited: int = 0  # tokens answered 429 by their source's rate limit, not reviewed
+
+
+class TokenBucket:
+    """`burst` tokens, one more every `every` seconds (up to `burst`)."""
+
+    __slots__ = ("at", "burst", "every", "tokens")
+
+    def __init__(self, burst: int, every: float, now: float) -> None:
+        self.burst, self.every = burst, every
+        self.tokens, self.at = float(burst), now
+
+    def take(self, now: float) -> float:
+        """0 when a token was taken; else the seconds until one is there."""
+        self.tokens = min(float(self.burst), self.tokens + (now - self.at) / self.every)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) * self.every
 
 
 class KubeAuthorizer:
     """Is a request's `Authorization` header allowed to `get` `path`? Asks the API server
-    (TokenReview, then SubjectAccessReview) through the agent's API client; answers cached."""
+    (TokenReview, then SubjectAccessReview) through the agent's API client, within the rate
+    limit of the caller's source; answers cached (least recently used out first)."""
 
     def __init__(
         self,
@@ -51,6 +99,7 @@ class KubeAuthorizer:
         ttl: float = CACHE_TTL,
         clock: Callable[[], float] = time.monotonic,
         timeout: float = 10.0,
+        cache_max: int = CACHE_MAX,
     ) -> None:
         from cozyebpf.sources.kube import KubeRest
 
@@ -59,12 +108,17 @@ class KubeAuthorizer:
         self.ttl = ttl
         self.clock = clock
         self.timeout = timeout
-        self._cache: dict[bytes, tuple[float, int, str]] = {}
+        self.cache_max = cache_max
+        self.stats = AuthStats()
+        #: sha256 of a token -> (expires at, code, why), least recently used first
+        self._cache: OrderedDict[bytes, tuple[float, int, str]] = OrderedDict()
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()  # by source
         self._lock = threading.Lock()
 
-    def __call__(self, authorization: str | None) -> tuple[int, str]:
-        """(200, "") when allowed; (401 or 403, why) when not. An API error raises (and is
-        not cached): the caller answers 503."""
+    def __call__(self, authorization: str | None, source: str = "") -> tuple[int, str]:
+        """(200, "") when allowed; (401 or 403, why) when not; (429, why) when the token is
+        not cached and `source` (httpserver.source_key of the caller) has used up its reviews.
+        An API error raises (and is not cached): the caller answers 503."""
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -73,14 +127,40 @@ class KubeAuthorizer:
         now = self.clock()
         with self._lock:
             hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1], hit[2]
+            if hit is not None and hit[0] > now:
+                self._cache.move_to_end(key)
+                return hit[1], hit[2]
+            wait = self._bucket(source, now).take(now)
+            if wait > 0:
+                self.stats.limited += 1
+                return 429, (
+                    f"too many token reviews for {source or 'this address'}; ask again in "
+                    f"{max(1, math.ceil(wait))}s"
+                )
+            self.stats.reviews += 1
         code, why = self._review(token)
         with self._lock:
-            if len(self._cache) >= CACHE_MAX:
-                self._cache.clear()
             self._cache[key] = (now + self.ttl, code, why)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.cache_max:
+                self._cache.popitem(last=False)
         return code, why
+
+    def cached(self) -> int:
+        """Answers in the cache now (some may have expired)."""
+        with self._lock:
+            return len(self._cache)
+
+    def _bucket(self, source: str, now: float) -> TokenBucket:
+        """`source`'s bucket (under the lock)."""
+        bucket = self._buckets.get(source)
+        if bucket is None:
+            bucket = self._buckets[source] = TokenBucket(REVIEW_BURST, REVIEW_EVERY, now)
+            while len(self._buckets) > SOURCES_MAX:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(source)
+        return bucket
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         answer = self.rest.json(

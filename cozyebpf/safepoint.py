@@ -11,6 +11,12 @@ section that takes longer than `bound` seconds after the signal (a hung syscall)
 anyway, with an error that says what may be left half-done and how to repair it.
 
 Sections are entered by the main thread only, where Python runs signal handlers.
+
+A stop is not an error: `Stopping` derives from BaseException, as KeyboardInterrupt does, so the
+`except Exception` that keep the agent's loop going (a failed check, an observer that raised)
+let it through, and only `cozyebpf run` catches it. Once raised, it is raised again by any
+section entered later: nothing that a section guards (an attach, a map batch) starts after the
+stop, even if code on the way swallowed it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +37,9 @@ log = logging.getLogger(__name__)
 STOP_WAIT = 10.0
 
 
-class Stopping(Exception):
-    """Raised in the main thread to leave whatever the agent is doing (a stop was asked)."""
+class Stopping(BaseException):
+    """Raised in the main thread to leave whatever the agent is doing (a stop was asked). A
+    BaseException: no `except Exception` takes it for an error."""
 
 
 def _interrupt_main() -> None:
@@ -48,8 +56,9 @@ class SafePoints:
         self.bound = bound
         self._interrupt = interrupt
         self._sections: list[str] = []  # what runs now, outermost first
-        self.pending = False  # a stop was asked inside a section
+        self.pending = False  # a stop was asked inside a section, not raised yet
         self.forced = False  # the bound passed: the next request interrupts the section
+        self.stopped = False  # Stopping was raised: no section runs any more
         self._timer: threading.Timer | None = None
 
     @property
@@ -60,23 +69,24 @@ class SafePoints:
     @contextlib.contextmanager
     def section(self, what: str) -> Iterator[None]:
         """Run the body whole: a stop asked meanwhile raises `Stopping` when it is done (an
-        error in the body propagates as it is)."""
+        error in the body propagates as it is). After a stop, the body does not run."""
+        if self.stopped:
+            log.debug("not %s: stopping", what)
+            raise Stopping
         self._sections.append(what)
         try:
             yield
         finally:
             self._sections.pop()
         if not self._sections and self.pending:
-            self._cancel_timer()
             log.info("%s done; stopping", what)
-            raise Stopping
+            self._raise()
 
     def request_stop(self) -> None:
         """From the signal handler: raise `Stopping` now, outside any section (or once the
         bound has passed); inside one, return and raise it when the section ends."""
         if not self._sections or self.forced:
-            self._cancel_timer()
-            raise Stopping
+            self._raise()
         if self.pending:
             return
         self.pending = True
@@ -84,6 +94,12 @@ class SafePoints:
         self._timer = threading.Timer(self.bound, self._expire)
         self._timer.daemon = True
         self._timer.start()
+
+    def _raise(self) -> NoReturn:
+        self._cancel_timer()
+        self.pending = False
+        self.stopped = True
+        raise Stopping
 
     def _expire(self) -> None:
         if not self._sections:

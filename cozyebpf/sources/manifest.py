@@ -9,14 +9,37 @@ document, into the model's records, and hands over the whole set (the model keep
 differs). A file that cannot be read or parsed is reported once, and the agent keeps the
 previous state programmed.
 
-A file is read once it is whole: when inotify says its writer closed it or renamed it into
-place (or a ConfigMap's `..data` was swapped), or else when its (mtime, size, inode) stayed the
-same for half a poll interval. A writer that truncates the file and then writes it (`cat >`,
-an editor saving in place) is otherwise caught in between: an empty or cut file would be read
-as a manifest with fewer Services, and theirs would be removed until the next read. While
-inotify has seen the file modified and not yet closed by its writer, the file must stay the
-same for WRITER_GRACE instead: a writer stalled between its truncation and its write (a loaded
-node) is waited for, one that keeps the file open is read once it has been quiet that long.
+A file is read whole or not at all. A writer that truncates the file and then writes it (`cat
+>`, an editor saving in place) leaves it empty or cut for a moment: read then, it would be a
+manifest with fewer Services, and theirs would be removed until the next read. So:
+
+- With inotify, the watch thread itself reads the file when an event batch says its writer
+  closed it or renamed it into place (or a ConfigMap's `..data` was swapped), and hands that
+  snapshot (the bytes and their signature, read together) to the agent under a lock, but only
+  when no event of the file arrived between the batch and SNAPSHOT_SETTLE after the end of the
+  read: a truncation that lands there (the next writer) discards the snapshot, and its close
+  brings the next one. Before issue 37 the thread stamped the file whole by a `stat` after the
+  batch, and a truncation in between was taken as whole: every Service removed. (The kernel
+  queues a truncation's event at the end of its system call, when readers already see the
+  empty file: the settle covers that moment, but a writer preempted inside it can still hand
+  a cut snapshot over; what then holds is the rule below, and the writer's close, which brings
+  the whole file.)
+- Otherwise (no inotify, a change inotify did not report as a close, a writer that keeps the
+  file open) the agent reads the file itself once its (mtime, size, inode) stayed the same for
+  half a poll interval, or for WRITER_GRACE while inotify has seen it modified and not yet
+  closed: a writer stalled between its truncation and its write (a loaded node) is waited for.
+- A read that would remove more than half of the Services read last (MOST) is taken only when
+  a second read, CONFIRM_AFTER seconds later or more and with no writer holding the file (as
+  inotify sees it), finds the same bytes: a writer that truncates, closes and writes in a
+  second open is caught between its two opens, and a deliberate removal of most Services waits
+  those seconds. The README recommends an atomic rename (write a temporary file in the same
+  directory, then `mv` it over the manifest): the agent sees the old file or the new one,
+  never a part.
+
+What is left: a cut snapshot (a writer that truncates, or rewrites in place, right after the
+previous close and is slower than SNAPSHOT_SETTLE to have its event queued) that removes fewer
+than half of the Services is taken, until that writer's close brings the whole file; and a
+writer whose two opens are further apart than CONFIRM_AFTER is taken at its word.
 """
 
 from __future__ import annotations
@@ -34,6 +57,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,7 +84,40 @@ _KEEP = "the previous state stays programmed"
 #: seconds a file inotify saw modified, and its writer has not closed yet, must stay unchanged
 #: before it is read anyway (see the module)
 WRITER_GRACE = 5.0
+#: a read that removes more than this share of the Services read last needs a second read
+#: (see the module): a file emptied or cut by a writer removes all or most of them, an edit
+#: rarely more than a few
+MOST = 0.5
+#: seconds between a read that would remove most Services and the read that confirms it: as
+#: long as a stalled writer is waited for (WRITER_GRACE)
+CONFIRM_AFTER = WRITER_GRACE
+#: seconds the watch thread waits, after reading a snapshot, for an event of the file that
+#: comes late: the kernel queues a truncation's or a write's event at the end of its system
+#: call, after readers already see the change (ext4 truncates, then notifies). Short, since
+#: every change waits for it; the confirmation above is what holds when a writer is slower
+SNAPSHOT_SETTLE = 0.01
 Signature = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
+
+
+def _sig(st: os.stat_result) -> Signature:
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The file's bytes and its signature, read together (the file did not change under the
+    read)."""
+
+    sig: Signature
+    data: bytes
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A read that would remove most Services, waiting for its confirmation."""
+
+    digest: bytes  # of its bytes
+    at: float  # when it was read (the source's clock)
 
 
 def _what(value: object) -> str:
@@ -184,34 +241,58 @@ class ManifestSource:
         self.clock = clock  # monotonic seconds, for how long a signature has stayed (tests)
         self.proxy_name = proxy_name
         self.poll_interval = poll_interval
-        self._loaded: Signature | None = None  # signature of the content last parsed
         self._ever_read = False
         self._last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.inotify = False  # whether changes are seen through inotify (else polling)
-        #: the file's signature when inotify last said it is whole (closed after writing,
-        #: renamed into place), set by the watch thread
-        self._whole: Signature | None = None
+        #: what the watch thread and the reader share, each only under it
+        self._lock = threading.Lock()
+        self._loaded: Signature | None = None  # signature of the content last taken
+        #: the file as the watch thread read it when inotify said it is whole, not taken yet
+        self._snapshot: Snapshot | None = None
         #: inotify saw the file modified since its writer last closed it (the watch thread)
         self._writing = False
         self._seen: tuple[Signature | None, float] = (None, 0.0)  # a signature, first seen at
+        #: the reader's own (the agent's thread): the Services last taken, a read that would
+        #: remove most of them
+        self._services: set[tuple[str, str]] = set()
+        self._held: _Held | None = None
         # a document's digest (of its text) -> what it reads as
         self._cache: dict[bytes, list[Read]] = {}
+        #: a seam for tests: called by the watch thread after an event batch that says the file
+        #: is whole, before it reads the snapshot (tests/unit/test_manifest.py puts the next
+        #: writer's truncation there)
+        self.before_snapshot: Callable[[], None] = lambda: None
 
     def _signature(self) -> Signature | None:
         try:
-            st = os.stat(self.path)
+            return _sig(os.stat(self.path))
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def changed(self) -> bool:
-        """True on the first call, when the file's (mtime, size, inode) differ from what the last
-        load() parsed (an in-place write or an editor's atomic rename), and while the file cannot
-        be stat'ed, so that load() reports why."""
+        """True on the first call, when the file's (mtime, size, inode) differ from what was
+        last taken (an in-place write or an editor's atomic rename; also while a read that would
+        remove most Services waits for its confirmation), and while the file cannot be
+        stat'ed, so that load() reports why."""
         sig = self._signature()
-        return sig is None or sig != self._loaded
+        with self._lock:
+            return sig is None or sig != self._loaded
+
+    def _snapshot_now(self) -> Snapshot | None:
+        """The file's bytes and signature, read together; None when it changed under the read
+        (its size or mtime moved). Raises SourceError when it cannot be read."""
+        try:
+            with open(self.path, "rb") as f:
+                before = _sig(os.fstat(f.fileno()))
+                data = f.read()
+                after = _sig(os.fstat(f.fileno()))
+        except FileNotFoundError:
+            raise SourceError(f"{self.path}: no such file; {_KEEP}") from None
+        except OSError as e:
+            raise SourceError(f"{self.path}: cannot be read: {e.strerror or e}; {_KEEP}") from e
+        return Snapshot(before, data) if before == after else None
 
     def load(self) -> list[dict[str, Any]]:
         """The objects in the file: one per non-empty document, the `items` of a `kind: List`
@@ -224,15 +305,14 @@ class ManifestSource:
 
     def _text(self) -> str:
         """The file's text; records its signature as the one last read."""
-        try:
-            with open(self.path, "rb") as f:
-                st = os.fstat(f.fileno())
-                data = f.read()
-        except FileNotFoundError:
-            raise SourceError(f"{self.path}: no such file; {_KEEP}") from None
-        except OSError as e:
-            raise SourceError(f"{self.path}: cannot be read: {e.strerror or e}; {_KEEP}") from e
-        self._loaded = (st.st_mtime_ns, st.st_size, st.st_ino)
+        snap = None
+        while snap is None:  # a direct read (load, read): until one is not changed under it
+            snap = self._snapshot_now()
+        with self._lock:
+            self._loaded = snap.sig
+        return self._decode(snap.data)
+
+    def _decode(self, data: bytes) -> str:
         try:
             return data.decode("utf-8-sig")
         except UnicodeDecodeError as e:
@@ -247,7 +327,10 @@ class ManifestSource:
         again: their records are kept with their text (`_chunks`), so an edit of one Service
         in a 10k-Service file costs milliseconds. Raises SourceError as load() does, and then
         nothing was read."""
-        text = self._text()
+        return self._objects(self._text())
+
+    def _objects(self, text: str) -> ObjectSet:
+        """read() of `text`."""
         fast = self._read_chunks(text)
         if fast is not None:
             return fast
@@ -373,26 +456,9 @@ class ManifestSource:
                 if ino is not None:
                     events = ino.names(self.poll_interval)
                     if events is not None:
-                        ours = [
-                            (n, m)
-                            for n, m in events
-                            if n in ("", self.path.name) or n.startswith("..")
-                        ]
-                        if not ours:
-                            continue  # other files in the directory
-                        # in order: a batch may hold a write and its close, or a close and
-                        # the next write, after which the file is not whole
-                        whole, writing = False, self._writing
-                        for n, m in ours:
-                            if n.startswith("..") or m & (_IN_CLOSE_WRITE | _IN_MOVED_TO):
-                                whole, writing = True, False
-                            elif m & _IN_MODIFY:
-                                whole, writing = False, True
-                        if whole:
-                            self._whole = self._signature()
-                        self._writing = writing
-                        if writing:
-                            continue  # being written: the close (or the poll) wakes the agent
+                        if self._batch(ino, events):
+                            notify()  # a whole snapshot to take
+                        continue  # being written, or not ours: the close (or the poll) wakes
                 else:
                     self._stop.wait(self.poll_interval)
                 if self.changed():
@@ -401,6 +467,72 @@ class ManifestSource:
             if ino is not None:
                 ino.close()
 
+    def _fold(
+        self, events: list[tuple[str, int]], whole: bool, writing: bool
+    ) -> tuple[bool, bool] | None:
+        """(whole, writing) after `events` of the file, from (whole, writing) before them, in
+        order (a batch may hold a write and its close, or a close and the next writer's
+        truncation, after which the file is not whole); None when none is the file's."""
+        ours = [(n, m) for n, m in events if n in ("", self.path.name) or n.startswith("..")]
+        if not ours:
+            return None
+        for n, m in ours:
+            if n.startswith("..") or m & (_IN_CLOSE_WRITE | _IN_MOVED_TO):
+                whole, writing = True, False
+            elif m & _IN_MODIFY:
+                whole, writing = False, True
+        return whole, writing
+
+    def _batch(self, ino: _Inotify, events: list[tuple[str, int]]) -> bool:
+        """Handle one batch of inotify events in the watch thread: when it leaves the file
+        whole, read a snapshot and hand it over, unless an event of the file arrived between
+        the batch and the end of that read (then those events decide, in turn). True when a
+        snapshot was handed over (or the agent should look itself: the file went away, or an
+        event that is neither a write nor a close changed it); False when there is nothing to
+        take now (not the file's events; the file as it was taken; or it is being written:
+        its close will tell)."""
+        with self._lock:
+            writing = self._writing
+        state = self._fold(events, False, writing)
+        if state is None:
+            return False  # other files in the directory
+        whole, writing = state
+        while whole:
+            self.before_snapshot()
+            try:
+                snap = self._snapshot_now()
+            except SourceError:  # gone (a rename away): the agent reports it
+                snap = None
+            after = self._late_events(ino)
+            if after is None:
+                with self._lock:
+                    self._writing = False
+                    # the file as taken (a ConfigMap's new `..v2` directory, a close without
+                    # a write) is nothing to take: no wake-up
+                    fresh = snap is not None and snap.sig != self._loaded
+                    if fresh:
+                        self._snapshot = snap
+                return fresh or (snap is None and self.changed())
+            whole, writing = after  # the file changed after the batch: the snapshot is void
+        with self._lock:
+            self._writing = writing
+        return not writing and self.changed()
+
+    def _late_events(self, ino: _Inotify) -> tuple[bool, bool] | None:
+        """(whole, writing) after the file's events that arrive within SNAPSHOT_SETTLE of the
+        snapshot's read (from whole), or None when none does."""
+        deadline = time.monotonic() + SNAPSHOT_SETTLE
+        while True:
+            left = deadline - time.monotonic()
+            more = ino.names(max(0.0, left))
+            if more is None:
+                return None
+            after = self._fold(more, True, False)
+            if after is not None:
+                return after
+            if left <= 0:
+                return None
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -408,41 +540,65 @@ class ManifestSource:
         return self._thread is None or self._thread.is_alive()
 
     def _is_whole(self) -> bool:
-        """May the changed file be read now (see the module): inotify said it is whole, or its
+        """May the changed file be read now by the agent itself (see the module): its
         signature has not changed for half a poll interval, or for WRITER_GRACE while inotify
         saw it modified and not yet closed (the watch thread wakes the agent again a poll
-        interval later while the file differs from what was read)."""
+        interval later while the file differs from what was taken)."""
         sig = self._signature()
-        if sig is None or (sig == self._whole and not self._writing):
-            return True
         now = self.clock()
-        if sig != self._seen[0]:
-            self._seen = (sig, now)
-            return False
-        quiet = max(self.poll_interval / 2, WRITER_GRACE if self._writing else 0.0)
-        return now - self._seen[1] >= quiet
+        with self._lock:
+            if sig is None:
+                return True  # gone: the read says so
+            if sig != self._seen[0]:
+                self._seen = (sig, now)
+                return False
+            quiet = max(self.poll_interval / 2, WRITER_GRACE if self._writing else 0.0)
+            return now - self._seen[1] >= quiet
 
     def take(self) -> ChangeSet | None:
-        """The whole file as a ChangeSet when it changed and is whole (see the module); an
-        empty one when not, or when it cannot be read now (reported once per problem: the
-        programmed state stays); None until it has been read once (the first read does not
+        """The whole file as a ChangeSet when it changed and is whole (see the module): the
+        watch thread's snapshot, or else the file read now once it has stayed the same long
+        enough; an empty one when not, when it cannot be read now (reported once per problem:
+        the programmed state stays), or when it would remove most Services and no second read
+        has confirmed that yet; None until it has been read once (the first read does not
         wait)."""
-        if not self.changed():
-            return ChangeSet() if self._ever_read else None
-        if self._ever_read and not self._is_whole():
-            log.debug("%s is changing; reading it once it is whole", self.path)
-            return ChangeSet()
+        nothing = ChangeSet() if self._ever_read else None
+        with self._lock:
+            snap, self._snapshot = self._snapshot, None
+            if snap is not None and snap.sig == self._loaded and self._held is None:
+                snap = None  # closed without a change
+        if snap is None:
+            if not self.changed():
+                self._held = None  # back to what was taken: a removal held is void
+                return nothing
+            if self._ever_read and not self._is_whole():
+                log.debug("%s is changing; reading it once it is whole", self.path)
+                return nothing
         t0 = time.monotonic()
         try:
+            if snap is None:
+                snap = self._snapshot_now()
+                if snap is None:
+                    log.debug("%s changed while it was read; reading it again", self.path)
+                    return nothing
             if self._ever_read:
                 log.info("%s changed, reading it", self.path)
             with gc_paused():
-                objects = self.read()
+                objects = self._objects(self._decode(snap.data))
         except SourceError as e:
+            if snap is not None:  # parsed, or failed to: not again until it is rewritten
+                with self._lock:
+                    self._loaded = snap.sig
             if str(e) != self._last_error:
                 log.error("%s", e)
                 self._last_error = str(e)
-            return ChangeSet() if self._ever_read else None
+            return nothing
+        if self._ever_read and self._removes_most(objects, snap):
+            return ChangeSet()
+        with self._lock:
+            self._loaded = snap.sig
+        self._held = None
+        self._services = set(objects.services)
         log.info(
             "read %s: %d Services, %d EndpointSlices in %.2fs",
             self.path,
@@ -455,6 +611,46 @@ class ManifestSource:
         changes = ChangeSet(whole=objects)
         changes.touch()
         return changes
+
+    def _removes_most(self, objects: ObjectSet, snap: Snapshot) -> bool:
+        """Whether `objects` would remove more than MOST of the Services taken last and no
+        second read confirmed it yet (see the module): the first such read is held (the watch
+        thread keeps waking the agent while the file differs from what was taken), a read of
+        the same bytes CONFIRM_AFTER later or more, with no writer holding the file, confirms
+        it."""
+        removed = len(self._services.difference(objects.services))
+        if removed <= MOST * len(self._services):
+            return False
+        digest = hashlib.blake2b(snap.data, digest_size=16).digest()
+        now = self.clock()
+        held = self._held
+        if held is None or held.digest != digest:
+            self._held = _Held(digest, now)
+            log.warning(
+                "%s would remove %d of the %d Services; taking it once a second read, %.0fs "
+                "from now or later and with no writer holding the file, finds the same (a "
+                "writer that truncated it may not be done)",
+                self.path,
+                removed,
+                len(self._services),
+                CONFIRM_AFTER,
+            )
+            return True
+        with self._lock:
+            writing = self._writing
+        if writing or now - held.at < CONFIRM_AFTER:
+            log.debug(
+                "%s: the removal of %d Services waits for its confirmation", self.path, removed
+            )
+            return True
+        log.info(
+            "%s: a second read %.0fs later finds the same; removing %d of the %d Services",
+            self.path,
+            now - held.at,
+            removed,
+            len(self._services),
+        )
+        return False
 
     def _parse(self, text: str) -> list[dict[str, Any]]:
         return self._with_loaders(functools.partial(self._document_list, text))

@@ -27,4 +27,8 @@ CONTRACT: dict[str, set[str]] = {
     "cozyebpf_services_refused": {"reason"},
     "cozyebpf_build_info": {"version", "layout"},
     "cozyebpf_monitor_events_lost_total": set(),
+    "cozyebpf_metrics_connections_refused_total": {"reason"},
+    "cozyebpf_metrics_connections_cut_total": {"reason"},
+    "cozyebpf_metrics_token_reviews_total": set(),
+    "cozyebpf_metrics_token_reviews_limited_total": set(),
 }
