@@ -16,7 +16,7 @@ import ctypes
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,18 @@ class CiliumLike:
                     self.lab.in_ns(
                         p.ns, partial(self._legacy_on, p.dev, fd, name, TC_PARENTS[hook], anew)
                     )
+
+    def attach_tcx_anew(self) -> None:
+        """Every point's tcx links detached and made again, appended at the tail, as Cilium
+        attaches on a device for the first time (the same program: tcx refuses one program
+        twice on a hook, so the old links go first)."""
+        for fd in self.links:
+            bpfsys.link_detach(fd)
+            os.close(fd)
+        self.links = []
+        for p, (fd, name) in zip(self.points, self._fds, strict=True):
+            tcx = replace(p, hooks=tuple(h for h in p.hooks if h in ("ingress", "egress")))
+            self.lab.in_ns(p.ns, partial(self._attach, tcx, fd, name))
 
     @classmethod
     def _legacy_on(cls, dev: str, fd: int, name: str, parent: int, anew: bool) -> None:

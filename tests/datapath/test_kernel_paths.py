@@ -17,7 +17,7 @@ handle 1, protocol all, as Cilium attaches there. Then the agent's programs must
 every hook and leave Cilium's in place; a packet Cilium's egress program sees already carries
 the LB IP. In legacy mode Cilium attaching again (replaced in place) keeps ours first, and
 Cilium's filter added anew, which the kernel then runs first, is put behind ours again by the
-agent's attachment check.
+agent's attachment check; with tcx, Cilium's links made anew go behind ours.
 
 What it leaves out: one uplink, IPv4 only (test_host_routing and test_dualstack have IPv6);
 the stand-in is not Cilium's datapath.
@@ -113,17 +113,24 @@ class Node:
         return [bpfsys.prog_info_by_id(i).name for i in ids]
 
 
-@pytest.fixture(scope="module", params=["auto", "legacy"], ids=["tc-auto", "tc-legacy"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One node per tc mode: `auto` and, where the kernel has tcx, `legacy` (on a kernel
+    without tcx `auto` attaches the legacy filters already: a second node would be the same)."""
+    if "node" in metafunc.fixturenames:
+        modes = ["auto", "legacy"] if attach.tcx_supported() else ["auto"]
+        metafunc.parametrize(
+            "node", modes, indirect=True, scope="module", ids=[f"tc-{m}" for m in modes]
+        )
+
+
+@pytest.fixture(scope="module")
 def node(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     cozyebpf_cmd: list[str],
 ) -> Iterator[Node]:
     mode: str = request.param
-    tcx = attach.tcx_supported()
-    if mode == "legacy" and not tcx:
-        pytest.skip("this kernel has no tcx: tc-auto attached the legacy filters already")
-    legacy = mode == "legacy" or not tcx
+    legacy = mode == "legacy" or not attach.tcx_supported()
     tc_hooks = ("tc-ingress", "tc-egress") if legacy else ("ingress", "egress")
     with agent_lab("kp", tmp_path_factory.mktemp("kpaths"), cozyebpf_cmd, DEFAULT_PODS) as env:
         lab = env.lab
@@ -276,10 +283,17 @@ def test_cilium_attaching_again_leaves_ours_first(node: Node) -> None:
     """Legacy filters: Cilium attaching again replaces its filter in place, ours stays first;
     its filter added anew goes in front of ours, and the agent's attachment check puts ours
     back in front (a new filter with its other handle, then the old one removed), without
-    touching Cilium's. Traffic through the uplink's egress then still meets ours first."""
-    if not node.legacy:
-        pytest.skip("tcx: Cilium appends at the tail; test_zero_downtime moves ours first again")
+    touching Cilium's. tcx: Cilium attaching anew (its links gone, new ones appended at the
+    tail, as its tcx attach does) leaves ours first with no re-attachment. Either way traffic
+    through the uplink's egress then still meets ours first."""
     first = {h: names[0] for h, names in node.hooks().items()}
+    if not node.legacy:
+        node.cilium.attach_tcx_anew()
+        assert {h: names[0] for h, names in node.hooks().items()} == first, node.hooks()
+        assert all(len(names) == 2 for names in node.hooks().values()), node.hooks()
+        pod2_opens_a_flow(node, 40153)
+        assert "not first; re-attaching" not in node.env.log()
+        return
     node.cilium.attach_legacy_again()
     assert {h: names[0] for h, names in node.hooks().items()} == first
     node.cilium.attach_legacy_again(anew=True)
