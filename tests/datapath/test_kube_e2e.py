@@ -12,7 +12,8 @@ restarted server's cache, whose history starts at the restart, with or without t
 compaction alone ends no watch the cache serves), watches the server ends at their timeout
 (resumed, not listed again), a right removed from the ClusterRole (the error names the verb, the
 resource and the ClusterRole); readiness follows the first complete sync; conflicts become
-Events the server stores; metrics only for Prometheus's token."""
+Events the server stores; metrics only for Prometheus's token, and a tenant's flood of tokens
+costs kube-apiserver no more reviews than the per-source limit."""
 
 from __future__ import annotations
 
@@ -376,3 +377,83 @@ def test_metrics_only_for_who_may_read_them(env: tuple[AgentLab, LabApi]) -> Non
         agent.lab.client, "curl", "-s", "-m", "5", f"http://{address}/metrics", check=False
     )
     assert "vm1" not in plain.stdout
+
+
+def test_a_flood_of_tokens_costs_the_real_server_at_most_the_limit(
+    env: tuple[AgentLab, LabApi],
+) -> None:
+    """Issue 37, item 4, against kube-apiserver (test_metrics_flood.py has the slow clients,
+    the threads and the memory, on the double): from a tenant's VM, its own ServiceAccount's
+    token and then 300 unknown tokens at the node's metrics, with Prometheus scraping from a pod
+    all along. kube-apiserver's own request counter sees no more TokenReviews than the per-source
+    bucket allows for the time it took (plus Prometheus's and the tenant's first), and one
+    SubjectAccessReview for the tenant however often it asks (its denial is cached); every
+    answer is 401, 403 or 429 for the tenant's VM, 200 for Prometheus."""
+    import collections
+    import threading
+
+    from cozyebpf.metricsauth import CACHE_TTL, REVIEW_BURST, REVIEW_EVERY
+    from cozylab.netns import NODE_UPLINK_IP
+    from tests.datapath.test_metrics_flood import https_get
+
+    agent, api = env
+    lab = agent.lab
+    put(api, WHOLE)
+    address = (NODE_UPLINK_IP, 19811)
+    agent.start_agent(
+        "--metrics-address", f"{address[0]}:{address[1]}", "--metrics-auth", "kubernetes"
+    )
+    wait_for(lambda: lbs(agent) == {LB_WHOLE}, 10, "the Service")
+    tenant = api.token_of(TENANT_NAMESPACE, TENANT)
+    reader = api.token_of(MONITORING_NAMESPACE, PROMETHEUS)
+
+    def reviews() -> dict[str, int]:
+        text = api.admin.request_text("GET", "/metrics")
+        got = {}
+        for resource in ("tokenreviews", "subjectaccessreviews"):
+            pattern = rf'apiserver_request_total\{{[^}}]*resource="{resource}"[^}}]*\}} (\S+)'
+            got[resource] = sum(int(float(m)) for m in re.findall(pattern, text))
+        return got
+
+    def get(ns: str, token: str) -> int | None:
+        got = lab.in_ns(ns, lambda: https_get(address, token))
+        return None if got is None else got[0]
+
+    assert get(lab.pod_ns(POD2), reader) == 200  # Prometheus's token reviewed and cached
+    before = reviews()
+    t0 = time.monotonic()
+    codes: collections.Counter[int | None] = collections.Counter()
+    tenant_codes: collections.Counter[int | None] = collections.Counter()
+    scrapes: collections.Counter[int | None] = collections.Counter()
+    tenant_codes[get(lab.client, tenant)] += 1
+    halt = threading.Event()
+
+    def prometheus() -> None:
+        while not halt.is_set():
+            scrapes[get(lab.pod_ns(POD2), reader)] += 1
+            halt.wait(0.2)
+
+    scraper = threading.Thread(target=prometheus, daemon=True)
+    scraper.start()
+    try:
+        for i in range(300):
+            codes[get(lab.client, f"unknown-{i}")] += 1
+            if i % 30 == 0:
+                tenant_codes[get(lab.client, tenant)] += 1
+    finally:
+        halt.set()
+        scraper.join(30)
+    elapsed = time.monotonic() - t0
+    after = reviews()
+    asked = {k: after[k] - before[k] for k in after}
+    said = f"{asked} in {elapsed:.1f} s; flood {dict(codes)}; tenant {dict(tenant_codes)}"
+    assert set(codes) <= {401, 429} and codes[429] > 0, said
+    assert set(tenant_codes) == {403}, said  # reviewed once, then the cached denial
+    assert set(scrapes) == {200}, (scrapes, said)
+    prometheus_reviews = int(elapsed / CACHE_TTL) + 1
+    limit = REVIEW_BURST + int(elapsed / REVIEW_EVERY) + 1
+    assert asked["tokenreviews"] <= limit + 1 + prometheus_reviews, said
+    assert codes[401] <= limit, said
+    assert asked["subjectaccessreviews"] <= 1 + prometheus_reviews, said
+    assert "Traceback" not in agent.log()
+    print(f"\nkube-apiserver saw {said}")

@@ -18,7 +18,8 @@ logs no ERROR.
 
 What it leaves out: the kernel's side of a flood (SYN floods, conntrack: the node's, not the
 agent's), and many tenant addresses at once (tests/unit/test_httpserver.py covers a full server
-and a newcomer's place); the API server is the double, not a real kube-apiserver.
+and a newcomer's place); the API server is the double, not a real kube-apiserver (what a flood
+costs the real one: test_kube_e2e.py, its flood test).
 """
 
 from __future__ import annotations
