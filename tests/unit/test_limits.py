@@ -1,0 +1,141 @@
+"""The limits' annotations and the buckets' arithmetic (cozyebpf/model/limits.py, issue 38)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cozyebpf.model.limits import (
+    ANN_INGRESS_BANDWIDTH,
+    ANN_INGRESS_PACKET_RATE,
+    BURST_MIN_BYTES,
+    NS,
+    UNIT_SHIFT,
+    Bucket,
+    LimitError,
+    default_burst_bytes,
+    parse_bandwidth,
+    parse_packet_rate,
+    parse_quantity,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("100M", 100_000_000),
+        ("1G", 10**9),
+        ("2.5G", 2_500_000_000),
+        ("10Mi", 10 * 2**20),
+        ("1e9", 10**9),
+        ("1.5k", 1_500),
+        ("1.0001k", 1_001),  # rounded up, as resource.Quantity.Value()
+        ("+50000", 50_000),
+        (" 100k ", 100_000),
+        (".5M", 500_000),
+    ],
+)
+def test_quantities_as_the_kubelet_reads_them(text: str, value: int) -> None:
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "M", "100 M", "-5", "500m", "1Q", "1e", "1,000", "0x10"])
+def test_what_is_not_a_quantity(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a quantity"):
+        parse_quantity(text)
+
+
+def test_a_bad_bandwidth_names_the_annotation_the_value_and_the_fix() -> None:
+    with pytest.raises(LimitError) as e:
+        parse_bandwidth(ANN_INGRESS_BANDWIDTH, "fast")
+    assert str(e.value) == (
+        f'annotation {ANN_INGRESS_BANDWIDTH}: "fast" is not a bit (write a number with an '
+        'optional suffix k, M, G, T, P, Ki, Mi, Gi, ..., for example "100M")'
+    )
+    with pytest.raises(LimitError, match=r'"999" is 999 bits per second, outside 1,000 to'):
+        parse_bandwidth(ANN_INGRESS_BANDWIDTH, "999")
+    with pytest.raises(LimitError, match=r"outside 1,000 to 1,000,000,000,000,000 \(set a value"):
+        parse_bandwidth(ANN_INGRESS_BANDWIDTH, "2P")
+    assert parse_bandwidth(ANN_INGRESS_BANDWIDTH, "1k") == 1_000
+    assert parse_bandwidth(ANN_INGRESS_BANDWIDTH, "1P") == 10**15
+
+
+def test_packet_rates() -> None:
+    assert parse_packet_rate(ANN_INGRESS_PACKET_RATE, "100k") == 100_000
+    assert parse_packet_rate(ANN_INGRESS_PACKET_RATE, "50000") == 50_000
+    with pytest.raises(LimitError, match=r'"0" is 0 packets per second, outside 1 to'):
+        parse_packet_rate(ANN_INGRESS_PACKET_RATE, "0")
+    with pytest.raises(LimitError, match=r'for example "100k"'):
+        parse_packet_rate(ANN_INGRESS_PACKET_RATE, "lots")
+
+
+def test_a_full_bucket_admits_its_burst_at_once_and_then_the_rate() -> None:
+    b = Bucket.bytes_per_second(8_000_000, burst_bytes=10_000)  # 1 MB/s: a byte a microsecond
+    tat, now = 0, 10 * NS
+    for _ in range(10):
+        ok, tat = b.admit(tat, now, 1_000)
+        assert ok
+    ok, same = b.admit(tat, now, 1)
+    assert not ok and same == tat  # the burst is spent; a dropped packet costs nothing
+    ok, tat = b.admit(tat, now + 1_000_000, 1_000)  # 1 ms later: 1,000 bytes more
+    assert ok
+    assert not b.admit(tat, now + 1_000_000, 1)[0]
+
+
+def test_default_bursts() -> None:
+    assert default_burst_bytes(1_000_000_000) == 6_250_000  # 50 ms of 1 Gbit/s
+    assert default_burst_bytes(10_000_000) == BURST_MIN_BYTES  # 62,500 bytes: the least
+    b = Bucket.bytes_per_second(10**9)
+    assert b.tolerance == 50_000_000 and b.unit == 8 << UNIT_SHIFT
+
+
+@given(
+    bits=st.integers(1_000, 10**12),
+    burst=st.integers(1, 10**6),
+    arrivals=st.lists(
+        st.tuples(st.integers(0, 10**7), st.integers(1, 9_000)), min_size=1, max_size=200
+    ),
+)
+def test_no_more_than_the_burst_and_the_rate_pass(
+    bits: int, burst: int, arrivals: list[tuple[int, int]]
+) -> None:
+    """Whatever arrives, what passes between the first arrival and the last costs at most their
+    distance plus the burst's time (GCRA's invariant), and each byte's charge is its time at the
+    rate less under 1 ns per packet (rounded down)."""
+    b = Bucket.bytes_per_second(bits, burst_bytes=burst)
+    tat, now, charged = 0, 5 * NS, 0
+    first = now
+    for gap, size in arrivals:
+        now += gap
+        ok, tat = b.admit(tat, now, size)
+        if ok:
+            charged += b.cost_ns(size)
+            exact = size * 8 * NS / bits
+            assert exact - 1 - size / 2**UNIT_SHIFT <= b.cost_ns(size) <= exact
+    assert charged <= now - first + b.tolerance
+
+
+@given(
+    bits=st.integers(1_000, 10**11),
+    sizes=st.lists(st.integers(64, 9_000), min_size=1, max_size=300),
+)
+def test_traffic_that_keeps_to_the_rate_is_never_dropped(bits: int, sizes: list[int]) -> None:
+    """Each packet sent no sooner than its time at the rate after the one before (rounded up
+    to the nanosecond) passes, from a bucket of the least depth that takes the largest."""
+    b = Bucket.bytes_per_second(bits, burst_bytes=max(sizes))
+    tat, now = 0, 7 * NS
+    for size in sizes:
+        ok, tat = b.admit(tat, now, size)
+        assert ok, (bits, size, now, tat)
+        now += -(-size * 8 * NS // bits)  # its time at the rate, rounded up
+
+
+def test_packet_buckets() -> None:
+    b = Bucket.packets_per_second(1_000, burst_packets=5)  # one a millisecond
+    tat, now = 0, NS
+    for _ in range(5):
+        ok, tat = b.admit(tat, now, 1)
+        assert ok
+    assert not b.admit(tat, now, 1)[0]
+    assert b.admit(tat, now + 1_000_000, 1)[0]
