@@ -172,11 +172,6 @@ class ServiceView:
             return ()
         return tuple(lb for lb in self.lb_ips if self.pod_for(lb) is not None)
 
-    @property
-    def programmed(self) -> bool:
-        """Whether the Service has entries in the desired state."""
-        return bool(self.programmed_lb_ips)
-
     def _target(self) -> str:
         """`LB IPs -> pod IP`, one group per family of the LB IPs."""
         if not self.lb_ips:

@@ -27,7 +27,6 @@ import json
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -391,10 +390,6 @@ class Informer:
                     )
                 stop.wait(delay)
 
-    def snapshot(self) -> list[Record]:
-        with self.lock:
-            return list(self.cache.values())
-
 
 def _describe(e: BaseException) -> str:
     code = _status_code(e)
@@ -535,10 +530,6 @@ class KubeSource:
             out, self._pending = self._pending, ChangeSet()
         return out
 
-    def waiting_for(self) -> str:
-        """What has not been listed yet, for logs."""
-        return ", ".join(f"{i.resource.kind}s" for i in self.informers if not i.synced)
-
 
 def api_client(kubeconfig: str | None) -> Any:
     """An ApiClient from a kubeconfig file, or the in-cluster service account."""
@@ -560,12 +551,3 @@ def api_client(kubeconfig: str | None) -> Any:
             f"--manifests to run from a file"
         ) from e
     return client.ApiClient(cfg)
-
-
-def wait_synced(source: KubeSource, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if source.synced:
-            return True
-        time.sleep(0.05)
-    return source.synced

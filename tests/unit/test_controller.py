@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from cozyebpf.controller import Controller, ProblemLog, log_problems
+from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
-from cozyebpf.model import ObjectRef, Problem, build_state
+from cozyebpf.model import build_state
 from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
 from cozylab.fakedp import FakeDatapath
 from tests.support.imports import imports
@@ -341,79 +341,13 @@ def test_manifest_objects_to_dump(
         },
     ]
     result = build_state(objects)
-    assert ctl.log_problems(result.problems) == []
+    assert result.problems == []
     ctl.sync(result.state)
     vm1 = "tenant-a/vm1"  # the Service the addresses count for
     assert dumped(fake) == dump(
         [svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], vm1)],
         [pod("10.244.0.5", "192.0.2.10", "port-filter", True, vm1)],
     )
-
-
-P1 = Problem(ObjectRef("Service", "default", "vm1"), "has no ready endpoint; check its pod")
-P2 = Problem(ObjectRef("Service", "default", "vm2"), "has no LoadBalancer IP yet; wait")
-P3 = Problem(ObjectRef("EndpointSlice", "default", "vm1-x"), "addressType FQDN; fix it", "error")
-
-# (id, the problem lists of successive calls, the records each call logs)
-PROBLEM_CASES: list[tuple[str, list[list[Problem]], list[list[tuple[str, str]]]]] = [
-    (
-        "each-once",
-        [[P2, P1], [P1, P2], [P2, P1, P1]],
-        [
-            [
-                ("WARNING", "Service default/vm1: has no ready endpoint; check its pod"),
-                ("WARNING", "Service default/vm2: has no LoadBalancer IP yet; wait"),
-            ],
-            [],
-            [],
-        ],
-    ),
-    (
-        "only-the-new-one",
-        [[P1], [P1, P3]],
-        [
-            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
-            [("ERROR", "EndpointSlice default/vm1-x: addressType FQDN; fix it")],
-        ],
-    ),
-    (
-        "gone-and-back-is-logged-again",
-        [[P1], [], [P1]],
-        [
-            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
-            [],
-            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
-        ],
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("calls", "logged"), [c[1:] for c in PROBLEM_CASES], ids=[c[0] for c in PROBLEM_CASES]
-)
-def test_problem_log(
-    caplog: pytest.LogCaptureFixture,
-    calls: list[list[Problem]],
-    logged: list[list[tuple[str, str]]],
-) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
-    plog = ProblemLog(logging.getLogger(LOGGER))
-    for problems, expected in zip(calls, logged, strict=True):
-        caplog.clear()
-        new = plog.log_problems(problems)
-        assert _records(caplog) == expected
-        assert [str(p) for p in new] == [m for _, m in expected]
-
-
-def test_controller_and_module_log_problems(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG)
-    ctl = Controller(FakeDatapath(), logging.getLogger(LOGGER))
-    assert ctl.log_problems([P1]) == [P1]
-    assert ctl.log_problems([P1]) == []
-    log = logging.getLogger(LOGGER + ".module")
-    assert log_problems(log, [P1, P3]) == [P3, P1]
-    assert log_problems(log, [P1, P3]) == []
-    assert log_problems(log, [P2]) == [P2]
 
 
 def test_default_logger(caplog: pytest.LogCaptureFixture) -> None:
@@ -688,7 +622,7 @@ def test_dual_stack_manifest_objects_to_dump(
         },
     ]
     result = build_state(objects)
-    assert [str(p) for p in ctl.log_problems(result.problems)] == [
+    assert [str(p) for p in result.problems] == [
         "Service tenant-a/vm2: LB IP 2001:db8::11 is IPv6 but the Service has no ready IPv6 "
         "endpoint; it is not programmed (an LB IP is only translated to a pod IP of its own "
         "family); check that the pod has an IPv6 address and is ready, or remove the IPv6 LB IP"
