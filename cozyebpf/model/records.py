@@ -127,7 +127,7 @@ class SliceRecord:
     live migration one address is ready on two nodes. `pods` names the pods of its ready
     endpoints (a targetRef of kind Pod) as (namespace, name, the endpoint's nodeName or ""),
     sorted: the model does not use them; the agent reads their port security
-    (cozyebpf/portsec.py)."""
+    (cozyebpf/kube/portsec.py)."""
 
     ref: ObjectRef
     service: str

@@ -17,7 +17,6 @@ from cozyebpf.errors import DatapathError
 from cozyebpf.model import build_state
 from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
 from cozylab.fakedp import FakeDatapath
-from tests.support.imports import imports
 
 LB1, LB2, LB3 = IPv4Address("192.0.2.10"), IPv4Address("192.0.2.11"), IPv4Address("192.0.2.12")
 POD1, POD2, POD3 = IPv4Address("10.244.0.5"), IPv4Address("10.244.0.7"), IPv4Address("10.244.1.3")
@@ -159,31 +158,6 @@ def test_fake_is_a_datapath() -> None:
     dp: Datapath = fake
     assert dp.capacity() is None and dp.attached and dp.check() == []
     assert dumped(fake) == EMPTY_DUMP
-
-
-#: what the datapath may import of cozyebpf: itself, the state it programs, the errors
-#: the package root itself holds only __version__ (the release the pins record)
-BELOW_THE_DATAPATH = ("cozyebpf.datapath", "cozyebpf.state", "cozyebpf.errors")
-
-
-def test_the_datapath_imports_nothing_above_it() -> None:
-    """cozyebpf.datapath is the bottom layer: no module of it imports the model, the sources,
-    the agent, the controller, the CLI or a presentation module (dump, monitor, ...), nor the
-    kubernetes client, at the top or inside a function."""
-    from pathlib import Path
-
-    import cozyebpf.datapath
-
-    above = []
-    datapath = sorted(Path(cozyebpf.datapath.__file__).parent.glob("*.py"))
-    for path, line, name in imports(datapath):
-        top = name.split(".")[0]
-        ours = name == "cozyebpf" or any(
-            name == b or name.startswith(b + ".") for b in BELOW_THE_DATAPATH
-        )
-        if (top == "cozyebpf" and not ours) or top == "kubernetes":
-            above.append(f"{path.name}:{line}: {name}")
-    assert above == []
 
 
 def test_first_sync_programs_everything(

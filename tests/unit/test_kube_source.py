@@ -11,7 +11,7 @@ import pytest
 
 from cozyebpf.agent import Agent
 from cozyebpf.dump import build_dump
-from cozyebpf.events import EventRecorder, event_name
+from cozyebpf.kube.events import EventRecorder, event_name
 from cozyebpf.model import ObjectRef, Problem
 from cozyebpf.sources.kube import Backoff, KubeSource
 from cozylab.fakedp import FakeDatapath

@@ -624,8 +624,8 @@ def test_a_pod_is_read_with_its_annotations_and_forbid_answers_as_rbac(api: Fake
 def test_a_pod_is_read_as_metadata_only_when_asked(api: FakeKubeAPI) -> None:
     """Accept: PartialObjectMetadata (the API server's metadata-only form) gives the object's
     metadata and nothing else; plain JSON the whole object."""
-    from cozyebpf.portsec import METADATA_ONLY
-    from cozyebpf.sources.kube import KubeRest
+    from cozyebpf.kube.client import KubeRest
+    from cozyebpf.kube.portsec import METADATA_ONLY
 
     api.apply(
         {

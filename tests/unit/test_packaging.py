@@ -48,6 +48,9 @@ def test_the_wheel_holds_the_product_and_nothing_else(tmp_path: Path) -> None:
     modules = {Path(n).stem for n in names if n.endswith(".py")}
     assert not modules & (LAB_MODULES | {"clusterlab", "lab", "fake"}), modules & LAB_MODULES
     assert "cozyebpf/cli.py" in names and "cozyebpf/datapath/bpf.py" in names
+    # every module of the product: a package missing from pyproject.toml's list is not
+    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "cozyebpf").rglob("*.py")}
+    assert sources - set(names) == set()
 
 
 def test_the_image_copies_the_product_only() -> None:
