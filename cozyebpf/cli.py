@@ -580,11 +580,11 @@ agent_option = click.option(
     "--agent",
     "agent_address",
     envvar=["COZYEBPF_STATUS_AGENT", "COZYEBPF_RUN_HEALTH_ADDRESS"],
-    default="127.0.0.1:9810",
-    show_default=True,
+    default="",
     help="HOST:PORT of the agent's --health-address, for what only the agent knows (its "
-    "last sync, problems, refused Services; default: COZYEBPF_RUN_HEALTH_ADDRESS, as the "
-    "DaemonSet sets it); empty: do not ask.",
+    "last sync, problems, refused Services). Default: COZYEBPF_RUN_HEALTH_ADDRESS, as the "
+    "DaemonSet sets it (127.0.0.1:9810); none, and the agent is not asked: `cozyebpf run` "
+    "serves /status only with --health-address.",
 )
 
 
