@@ -46,7 +46,7 @@ class ClusterLab(Topology):
     `down()` removes everything; `run_all()` runs every scenario's rows (`table()`)."""
 
     #: section 7's scenario, one per migration (a lab on another dataplane extends it:
-    #: cozylab/realovn.py adds what OVN delivers before the VM's RARP)
+    #: cozylab/realovn/ adds what OVN delivers before the VM's RARP)
     migration_scenario: ClassVar[type[Migration]] = Migration
 
     def __init__(
