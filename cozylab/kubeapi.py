@@ -2,18 +2,24 @@
 
 `FakeKubeAPI` serves HTTP/1.1 on 127.0.0.1 and follows the API conventions closely enough that
 the official `kubernetes` client cannot tell it from a kube-apiserver for the calls it supports:
-lists with label/field selectors and `limit`/`continue` pagination over a consistent snapshot,
+lists with label selectors and `limit`/`continue` pagination over a consistent snapshot,
 chunked watches replayed from a history log (410 Expired once compacted), bookmarks, Events
-create/patch/list, discovery, and errors as `Status` objects. Tests drive the state with
-`apply`/`delete` and inject faults with `fail_next`, `drop_watches`, `set_latency`, `set_down`,
+create/patch/list, token and access reviews, and errors as `Status` objects. Tests drive the
+state with `apply`/`delete` and inject faults with `fail_next`, `drop_watches`, `set_down`,
 `compact` and `forbid` (RBAC's 403 for every request on a resource); `requests` records every
-request the server read. `stop()` then `start()` is an apiserver restart: same port and state,
-connections refused in between.
+request the server read. `stop()` then `start()` is an apiserver restart: same port and
+state, connections refused in between.
+
+Since the labs run on the real control plane (issue 35, cozylab/kubecp.py) the double serves
+only what its users ask (the unit tests of the source, the Event recorder, port security and
+the metrics' reviews; test_burst, test_metrics_flood, bench/control.py): discovery (kubectl's),
+field selectors, generateName and injected latency went with issue 37.
 
 Known deviations from a real kube-apiserver:
 - HTTP only; no authentication, authorization, admission, validation of object contents,
   managedFields, metadata.generation, dryRun, fieldValidation, server-side apply, protobuf,
-  Table output, legacy /watch/ paths or sendInitialEvents.
+  Table output, legacy /watch/ paths, sendInitialEvents, discovery, field selectors or
+  generateName.
 - Services, EndpointSlices and Pods are read-only over HTTP (tests write them with `apply`); Events
   take POST and PATCH only (no PUT or DELETE).
 - PATCH takes merge and strategic-merge patches, both applied as RFC 7386 JSON merge patches
@@ -68,7 +74,6 @@ if TYPE_CHECKING:
 Obj = dict[str, Any]
 
 _LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a TCP RST
-_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what apiserver uses for generateName suffixes
 _REASONS = {
     400: "BadRequest",
     401: "Unauthorized",
@@ -91,10 +96,7 @@ class _Kind:
     kind: str
     api_version: str
     plural: str
-    singular: str
-    short_names: tuple[str, ...]
     verbs: tuple[str, ...]
-    fields: dict[str, tuple[str, ...]]  # field selector label -> path in the object
     namespaced: bool = True  # False: cluster-scoped (Nodes), stored under namespace ""
 
     @property
@@ -102,73 +104,14 @@ class _Kind:
         return "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
 
 
-_META_FIELDS = {
-    "metadata.name": ("metadata", "name"),
-    "metadata.namespace": ("metadata", "namespace"),
-}
 _KINDS = {
     k.kind: k
     for k in (
-        _Kind(
-            "Service",
-            "v1",
-            "services",
-            "service",
-            ("svc",),
-            ("get", "list", "watch"),
-            {
-                **_META_FIELDS,
-                "spec.clusterIP": ("spec", "clusterIP"),
-                "spec.type": ("spec", "type"),
-            },
-        ),
-        _Kind(
-            "EndpointSlice",
-            "discovery.k8s.io/v1",
-            "endpointslices",
-            "endpointslice",
-            (),
-            ("get", "list", "watch"),
-            {**_META_FIELDS, "addressType": ("addressType",)},
-        ),
-        _Kind("Pod", "v1", "pods", "pod", ("po",), ("get", "list", "watch"), {**_META_FIELDS}),
-        _Kind(
-            "Node",
-            "v1",
-            "nodes",
-            "node",
-            ("no",),
-            ("get", "list", "watch"),
-            {"metadata.name": ("metadata", "name")},
-            namespaced=False,
-        ),
-        _Kind(
-            "Event",
-            "v1",
-            "events",
-            "event",
-            ("ev",),
-            ("create", "get", "list", "patch", "watch"),
-            {
-                **_META_FIELDS,
-                **{
-                    f"involvedObject.{f}": ("involvedObject", f)
-                    for f in (
-                        "kind",
-                        "namespace",
-                        "name",
-                        "uid",
-                        "apiVersion",
-                        "resourceVersion",
-                        "fieldPath",
-                    )
-                },
-                "reason": ("reason",),
-                "reportingComponent": ("reportingComponent",),
-                "source": ("source", "component"),
-                "type": ("type",),
-            },
-        ),
+        _Kind("Service", "v1", "services", ("get", "list", "watch")),
+        _Kind("EndpointSlice", "discovery.k8s.io/v1", "endpointslices", ("get", "list", "watch")),
+        _Kind("Pod", "v1", "pods", ("get", "list", "watch")),
+        _Kind("Node", "v1", "nodes", ("get", "list", "watch"), namespaced=False),
+        _Kind("Event", "v1", "events", ("create", "get", "list", "patch", "watch")),
     )
 }
 _BY_PATH = {(k.prefix, k.plural): k for k in _KINDS.values()}
@@ -297,54 +240,26 @@ def _parse_labels(text: str) -> tuple[_Requirement, ...]:
     return tuple(out)
 
 
-def _parse_fields(kind: _Kind, text: str) -> tuple[tuple[tuple[str, ...], bool, str], ...]:
-    """Field requirements as (path, equal?, value)."""
-    if not text.strip():
-        return ()
-    out = []
-    for term in _split_terms(text):
-        m = re.match(r"^([^=!]+?)\s*(==|=|!=)\s*(.*)$", term)
-        if not m:
-            raise _ApiError(400, f"invalid selector: '{text}'; can't understand '{term}'")
-        if m[1] not in kind.fields:
-            raise _ApiError(400, f"field label not supported: {m[1]}")
-        out.append((kind.fields[m[1]], m[2] != "!=", m[3]))
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class _Selector:
     namespace: str | None
     labels: tuple[_Requirement, ...]
-    fields: tuple[tuple[tuple[str, ...], bool, str], ...]
 
     @classmethod
     def parse(cls, kind: _Kind, namespace: str | None, query: dict[str, str]) -> _Selector:
-        return cls(
-            namespace,
-            _parse_labels(query.get("labelSelector", "")),
-            _parse_fields(kind, query.get("fieldSelector", "")),
-        )
+        return cls(namespace, _parse_labels(query.get("labelSelector", "")))
 
     @property
     def empty(self) -> bool:
-        """No label or field selector (the namespace is part of the key, not the predicate)."""
-        return not self.labels and not self.fields
+        """No label selector (the namespace is part of the key, not the predicate)."""
+        return not self.labels
 
     def matches(self, obj: Obj) -> bool:
         meta = obj["metadata"]
         if self.namespace is not None and meta.get("namespace") != self.namespace:
             return False
         labels = meta.get("labels") or {}
-        if not all(r.matches(labels) for r in self.labels):
-            return False
-        for path, equal, value in self.fields:
-            cur: Any = obj
-            for part in path:
-                cur = cur.get(part) if isinstance(cur, dict) else None
-            if ((str(cur) if cur is not None else "") == value) != equal:
-                return False
-        return True
+        return all(r.matches(labels) for r in self.labels)
 
 
 # --- store -------------------------------------------------------------------------------------
@@ -469,7 +384,6 @@ class FakeKubeAPI:
         self._grants: set[tuple[str, str, str]] = set()
         self._requests: list[RequestRecord] = []
         self._connections: set[socket.socket] = set()
-        self._latency = 0.0
         self._down = False
         self._server: _Server | None = None
         self._port = 0  # kept across stop()/start(): a restarted server has the same URL
@@ -664,11 +578,6 @@ class FakeKubeAPI:
         Returns once they are closed; returns how many there were."""
         return self._drop(wait=True)
 
-    def set_latency(self, seconds: float) -> None:
-        """Delay every response (watch headers included) by `seconds`."""
-        with self._cv:
-            self._latency = seconds
-
     def set_down(self, down: bool) -> None:
         """While down, the server accepts TCP connections and resets them (RST) before answering,
         including kept-alive ones, and open watches are cut: clients see a connection reset /
@@ -805,14 +714,11 @@ class FakeKubeAPI:
         if meta.get("resourceVersion"):
             raise _ApiError(500, "resourceVersion should not be set on objects to be created")
         if not meta.get("name"):
-            if not meta.get("generateName"):
-                raise _ApiError(
-                    422,
-                    f'{kind.kind} "" is invalid: metadata.name: Required value: name or '
-                    "generateName is required",
-                )
-            suffix = "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
-            meta["name"] = meta["generateName"] + suffix
+            raise _ApiError(
+                422,
+                f'{kind.kind} "" is invalid: metadata.name: Required value: name is required '
+                "(the double takes no generateName)",
+            )
         meta.pop("uid", None)
         key = (namespace, meta["name"])
         with self._cv:
@@ -898,59 +804,6 @@ def _decode(body: bytes) -> Obj:
     return obj
 
 
-def _discovery(api: FakeKubeAPI, host: str, path: str) -> Obj | None:
-    """Discovery documents for what the double serves, or None for another path."""
-
-    def resources(group_version: str) -> Obj:
-        return {
-            "kind": "APIResourceList",
-            "apiVersion": "v1",
-            "groupVersion": group_version,
-            "resources": [
-                {
-                    "name": k.plural,
-                    "singularName": k.singular,
-                    "namespaced": k.namespaced,
-                    "kind": k.kind,
-                    "verbs": list(k.verbs),
-                    **({"shortNames": list(k.short_names)} if k.short_names else {}),
-                }
-                for k in _KINDS.values()
-                if k.api_version == group_version
-            ],
-        }
-
-    version = {"groupVersion": "discovery.k8s.io/v1", "version": "v1"}
-    group = {
-        "name": "discovery.k8s.io",
-        "versions": [version],
-        "preferredVersion": version,
-    }
-    docs: dict[str, Obj] = {
-        "/version": {
-            "major": "1",
-            "minor": "33",
-            "gitVersion": "v1.33.0-fake",
-            "gitCommit": "0000000000000000000000000000000000000000",
-            "gitTreeState": "clean",
-            "buildDate": "2026-01-01T00:00:00Z",
-            "goVersion": "go1.24.0",
-            "compiler": "gc",
-            "platform": "linux/amd64",
-        },
-        "/api": {
-            "kind": "APIVersions",
-            "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
-        },
-        "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group]},
-        "/api/v1": resources("v1"),
-        "/apis/discovery.k8s.io": {"kind": "APIGroup", "apiVersion": "v1", **group},
-        "/apis/discovery.k8s.io/v1": resources("discovery.k8s.io/v1"),
-    }
-    return docs.get(path.rstrip("/") or path)
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fake-kube-apiserver"
@@ -1000,10 +853,7 @@ class _Handler(BaseHTTPRequestHandler):
         with api._cv:
             accept = self.headers.get("Accept", "")
             api._requests.append(RequestRecord(method, url.path, query, time.monotonic(), accept))
-            latency = api._latency
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if latency:
-            time.sleep(latency)
         status = api._take_fault(self.path)
         if status is not None:
             self._send_json(status, _status(status, f"injected fault: {status}"))
@@ -1019,9 +869,6 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.server.api
         if method == "GET" and path.rstrip("/") in ("/healthz", "/livez", "/readyz"):
             self._send(200, b"ok", "text/plain; charset=utf-8")
-            return
-        if method == "GET" and (doc := _discovery(api, self.headers.get("Host", ""), path)):
-            self._send_json(200, doc)
             return
         if method == "POST" and (review := api._review(path, body)) is not None:
             self._send_json(201, review)
