@@ -1,5 +1,5 @@
 """The Kubernetes source (informers on the official client) and the Event recorder, against
-the API server double in cozylab/kubeapi.py: list then watch from the list's resourceVersion,
+the API server double in cozylab/kubeapi/: list then watch from the list's resourceVersion,
 resume after a dropped watch, relist on 410, keep the last state through an outage."""
 
 from __future__ import annotations
