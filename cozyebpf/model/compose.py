@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from ipaddress import ip_network
 from typing import Any
 
+from cozyebpf.model.read import read_objects
 from cozyebpf.model.records import (
     DEFAULT_PROXY_NAME,
     LABEL_PROXY_NAME,
@@ -25,7 +26,6 @@ from cozyebpf.model.records import (
     Problem,
     ServiceRecord,
     SliceRecord,
-    read_objects,
 )
 from cozyebpf.state import (
     FAMILIES,
