@@ -62,7 +62,7 @@ class ClusterLab(Topology):
         control_plane: ControlPlane | None = None,
     ) -> None:
         super().__init__(layout, prefix, workloads)
-        #: the control plane (cozylab/kubecp.py): given (shared by the labs of a test module,
+        #: the control plane (cozylab/kubecp/): given (shared by the labs of a test module,
         #: each cleaning up what it wrote), or started by `up()` and stopped by `down()`
         self.cp = control_plane
         self._own_cp = control_plane is None

@@ -10,7 +10,7 @@ state with `apply`/`delete` and inject faults with `fail_next`, `drop_watches`, 
 request the server read. `stop()` then `start()` is an apiserver restart: same port and
 state, connections refused in between.
 
-Since the labs run on the real control plane (issue 35, cozylab/kubecp.py) the double serves
+Since the labs run on the real control plane (issue 35, cozylab/kubecp/) the double serves
 only what its users ask (the unit tests of the source, the Event recorder, port security and
 the metrics' reviews; test_burst, test_metrics_flood, bench/control.py): discovery (kubectl's),
 field selectors, generateName and injected latency went with issue 37.

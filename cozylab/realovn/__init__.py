@@ -60,7 +60,7 @@ only its OVS part: of the topology (cozylab/cluster/topology.py) `_router` (exte
 `observed_devices`, `down`, `table` and `run_all` (extended), and `migration_scenario`
 (`RealMigration`, cozylab/cluster/scenarios/migration.py's `Migration` with one row more);
 when cozylab/cluster/ changes shape, these are the hooks this package needs): the ToR, the
-client and server, the real control plane (cozylab/kubecp.py: kube-apiserver, its
+client and server, the real control plane (cozylab/kubecp/: kube-apiserver, its
 EndpointSlice controller) and what the lab writes to it, one `cozyebpf run` per node with the
 DaemonSet's environment and in-cluster credentials, the MetalLB-like speakers and election,
 the workloads, streams and
