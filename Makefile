@@ -35,7 +35,7 @@ cluster-lab:
 	bash scripts/setup.sh
 	PYTHONPATH=. $(PYTHON) -m cozylab.cluster $(CLUSTER_LAB_ARGS)
 
-# The same lab on Kube-OVN's real dataplane (cozylab/realovn.py, issue 27): Open vSwitch and
+# The same lab on Kube-OVN's real dataplane (cozylab/realovn/, issue 27): Open vSwitch and
 # OVN themselves (userspace datapath), three chassis, Kube-OVN's topology and node side; every
 # row of the kubeovn layout plus OVN's port security and the real dataplane's own rows (about
 # 75 s; tests/datapath/test_real_ovn.py runs the same rows in the suite). Options, e.g.:

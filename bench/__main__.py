@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bench import common, report
+from bench import charts, common, report
 
 PARTS = ("progrun", "mapwrites", "datapath", "kubeovn", "control")
 
@@ -46,7 +46,7 @@ def _report_again(path: str) -> int:
     loaded["targets"] = report.targets(loaded)
     print(report.table(loaded))
     chart_png = common.RESULTS / "chart.png"
-    report.chart(loaded, chart_png)
+    charts.chart(loaded, chart_png)
     print(f"\nchart: {chart_png} (copy it to bench/chart.png for the README)")
     return 0
 

@@ -33,7 +33,7 @@ from cozyebpf.sources import ChangeSet, Notifier, Source, gc_paused
 from cozyebpf.state import IPAddress, address_key
 
 if TYPE_CHECKING:
-    from cozyebpf.portsec import PortSecurity
+    from cozyebpf.kube.portsec import PortSecurity
     from cozyebpf.sources.local import LocalAddresses
     from cozyebpf.state import IPNetwork
 

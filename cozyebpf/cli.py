@@ -370,7 +370,7 @@ def run(**options: Any) -> None:
     from cozyebpf.agent import Agent
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
     from cozyebpf.datapath.bpf import handle_cozy_proxy
-    from cozyebpf.portsec import checks
+    from cozyebpf.kube.portsec import checks
     from cozyebpf.sources.local import LocalAddresses
 
     stop = threading.Event()
@@ -475,8 +475,9 @@ def _source(
         source = ManifestSource(cfg.manifests, cfg.proxy_name, cfg.poll_interval)
         source.check()
         return source, None, None
-    from cozyebpf.events import EventRecorder
-    from cozyebpf.sources.kube import KubeSource, api_client
+    from cozyebpf.kube.client import api_client
+    from cozyebpf.kube.events import EventRecorder
+    from cozyebpf.sources.kube import KubeSource
 
     client = api_client(cfg.kubeconfig)
     trust_any = cfg.trusted_endpoints == "any"
@@ -533,7 +534,7 @@ def _attach_while_syncing(
 
 def _metrics_guard(cfg: RunConfig, client: Any) -> tuple[Any, Any]:
     """(TLS context, authorizer) for the metrics, or (None, None) for plain HTTP to anyone:
-    --metrics-auth kubernetes (auto with the API as source; cozyebpf/metricsauth.py), none
+    --metrics-auth kubernetes (auto with the API as source; cozyebpf/kube/metricsauth.py), none
     (auto with --manifests: there is no API to check a token with)."""
     mode = cfg.metrics_auth
     if mode == "auto":
@@ -549,7 +550,8 @@ def _metrics_guard(cfg: RunConfig, client: Any) -> tuple[Any, Any]:
     if client is None:
         raise PermanentError("--metrics-auth kubernetes needs the API as source (not --manifests)")
     from cozyebpf.httpserver import UNSPECIFIED
-    from cozyebpf.metricsauth import KubeAuthorizer, server_context
+    from cozyebpf.kube.metricsauth import KubeAuthorizer
+    from cozyebpf.tls import server_context
 
     host = cfg.metrics_address.rpartition(":")[0].strip("[]")
     names = [n for n in (host, cfg.node_name or socket.gethostname()) if n not in UNSPECIFIED]
@@ -578,11 +580,11 @@ agent_option = click.option(
     "--agent",
     "agent_address",
     envvar=["COZYEBPF_STATUS_AGENT", "COZYEBPF_RUN_HEALTH_ADDRESS"],
-    default="127.0.0.1:9810",
-    show_default=True,
+    default="",
     help="HOST:PORT of the agent's --health-address, for what only the agent knows (its "
-    "last sync, problems, refused Services; default: COZYEBPF_RUN_HEALTH_ADDRESS, as the "
-    "DaemonSet sets it); empty: do not ask.",
+    "last sync, problems, refused Services). Default: COZYEBPF_RUN_HEALTH_ADDRESS, as the "
+    "DaemonSet sets it (127.0.0.1:9810); none, and the agent is not asked: `cozyebpf run` "
+    "serves /status only with --health-address.",
 )
 
 

@@ -1,4 +1,4 @@
-"""The controller: makes the datapath hold the desired MapState, and reports model Problems.
+"""The controller: makes the datapath hold the desired MapState (the agent reports Problems).
 
 Two ways, like kube-proxy's and Cilium's reconcilers:
 - `apply(delta)`, on every change: writes (and deletes) only the entries of what changed,
@@ -13,13 +13,10 @@ Two ways, like kube-proxy's and Cilium's reconcilers:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from cozyebpf.datapath import Datapath
-from cozyebpf.model import Delta, Problem
+from cozyebpf.model import Delta
 from cozyebpf.state import MapDiff, MapState, diff
-
-_LEVELS = {"warning": logging.WARNING, "error": logging.ERROR}
 
 
 def _counts(state: MapState) -> str:
@@ -49,26 +46,6 @@ def _summary(d: MapDiff, s_new: int, p_new: int, desired: MapState) -> str:
     )
 
 
-class ProblemLog:
-    """Logs each Problem once: only those that were not in the previous call's list, so a
-    source re-read every second does not repeat a warning. A Problem that goes away and comes
-    back is logged again."""
-
-    def __init__(self, log: logging.Logger) -> None:
-        self.log = log
-        self._seen: set[Problem] = set()
-
-    def log_problems(self, problems: Iterable[Problem]) -> list[Problem]:
-        """Log the new ones (at WARNING, or ERROR for severity "error") as `<ref>: <message>`;
-        return them."""
-        current = set(problems)
-        new = sorted(current - self._seen)
-        for p in new:
-            self.log.log(_LEVELS.get(p.severity, logging.WARNING), "%s", p)
-        self._seen = current
-        return new
-
-
 class Controller:
     """Syncs a Datapath to a desired MapState: change by change, with a full resync to start
     from and to fall back on."""
@@ -76,7 +53,6 @@ class Controller:
     def __init__(self, datapath: Datapath, log: logging.Logger | None = None) -> None:
         self.datapath = datapath
         self.log = log if log is not None else logging.getLogger("cozyebpf.controller")
-        self.problem_log = ProblemLog(self.log)
         self.in_sync = False  # the maps hold what the last sync or apply wrote
 
     def sync(self, desired: MapState) -> MapDiff:
@@ -108,16 +84,3 @@ class Controller:
         self.datapath.apply(delta.diff)
         self.in_sync = True
         self.log.info("%s", _summary(delta.diff, delta.new_services, delta.new_pods, desired))
-
-    def log_problems(self, problems: Iterable[Problem]) -> list[Problem]:
-        """Log the Problems not logged by the previous call (see ProblemLog); return them."""
-        return self.problem_log.log_problems(problems)
-
-
-_problem_logs: dict[logging.Logger, ProblemLog] = {}
-
-
-def log_problems(log: logging.Logger, problems: Iterable[Problem]) -> list[Problem]:
-    """`ProblemLog.log_problems` with one ProblemLog per logger, kept for the process's life;
-    prefer `Controller.log_problems` or an own ProblemLog where the memory should be scoped."""
-    return _problem_logs.setdefault(log, ProblemLog(log)).log_problems(problems)

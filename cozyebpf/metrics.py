@@ -32,7 +32,7 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS
 from cozyebpf.errors import CozyError
 from cozyebpf.httpserver import DEFAULT_LIMITS, Handler, HttpServer, Limits, ServerStats
-from cozyebpf.metricsauth import AuthStats
+from cozyebpf.kube.metricsauth import AuthStats
 from cozyebpf.model.compose import REFUSAL_HARM
 from cozyebpf.status import read_model
 
@@ -259,7 +259,7 @@ def _trim() -> None:
 
 class ServerCollector(Collector):
     """What the metrics server refused (httpserver.ServerStats) and its token check asked and
-    refused (metricsauth.AuthStats), read at each scrape."""
+    refused (kube.metricsauth.AuthStats), read at each scrape."""
 
     def __init__(self, server: ServerStats, auth: AuthStats | None) -> None:
         self.server = server
@@ -298,7 +298,7 @@ class ServerCollector(Collector):
 
 class MetricsServer(HttpServer):
     """/metrics (Prometheus text format), in a thread of its own: over HTTPS with `tls`, to
-    callers that `authorize` allows (cozyebpf/metricsauth.py), or plain HTTP to anyone. What
+    callers that `authorize` allows (cozyebpf/kube/metricsauth.py), or plain HTTP to anyone. What
     the server refused joins `registry` (ServerCollector)."""
 
     def __init__(

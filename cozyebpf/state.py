@@ -65,10 +65,6 @@ class Proto(enum.IntEnum):
     SCTP = 132
 
 
-#: Protocols that `spec.ports` can name and that the port filter keys on.
-PORT_PROTOS = (Proto.TCP, Proto.UDP, Proto.SCTP)
-
-
 @functools.total_ordering
 @dataclass(frozen=True, slots=True)
 class ServiceEntry:
@@ -223,15 +219,6 @@ class MapState:
     def check(self) -> None:
         """Raise ValueError naming every entry whose key and value are of different families."""
         _raise_mixed("the map state", self.family_errors())
-
-    def of_family(self, version: int) -> MapState:
-        """The entries of one family (4 or 6), as a new state."""
-        return MapState(
-            {k: v for k, v in self.services.items() if k.version == version},
-            {k: v for k, v in self.pods.items() if k.version == version},
-            {a for a in self.allowed if a.version == version},
-            {k: v for k, v in self.ranges.items() if k.version == version},
-        )
 
     def copy(self) -> MapState:
         return MapState(dict(self.services), dict(self.pods), set(self.allowed), dict(self.ranges))

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from cozyebpf.agent import Agent
     from cozyebpf.model import ServiceView
 
-DEFAULT_AGENT = "127.0.0.1:9810"  # the DaemonSet's --health-address
 TOP = 5
 
 
@@ -188,8 +187,18 @@ def render_node(node: dict[str, Any]) -> str:
     )
 
 
-def gather(pin_dir: str, agent_address: str) -> dict[str, Any]:
-    return {"datapath": datapath_status(pin_dir), "agent": fetch_agent(agent_address)}
+#: `status`'s agent part when no address was given (--agent, COZYEBPF_RUN_HEALTH_ADDRESS)
+NOT_ASKED = (
+    "not asked (no --agent: pass the HOST:PORT of its --health-address, which the DaemonSet "
+    "sets in COZYEBPF_RUN_HEALTH_ADDRESS)"
+)
+
+
+def gather(pin_dir: str, agent_address: str | None) -> dict[str, Any]:
+    """The datapath's part from the pins; the agent's from its /status when `agent_address`
+    is given (else `{"not_asked": ...}`: an agent is asked only where one serves)."""
+    agent = fetch_agent(agent_address) if agent_address else {"not_asked": NOT_ASKED}
+    return {"datapath": datapath_status(pin_dir), "agent": agent}
 
 
 def _ago(t: float | None, now: float) -> str:
@@ -253,8 +262,8 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
                 "most drops: "
                 + ", ".join(f"{x['service']} {x['packets']}" for x in dp["top_dropping_services"])
             )
-    if "error" in ag:
-        out.append(f"agent: {ag['error']}")
+    if "error" in ag or "not_asked" in ag:
+        out.append(f"agent: {ag.get('error') or ag['not_asked']}")
         return "\n".join(out)
     t = now()
     layout = f" (map layout {ag['layout_version']})" if "layout_version" in ag else ""

@@ -66,7 +66,7 @@ APT_PACKAGES=(
 	iproute2 iputils-ping nftables clang-format
 	curl netcat-openbsd procps python3-venv ethtool libcap2-bin
 	python3-seccomp
-	# the cluster lab on Kube-OVN's real dataplane (cozylab/realovn.py): OVS 3.1, OVN 23.03,
+	# the cluster lab on Kube-OVN's real dataplane (cozylab/realovn/): OVS 3.1, OVN 23.03,
 	# Kube-OVN's natOutgoing rules as its daemon writes them (iptables-nft, ipset)
 	openvswitch-switch ovn-central ovn-host ipset iptables
 )

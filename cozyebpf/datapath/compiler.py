@@ -18,23 +18,67 @@ A program is loaded COPIES times (instances with their own ids): tcx refuses one
 twice on a hook, and putting our program back in front of the tcx chain needs a second one.
 The reply is one message: a JSON header ({"programs": [[name, type], ...]} with one entry per
 passed descriptor, or {"error": message}) and the descriptors.
+
+What the compiler and the verifier print (the child's stderr) goes to the agent's stderr line by
+line (`forward_output`), but for clang's "loop not unrolled" warnings (`UNROLL_WARNING`: five at
+every start, from a `#pragma unroll` loop of bpf/lib/flow.h that the verifier then takes as a
+bounded loop): they are counted in one DEBUG line of the agent's log instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import IO
 
 from cozyebpf.errors import CozyError, DatapathError
 
+log = logging.getLogger(__name__)
+
 MAX_MESSAGE = 1 << 16
+#: clang's warning that a loop under `#pragma unroll` stayed a loop, as bcc prints it
+#: ("warning: FILE:LINE:COL: loop not unrolled: the optimizer was unable to perform the
+#: requested transformation; ..."): that exact warning class, nothing else
+UNROLL_WARNING = re.compile(rb"^warning: (\S+:\d+:\d+): loop not unrolled: ")
+
+
+def forward_output(stream: IO[bytes], out_fd: int = 2) -> int:
+    """Copy the compiler child's stderr to `out_fd` line by line until it closes, leaving out
+    `UNROLL_WARNING` lines (one DEBUG record says how many and where); how many it left out.
+    Reads to the end even when `out_fd` fails, so that the child never blocks on a full
+    pipe."""
+    left_out: dict[str, int] = {}
+    writable = True
+    for line in iter(stream.readline, b""):
+        m = UNROLL_WARNING.match(line)
+        if m:
+            where = m.group(1).decode(errors="replace")
+            left_out[where] = left_out.get(where, 0) + 1
+            continue
+        while writable and line:
+            try:
+                line = line[os.write(out_fd, line) :]
+            except OSError:
+                writable = False
+    stream.close()
+    if left_out:
+        log.debug(
+            "compiler: %d 'loop not unrolled' warning(s) left out (%s): a `#pragma unroll` "
+            "loop stayed a loop, which the verifier takes as a bounded loop",
+            sum(left_out.values()),
+            ", ".join(f"{where} x{n}" for where, n in sorted(left_out.items())),
+        )
+    return sum(left_out.values())
 
 
 @dataclass(frozen=True)
@@ -131,9 +175,16 @@ class Compilation:
         self._sock = parent
         cmd = child_command(pin_dir, child.fileno(), self.requests)
         try:
-            self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=os.environ.copy())
+            self.proc = subprocess.Popen(
+                cmd, pass_fds=[child.fileno()], env=os.environ.copy(), stderr=subprocess.PIPE
+            )
         finally:
             child.close()
+        assert self.proc.stderr is not None
+        self._output = threading.Thread(
+            target=forward_output, args=(self.proc.stderr,), name="compiler-output", daemon=True
+        )
+        self._output.start()
 
     def fileno(self) -> int:
         """Readable once the child answered (or died): for select()."""
@@ -152,6 +203,7 @@ class Compilation:
         finally:
             self._sock.close()
         code = self.proc.wait()
+        self._output.join(10)  # its output (the verifier's log) is out before our error
         if not msg:
             raise DatapathError(
                 f"the compiler process exited ({code}) without an answer; its output is above"
@@ -173,6 +225,7 @@ class Compilation:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._output.join(10)
         self._sock.close()
 
 

@@ -36,6 +36,9 @@ from cozyebpf.model.compose import build_state as build_state
 from cozyebpf.model.incremental import MIGRATION_HOLD as MIGRATION_HOLD
 from cozyebpf.model.incremental import Delta as Delta
 from cozyebpf.model.incremental import IncrementalModel as IncrementalModel
+from cozyebpf.model.read import gather as gather
+from cozyebpf.model.read import read_object as read_object
+from cozyebpf.model.read import read_objects as read_objects
 from cozyebpf.model.records import _CANONICAL_V4 as _CANONICAL_V4
 from cozyebpf.model.records import ANN_ALLOW_ICMP as ANN_ALLOW_ICMP
 from cozyebpf.model.records import ANN_SOURCE_RANGES as ANN_SOURCE_RANGES
@@ -53,6 +56,3 @@ from cozyebpf.model.records import Problem as Problem
 from cozyebpf.model.records import Read as Read
 from cozyebpf.model.records import ServiceRecord as ServiceRecord
 from cozyebpf.model.records import SliceRecord as SliceRecord
-from cozyebpf.model.records import gather as gather
-from cozyebpf.model.records import read_object as read_object
-from cozyebpf.model.records import read_objects as read_objects

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from ipaddress import ip_network
 from typing import Any
 
+from cozyebpf.model.read import read_objects
 from cozyebpf.model.records import (
     DEFAULT_PROXY_NAME,
     LABEL_PROXY_NAME,
@@ -25,7 +26,6 @@ from cozyebpf.model.records import (
     Problem,
     ServiceRecord,
     SliceRecord,
-    read_objects,
 )
 from cozyebpf.state import (
     FAMILIES,
@@ -171,11 +171,6 @@ class ServiceView:
         if self.refused:
             return ()
         return tuple(lb for lb in self.lb_ips if self.pod_for(lb) is not None)
-
-    @property
-    def programmed(self) -> bool:
-        """Whether the Service has entries in the desired state."""
-        return bool(self.programmed_lb_ips)
 
     def _target(self) -> str:
         """`LB IPs -> pod IP`, one group per family of the LB IPs."""

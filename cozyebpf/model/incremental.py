@@ -428,7 +428,7 @@ class IncrementalModel:
     def backend_pods(self, key: Key, node: str | None = None) -> frozenset[Key]:
         """The pods (namespace, name) of the ready endpoints of the Service `key` while it is
         selected and usable, empty otherwise; with `node`, only those on that node (or of an
-        endpoint without a nodeName). For the port-security check (cozyebpf/portsec.py)."""
+        endpoint without a nodeName). For the port-security check (cozyebpf/kube/portsec.py)."""
         rec = self.services.get(key)
         if rec is None or rec.service is None:
             return frozenset()

@@ -50,7 +50,7 @@ Both layouts:
   writes it: wholeIP "true"/"false", allowICMP, externalTrafficPolicy Local,
   allocateLoadBalancerNodePorts false, port 65535 for a WholeIP Service) and plain pods. Each
   runs in its own namespace with echo servers (TCP 80, 81, UDP 53).
-- The API: the real control plane (cozylab/kubecp.py, issue 35): etcd, kube-apiserver and
+- The API: the real control plane (cozylab/kubecp/, issue 35): etcd, kube-apiserver and
   kube-controller-manager of the Kubernetes release cozylab/controlplane/kube/go.mod pins, in
   the namespace czc-cp, on the nodes' segment at 192.0.2.250 (a port of the ToR's br0, so
   the agents reach it over each node's eth0, through their own programs). The lab writes

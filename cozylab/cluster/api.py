@@ -1,4 +1,4 @@
-"""The API the agents read: the real control plane (cozylab/kubecp.py) on the lab's network, and
+"""The API the agents read: the real control plane (cozylab/kubecp/) on the lab's network, and
 what the lab writes to it as the cluster's other components would: Nodes and their addresses
 (the kubelet), Services as Cozystack's chart writes them and their LB IPs (MetalLB), the VMs'
 virt-launcher Pods bound to nodes and their status (the scheduler, the kubelet: podIP, phase,

@@ -46,7 +46,7 @@ class ClusterLab(Topology):
     `down()` removes everything; `run_all()` runs every scenario's rows (`table()`)."""
 
     #: section 7's scenario, one per migration (a lab on another dataplane extends it:
-    #: cozylab/realovn.py adds what OVN delivers before the VM's RARP)
+    #: cozylab/realovn/ adds what OVN delivers before the VM's RARP)
     migration_scenario: ClassVar[type[Migration]] = Migration
 
     def __init__(
@@ -62,7 +62,7 @@ class ClusterLab(Topology):
         control_plane: ControlPlane | None = None,
     ) -> None:
         super().__init__(layout, prefix, workloads)
-        #: the control plane (cozylab/kubecp.py): given (shared by the labs of a test module,
+        #: the control plane (cozylab/kubecp/): given (shared by the labs of a test module,
         #: each cleaning up what it wrote), or started by `up()` and stopped by `down()`
         self.cp = control_plane
         self._own_cp = control_plane is None

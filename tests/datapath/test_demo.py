@@ -23,5 +23,8 @@ def test_demo_runs_and_cleans_up(cozyebpf_cmd: list[str]) -> None:
         "lab removed, datapath detached",
     ):
         assert line in out, f"missing {line!r} in the demo output:\n{out}"
+    # the demo's agent serves no /status (no --health-address): `maps dump` asks none and says
+    # nothing about one (it used to print "refused Services unknown: cannot reach the agent")
+    assert "refused Services unknown" not in out and "cannot reach the agent" not in out, out
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "czdemo-" not in netns

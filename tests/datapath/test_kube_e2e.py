@@ -1,4 +1,4 @@
-"""End to end with the Kubernetes source, against the real control plane (cozylab/kubecp.py,
+"""End to end with the Kubernetes source, against the real control plane (cozylab/kubecp/,
 issue 35: etcd, kube-apiserver and kube-controller-manager of the pinned release, one for the
 module): the agent in the lab's node namespace, in-cluster with a token of the chart's
 ServiceAccount and its ClusterRole, reaches kube-apiserver over a link of the node's own, and

@@ -43,6 +43,7 @@ from cozyebpf.state import (
     diff,
 )
 from tests.support.env import unique_prefix
+from tests.support.states import of_family
 
 LB4, POD4 = IPv4Address("192.0.2.10"), IPv4Address("10.244.0.5")
 LB4_WHOLE, POD4_WHOLE = IPv4Address("192.0.2.11"), IPv4Address("10.244.0.7")
@@ -314,11 +315,11 @@ def _v6_second(st: MapState) -> MapState:
 
 
 def _v4_gone(st: MapState) -> MapState:
-    return st.of_family(6)
+    return of_family(st, 6)
 
 
 def _v6_gone(st: MapState) -> MapState:
-    return st.of_family(4)
+    return of_family(st, 4)
 
 
 def _all_gone(st: MapState) -> MapState:

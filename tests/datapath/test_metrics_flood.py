@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from cozyebpf.httpserver import MAX_PER_SOURCE
-from cozyebpf.metricsauth import CACHE_TTL, REVIEW_BURST, REVIEW_EVERY
+from cozyebpf.kube.metricsauth import CACHE_TTL, REVIEW_BURST, REVIEW_EVERY
 from cozylab.k8s import Svc, objects
 from cozylab.kubeapi import FakeKubeAPI
 from cozylab.netns import DEFAULT_PODS, NODE_UPLINK_IP, NODE_UPLINK_IP6

@@ -1,4 +1,4 @@
-"""The cluster lab on Kube-OVN's real dataplane (cozylab/realovn.py, issue 27): Open vSwitch and
+"""The cluster lab on Kube-OVN's real dataplane (cozylab/realovn/, issue 27): Open vSwitch and
 OVN themselves, three chassis with geneve between them through OVS's userspace datapath,
 Kube-OVN's logical topology and node side, one `cozyebpf run` per node.
 

@@ -87,7 +87,7 @@ def _command(name: str, package: str) -> Callable[[], str | None]:
 
 def _ovn() -> str | None:
     """Open vSwitch and OVN (userspace datapath: taps) and Kube-OVN's iptables/ipset, for the
-    lab on the real dataplane (cozylab/realovn.py)."""
+    lab on the real dataplane (cozylab/realovn/)."""
     names = ("ovsdb-server", "ovs-vswitchd", "ovn-northd", "ovn-controller", "ipset")
     lacking = [n for n in (*names, "iptables-restore") if shutil.which(n) is None]
     if not Path("/dev/net/tun").exists():

@@ -397,9 +397,9 @@ def test_rbac_is_what_the_agent_reads_and_writes(
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         # the Nodes' addresses, which no LB IP may take (cozyebpf/sources/kube.py)
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
-        # one pod at a time, for its port-security annotation (cozyebpf/portsec.py)
+        # one pod at a time, for its port-security annotation (cozyebpf/kube/portsec.py)
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-        # who may read the metrics (cozyebpf/metricsauth.py)
+        # who may read the metrics (cozyebpf/kube/metricsauth.py)
         *(
             [
                 {

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cozyebpf.datapath.compiler import Request, child_command, package_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,3 +53,51 @@ def test_the_child_runs_the_agents_package() -> None:
     assert Path(package_root()) / "cozyebpf" == REPO / "cozyebpf"
     cmd = child_command("/sys/fs/bpf/x", 0, [])
     assert cmd[:3] == [sys.executable, "-P", "-c"] and cmd[4] == package_root()
+
+
+#: what bcc's compiler said at every start (bpf/lib/flow.h's `#pragma unroll` loop), beside
+#: lines that must pass untouched: another warning, an error, a verifier log's lines
+UNROLLED = (
+    "warning: /opt/cozyebpf/bpf/lib/flow.h:156:2: loop not unrolled: the optimizer was unable "
+    "to perform the requested transformation; the transformation might be disabled or "
+    "specified as part of an unsupported transformation ordering"
+)
+KEPT = [
+    "warning: /opt/cozyebpf/bpf/lib/nat.h:12:3: unused variable 'x' [-Wunused-variable]",
+    "error: /opt/cozyebpf/bpf/lib/flow.h:160:2: loop not unrolled: said as an error, kept",
+    "0: (bf) r6 = r1",
+    "note: loop not unrolled: not a warning line, kept",
+]
+
+
+def test_the_compilers_unroll_warnings_stay_out_of_the_agents_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A real child writes the compiler's lines to its stderr; `forward_output` passes every
+    line but the "loop not unrolled" warnings, which one DEBUG record counts."""
+    import logging
+    import os
+
+    from cozyebpf.datapath.compiler import forward_output
+
+    lines = [UNROLLED, KEPT[0], UNROLLED, *KEPT[1:], UNROLLED.replace("156:2", "201:3")]
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stderr.write(sys.argv[1])", "\n".join(lines)],
+        stderr=subprocess.PIPE,
+    )
+    assert child.stderr is not None
+    read_end, write_end = os.pipe()
+    caplog.set_level(logging.DEBUG, logger="cozyebpf.datapath.compiler")
+    try:
+        assert forward_output(child.stderr, write_end) == 3
+    finally:
+        os.close(write_end)
+        child.wait()
+    with os.fdopen(read_end, "rb") as got:
+        assert got.read().decode().splitlines() == KEPT
+    assert [r.getMessage() for r in caplog.records] == [
+        "compiler: 3 'loop not unrolled' warning(s) left out (/opt/cozyebpf/bpf/lib/flow.h:156:2 "
+        "x2, /opt/cozyebpf/bpf/lib/flow.h:201:3 x1): a `#pragma unroll` loop stayed a loop, "
+        "which the verifier takes as a bounded loop"
+    ]
+    assert caplog.records[0].levelname == "DEBUG"

@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from cozyebpf.controller import Controller, ProblemLog, log_problems
+from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
 from cozyebpf.dump import build_dump
 from cozyebpf.errors import DatapathError
-from cozyebpf.model import ObjectRef, Problem, build_state
+from cozyebpf.model import build_state
 from cozyebpf.state import AllowedPort, MapDiff, MapState, PodEntry, Proto, ServiceEntry
 from cozylab.fakedp import FakeDatapath
-from tests.support.imports import imports
 
 LB1, LB2, LB3 = IPv4Address("192.0.2.10"), IPv4Address("192.0.2.11"), IPv4Address("192.0.2.12")
 POD1, POD2, POD3 = IPv4Address("10.244.0.5"), IPv4Address("10.244.0.7"), IPv4Address("10.244.1.3")
@@ -159,31 +158,6 @@ def test_fake_is_a_datapath() -> None:
     dp: Datapath = fake
     assert dp.capacity() is None and dp.attached and dp.check() == []
     assert dumped(fake) == EMPTY_DUMP
-
-
-#: what the datapath may import of cozyebpf: itself, the state it programs, the errors
-#: the package root itself holds only __version__ (the release the pins record)
-BELOW_THE_DATAPATH = ("cozyebpf.datapath", "cozyebpf.state", "cozyebpf.errors")
-
-
-def test_the_datapath_imports_nothing_above_it() -> None:
-    """cozyebpf.datapath is the bottom layer: no module of it imports the model, the sources,
-    the agent, the controller, the CLI or a presentation module (dump, monitor, ...), nor the
-    kubernetes client, at the top or inside a function."""
-    from pathlib import Path
-
-    import cozyebpf.datapath
-
-    above = []
-    datapath = sorted(Path(cozyebpf.datapath.__file__).parent.glob("*.py"))
-    for path, line, name in imports(datapath):
-        top = name.split(".")[0]
-        ours = name == "cozyebpf" or any(
-            name == b or name.startswith(b + ".") for b in BELOW_THE_DATAPATH
-        )
-        if (top == "cozyebpf" and not ours) or top == "kubernetes":
-            above.append(f"{path.name}:{line}: {name}")
-    assert above == []
 
 
 def test_first_sync_programs_everything(
@@ -341,79 +315,13 @@ def test_manifest_objects_to_dump(
         },
     ]
     result = build_state(objects)
-    assert ctl.log_problems(result.problems) == []
+    assert result.problems == []
     ctl.sync(result.state)
     vm1 = "tenant-a/vm1"  # the Service the addresses count for
     assert dumped(fake) == dump(
         [svc("192.0.2.10", "10.244.0.5", "port-filter", True, ["tcp/22", "udp/53"], vm1)],
         [pod("10.244.0.5", "192.0.2.10", "port-filter", True, vm1)],
     )
-
-
-P1 = Problem(ObjectRef("Service", "default", "vm1"), "has no ready endpoint; check its pod")
-P2 = Problem(ObjectRef("Service", "default", "vm2"), "has no LoadBalancer IP yet; wait")
-P3 = Problem(ObjectRef("EndpointSlice", "default", "vm1-x"), "addressType FQDN; fix it", "error")
-
-# (id, the problem lists of successive calls, the records each call logs)
-PROBLEM_CASES: list[tuple[str, list[list[Problem]], list[list[tuple[str, str]]]]] = [
-    (
-        "each-once",
-        [[P2, P1], [P1, P2], [P2, P1, P1]],
-        [
-            [
-                ("WARNING", "Service default/vm1: has no ready endpoint; check its pod"),
-                ("WARNING", "Service default/vm2: has no LoadBalancer IP yet; wait"),
-            ],
-            [],
-            [],
-        ],
-    ),
-    (
-        "only-the-new-one",
-        [[P1], [P1, P3]],
-        [
-            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
-            [("ERROR", "EndpointSlice default/vm1-x: addressType FQDN; fix it")],
-        ],
-    ),
-    (
-        "gone-and-back-is-logged-again",
-        [[P1], [], [P1]],
-        [
-            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
-            [],
-            [("WARNING", "Service default/vm1: has no ready endpoint; check its pod")],
-        ],
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("calls", "logged"), [c[1:] for c in PROBLEM_CASES], ids=[c[0] for c in PROBLEM_CASES]
-)
-def test_problem_log(
-    caplog: pytest.LogCaptureFixture,
-    calls: list[list[Problem]],
-    logged: list[list[tuple[str, str]]],
-) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
-    plog = ProblemLog(logging.getLogger(LOGGER))
-    for problems, expected in zip(calls, logged, strict=True):
-        caplog.clear()
-        new = plog.log_problems(problems)
-        assert _records(caplog) == expected
-        assert [str(p) for p in new] == [m for _, m in expected]
-
-
-def test_controller_and_module_log_problems(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG)
-    ctl = Controller(FakeDatapath(), logging.getLogger(LOGGER))
-    assert ctl.log_problems([P1]) == [P1]
-    assert ctl.log_problems([P1]) == []
-    log = logging.getLogger(LOGGER + ".module")
-    assert log_problems(log, [P1, P3]) == [P3, P1]
-    assert log_problems(log, [P1, P3]) == []
-    assert log_problems(log, [P2]) == [P2]
 
 
 def test_default_logger(caplog: pytest.LogCaptureFixture) -> None:
@@ -688,7 +596,7 @@ def test_dual_stack_manifest_objects_to_dump(
         },
     ]
     result = build_state(objects)
-    assert [str(p) for p in ctl.log_problems(result.problems)] == [
+    assert [str(p) for p in result.problems] == [
         "Service tenant-a/vm2: LB IP 2001:db8::11 is IPv6 but the Service has no ready IPv6 "
         "endpoint; it is not programmed (an LB IP is only translated to a pod IP of its own "
         "family); check that the pod has an IPv6 address and is ready, or remove the IPv6 LB IP"

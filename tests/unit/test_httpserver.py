@@ -19,8 +19,9 @@ from prometheus_client import CollectorRegistry, Counter
 from cozyebpf.errors import PermanentError
 from cozyebpf.health import HealthServer
 from cozyebpf.httpserver import Handler, HttpServer, Limits, source_key, url
+from cozyebpf.kube.metricsauth import KubeAuthorizer
 from cozyebpf.metrics import MetricsServer
-from cozyebpf.metricsauth import KubeAuthorizer, server_context
+from cozyebpf.tls import server_context
 from cozylab.kubeapi import FakeKubeAPI
 from cozylab.netns import wait_for
 

@@ -1,5 +1,5 @@
 """The Kubernetes source (informers on the official client) and the Event recorder, against
-the API server double in cozylab/kubeapi.py: list then watch from the list's resourceVersion,
+the API server double in cozylab/kubeapi/: list then watch from the list's resourceVersion,
 resume after a dropped watch, relist on 410, keep the last state through an outage."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from cozyebpf.agent import Agent
 from cozyebpf.dump import build_dump
-from cozyebpf.events import EventRecorder, event_name
+from cozyebpf.kube.events import EventRecorder, event_name
 from cozyebpf.model import ObjectRef, Problem
 from cozyebpf.sources.kube import Backoff, KubeSource
 from cozylab.fakedp import FakeDatapath
@@ -102,7 +102,7 @@ def test_nothing_is_reported_before_every_resource_is_listed(
     wait_for(lambda: source.informers[0].synced, 5, "services listed")
     wait_for(lambda: source.informers[2].synced, 5, "nodes listed")
     assert source.take() is None
-    assert source.waiting_for() == "EndpointSlices"
+    assert [i.synced for i in source.informers] == [True, False, True]
     wait_for(taken.take, 5, "both listed after the 503s")
     # list items carry no kind: it is put back, so they are read as what they are
     assert list(taken.services) == [("default", "vm1")]

@@ -4,7 +4,6 @@ kube-apiserver would show it, and the injected faults look to the client like th
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,18 +118,10 @@ def test_list_with_label_selector(
     assert [s.metadata.name for s in got.items] == names
 
 
-def test_list_namespaced_and_field_selectors(labelled: None, core: client.CoreV1Api) -> None:
+def test_list_namespaced_and_a_bad_selector(labelled: None, core: client.CoreV1Api) -> None:
     assert [
         s.metadata.name for s in core.list_namespaced_service("ns1", label_selector="app").items
     ] == ["a", "c"]
-    by_name = core.list_service_for_all_namespaces(field_selector="metadata.name=c")
-    assert [s.metadata.name for s in by_name.items] == ["c"]
-    by_ns = core.list_service_for_all_namespaces(field_selector="metadata.namespace!=ns1")
-    assert [s.metadata.name for s in by_ns.items] == ["b"]
-    with pytest.raises(ApiException) as bad:
-        core.list_service_for_all_namespaces(field_selector="spec.bogus=1")
-    assert bad.value.status == 400
-    assert status_of(bad.value)["message"] == "field label not supported: spec.bogus"
     with pytest.raises(ApiException) as bad:
         core.list_service_for_all_namespaces(label_selector="app=(web")
     assert (bad.value.status, status_of(bad.value)["reason"]) == (400, "BadRequest")
@@ -454,17 +445,6 @@ def test_fail_next(api: FakeKubeAPI, core: client.CoreV1Api) -> None:
     assert e.value.status == 429
 
 
-def test_latency(api: FakeKubeAPI, core: client.CoreV1Api) -> None:
-    api.set_latency(0.3)
-    start = time.monotonic()
-    core.list_namespaced_service(NS)
-    assert time.monotonic() - start >= 0.3
-    api.set_latency(0)
-    start = time.monotonic()
-    core.list_namespaced_service(NS)
-    assert time.monotonic() - start < 0.3
-
-
 def test_set_down(api: FakeKubeAPI, core: client.CoreV1Api) -> None:
     api.apply(service("a"))
     core.list_namespaced_service(NS)  # leaves a kept-alive connection in the client's pool
@@ -554,21 +534,18 @@ def test_events_create_conflict_patch_list(api: FakeKubeAPI, core: client.CoreV1
     assert [e["metadata"]["namespace"] for e in api.events()] == ["demo", "other"]
 
 
-def test_event_generate_name_and_namespace_mismatch(core: client.CoreV1Api) -> None:
+def test_event_namespace_mismatch(core: client.CoreV1Api) -> None:
     body = event("unused")
-    body.metadata = client.V1ObjectMeta(generate_name="web.")
-    made = core.create_namespaced_event(NS, body)
-    assert made.metadata.name.startswith("web.") and len(made.metadata.name) == 9
     body.metadata = client.V1ObjectMeta(name="x", namespace="elsewhere")
     with pytest.raises(ApiException) as e:
         core.create_namespaced_event(NS, body)
     assert e.value.status == 400
 
 
-# --- discovery and kubeconfig --------------------------------------------------------------------
+# --- kubeconfig ---------------------------------------------------------------------------------
 
 
-def test_kubeconfig_and_discovery(api: FakeKubeAPI, tmp_path: Path) -> None:
+def test_kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> None:
     api.apply(endpoint_slice("web-abc", "web", "10.0.0.1"))
     cfg = client.Configuration()
     config.load_kube_config(
@@ -576,12 +553,6 @@ def test_kubeconfig_and_discovery(api: FakeKubeAPI, tmp_path: Path) -> None:
     )
     assert cfg.host == api.url
     with client.ApiClient(cfg) as api_client:
-        assert client.VersionApi(api_client).get_code().git_version.startswith("v1.")
-        assert client.CoreApi(api_client).get_api_versions().versions == ["v1"]
-        groups = client.ApisApi(api_client).get_api_versions().groups
-        assert [g.name for g in groups] == ["discovery.k8s.io"]
-        core_resources = client.CoreV1Api(api_client).get_api_resources().resources
-        assert {r.name for r in core_resources} == {"services", "pods", "events", "nodes"}
         slices = client.DiscoveryV1Api(api_client).list_endpoint_slice_for_all_namespaces()
         assert [s.metadata.name for s in slices.items] == ["web-abc"]
 
@@ -624,8 +595,8 @@ def test_a_pod_is_read_with_its_annotations_and_forbid_answers_as_rbac(api: Fake
 def test_a_pod_is_read_as_metadata_only_when_asked(api: FakeKubeAPI) -> None:
     """Accept: PartialObjectMetadata (the API server's metadata-only form) gives the object's
     metadata and nothing else; plain JSON the whole object."""
-    from cozyebpf.portsec import METADATA_ONLY
-    from cozyebpf.sources.kube import KubeRest
+    from cozyebpf.kube.client import KubeRest
+    from cozyebpf.kube.portsec import METADATA_ONLY
 
     api.apply(
         {

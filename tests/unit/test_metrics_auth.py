@@ -13,15 +13,15 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from cozyebpf.metrics import MetricsServer
-from cozyebpf.metricsauth import (
+from cozyebpf.kube.metricsauth import (
     CACHE_TTL,
     REVIEW_BURST,
     REVIEW_EVERY,
     AuthStats,
     KubeAuthorizer,
-    server_context,
 )
+from cozyebpf.metrics import MetricsServer
+from cozyebpf.tls import server_context
 from cozylab.kubeapi import FakeKubeAPI
 from tests.support.clock import FakeClock
 

@@ -37,6 +37,7 @@ from cozyebpf.state import (
     apply_to,
     diff,
 )
+from tests.support.states import of_family
 
 LB1, LB2, LB3 = "192.0.2.10", "192.0.2.11", "192.0.2.12"
 POD1, POD2, POD3 = "10.244.0.5", "10.244.0.7", "10.244.1.3"
@@ -981,7 +982,7 @@ def test_service_view() -> None:
         ServiceView(ref2, (), (), False, False, ()),
     ]
     assert [v.pod_ip for v in result.services] == [IPv4Address(POD1), None]
-    assert [v.programmed for v in result.services] == [True, False]
+    assert [bool(v.programmed_lb_ips) for v in result.services] == [True, False]
     assert (
         str(result.services[0])
         == "Service default/vm1: 192.0.2.10,192.0.2.11 -> 10.244.0.5 port-filter tcp/22,udp/53 icmp"
@@ -1254,7 +1255,7 @@ def test_dual_stack_service_view() -> None:
     assert views["vm1"].pod_for(ip_address(LB6_1)) == ip_address(POD6_1)
     assert views["vm1"].pod_ip == ip_address(POD1)
     assert views["vm2"].programmed_lb_ips == (ip_address(LB3),)
-    assert [v.programmed for v in result.services] == [True, True, False, False]
+    assert [bool(v.programmed_lb_ips) for v in result.services] == [True, True, False, False]
     assert views["vm4"].pod_ip == ip_address(POD6_3)
 
 
@@ -1818,8 +1819,8 @@ def test_diff_and_apply_across_families() -> None:
         allowed_del={AllowedPort(B6, Proto.TCP, 22)},
     )
     assert apply_to(live, d) == desired
-    assert desired.of_family(6) == one(LB6_1, POD6_1, pf=False)
-    assert desired.of_family(4) == merged(
+    assert of_family(desired, 6) == one(LB6_1, POD6_1, pf=False)
+    assert of_family(desired, 4) == merged(
         one(LB1, POD1, ports=("tcp/22", "udp/53")), one(LB2, POD2)
     )
     assert Proto(58) is Proto.ICMPV6

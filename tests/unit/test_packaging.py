@@ -48,6 +48,9 @@ def test_the_wheel_holds_the_product_and_nothing_else(tmp_path: Path) -> None:
     modules = {Path(n).stem for n in names if n.endswith(".py")}
     assert not modules & (LAB_MODULES | {"clusterlab", "lab", "fake"}), modules & LAB_MODULES
     assert "cozyebpf/cli.py" in names and "cozyebpf/datapath/bpf.py" in names
+    # every module of the product: a package missing from pyproject.toml's list is not
+    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "cozyebpf").rglob("*.py")}
+    assert sources - set(names) == set()
 
 
 def test_the_image_copies_the_product_only() -> None:
@@ -78,3 +81,18 @@ def test_the_labs_import_nothing_from_tests() -> None:
         if name.split(".")[0] == "tests"
     ]
     assert bad == []
+
+
+#: the longest a Python file of the product, the labs, the bench or the scripts may be (issue
+#: 37: past it a file holds more than one concern; split it at its seams, as cozylab/cluster/)
+MAX_LINES = 800
+
+
+def test_no_python_file_outside_tests_is_over_800_lines() -> None:
+    long = {
+        path.relative_to(REPO).as_posix(): n
+        for top in ("cozyebpf", "cozylab", "bench", "scripts")
+        for path in sorted((REPO / top).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these at their seams: {long}"

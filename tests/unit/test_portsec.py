@@ -1,7 +1,7 @@
 """Issue 21, the control plane's part: behind a pod-facing device that every pod's packets
 cross (Kube-OVN's ovn0) the datapath cannot verify a pod's source address, so the agent says so
 at start, and warns about each managed VM whose pod has no OVN port security (the pod
-annotation ovn.kubernetes.io/port_security: "true"). cozyebpf/portsec.py."""
+annotation ovn.kubernetes.io/port_security: "true"). cozyebpf/kube/portsec.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from cozyebpf.agent import Agent
-from cozyebpf.events import EventRecorder
+from cozyebpf.kube.events import EventRecorder
+from cozyebpf.kube.portsec import METADATA_ONLY, checks, problem_message
 from cozyebpf.model import (
     ForeignRecord,
     IncrementalModel,
@@ -24,7 +25,6 @@ from cozyebpf.model import (
     SliceRecord,
     read_object,
 )
-from cozyebpf.portsec import METADATA_ONLY, checks, problem_message
 from cozyebpf.sources.kube import Backoff, KubeSource
 from cozyebpf.status import agent_status
 from cozylab.fakedp import FakeDatapath
@@ -364,7 +364,7 @@ def test_a_missing_pod_is_named_once_and_pods_of_other_nodes_are_not_read(
 def test_the_shipped_clusterrole_is_the_one_the_403_warning_names() -> None:
     import yaml
 
-    from cozyebpf.portsec import CLUSTER_ROLE
+    from cozyebpf.kube.portsec import CLUSTER_ROLE
 
     docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
     # the agent's own (the other one grants reading the metrics)

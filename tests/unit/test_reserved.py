@@ -117,7 +117,7 @@ def test_a_service_that_claims_an_address_in_use_is_refused_whole(
     assert refusals(r, "vm2") == ()
     assert not refused_messages(r, "vm2")
     view = next(v for v in r.services if v.ref.name == "vm1")
-    assert not view.programmed and "REFUSED" in str(view)
+    assert not view.programmed_lb_ips and "REFUSED" in str(view)
 
 
 def test_one_reserved_lb_ip_refuses_both_families() -> None:

@@ -85,12 +85,6 @@ class Lifecycle:
         unlisted = lab.check_unlisted(NEW_LB, w.whole_ip)
         return seen[0] and unlisted[0], f"{seen[1]}; {unlisted[1]}"
 
-    def _whole(self) -> Check:
-        return self._put(self.whole)
-
-    def _filter(self) -> Check:
-        return self._put(self.filter)
-
     def _delete(self) -> Check:
         lab, api = self.lab, self.lab.api
         assert api is not None
@@ -402,6 +396,15 @@ def group(lab: ClusterLab) -> list[Group]:
                 ),
                 Case(s, f"{mnode} metrics, a tenant's token: 403", partial(metrics, lab, "tenant")),
                 Case(s, f"{mnode} metrics, no token: 401", partial(metrics, lab, "nobody")),
+            ]
+        ),
+        Group(
+            [
+                Case(
+                    s,
+                    "the ClusterRole granted every request of the run: no 403 in an agent's log",
+                    partial(every_request_granted, lab),
+                )
             ]
         ),
     ]

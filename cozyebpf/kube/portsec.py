@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from cozyebpf.datapath.attach import is_pattern
+from cozyebpf.kube.client import KubeRest
 from cozyebpf.model import Key, ObjectRef, Problem
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,6 @@ METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 def kube_pod_reader(api_client: Any, timeout: float = 30.0) -> Callable[[str, str], Any]:
     """GET /api/v1/namespaces/NS/pods/NAME through the agent's API client, the pod's metadata
     only (`METADATA_ONLY`): the annotation is all the check reads."""
-    from cozyebpf.sources.kube import KubeRest
-
     rest = KubeRest(api_client)
 
     def read(namespace: str, name: str) -> Any:

@@ -12,6 +12,7 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
+from cozyebpf.kube.client import KubeRest, forbidden
 from cozyebpf.model import Problem
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,6 @@ class EventRecorder:
     def __init__(
         self, api_client: Any, node: str, max_queue: int = 1000, cluster_role: str = "cozyebpf"
     ) -> None:
-        from cozyebpf.sources.kube import KubeRest
-
         self.rest = KubeRest(api_client)
         self.node = node
         self.cluster_role = cluster_role
@@ -132,8 +131,6 @@ class EventRecorder:
 
     def _why(self, e: BaseException) -> str:
         if getattr(e, "status", None) == 403:
-            from cozyebpf.sources.kube import forbidden
-
             return forbidden(e, self.verb, "events", "", self.cluster_role)
         return _short(e)
 

@@ -1,0 +1,66 @@
+"""The control plane's release, binaries, addresses and ports, and what the labs need of the
+machine to run it (`missing_prerequisites`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+KUBE_GO_MOD = REPO / "cozylab" / "controlplane" / "kube" / "go.mod"
+ETCD_GO_MOD = REPO / "cozylab" / "controlplane" / "etcd" / "go.mod"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+
+API_PORT = 6443
+ETCD_PORT, ETCD_PEER_PORT = 2379, 2380
+#: the Services' ClusterIPs (LoadBalancer Services get one too); only inside the lab
+SERVICE_CIDR = "10.96.0.0/16"
+FIRST_SERVICE_IP = "10.96.0.1"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+#: kube-controller-manager's controllers: the EndpointSlice controller and what it needs to
+#: run as Kubernetes runs it (ServiceAccounts and their tokens, namespaces that can be deleted,
+#: owner references that delete a Service's slices with it)
+CONTROLLERS = (
+    "endpointslice",
+    "serviceaccount",
+    "serviceaccount-token",
+    "namespace",
+    "garbagecollector",
+)
+
+Obj = dict[str, Any]
+
+
+def kube_version() -> str:
+    """The pinned Kubernetes release (k8s.io/kubernetes in cozylab/controlplane/kube/go.mod)."""
+    m = re.search(r"^\s*k8s\.io/kubernetes (v\d+\.\d+\.\d+)", KUBE_GO_MOD.read_text(), re.M)
+    if not m:
+        raise RuntimeError(f"no k8s.io/kubernetes requirement in {KUBE_GO_MOD}")
+    return m.group(1)
+
+
+def etcd_version() -> str:
+    m = re.search(r"go\.etcd\.io/etcd/server/v3 (v[\d.]+)", ETCD_GO_MOD.read_text())
+    if not m:
+        raise RuntimeError(f"no go.etcd.io/etcd/server/v3 requirement in {ETCD_GO_MOD}")
+    return m.group(1)
+
+
+def bin_dir() -> Path:
+    """Where scripts/build-kube.sh puts the binaries (COZYEBPF_KUBE_CACHE, as it reads it)."""
+    cache = os.environ.get("COZYEBPF_KUBE_CACHE") or "/var/cache/cozyebpf/kube"
+    return Path(cache) / kube_version()
+
+
+def missing_prerequisites() -> list[str]:
+    """The binaries that are not built yet, with how to build them."""
+    d = bin_dir()
+    lacking = [b for b in BINARIES if not os.access(d / b, os.X_OK)]
+    if not lacking:
+        return []
+    return [
+        f"{', '.join(lacking)} of Kubernetes {kube_version()} in {d} (scripts/setup.sh builds "
+        "them from the Go module proxy: scripts/build-kube.sh)"
+    ]

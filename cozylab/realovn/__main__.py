@@ -1,0 +1,3 @@
+from cozylab.realovn.report import main
+
+main()
