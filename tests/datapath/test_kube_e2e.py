@@ -392,7 +392,7 @@ def test_a_flood_of_tokens_costs_the_real_server_at_most_the_limit(
     import collections
     import threading
 
-    from cozyebpf.metricsauth import CACHE_TTL, REVIEW_BURST, REVIEW_EVERY
+    from cozyebpf.kube.metricsauth import CACHE_TTL, REVIEW_BURST, REVIEW_EVERY
     from cozylab.netns import NODE_UPLINK_IP
     from tests.datapath.test_metrics_flood import https_get
 
