@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 ANN_INGRESS_BANDWIDTH = "networking.cozystack.io/ingressBandwidth"
 ANN_EGRESS_BANDWIDTH = "networking.cozystack.io/egressBandwidth"
@@ -120,6 +122,47 @@ def parse_bandwidth(annotation: str, text: str) -> int:
 def parse_packet_rate(annotation: str, text: str) -> int:
     """Packets per second from a packet-rate annotation's value; LimitError as above."""
     return _parse(annotation, text, PACKET_RATE_MIN, PACKET_RATE_MAX, "packet", "100k")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A Service's limits as its annotations ask (None: no limit of that kind)."""
+
+    ingress_bps: int | None = None
+    egress_bps: int | None = None
+    ingress_pps: int | None = None
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.ingress_bps, self.egress_bps, self.ingress_pps))
+
+
+NO_LIMITS = Limits()
+
+
+def read_limits(annotations: Mapping[str, Any]) -> tuple[Limits, list[str]]:
+    """The limits a Service's annotations ask for, and what is wrong with each bad one (that
+    limit is left out; the others and the Service stand)."""
+    errors: list[str] = []
+    got: dict[str, int | None] = {}
+    for field, annotation, parse, example in (
+        ("ingress_bps", ANN_INGRESS_BANDWIDTH, parse_bandwidth, "100M"),
+        ("egress_bps", ANN_EGRESS_BANDWIDTH, parse_bandwidth, "100M"),
+        ("ingress_pps", ANN_INGRESS_PACKET_RATE, parse_packet_rate, "100k"),
+    ):
+        value = annotations.get(annotation)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            errors.append(
+                f"annotation {annotation} is {value!r}, not a string: the Service has no such "
+                f'limit; quote it ("{example}")'
+            )
+            continue
+        try:
+            got[field] = parse(annotation, value)
+        except LimitError as e:
+            errors.append(f"{e}; the Service has no such limit until it is fixed")
+    return (Limits(**got) if got else NO_LIMITS), errors
 
 
 @dataclass(frozen=True)

@@ -7,17 +7,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cozyebpf.model.limits import (
+    ANN_EGRESS_BANDWIDTH,
     ANN_INGRESS_BANDWIDTH,
     ANN_INGRESS_PACKET_RATE,
     BURST_MIN_BYTES,
+    NO_LIMITS,
     NS,
     UNIT_SHIFT,
     Bucket,
     LimitError,
+    Limits,
     default_burst_bytes,
     parse_bandwidth,
     parse_packet_rate,
     parse_quantity,
+    read_limits,
 )
 
 
@@ -139,3 +143,24 @@ def test_packet_buckets() -> None:
         assert ok
     assert not b.admit(tat, now, 1)[0]
     assert b.admit(tat, now + 1_000_000, 1)[0]
+
+
+def test_a_services_limits_are_read_and_a_bad_one_is_left_out() -> None:
+    """A bad value costs that limit only (the others stand), and what is said names the
+    annotation, the value and the fix. (The Service's reading takes these as its Problems once
+    the datapath enforces the limits: issue 38.)"""
+    limits, bad = read_limits({ANN_INGRESS_BANDWIDTH: "100M", ANN_INGRESS_PACKET_RATE: "100k"})
+    assert limits == Limits(ingress_bps=100_000_000, ingress_pps=100_000) and bad == []
+    limits, bad = read_limits(
+        {ANN_INGRESS_BANDWIDTH: "100 Mbit", ANN_EGRESS_BANDWIDTH: "1G", ANN_INGRESS_PACKET_RATE: 5}
+    )
+    assert limits == Limits(egress_bps=10**9)
+    assert bad == [
+        f'annotation {ANN_INGRESS_BANDWIDTH}: "100 Mbit" is not a bit (write a number with an '
+        'optional suffix k, M, G, T, P, Ki, Mi, Gi, ..., for example "100M"); the Service has '
+        "no such limit until it is fixed",
+        f"annotation {ANN_INGRESS_PACKET_RATE} is 5, not a string: the Service has no such "
+        'limit; quote it ("100k")',
+    ]
+    assert read_limits({}) == (NO_LIMITS, [])
+    assert not NO_LIMITS and Limits(ingress_pps=1)
