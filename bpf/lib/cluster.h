@@ -108,53 +108,73 @@ static __always_inline int cz_fib_forwards(int rc)
 }
 
 /*
- * The FIB's answers, cached per (source, destination, input device): what a VM's packets ask
- * for every packet, asked once (bpf_fib_lookup was the larger part of the pod-facing hook's
- * cost: docs/design.md, "Host routing"). Not pinned: each loaded instance of the programs begins
- * cold, and a cache needs no layout. An answer is valid while flowcfg's fib_gen is the one it
- * was asked under: the agent bumps it on every change of routes, rules and links
- * (BpfDatapath._follow_routes). BPF_FIB_LKUP_RET_FRAG_NEEDED depends on the packet, not the
- * route: it is cached as the route's SUCCESS and derived again for each packet as the kernel
- * derives it (is_skb_forwardable: the device's MTU plus an Ethernet and a VLAN header, any GSO
- * packet). NO_NEIGH (a kernel before 6.5, asked without BPF_FIB_LOOKUP_SKIP_NEIGH) is never
- * cached.
+ * The FIB's answers, cached (IPv4; IPv6 asks the FIB each time): what a VM's packets ask for
+ * every packet (bpf_fib_lookup is most of what the pod-facing hook and host routing cost a VM's
+ * packet: docs/design.md, "Host routing"), asked at most once a second per (source,
+ * destination, input device) on each CPU. A per-CPU array of CZ_FIBC4_SLOTS slots, direct-mapped
+ * by a hash of the question (as the seen slots, types.h): a miss costs the FIB and one store
+ * into this CPU's slot, no lock and no eviction, so a VM that talks to more addresses than the
+ * slots hold pays what the lookup alone costs, never more (the LRU hash this replaced cost 2 to
+ * 4 times the lookup there: docs/design.md). Not pinned: each loaded instance of the programs
+ * begins cold, and a cache needs no layout.
+ *
+ * An answer is used only while both hold (docs/design.md, "What the caches trust"):
+ * - it is under CZ_FIBC_NS old by the kernel's clock: a route or next hop that changes while no
+ *   agent runs (an upgrade, a crash loop) is followed within that, as the node's own traffic
+ *   follows it at once;
+ * - flowcfg's fib_gen is the one it was asked under (read before asking, so an answer asked
+ *   across a change is never taken as new): a running agent bumps it on every change of routes,
+ *   rules and links (BpfDatapath._follow_routes), and the programs follow at once.
+ * BPF_FIB_LKUP_RET_FRAG_NEEDED depends on the packet, not the route: it is cached as the route's
+ * SUCCESS and derived again for each packet as the kernel derives it (is_skb_forwardable: the
+ * device's MTU plus an Ethernet and a VLAN header, any GSO packet). NO_NEIGH (a kernel before
+ * 6.5, asked without BPF_FIB_LOOKUP_SKIP_NEIGH) is never cached.
  */
-struct cz_fibc_key {
-	__be32 src;
+#define CZ_FIBC4_SLOTS 4096	 /* per CPU, a power of two: 160 KiB per CPU */
+#define CZ_FIBC_NS 1000000000ULL /* an answer's lifetime: a second */
+#define CZ_FWD_SLACK (14 + 4)	 /* is_skb_forwardable: an Ethernet and a VLAN header */
+
+struct cz_fibc_slot {
+	__be32 src; /* the question: source, destination, */
 	__be32 dst;
-	__u32 ifindex; /* the device the packet entered (or is routed as if it had) */
+	__u32 ifindex; /* and the device the packet entered (or is routed as if it had) */
+	__u32 gen;     /* flowcfg's fib_gen when asked */
+	__u64 asked;   /* bpf_ktime_get_coarse_ns() when asked; 0: empty */
+	__s32 rc;      /* BPF_FIB_LKUP_RET_*, FRAG_NEEDED cached as SUCCESS */
+	__u32 oif;     /* the answer: fib->ifindex, */
+	__be32 nh;     /* fib->ipv4_dst (the next hop), */
+	__u32 mtu;     /* fib->mtu_result */
 };
 
-struct cz_fibc_val {
-	__u32 gen; /* flowcfg's fib_gen when asked */
-	__s32 rc;  /* BPF_FIB_LKUP_RET_*, FRAG_NEEDED cached as SUCCESS */
-	__u32 ifindex;
-	__be32 nh; /* the next hop (fib->ipv4_dst) */
-	__u32 mtu; /* fib->mtu_result */
-	__u32 pad;
-};
+BPF_PERCPU_ARRAY(cz_fibc4, struct cz_fibc_slot, CZ_FIBC4_SLOTS);
 
-#define CZ_FIBC4_MAX 16384
-#define CZ_FWD_SLACK (14 + 4) /* is_skb_forwardable: an Ethernet and a VLAN header */
+/* The slot of a question: a multiplicative hash of the three, its high bits folded in. */
+static __always_inline __u32 cz_fibc_index(__be32 src, __be32 dst, __u32 ifindex)
+{
+	__u32 h = (__u32)dst * 0x9E3779B1U ^ (__u32)src * 0x85EBCA6BU ^ ifindex;
 
-BPF_TABLE("lru_hash", struct cz_fibc_key, struct cz_fibc_val, cz_fibc4, CZ_FIBC4_MAX);
+	return (h ^ (h >> 16)) & (CZ_FIBC4_SLOTS - 1);
+}
 
 static __always_inline int cz_fib4_cached(struct __sk_buff *skb, struct bpf_fib_lookup *fib,
 					  const struct flow_cfg *c, __be32 src, __be32 dst,
 					  __u32 ifindex)
 {
-	struct cz_fibc_key k = {.src = src, .dst = dst, .ifindex = ifindex};
-	struct cz_fibc_val *v = cz_fibc4.lookup(&k);
-	struct cz_fibc_val n = {};
+	__u32 i = cz_fibc_index(src, dst, ifindex);
+	struct cz_fibc_slot *s = cz_fibc4.lookup(&i);
 	__u32 gen = c->fib_gen; /* read before asking: a change after it invalidates the answer */
+	__u64 now = bpf_ktime_get_coarse_ns();
 	int rc;
 
-	if (v && v->gen == gen) {
-		fib->ifindex = v->ifindex;
-		fib->ipv4_dst = v->nh;
-		fib->mtu_result = v->mtu;
-		rc = v->rc;
-		if (rc == BPF_FIB_LKUP_RET_SUCCESS && skb->len > v->mtu + CZ_FWD_SLACK &&
+	if (!s)
+		return cz_fib4(skb, fib, src, dst, ifindex);
+	if (s->asked && now - s->asked < CZ_FIBC_NS && s->gen == gen && s->dst == dst &&
+	    s->src == src && s->ifindex == ifindex) {
+		fib->ifindex = s->oif;
+		fib->ipv4_dst = s->nh;
+		fib->mtu_result = s->mtu;
+		rc = s->rc;
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS && skb->len > s->mtu + CZ_FWD_SLACK &&
 		    !skb->gso_size)
 			rc = BPF_FIB_LKUP_RET_FRAG_NEEDED;
 		return rc;
@@ -162,12 +182,15 @@ static __always_inline int cz_fib4_cached(struct __sk_buff *skb, struct bpf_fib_
 	rc = cz_fib4(skb, fib, src, dst, ifindex);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return rc;
-	n.gen = gen;
-	n.rc = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED ? BPF_FIB_LKUP_RET_SUCCESS : rc;
-	n.ifindex = fib->ifindex;
-	n.nh = fib->ipv4_dst;
-	n.mtu = fib->mtu_result;
-	cz_fibc4.update(&k, &n);
+	s->src = src;
+	s->dst = dst;
+	s->ifindex = ifindex;
+	s->gen = gen;
+	s->rc = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED ? BPF_FIB_LKUP_RET_SUCCESS : rc;
+	s->oif = fib->ifindex;
+	s->nh = fib->ipv4_dst;
+	s->mtu = fib->mtu_result;
+	s->asked = now;
 	return rc;
 }
 
