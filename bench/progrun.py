@@ -459,7 +459,7 @@ def pod_hook(params: Params, rounds: int, runs: int = 4000) -> dict[str, Any]:
 
 
 #: fib_cache: how many remote addresses the VM's datagrams go round in the "many" case (more
-#: than the cache's slots, bpf/lib/cluster.h CZ_FIBC4_SLOTS, so that every answer misses)
+#: than the cache's slots, bpf/lib/fib.h CZ_FIBC4_SLOTS, so that every answer misses)
 FIB_SPREAD = 20_000
 
 

@@ -124,7 +124,7 @@ int cz_egress(struct __sk_buff *skb)
 	if (rc != CZ_SLOW)
 		return rc;
 	cz_tail_tc.call(skb, CZ_SLOW_EGRESS);
-	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
+	return cz_tail_missed(skb, 0, 1); /* the loader fills the array before attaching */
 }
 
 /*
@@ -182,7 +182,7 @@ static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *d
  * runs before netfilter. A packet whose source is a managed pod IP and that did not enter from
  * that pod's device is dropped (cz_spoofed; both families). A managed pod's packet that leaves
  * the node by an uplink, or answers a connection this node opened to the pod's LB IP, is
- * translated as egress translates it, flow record included (lib/cluster.h, pod_side4);
+ * translated as egress translates it, flow record included (lib/pod.h, pod_side4);
  * everything else passes untouched. A packet to a managed LB IP ends the device's tc chain here
  * (pod_next4). IPv6 is translated here when it leaves by an uplink and fits (pod_route6), else by
  * the uplinks' egress.
@@ -222,7 +222,7 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	if (rc != CZ_SLOW)
 		return rc;
 	cz_tail_tc.call(skb, CZ_SLOW_POD);
-	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
+	return cz_tail_missed(skb, 0, 1); /* the loader fills the array before attaching */
 }
 
 /*

@@ -129,7 +129,7 @@ CFG_HOST_ROUTING = 0x02  # CZ_CFG_HOST_ROUTING
 
 class FlowCfg(ctypes.Structure):
     """flowcfg: the flows' idle timeouts (0: never expires), and the node's part: the uplinks'
-    ifindexes and CZ_CFG_* flags (bpf/lib/cluster.h)."""
+    ifindexes and CZ_CFG_* flags (bpf/lib/fib.h)."""
 
     _fields_ = [
         ("timeout_ns", ctypes.c_uint64 * 4),
@@ -527,7 +527,7 @@ MAPS: tuple[MapSpec, ...] = (
     ),
     # explain's dry runs (bpf/lib/dryrun.h)
     MapSpec("dryrun", _PERCPU, _u32, DryRes, "__u32", "struct dry_res", 1, 3),
-    # the flows' timeouts and the node's part (bpf/lib/cluster.h); layout 4
+    # the flows' timeouts and the node's part (bpf/lib/fib.h); layout 4
     MapSpec("flowcfg", _ARRAY, _u32, FlowCfg, "__u32", "struct flow_cfg", 1, 4),
     # the fast paths' per-CPU cache of the flows they last looked up; layout 5
     MapSpec(

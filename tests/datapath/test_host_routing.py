@@ -619,7 +619,7 @@ NODE2_IP, CLIENT2_IP, REMOTE = "192.0.2.1", "192.0.2.2", "203.0.113.77"
 def test_a_route_moved_while_no_agent_runs_is_followed(
     tmp_path: Path, cozyebpf_cmd: list[str]
 ) -> None:
-    """Every cached FIB answer expires by the kernel's clock (bpf/lib/cluster.h, CZ_FIBC_NS: a
+    """Every cached FIB answer expires by the kernel's clock (bpf/lib/fib.h, CZ_FIBC_NS: a
     second), so the programs follow a route that moves while no agent runs to bump fib_gen (an
     upgrade, a crash loop). A real agent with two uplinks, host routing on, caches the route of
     the VM's datagrams to a remote address by the first uplink; it is killed (SIGKILL: its

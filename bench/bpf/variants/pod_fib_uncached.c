@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * The benchmark's pod-facing hook without the FIB answers' cache (issue 37; bench/progrun.py's
- * fib_cache "uncached"): bpf/egress.c as shipped, with cz_fib4_cached (bpf/lib/cluster.h)
+ * fib_cache "uncached"): bpf/egress.c as shipped, with cz_fib4_cached (bpf/lib/fib.h)
  * asking the FIB for every packet. bench/variant.py builds it: a function defined again below
  * replaces the product's of the same name, in its place.
  */
