@@ -22,9 +22,20 @@
 #define CZ_OUTSIDE_INGRESS 1	/* cz_tail_xdp: cz_ingress_outside */
 #define CZ_OUTSIDE_INGRESS_TC 2 /* cz_tail_tc: cz_ingress_tc_outside */
 
+/*
+ * The rare paths of the tc entry programs (issue 37): frames an entry decides are not its common
+ * frame, but not the full path's either, go on to a program of their own, so that the entry
+ * carries its common frame only (docs/design.md, "Rare paths out of the entry programs").
+ */
+#define CZ_RARE_TO_LB 0 /* cz_tail_rare: cz_egress_to_lb, the node's own packet to an LB IP */
+#define CZ_RARE_POD6 1	/* cz_tail_rare: cz_pod_route6, the pod-facing hook's IPv6 route */
+/* Neither a verdict nor CZ_SLOW: an entry's fast path hands the frame to a rare path */
+#define CZ_RARE 0xfffffffd
+
 /* a prog array holds programs of one type */
 BPF_TABLE_PINNED("prog", __u32, __u32, cz_tail_xdp, 4, CZ_PIN_DIR "/tail_xdp");
 BPF_TABLE_PINNED("prog", __u32, __u32, cz_tail_tc, 4, CZ_PIN_DIR "/tail_tc");
+BPF_TABLE_PINNED("prog", __u32, __u32, cz_tail_rare, 4, CZ_PIN_DIR "/tail_rare");
 
 /*
  * After a tail call that failed: the slot was empty (the loader fills every slot before it

@@ -511,6 +511,9 @@ MAPS: tuple[MapSpec, ...] = (
     # per program type; pinned, so that they keep their programs when the agent is gone
     MapSpec("tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
     MapSpec("tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
+    # the rare paths the tc entry programs hand their rare frames to (issue 37: to_lb4, the
+    # pod-facing hook's IPv6 route); a map an older agent of layout 7 does not know, and leaves
+    MapSpec("tail_rare", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 7),
     # per-Service counters: a slot per Service, as many as SVCSTATS_BUDGET allows on this
     # machine unless chosen, and slot 0; layout 6 (drops[] grew from 8 to 16 at the end, for
     # drop_spoofed: the counters of layouts 3-5 are copied, zero-padded)
@@ -570,6 +573,7 @@ class Layout:
     addrhint: MapSpec
     tail_xdp: MapSpec
     tail_tc: MapSpec
+    tail_rare: MapSpec
     svcstats: MapSpec
     monctl: MapSpec
     monstats: MapSpec
