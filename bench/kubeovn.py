@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from ipaddress import ip_network
 from typing import Any
 
 from bench import bpfx, progs
@@ -55,6 +56,10 @@ JOIN_NODE, JOIN_GW = "10.245.0.2", "10.245.0.1"  # ovn0's address, OVS's router 
 POD_W, POD_F, POD_P = "10.244.1.10", "10.244.1.20", "10.244.1.30"
 LB_W, LB_F = "203.0.113.10", "203.0.113.20"
 ALLOWED_PORT, POD_PORT, REMOTE_PORT = 80, 40000, 53
+#: kubeovn-egress-spread: the whole-IP VM's frames go round SPREAD addresses from REMOTES' first
+#: (RFC 2544's benchmark range, routed by the client), one after the other: every FIB answer
+#: the programs cache is then asked again before it is asked once more
+REMOTES, SPREAD = "198.18.0.0/15", 100_000
 SERVICES = (
     Svc("vm-whole", LB_W, POD_W, [("UDP", 5000)], whole_ip="true"),
     Svc("vm-filter", LB_F, POD_F, [("UDP", ALLOWED_PORT), ("TCP", 22)]),
@@ -73,6 +78,7 @@ LABELS = {
 #: row -> (what it is, the side the generator runs on)
 ROWS: dict[str, tuple[str, str]] = {
     "kubeovn-egress-whole": ("whole-IP VM -> outside", "ovs"),
+    "kubeovn-egress-spread": ("whole-IP VM -> 100,000 remote addresses", "ovs"),
     "kubeovn-egress-filter": ("port-filter VM -> outside", "ovs"),
     "kubeovn-egress-plain": ("a plain pod -> outside (no Service)", "ovs"),
     "kubeovn-ingress-whole": ("outside -> whole-IP VM's LB IP (no NAT: its pod IP)", "client"),
@@ -96,6 +102,9 @@ def _nat(c: str) -> bool:
 
 def frame(row: str, c: str) -> bytes:
     """The 60-byte frame of `row` for contender `c`."""
+    if row == "kubeovn-egress-spread":
+        first = str(ip_network(REMOTES)[1])
+        return udp_frame(OVS_MAC, OVN0_MAC, POD_W, first, POD_PORT, REMOTE_PORT)
     if row.startswith("kubeovn-egress-"):
         src = {"whole": POD_W, "filter": POD_F, "plain": POD_P}[row.rsplit("-", 1)[1]]
         return udp_frame(OVS_MAC, OVN0_MAC, src, CLIENT, POD_PORT, REMOTE_PORT)
@@ -175,6 +184,7 @@ class KubeOvnBench:
             # a veth without an XDP program takes XDP_TX frames only with GRO on (NAPI mode)
             self._exec("node", "ethtool", "-K", dev, "gro", "on")
         self._ip("node", "route", "add", "10.244.0.0/16", "via", JOIN_GW, "dev", "ovn0")
+        self._ip("node", "route", "add", REMOTES, "via", CLIENT, "dev", "uplink")
         for ns, ip, mac, dev in (
             ("node", CLIENT, CLIENT_MAC, "uplink"),
             ("node", JOIN_GW, OVS_MAC, "ovn0"),
@@ -311,7 +321,7 @@ class KubeOvnBench:
     def measure(self, row: str, c: str, rep: int, seconds: float) -> Measurement:
         side = ROWS[row][1]
         f = frame(row, c)
-        self.gen.set_frame(f)
+        self.gen.set_frame(f, SPREAD if row == "kubeovn-egress-spread" else 1)
         ifindex, chunk = self.ifindex[side], 131072
 
         def timed() -> tuple[int, float, float]:

@@ -458,6 +458,88 @@ def pod_hook(params: Params, rounds: int, runs: int = 4000) -> dict[str, Any]:
         sh("ip", "netns", "del", ns, check=False)
 
 
+#: fib_cache: how many remote addresses the VM's datagrams go round in the "many" case (more
+#: than the cache's slots, bpf/lib/fib.h CZ_FIBC4_SLOTS, so that every answer misses)
+FIB_SPREAD = 20_000
+
+
+def fib_cache(params: Params, rounds: int) -> dict[str, Any]:
+    """ns per packet (BPF_PROG_RUN, the run-time statistics) of the pod-facing hook for a
+    whole-IP VM's datagram to one remote address and to FIB_SPREAD of them in turn, with the
+    FIB answers' cache (the product) and without it (bench/bpf/variants/pod_fib_uncached.c),
+    host routing off and on: is the cache worth its keep, and what does a miss cost (issue 37).
+    Per case the minimum over the interleaved rounds and the median."""
+    import struct
+    from ipaddress import IPv4Address
+
+    from bench.common import TAG, sh
+    from cozylab.netns import in_netns
+
+    ns = f"{TAG}-fibc"
+    pin = pin_dir("fibc")
+    maps = PinnedMaps.ensure(pin)
+    try:
+        maps.apply(diff(maps.read_state(), SEED))
+        sh("ip", "netns", "add", ns)
+        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1")
+        for dev in ("pod0", "up0"):
+            sh("ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", f"{dev}-p")
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", f"{dev}-p", "up")
+        sh("ip", "-n", ns, "route", "add", "10.244.0.0/16", "dev", "pod0")
+        sh("ip", "-n", ns, "addr", "add", "198.51.100.1/24", "dev", "up0")
+        sh("ip", "-n", ns, "route", "add", "198.18.0.0/15", "via", CLIENT)
+        idx = {
+            d: int(sh("ip", "-n", ns, "-o", "link", "show", d).stdout.split(":")[0])
+            for d in ("pod0", "up0")
+        }
+        ctx = bytes(36) + struct.pack("=I", idx["pod0"])  # __sk_buff.ingress_ifindex
+        log("compiling the pod-facing hook with and without its FIB answers' cache")
+        fds = {
+            "cached": loader.load("egress.c", "cz_pod_ingress", "sched_cls", pin).fd,
+            "uncached": variant.build("pod_fib_uncached.c", "cz_pod_ingress", "sched_cls", pin).fd,
+        }
+        first = int(IPv4Address("198.18.0.1"))
+        frames = {
+            "one": [udp_frame(M1, M2, POD_W, "198.18.0.1", 40000, 53)] * FIB_SPREAD,
+            "many": [
+                udp_frame(M1, M2, POD_W, str(IPv4Address(first + i)), 40000, 53)
+                for i in range(FIB_SPREAD)
+            ],
+        }
+        res: dict[str, list[float]] = {}
+
+        def one(fd: int, batch: list[bytes], want: int) -> float:
+            r = bpfsys.prog_test_run(fd, batch[0], ctx=ctx)
+            if r.retval != want:
+                raise RuntimeError(f"fib_cache: verdict {r.retval}, want {want}")
+            s0 = bpfx.prog_run_stats(fd)
+            for f in batch:
+                bpfsys.prog_test_run(fd, f, ctx=ctx)
+            s1 = bpfx.prog_run_stats(fd)
+            return (s1.run_time_ns - s0.run_time_ns) / max(1, s1.run_cnt - s0.run_cnt)
+
+        def run() -> None:
+            sfd = bpfx.enable_stats()
+            try:
+                for hr in (False, True):
+                    maps.set_node([idx["up0"]], True, hr)
+                    for _ in range(rounds):
+                        for name, fd in fds.items():
+                            for case, batch in frames.items():
+                                key = f"{name}/{case}{'/host-routing' if hr else ''}"
+                                res.setdefault(key, []).append(one(fd, batch, _POD_HOOK_WANT[hr]))
+            finally:
+                os.close(sfd)
+
+        in_netns(ns, run)  # bpf_fib_lookup asks the caller's namespace
+        return {c: {"min": round(min(v), 1), "median": round(median(v), 1)} for c, v in res.items()}
+    finally:
+        maps.close()
+        attach.detach_all(pin)
+        sh("ip", "netns", "del", ns, check=False)
+
+
 def main_progrun(params: Params) -> dict[str, Any]:
     b = ProgRunBench(params)
     try:
@@ -467,4 +549,5 @@ def main_progrun(params: Params) -> dict[str, Any]:
         b.teardown()
     out["spoof"] = spoof_check(params, rounds=10 * params.progrun_reps)
     out["pod_hook"] = pod_hook(params, rounds=3 * params.progrun_reps)
+    out["fib_cache"] = fib_cache(params, rounds=params.progrun_reps)
     return out

@@ -28,11 +28,14 @@ class Generator:
         b = BPF(src_file=str(BPF_DIR / "gen.c").encode(), cflags=[f"-DGEN_VERDICT={verdict}"])
         return cls(b, b.load_func(b"bench_gen", BPF.XDP).fd)
 
-    def set_frame(self, frame: bytes) -> None:
+    def set_frame(self, frame: bytes, spread: int = 1) -> None:
+        """The template; `spread` > 1 (IPv4): each frame to the next of that many consecutive
+        destination addresses from the frame's, in turn (bpf/gen.c)."""
         assert len(frame) == 60, len(frame)
         t = self.bpf[b"gen_tmpl"]
         v = t.Leaf()
         ctypes.memmove(ctypes.addressof(v), frame + bytes(4), 64)
+        v.spread = spread
         t[ctypes.c_int(0)] = v
 
 

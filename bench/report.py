@@ -306,6 +306,11 @@ def kovn_targets(kv: dict[str, Any] | None, t: Targets) -> None:
             t.add(
                 f"{row}: {name} vs cozy-proxy", e.get("x_cozy-proxy"), 1.8, "x", "same repetitions"
             )
+        # issue 37: the FIB's cached answers do not make many remote addresses slower than one
+        one = s.get("kubeovn-egress-whole", {}).get(c, {}).get("x_bare")
+        many = s.get("kubeovn-egress-spread", {}).get(c, {}).get("x_bare")
+        t.add(f"kubeovn-egress-spread: {name}, 100,000 addresses vs one", many / one
+              if many and one else None, 0.95, "x", "each against no netfilter")  # fmt: skip
         e = s.get("kubeovn-egress-plain", {}).get(c, {})
         floor = s.get("kubeovn-egress-plain", {}).get("floor", {}).get("x_natout")
         t.add(f"kubeovn-egress-plain: {name} vs natOutgoing alone", e.get("x_natout"), 0.98, "x",
@@ -435,6 +440,13 @@ def table(res: dict[str, Any]) -> str:
             "  the pod-facing hook beside the uplink's egress, BPF_PROG_RUN ns per packet "
             "(bpf stats, single runs) min / median: "
             + "; ".join(f"{c} {v['min']:.0f}/{v['median']:.0f}" for c, v in ph.items())
+        )
+    fc = (pr or {}).get("fib_cache")
+    if fc:
+        lines.append(
+            "  the pod-facing hook's FIB answers, cached or not, to one address or many, "
+            "BPF_PROG_RUN ns per packet min / median: "
+            + "; ".join(f"{c} {v['min']:.0f}/{v['median']:.0f}" for c, v in fc.items())
         )
     mw = res.get("mapwrites")
     if mw:

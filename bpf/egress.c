@@ -92,7 +92,7 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 		else if (!cz_addr4_hinted(ip->daddr, CZ_HINT_LB))
 			return CZ_TC_NEXT;
 		if (!v)
-			return to_lb4(skb, data, data_end, ip);
+			return CZ_RARE; /* to_lb4, cz_egress_to_lb */
 		/* from an LB IP: a VM's packet, translated (by the pod-facing hook, or a node's) */
 		if (!(v->kind & CZ_K_POD))
 			return CZ_TC_NEXT; /* as to_lb4 decides it: by the ToR */
@@ -121,10 +121,30 @@ int cz_egress(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	rc = fast_egress(skb, data, data_end);
-	if (rc != CZ_SLOW)
+	if (rc == CZ_RARE)
+		cz_tail_rare.call(skb, CZ_RARE_TO_LB);
+	else if (rc != CZ_SLOW)
 		return rc;
-	cz_tail_tc.call(skb, CZ_SLOW_EGRESS);
-	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
+	else
+		cz_tail_tc.call(skb, CZ_SLOW_EGRESS);
+	return cz_tail_missed(skb, 0, 1); /* the loader fills the arrays before attaching */
+}
+
+/*
+ * A packet of no managed pod IP to a managed LB IP, which cz_egress hands on (CZ_RARE): the
+ * node's own (or a pod's it forwarded), to_lb4 decides it (lib/to_lb.h). Not every uplink
+ * packet to an LB IP is one (a VM's translated packet is let go by the entry), and none of a
+ * VM: a rare path of its own keeps to_lb4's redirect and its ICMP synthesis out of the entry.
+ */
+int cz_egress_to_lb(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = fast_ip4(data, data_end);
+
+	if (!ip)
+		return CZ_TC_NEXT;
+	return to_lb4(skb, data, data_end, ip);
 }
 
 /*
@@ -174,6 +194,22 @@ static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *d
 		return CZ_TC_NEXT;
 	if (cz_unlikely(cz_spoofed(skb, &v->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
 		return spoof_drop(skb, ip6, 1, v->out_slot);
+	return CZ_RARE; /* pod_route6, cz_pod_route6 */
+}
+
+/* A managed pod's IPv6 packet at the pod-facing hook, its source checked: pod_route6. */
+int cz_pod_route6(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
+	struct addr6_val *v;
+
+	if (!ip6)
+		return CZ_TC_NEXT;
+	v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
+	if (!v || !(v->kind & CZ_K_POD))
+		return CZ_TC_NEXT;
 	return pod_route6(skb, data, data_end, ip6, v);
 }
 
@@ -182,7 +218,7 @@ static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *d
  * runs before netfilter. A packet whose source is a managed pod IP and that did not enter from
  * that pod's device is dropped (cz_spoofed; both families). A managed pod's packet that leaves
  * the node by an uplink, or answers a connection this node opened to the pod's LB IP, is
- * translated as egress translates it, flow record included (lib/cluster.h, pod_side4);
+ * translated as egress translates it, flow record included (lib/pod.h, pod_side4);
  * everything else passes untouched. A packet to a managed LB IP ends the device's tc chain here
  * (pod_next4). IPv6 is translated here when it leaves by an uplink and fits (pod_route6), else by
  * the uplinks' egress.
@@ -199,8 +235,13 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	ip = fast_ip4(data, data_end);
-	if (!ip)
-		return pod_check6(skb, data, data_end);
+	if (!ip) {
+		rc = pod_check6(skb, data, data_end);
+		if (rc != CZ_RARE)
+			return rc;
+		cz_tail_rare.call(skb, CZ_RARE_POD6);
+		return cz_tail_missed(skb, 0, 1); /* the loader fills the arrays before attaching */
+	}
 	/* a plain pod's packet: two bits of addrhint (types.h), and it goes */
 	next = cz_addr4_hinted(ip->daddr, CZ_HINT_LB) ? pod_next4(ip) : CZ_TC_NEXT;
 	if (!cz_addr4_hinted(ip->saddr, CZ_HINT_POD))
@@ -222,7 +263,7 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	if (rc != CZ_SLOW)
 		return rc;
 	cz_tail_tc.call(skb, CZ_SLOW_POD);
-	return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
+	return cz_tail_missed(skb, 0, 1); /* the loader fills the array before attaching */
 }
 
 /*

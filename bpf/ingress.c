@@ -69,7 +69,7 @@ static __always_inline int ingress_slow(struct xdp_md *ctx, void *data, void *da
 		cz_tail_xdp.call(ctx, CZ_OUTSIDE_INGRESS);
 	else
 		cz_tail_xdp.call(ctx, CZ_SLOW_INGRESS);
-	return XDP_PASS; /* not reached: the loader fills the array before attaching */
+	return cz_tail_missed(ctx, 1, 0); /* the loader fills the array before attaching */
 }
 
 /* IPv6 (and what is neither): the fast path through struct cz_fast, else the full path. */

@@ -29,7 +29,7 @@ int cz_ingress_tc(struct __sk_buff *skb)
 			cz_tail_tc.call(skb, CZ_OUTSIDE_INGRESS_TC);
 		else
 			cz_tail_tc.call(skb, CZ_SLOW_INGRESS_TC);
-		return CZ_TC_NEXT; /* not reached: the loader fills the array before attaching */
+		return cz_tail_missed(skb, 0, 0); /* the loader fills the array before attaching */
 	}
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;

@@ -259,6 +259,12 @@ def _hint(
             "routed to: only that pod may send as it (a spoofed source, or a route that sends "
             "the pod's traffic back another way)"
         )
+    if reason == "drop_missed_tail_call":
+        return (
+            "the program that decides this packet (the full path, bpf/lib/tail.h) is missing "
+            "from its pinned prog array, so every such packet is dropped: the agent puts it in "
+            "before it attaches; restart the agent (or `cozyebpf detach` the programs)"
+        )
     if reason.startswith("drop_"):
         return f"dropped as {reason}: see docs/datapath-semantics.md"
     to = leaves[1] if direction == "ingress" else leaves[0]
@@ -307,7 +313,7 @@ def reserved_why(dst: IPAddress, agent_address: str | None) -> str | None:
 def _path(
     maps: PinnedMaps, a: attach.Attachment, direction: str, v6: bool, in_device: str | None
 ) -> str:
-    """How a packet the program lets through goes on (--host-routing; bpf/lib/cluster.h)."""
+    """How a packet the program lets through goes on (--host-routing; bpf/lib/route.h)."""
     if not maps.host_routing():
         return "the node's stack routes it (--host-routing off)"
     if direction == "ingress":

@@ -218,7 +218,7 @@ static __always_inline void fast_seen_put(struct fast_seen *fs, int v6, __u64 la
  * lookup -- the entry's time is at least the slot's, so the entry is fresh too. Otherwise the
  * entry is looked up, and a fresh one leaves the flow, its time and now in the slot. The only
  * difference to a lookup per reply: an entry the LRU evicts from under a busy flow admits its
- * replies for at most CZ_SEEN_NS more. Without `seen` (the pod-facing hook, cluster.h): the
+ * replies for at most CZ_SEEN_NS more. Without `seen` (the pod-facing hook, pod.h): the
  * entry, every time.
  */
 static __always_inline int flow_reply(int v6, const struct ip6 *pod, const struct ip6 *remote,

@@ -4,7 +4,7 @@
  * a managed address, is it well formed, does it pass the source ranges and the port filter,
  * where does it go. ingress() decides for the full paths; fast_outside() chooses the program
  * for a frame an entry program does not take; fast_ingress() is the fast path's decision of tc
- * ingress and of the node's connections to LB IPs (cluster.h, to_lb4); XDP's IPv4 fast path is
+ * ingress and of the node's connections to LB IPs (to_lb.h, to_lb4); XDP's IPv4 fast path is
  * in ingress.c.
  */
 #ifndef COZYEBPF_INGRESS_H

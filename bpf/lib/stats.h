@@ -27,6 +27,7 @@ enum cz_reason {
 	CZ_DROP_SOURCE = 16,	  /* source ranges: a source outside them, not a reply */
 	CZ_PASS_LEARN = 17,	  /* port filter: TCP that opens nothing, to a migrating pod */
 	CZ_DROP_SPOOFED = 18, /* a managed pod IP as source, from a device it is not routed to */
+	CZ_DROP_MISSED_TAIL_CALL = 19, /* the full path a frame was handed to is not there */
 	CZ_REASON_MAX
 };
 
@@ -62,6 +63,7 @@ static __always_inline int cz_is_drop(__u32 reason)
 	case CZ_DROP_ICMP_INNER:
 	case CZ_DROP_SOURCE:
 	case CZ_DROP_SPOOFED:
+	case CZ_DROP_MISSED_TAIL_CALL:
 		return 1;
 	}
 	return 0;
@@ -91,12 +93,13 @@ static __always_inline void cz_svc_pass(__u32 slot, int dir, __u64 bytes)
 
 /*
  * drops[] of a drop reason, the drop reasons in the order of their values: drop_port..
- * drop_malformed 0-3, drop_fragment..drop_source 4-7, drop_spoofed 8
+ * drop_malformed 0-3, drop_fragment..drop_source 4-7, drop_spoofed 8, drop_missed_tail_call 9
+ * (counted node-wide only: no Service is known where a tail call fails, tail.h)
  */
 static __always_inline __u32 cz_drop_index(__u32 reason)
 {
-	if (reason == CZ_DROP_SPOOFED)
-		return 8;
+	if (reason >= CZ_DROP_SPOOFED)
+		return reason - CZ_DROP_SPOOFED + 8;
 	return reason >= CZ_DROP_FRAGMENT ? reason - CZ_DROP_FRAGMENT + 4 : reason - CZ_DROP_PORT;
 }
 
@@ -104,7 +107,7 @@ static __always_inline void cz_svc_drop(__u32 slot, __u32 reason)
 {
 #ifndef CZ_NO_SVC_STATS
 	struct svc_stat *s = cz_svcstats.lookup(&slot);
-	__u32 i = cz_drop_index(reason) & (CZ_SVC_DROPS - 1); /* a drop reason: 0-8 */
+	__u32 i = cz_drop_index(reason) & (CZ_SVC_DROPS - 1); /* a drop reason: 0-9 */
 
 	if (s)
 		s->drops[i]++;

@@ -63,7 +63,7 @@ struct addr4_val {
 	__u32 out_slot; /* svcstats slot of egress (CZ_K_POD): the Service of lb_ip (0: none) */
 	/*
 	 * CZ_K_POD: the device the node routes the pod IP to, as the programs last confirmed it
-	 * (cz_spoofed in cluster.h); user space writes 0 ("not known yet"). Was `reserved`, zero:
+	 * (cz_spoofed in source.h); user space writes 0 ("not known yet"). Was `reserved`, zero:
 	 * values of older layouts are valid as they are.
 	 */
 	__u32 dev;
@@ -115,7 +115,7 @@ struct flow4_val {
 #define CZ_UPLINKS_MAX 6
 #define CZ_CFG_POD_DEVICES 0x01	 /* pod-facing hooks are attached: the cluster paths are on */
 #define CZ_CFG_HOST_ROUTING 0x02 /* --host-routing on: translated packets skip the stack */
-/* XDP metadata: ingress let this frame through; cz_route_tc hands it on (lib/cluster.h) */
+/* XDP metadata: ingress let this frame through; cz_route_tc hands it on (lib/route.h) */
 #define CZ_META_ROUTE 0x72687a63
 
 struct flow_cfg {
@@ -264,7 +264,7 @@ struct stat_val {
  * reason (stats.h) is counted here once more for its Service: accepted ones by direction,
  * dropped ones by reason.
  */
-#define CZ_SVC_DROPS 16 /* drops[]: cz_drop_index() of each drop reason (9 used); layout 6 */
+#define CZ_SVC_DROPS 16 /* drops[]: cz_drop_index() of each drop reason (10 used); layout 6 */
 
 struct svc_stat {
 	__u64 in_packets; /* accepted on ingress: translated or passed by the port filter */

@@ -145,7 +145,7 @@ class BpfDatapath:
             self._attach_all()
 
     def _follow_routes(self) -> None:
-        """The pod-facing hook and host routing cache the FIB's answers (bpf/lib/cluster.h,
+        """The pod-facing hook and host routing cache the FIB's answers (bpf/lib/fib.h,
         cz_fib4_cached): every change of the node's routes, rules or devices bumps flowcfg's
         generation, and the programs ask again. Followed from before the attach, so that no
         change is missed; set_node (prepare) bumped it for whatever changed before."""

@@ -217,7 +217,7 @@ class FlowTables(Pins):
             self._set_flow_cfg(cfg)
 
     def bump_fib_gen(self) -> int:
-        """The routes changed: every FIB answer the programs cached (bpf/lib/cluster.h,
+        """The routes changed: every FIB answer the programs cached (bpf/lib/fib.h,
         cz_fib4_cached) is asked again. Returns the new generation."""
         with _CFG_LOCK:
             cfg = self._flow_cfg()
@@ -233,7 +233,7 @@ class FlowTables(Pins):
     def set_node(
         self, uplinks: Sequence[int], pod_devices: bool, host_routing: bool = False
     ) -> None:
-        """The node's part of flowcfg (bpf/lib/cluster.h): the uplinks' ifindexes, whether
+        """The node's part of flowcfg (bpf/lib/fib.h): the uplinks' ifindexes, whether
         pod-facing hooks are attached (which turns the cluster paths on), and whether what the
         tc programs translate is handed to its next device (--host-routing)."""
         if len(uplinks) > UPLINKS_MAX:

@@ -7,7 +7,7 @@ kernel-matrix`; README, *Kernels*; docs/design.md, *The kernel matrix*).
   run first, at priority 1 beside Cilium's (attach.LEGACY_PRIO); where Cilium adds its filter
   anew after ours, the attachment check puts ours back in front (within --check-interval).
   Before 6.5 bpf_fib_lookup has no BPF_FIB_LOOKUP_SKIP_NEIGH: the programs ask again without
-  it (bpf/lib/cluster.h), and host routing takes two lookups where it takes one on 6.5.
+  it (bpf/lib/fib.h), and host routing takes two lookups where it takes one on 6.5.
 - Older than 6.1: refused at start. Nothing older is proven: the verifier of an older kernel
   counts and prunes differently (6.1 rejected programs 6.12 took, until issue 36 changed
   them), and the programs use helpers of 5.8 to 5.12 (the ring buffer, bpf_redirect_neigh,

@@ -129,7 +129,7 @@ CFG_HOST_ROUTING = 0x02  # CZ_CFG_HOST_ROUTING
 
 class FlowCfg(ctypes.Structure):
     """flowcfg: the flows' idle timeouts (0: never expires), and the node's part: the uplinks'
-    ifindexes and CZ_CFG_* flags (bpf/lib/cluster.h)."""
+    ifindexes and CZ_CFG_* flags (bpf/lib/fib.h)."""
 
     _fields_ = [
         ("timeout_ns", ctypes.c_uint64 * 4),
@@ -511,6 +511,9 @@ MAPS: tuple[MapSpec, ...] = (
     # per program type; pinned, so that they keep their programs when the agent is gone
     MapSpec("tail_xdp", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
     MapSpec("tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
+    # the rare paths the tc entry programs hand their rare frames to (issue 37: to_lb4, the
+    # pod-facing hook's IPv6 route); a map an older agent of layout 7 does not know, and leaves
+    MapSpec("tail_rare", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 7),
     # per-Service counters: a slot per Service, as many as SVCSTATS_BUDGET allows on this
     # machine unless chosen, and slot 0; layout 6 (drops[] grew from 8 to 16 at the end, for
     # drop_spoofed: the counters of layouts 3-5 are copied, zero-padded)
@@ -527,7 +530,7 @@ MAPS: tuple[MapSpec, ...] = (
     ),
     # explain's dry runs (bpf/lib/dryrun.h)
     MapSpec("dryrun", _PERCPU, _u32, DryRes, "__u32", "struct dry_res", 1, 3),
-    # the flows' timeouts and the node's part (bpf/lib/cluster.h); layout 4
+    # the flows' timeouts and the node's part (bpf/lib/fib.h); layout 4
     MapSpec("flowcfg", _ARRAY, _u32, FlowCfg, "__u32", "struct flow_cfg", 1, 4),
     # the fast paths' per-CPU cache of the flows they last looked up; layout 5
     MapSpec(
@@ -570,6 +573,7 @@ class Layout:
     addrhint: MapSpec
     tail_xdp: MapSpec
     tail_tc: MapSpec
+    tail_rare: MapSpec
     svcstats: MapSpec
     monctl: MapSpec
     monstats: MapSpec

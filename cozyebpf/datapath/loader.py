@@ -146,11 +146,15 @@ SLOW_PATHS = {
     "cz_egress": ("cz_egress_slow", "cz_tail_tc", 1),
     "cz_pod_ingress": ("cz_pod_ingress_slow", "cz_tail_tc", 3),
 }
-#: entry program -> the further programs its full path hands frames to, as SLOW_PATHS: the
-#: decision for a packet from outside a pod's source ranges (CZ_OUTSIDE in bpf/lib/ingress.h)
+#: entry program -> the further programs it or its full path hands frames to, as SLOW_PATHS: the
+#: decision for a packet from outside a pod's source ranges (CZ_OUTSIDE in bpf/lib/ingress.h),
+#: and the entry programs' rare paths
 MORE_PATHS = {
     "cz_ingress": (("cz_ingress_outside", "cz_tail_xdp", 1),),
     "cz_ingress_tc": (("cz_ingress_tc_outside", "cz_tail_tc", 2),),
+    # the rare paths of the entry programs (bpf/lib/tail.h, CZ_RARE_*)
+    "cz_egress": (("cz_egress_to_lb", "cz_tail_rare", 0),),
+    "cz_pod_ingress": (("cz_pod_route6", "cz_tail_rare", 1),),
 }
 
 

@@ -23,6 +23,7 @@ REASONS: tuple[str, ...] = (
     "drop_source",
     "pass_learn",
     "drop_spoofed",
+    "drop_missed_tail_call",
 )
 
 DESCRIPTIONS: dict[str, str] = {
@@ -45,6 +46,7 @@ DESCRIPTIONS: dict[str, str] = {
     "drop_source": "source ranges: a source outside them, not a reply to the pod's flow",
     "pass_learn": "port filter: TCP that opens nothing, to a pod that is migrating",
     "drop_spoofed": "a managed pod IP as source, from a device the node does not route it to",
+    "drop_missed_tail_call": "the full path a frame was handed to was not there: dropped whole",
 }
 
 #: the drop reasons in the order of svc_stat.drops[] (cz_drop_index in bpf/lib/stats.h: the

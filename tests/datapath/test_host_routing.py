@@ -18,10 +18,12 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,7 +39,7 @@ from cozyebpf.explain import explain
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
 from cozylab import netns as labmod
-from cozylab.k8s import Svc, objects
+from cozylab.k8s import Svc, manifest, objects
 from cozylab.netns import (
     CLIENT_IP,
     CLIENT_IP6,
@@ -49,7 +51,7 @@ from cozylab.netns import (
     drain,
     wait_for,
 )
-from tests.support.env import unique_prefix
+from tests.support.env import hang_bound, unique_prefix
 from tests.support.packets import LB_WHOLE, assert_frame, checksums_ok
 
 POD1 = labmod.DEFAULT_PODS[0]
@@ -605,3 +607,78 @@ def test_status_says_whether_host_routing_is_on(node: Node, on: bool) -> None:
     line = render_node(d["node"])
     assert line.startswith(f"node: uplinks {UPLINK}; pod-facing hooks on; host routing ")
     assert f"host routing {'on' if on else 'off'} (--host-routing)" in line
+
+
+#: a second uplink for test_a_route_moved_while_no_agent_runs_is_followed: the node's uplink2
+#: and the client's eth1 on their own link (192.0.2.0/24), and a remote address that the node
+#: routes by the first uplink, then by the second
+UPLINK2, UPLINK2_MAC, CLIENT2_MAC = "uplink2", "02:00:00:00:02:02", "02:00:00:00:02:01"
+NODE2_IP, CLIENT2_IP, REMOTE = "192.0.2.1", "192.0.2.2", "203.0.113.77"
+
+
+def test_a_route_moved_while_no_agent_runs_is_followed(
+    tmp_path: Path, cozyebpf_cmd: list[str]
+) -> None:
+    """Every cached FIB answer expires by the kernel's clock (bpf/lib/fib.h, CZ_FIBC_NS: a
+    second), so the programs follow a route that moves while no agent runs to bump fib_gen (an
+    upgrade, a crash loop). A real agent with two uplinks, host routing on, caches the route of
+    the VM's datagrams to a remote address by the first uplink; it is killed (SIGKILL: its
+    programs stay attached, as designed) and the route moved to the second uplink. The VM's
+    datagrams then leave by the second uplink, translated and whole, and no longer by the first
+    (the cache before issue 37 sent them by the first for as long as no agent ran)."""
+    from tests.support.labtools import agent_lab
+
+    with agent_lab("fm", tmp_path, cozyebpf_cmd, (POD1,), manifest(WHOLE)) as env:
+        lab = env.lab
+        lab.veth(lab.node, UPLINK2, UPLINK2_MAC, lab.client, "eth1", CLIENT2_MAC)
+        lab.ip(lab.node, "addr", "add", f"{NODE2_IP}/24", "dev", UPLINK2)
+        lab.ip(lab.node, "link", "set", UPLINK2, "up")
+        lab.neigh(lab.node, CLIENT2_IP, CLIENT2_MAC, UPLINK2)
+        lab.ip(lab.client, "link", "set", "eth1", "up")
+        lab.ip(lab.node, "route", "add", f"{REMOTE}/32", "via", CLIENT_IP, "dev", UPLINK)
+        env.start_agent_on(f"{UPLINK},{UPLINK2}", "--pod-devices", "lxc-*", "--host-routing", "on")
+        env.set_services(WHOLE)
+        ident = iter(range(0x2700, 0x2800))
+
+        def send() -> tuple[list[Packet], list[Packet], Packet]:
+            """One datagram of the VM to REMOTE: what arrives on the client's eth0 (the first
+            uplink's link) and eth1 (the second's), and the datagram."""
+            frame = out_frame()
+            frame[IP].dst, frame[IP].id = REMOTE, next(ident)
+            tx = env.packet_socket(lab.pod_ns(POD1), "eth0")
+            rx = {dev: env.packet_socket(lab.client, dev) for dev in ("eth0", "eth1")}
+            for s in rx.values():
+                drain(s)
+            tx.send(bytes(frame))
+            got: dict[str, list[Packet]] = {
+                dev: [
+                    p for p in map(Ether, capture(s, 0.5)) if IP in p and p[IP].id == frame[IP].id
+                ]
+                for dev, s in rx.items()
+            }
+            env.close()
+            return got["eth0"], got["eth1"], frame
+
+        first, second, frame = send()
+        assert second == [] and len(first) == 1, (first, second)
+        assert_frame(bytes(first[0]), forwarded(frame, UPLINK_MAC, CLIENT_MAC, src=LB_WHOLE))
+        counted = env.counters()["nat_egress"]
+        links = env.links()
+        env.stop_agent(signal.SIGKILL)
+        assert env.links() == links, "the programs did not stay attached"
+        lab.ip(lab.node, "route", "replace", f"{REMOTE}/32", "via", CLIENT2_IP, "dev", UPLINK2)
+        moved: list[tuple[list[Packet], list[Packet], Packet]] = []
+
+        def follows() -> bool:
+            moved.append(send())
+            return bool(moved[-1][1])
+
+        # (a bound for a hang: the cached answer is a second old at most when it is asked again)
+        wait_for(follows, hang_bound(10), "the VM's datagrams to leave by the second uplink")
+        first, second, frame = moved[-1]
+        assert first == [] and len(second) == 1, (first, second)
+        assert_frame(bytes(second[0]), forwarded(frame, UPLINK2_MAC, CLIENT2_MAC, src=LB_WHOLE))
+        first, second, frame = send()
+        assert first == [] and len(second) == 1, "the route's old answer came back"
+        assert_frame(bytes(second[0]), forwarded(frame, UPLINK2_MAC, CLIENT2_MAC, src=LB_WHOLE))
+        assert env.counters()["nat_egress"] == counted + len(moved) + 1

@@ -542,3 +542,64 @@ def test_egress_trusts_the_address_hint(progs: Progs) -> None:
     finally:
         progs.maps._update_batch(spec, [key], [word])
     assert IP(progs.tc(frame)[1][14:]).src == LB_WHOLE
+
+
+@pytest.mark.parametrize("name", ["cz_ingress", "cz_ingress_tc", "cz_egress", "cz_egress_to_lb"])
+def test_a_missing_full_path_drops_and_counts(progs: Progs, name: str) -> None:
+    """A tail call that fails (its slot emptied, as only a hand or a bug could: the loader fills
+    it before it returns the entry program) drops the frame the fast path left to the full path,
+    whole and untranslated, and counts it as drop_missed_tail_call and nothing else (it let the
+    frame through untranslated and uncounted before issue 37); a running monitor gets the event,
+    and explain's dry run the reason without a count. The slot refilled, the same frame is the
+    full path's again. The same for a rare path (cz_egress_to_lb: the node's own packet to an LB
+    IP, which the egress entry hands on untagged; explain's tagged frames go to the full path)."""
+    from cozyebpf.explain import dry_run
+    from cozyebpf.monitor import RingBuffer
+
+    rare = name == "cz_egress_to_lb"
+    entry = "cz_egress" if rare else name
+    prog = next(p for p in progs.loaded if p.name == entry)
+    xdp = name == "cz_ingress"
+    slow, array, slot = loader.MORE_PATHS[entry][0] if rare else loader.SLOW_PATHS[name]
+    fd = progs.maps.fds[array.removeprefix("cz_")]
+    if name == "cz_egress":
+        ip = IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=4000, dport=53) / b"x"
+    else:  # (from no pod IP to an LB IP: the egress entry's rare path)
+        ip = IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=4000, dport=53) / b"x"
+    eth_ = Ether(src=MAC_A, dst=MAC_B)
+    frame = bytes(eth_ / ip if rare else eth_ / Dot1Q(vlan=0) / ip)  # tagged: the full path's
+    drop, full = (XDP_DROP, XDP_PASS) if xdp else (TC_SHOT, TC_NEXT)
+    m = progs.maps
+    ring = RingBuffer(m.fds[m.layout.events.name], m.layout.events.max_entries)
+    ring.skip()
+    before = {k: v["packets"] for k, v in m.counters().items()}
+    try:
+        assert bpfsys.map_delete(fd, ctypes.c_uint32(slot))
+        m.set_monitor(layout.MON_DROPS, 1, 10**15)
+        r = bpfsys.prog_test_run(prog.fd, frame)
+        m.set_monitor(layout.MON_OFF)
+        records = [layout.CzEvent.from_buffer_copy(raw) for raw in ring.records()]
+        after = {k: v["packets"] for k, v in m.counters().items()}
+        dry = None if rare else dry_run(m, prog.fd, xdp, bytes(ip))
+        dried = {k: v["packets"] for k, v in m.counters().items()}
+    finally:
+        m.set_monitor(layout.MON_OFF)
+        ring.close()
+        refill = loader.slow_program_fd(prog, slow)
+        assert refill is not None
+        bpfsys.map_update(fd, ctypes.c_uint32(slot), ctypes.c_uint32(refill))
+    assert (r.retval, r.data) == (drop, frame)
+    changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert changed == {"drop_missed_tail_call": 1}
+    assert [(REASONS[e.reason], e.len, e.dir) for e in records] == [
+        ("drop_missed_tail_call", len(frame), int(entry == "cz_egress"))
+    ]
+    if dry is not None:
+        assert dry.drop and dry.result is not None
+        assert REASONS[dry.result.reason] == "drop_missed_tail_call"
+    assert dried == after
+    again = bpfsys.prog_test_run(prog.fd, frame)
+    assert again.retval == full, "the refilled slot's full path did not take the frame"
+    assert {k: v["packets"] for k, v in m.counters().items()}["drop_missed_tail_call"] == (
+        after["drop_missed_tail_call"]
+    )

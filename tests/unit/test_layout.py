@@ -173,6 +173,7 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "addrhint": 1024,  # 64 bits per Service (a power of two >= 1000 words), in 2 halves
         "tail_xdp": 4,  # prog arrays: not Service-related
         "tail_tc": 4,
+        "tail_rare": 4,
         "svcstats": 1001,  # a counter slot per Service, and slot 0 (never given out)
         "svcnames": 1001,
         "monctl": 1,  # the monitor and explain: not Service-related

@@ -2,7 +2,7 @@
 /*
  * The benchmark's cz_egress that asks the FIB for every packet in the entry program (the other
  * way issue 21 named; bench/progrun.py's spoof_check "fib"): bpf/egress.c as shipped, with
- * spoof_unsure asking cz_routed_by (bpf/lib/cluster.h) for every packet from another device
+ * spoof_unsure asking cz_routed_by (bpf/lib/source.h) for every packet from another device
  * instead of comparing it with the pod's cached one. bench/variant.py builds it: a function
  * defined again below replaces the product's of the same name, in its place.
  */
