@@ -142,7 +142,6 @@ static __always_inline int fast_words_eq(const void *a, const void *b, int n)
 	const __u32 *x = a, *y = b;
 	int i;
 
-#pragma unroll
 	for (i = 0; i < n; i++) {
 		if (x[i] != y[i])
 			return 0;

@@ -20,9 +20,10 @@ The reply is one message: a JSON header ({"programs": [[name, type], ...]} with 
 passed descriptor, or {"error": message}) and the descriptors.
 
 What the compiler and the verifier print (the child's stderr) goes to the agent's stderr line by
-line (`forward_output`), but for clang's "loop not unrolled" warnings (`UNROLL_WARNING`: five at
-every start, from a `#pragma unroll` loop of bpf/lib/flow.h that the verifier then takes as a
-bounded loop): they are counted in one DEBUG line of the agent's log instead.
+line (`forward_output`), but for clang's "loop not unrolled" warnings (`UNROLL_WARNING`: there
+were five at every start, from a `#pragma unroll` of bpf/lib/flow.h that could not apply; the
+pragma is gone, this keeps any that come back out of the log): they are counted in one DEBUG
+line of the agent's log instead.
 """
 
 from __future__ import annotations
