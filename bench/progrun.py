@@ -11,7 +11,9 @@ behind sysctl kernel.bpf_stats_enabled), which add about two clock reads per run
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address as A
 from ipaddress import IPv4Network as N
@@ -369,6 +371,49 @@ def spoof_check(params: Params, rounds: int) -> dict[str, Any]:
         sh("ip", "netns", "del", ns, check=False)
 
 
+@contextlib.contextmanager
+def _pod_node(name: str, *routes: str) -> Iterator[tuple[str, str, PinnedMaps, dict[str, int]]]:
+    """(namespace, pin directory, maps, ifindex by device) of a node shaped for the pod-facing
+    hook: the seed in the maps, forwarding on, `pod0` (the pods' device, 10.244.0.0/16) and
+    `up0` (the uplink, 198.51.100.1/24), plus `routes` ("PREFIX via GATEWAY"). Removed after."""
+    from bench.common import TAG, sh
+
+    ns = f"{TAG}-{name}"
+    pin = pin_dir(name)
+    maps = PinnedMaps.ensure(pin)
+    try:
+        maps.apply(diff(maps.read_state(), SEED))
+        sh("ip", "netns", "add", ns)
+        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1")
+        for dev in ("pod0", "up0"):
+            sh("ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", f"{dev}-p")
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", f"{dev}-p", "up")
+        sh("ip", "-n", ns, "route", "add", "10.244.0.0/16", "dev", "pod0")
+        sh("ip", "-n", ns, "addr", "add", "198.51.100.1/24", "dev", "up0")
+        for route in routes:
+            sh("ip", "-n", ns, "route", "add", *route.split())
+        idx = {
+            d: int(sh("ip", "-n", ns, "-o", "link", "show", d).stdout.split(":")[0])
+            for d in ("pod0", "up0")
+        }
+        yield ns, pin, maps, idx
+    finally:
+        maps.close()
+        attach.detach_all(pin)
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def _run_time_ns(fd: int, frames: list[bytes], ctx: bytes | None) -> float:
+    """ns per run of program `fd` over `frames`, one single run each, by the kernel's run-time
+    statistics (which add about two clock reads per run; bpfx.enable_stats must be on)."""
+    s0 = bpfx.prog_run_stats(fd)
+    for f in frames:
+        bpfsys.prog_test_run(fd, f, ctx=ctx)
+    s1 = bpfx.prog_run_stats(fd)
+    return (s1.run_time_ns - s0.run_time_ns) / max(1, s1.run_cnt - s0.run_cnt)
+
+
 #: the pod-facing hook (cz_pod_ingress on Kube-OVN's ovn0), beside the uplink's egress program
 #: and the floor: name -> (program, frame, host routing on). Frames enter from the pod device;
 #: the routes send CLIENT out by the uplink
@@ -396,26 +441,9 @@ def pod_hook(params: Params, rounds: int, runs: int = 4000) -> dict[str, Any]:
     rounds (the figure least moved by other work) and the median."""
     import struct
 
-    from bench.common import TAG, sh
     from cozylab.netns import in_netns
 
-    ns = f"{TAG}-podhook"
-    pin = pin_dir("podhook")
-    maps = PinnedMaps.ensure(pin)
-    try:
-        maps.apply(diff(maps.read_state(), SEED))
-        sh("ip", "netns", "add", ns)
-        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1")
-        for dev in ("pod0", "up0"):
-            sh("ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", f"{dev}-p")
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", f"{dev}-p", "up")
-        sh("ip", "-n", ns, "route", "add", "10.244.0.0/16", "dev", "pod0")
-        sh("ip", "-n", ns, "addr", "add", "198.51.100.1/24", "dev", "up0")
-        idx = {
-            d: int(sh("ip", "-n", ns, "-o", "link", "show", d).stdout.split(":")[0])
-            for d in ("pod0", "up0")
-        }
+    with _pod_node("podhook") as (ns, pin, maps, idx):
         pod_ctx = bytes(36) + struct.pack("=I", idx["pod0"])  # __sk_buff.ingress_ifindex
         log("compiling the pod-facing hook and the egress program")
         fds = {
@@ -433,11 +461,7 @@ def pod_hook(params: Params, rounds: int, runs: int = 4000) -> dict[str, Any]:
             r = bpfsys.prog_test_run(fd, frame, ctx=ctx)
             if r.retval != _POD_HOOK_WANT[hr and prog == "pod"]:
                 raise RuntimeError(f"{case}: verdict {r.retval}")
-            s0 = bpfx.prog_run_stats(fd)
-            for _ in range(n):
-                bpfsys.prog_test_run(fd, frame, ctx=ctx)
-            s1 = bpfx.prog_run_stats(fd)
-            return (s1.run_time_ns - s0.run_time_ns) / max(1, s1.run_cnt - s0.run_cnt)
+            return _run_time_ns(fd, [frame] * n, ctx)
 
         def run() -> None:
             sfd = bpfx.enable_stats()
@@ -452,10 +476,6 @@ def pod_hook(params: Params, rounds: int, runs: int = 4000) -> dict[str, Any]:
 
         in_netns(ns, run)  # bpf_fib_lookup asks the caller's namespace
         return {c: {"min": round(min(v), 1), "median": round(median(v), 1)} for c, v in res.items()}
-    finally:
-        maps.close()
-        attach.detach_all(pin)
-        sh("ip", "netns", "del", ns, check=False)
 
 
 #: fib_cache: how many remote addresses the VM's datagrams go round in the "many" case (more
@@ -472,27 +492,9 @@ def fib_cache(params: Params, rounds: int) -> dict[str, Any]:
     import struct
     from ipaddress import IPv4Address
 
-    from bench.common import TAG, sh
     from cozylab.netns import in_netns
 
-    ns = f"{TAG}-fibc"
-    pin = pin_dir("fibc")
-    maps = PinnedMaps.ensure(pin)
-    try:
-        maps.apply(diff(maps.read_state(), SEED))
-        sh("ip", "netns", "add", ns)
-        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1")
-        for dev in ("pod0", "up0"):
-            sh("ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", f"{dev}-p")
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", f"{dev}-p", "up")
-        sh("ip", "-n", ns, "route", "add", "10.244.0.0/16", "dev", "pod0")
-        sh("ip", "-n", ns, "addr", "add", "198.51.100.1/24", "dev", "up0")
-        sh("ip", "-n", ns, "route", "add", "198.18.0.0/15", "via", CLIENT)
-        idx = {
-            d: int(sh("ip", "-n", ns, "-o", "link", "show", d).stdout.split(":")[0])
-            for d in ("pod0", "up0")
-        }
+    with _pod_node("fibc", f"198.18.0.0/15 via {CLIENT}") as (ns, pin, maps, idx):
         ctx = bytes(36) + struct.pack("=I", idx["pod0"])  # __sk_buff.ingress_ifindex
         log("compiling the pod-facing hook with and without its FIB answers' cache")
         fds = {
@@ -513,11 +515,7 @@ def fib_cache(params: Params, rounds: int) -> dict[str, Any]:
             r = bpfsys.prog_test_run(fd, batch[0], ctx=ctx)
             if r.retval != want:
                 raise RuntimeError(f"fib_cache: verdict {r.retval}, want {want}")
-            s0 = bpfx.prog_run_stats(fd)
-            for f in batch:
-                bpfsys.prog_test_run(fd, f, ctx=ctx)
-            s1 = bpfx.prog_run_stats(fd)
-            return (s1.run_time_ns - s0.run_time_ns) / max(1, s1.run_cnt - s0.run_cnt)
+            return _run_time_ns(fd, batch, ctx)
 
         def run() -> None:
             sfd = bpfx.enable_stats()
@@ -534,10 +532,6 @@ def fib_cache(params: Params, rounds: int) -> dict[str, Any]:
 
         in_netns(ns, run)  # bpf_fib_lookup asks the caller's namespace
         return {c: {"min": round(min(v), 1), "median": round(median(v), 1)} for c, v in res.items()}
-    finally:
-        maps.close()
-        attach.detach_all(pin)
-        sh("ip", "netns", "del", ns, check=False)
 
 
 def main_progrun(params: Params) -> dict[str, Any]:
