@@ -32,7 +32,7 @@ image-test:
 # migration figures (about a minute per layout). Options, e.g.:
 # make cluster-lab CLUSTER_LAB_ARGS='--layout kubeovn --observer count'
 cluster-lab:
-	bash scripts/setup.sh
+	bash scripts/setup.sh --kube
 	PYTHONPATH=. $(PYTHON) -m cozylab.cluster $(CLUSTER_LAB_ARGS)
 
 # The same lab on Kube-OVN's real dataplane (cozylab/realovn/, issue 27): Open vSwitch and
@@ -41,7 +41,7 @@ cluster-lab:
 # 75 s; tests/datapath/test_real_ovn.py runs the same rows in the suite). Options, e.g.:
 # make real-ovn-lab REAL_OVN_LAB_ARGS='--observer count --json rows.json'
 real-ovn-lab:
-	bash scripts/setup.sh
+	bash scripts/setup.sh --kube
 	PYTHONPATH=. $(PYTHON) -m cozylab.realovn $(REAL_OVN_LAB_ARGS)
 
 # The kernel matrix of issue 36 (scripts/kernel-matrix.sh, cozylab/kmatrix.py): the datapath's

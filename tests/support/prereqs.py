@@ -111,7 +111,7 @@ def _kernel_guest() -> str | None:
 
 def _kube() -> str | None:
     """etcd, kube-apiserver and kube-controller-manager of the pinned release, built by
-    scripts/build-kube.sh (setup.sh runs it), for the labs' real control plane."""
+    scripts/build-kube.sh (setup.sh --kube runs it), for the labs' real control plane."""
     from cozylab.kubecp import missing_prerequisites
 
     lacking = missing_prerequisites()
