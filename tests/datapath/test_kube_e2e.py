@@ -394,7 +394,7 @@ def test_a_flood_of_tokens_costs_the_real_server_at_most_the_limit(
 
     from cozyebpf.kube.metricsauth import CACHE_TTL, REVIEW_BURST, REVIEW_EVERY
     from cozylab.netns import NODE_UPLINK_IP
-    from tests.datapath.test_metrics_flood import https_get
+    from tests.support.https import https_get
 
     agent, api = env
     lab = agent.lab

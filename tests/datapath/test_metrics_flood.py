@@ -42,6 +42,7 @@ from cozyebpf.kube.metricsauth import CACHE_TTL, REVIEW_BURST, REVIEW_EVERY
 from cozylab.k8s import Svc, objects
 from cozylab.kubeapi import FakeKubeAPI
 from cozylab.netns import DEFAULT_PODS, NODE_UPLINK_IP, NODE_UPLINK_IP6
+from tests.support.https import CTX, https_get
 from tests.support.labtools import AgentLab, agent_lab, wait_for
 from tests.support.packets import LB_WHOLE
 
@@ -59,35 +60,6 @@ SWARM_EACH = 16  # slow clients of each kind: 48 from one source, six times its 
 #: Prometheus's scrape, with its last one ending
 THREADS_MORE = 2 * MAX_PER_SOURCE + FLOOD_WORKERS + 2
 RSS_MORE = 20 << 20  # bytes: a connection costs tens of kB (OpenSSL's buffers, a stack)
-
-
-def _client_context() -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE  # self-signed (a PodMonitor skips verification too)
-    ctx.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)  # the end of an HTTP/1.0 answer
-    return ctx
-
-
-CTX = _client_context()
-
-
-def https_get(address: tuple[str, int], token: str) -> tuple[int, str] | None:
-    """(status, body) of GET /metrics with `token`; None when the server closed the
-    connection without an answer (refused at its cap)."""
-    data = b""
-    try:
-        with socket.create_connection(address, timeout=10) as raw, CTX.wrap_socket(raw) as s:
-            s.sendall(
-                b"GET /metrics HTTP/1.0\r\nAuthorization: Bearer " + token.encode() + b"\r\n\r\n"
-            )
-            while chunk := s.recv(65536):
-                data += chunk
-    except (ssl.SSLError, ConnectionError):
-        if not data:
-            return None
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body.decode()
 
 
 def proc_figures(pid: int) -> tuple[int, int]:
