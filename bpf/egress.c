@@ -22,9 +22,10 @@
 #include "lib/tc.h"
 
 /*
- * Egress (tc): the whole fast path in one piece -- flow record, rewrite (nat_skb_addr), counter --
- * for the pod whose entry's LB IP, slot and flags are `lb`, `slot` and `pod_flags`, the IP
- * header at `l3` (v6, a constant). A tc verdict, or CZ_SLOW.
+ * Egress (tc): the whole fast path in one piece -- flow record, then the fast ending
+ * (cz_fast_end: monitor, rewrite, counter) -- for the pod whose entry's LB IP, slot and flags
+ * are `lb`, `slot` and `pod_flags`, the IP header at `l3` (v6, a constant). A tc verdict, or
+ * CZ_SLOW.
  */
 static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *data_end, void *l3,
 				     int v6, const struct ip6 *lb, __u32 slot, __u8 pod_flags)
@@ -39,12 +40,10 @@ static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *da
 		return CZ_SLOW;
 	if (pod_flags & CZ_F_FLOWS) /* (IPv4: a[0] of each address only) */
 		flow_record(v6, l3 + src, l3 + dst, f.sport, f.dport, f.proto, 0, f.tcp_flags, 1);
-	fast_monitor(skb, 0, 1, CZ_NAT_EGRESS, slot, skb->len, v6, f.proto, l3, f.sport, f.dport);
-	if (nat_skb_addr(skb, l3, data_end, v6, 1, f.csum_off, f.proto, 0, lb) < 0) {
-		fast_count(1, CZ_DROP_MALFORMED, slot, skb->len);
+	f.slot = slot;
+	f.rewrite = 1;
+	if (cz_fast_end_f(skb, 0, 1, CZ_NAT_EGRESS, &f, skb->len, data_end, lb))
 		return CZ_TC_DROP;
-	}
-	fast_count(1, CZ_NAT_EGRESS, slot, skb->len);
 	return CZ_TC_NEXT;
 }
 

@@ -41,24 +41,20 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	if (v->flags & CZ_F_FLOWS)
 		reason = fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
 				     (struct ip6 *)&ip->saddr, proto, sport, dport, tf);
-	if (reason == CZ_DROP_PORT) { /* the flood's path: every index a constant */
-		fast_count(0, CZ_DROP_PORT, v->in_slot, data_end - data);
-		fast_monitor(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
-			     sport, dport);
+	/* the flood's path: an ending of its own for each drop, every index a constant */
+	if (reason == CZ_DROP_PORT) {
+		cz_fast_end(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
+			    sport, dport, c, 0, 0, data_end, NULL);
 		return XDP_DROP;
 	}
 	if (reason == CZ_DROP_SOURCE) {
-		fast_count(0, CZ_DROP_SOURCE, v->in_slot, data_end - data);
-		fast_monitor(ctx, 1, 0, CZ_DROP_SOURCE, v->in_slot, data_end - data, 0, proto, ip,
-			     sport, dport);
+		cz_fast_end(ctx, 1, 0, CZ_DROP_SOURCE, v->in_slot, data_end - data, 0, proto, ip,
+			    sport, dport, c, 0, 0, data_end, NULL);
 		return XDP_DROP;
 	}
-	fast_count(0, reason, v->in_slot, data_end - data);
-	fast_monitor(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport);
-	if (!(v->kind & CZ_K_LB))
-		return cz_xdp_pass(ctx); /* sent to the pod IP directly: passed as it is */
-	if ((void *)(c + 1) <= data_end)
-		cz_l4_fix(c, proto, nat_xdp4(ip, from, pod));
+	/* (not an LB IP: sent to the pod IP directly, passed as it is) */
+	cz_fast_end(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport, c,
+		    0, v->kind & CZ_K_LB, data_end, (struct ip6 *)&pod);
 	return cz_xdp_pass(ctx);
 }
 
@@ -86,12 +82,8 @@ static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_e
 		return ingress_slow(ctx, data, data_end);
 	if (reason == CZ_NOT_OURS)
 		return XDP_PASS;
-	fast_count(0, reason, f.slot, data_end - data);
-	fast_monitor(ctx, 1, 0, reason, f.slot, data_end - data, 1, f.proto, ip6, f.sport, f.dport);
-	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE)
+	if (cz_fast_end_f(ctx, 1, 0, reason, &f, data_end - data, data_end, &to))
 		return XDP_DROP;
-	if (f.rewrite && (void *)(f.csum + 1) <= data_end)
-		cz_l4_fix(f.csum, f.proto, nat_xdp6(ip6, &to));
 	return cz_xdp_pass(ctx);
 }
 

@@ -33,16 +33,8 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	}
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
-	fast_monitor(skb, 0, 0, reason, f.slot, skb->len, f.v6, f.proto, f.l3, f.sport, f.dport);
-	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE) {
-		fast_count(0, reason, f.slot, skb->len);
+	if (cz_fast_end_f(skb, 0, 0, reason, &f, skb->len, data_end, &to))
 		return CZ_TC_DROP;
-	}
-	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {
-		fast_count(0, CZ_DROP_MALFORMED, f.slot, skb->len);
-		return CZ_TC_DROP;
-	}
-	fast_count(0, reason, f.slot, skb->len);
 	return cz_route_in(skb, f.v6); /* host routing, or the stack */
 }
 

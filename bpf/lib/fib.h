@@ -151,6 +151,7 @@ static __always_inline int cz_fib4_cached(struct __sk_buff *skb, struct bpf_fib_
 		fib->ipv4_dst = s->nh;
 		fib->mtu_result = s->mtu;
 		rc = s->rc;
+		/* the kernel's answer, not cz_too_big (route.h): the frame, its slack, any GSO */
 		if (rc == BPF_FIB_LKUP_RET_SUCCESS && skb->len > s->mtu + CZ_FWD_SLACK &&
 		    !skb->gso_size)
 			rc = BPF_FIB_LKUP_RET_FRAG_NEEDED;

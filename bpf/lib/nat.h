@@ -8,7 +8,7 @@
  * checksums (a UDP checksum of 0 means "none" and stays 0; a result of 0 is written 0xffff);
  * ICMPv4 and SCTP checksums do not cover the IP header. The embedded packet of an ICMP error is
  * rewritten with direct writes in both program types: ICMP checksums are never offloaded. The
- * fast and the full paths call the same rewrites (fast_nat_skb, nat_xdp, nat_skb say how).
+ * fast and the full paths call the same rewrites (the fast paths' in cz_fast_end, account.h).
  */
 #ifndef COZYEBPF_NAT_H
 #define COZYEBPF_NAT_H
@@ -243,13 +243,6 @@ static __always_inline int nat_skb(struct __sk_buff *skb, struct pkt *p, void *d
 		return nat_skb_addr(skb, l3, data_end, 1, off >= 0, p->l4_off + off, p->proto,
 				    is_dst, to);
 	return nat_skb_addr(skb, l3, data_end, 0, off >= 0, p->l4_off + off, p->proto, is_dst, to);
-}
-
-/* tc, the fast paths: the rewrite (nat_skb_addr) of what the fast parse found. */
-static __always_inline int fast_nat_skb(struct __sk_buff *skb, struct cz_fast *f, void *data_end,
-					int is_dst, const struct ip6 *to)
-{
-	return nat_skb_addr(skb, f->l3, data_end, f->v6, 1, f->csum_off, f->proto, is_dst, to);
 }
 
 #endif

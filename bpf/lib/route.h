@@ -29,6 +29,18 @@ static long (*cz_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, 
  */
 #define CZ_HR_GSO_HDRS 120
 
+/*
+ * The one MTU check of the programs that hand a packet to a device themselves (host routing,
+ * pod_route6, to_lb4): is the packet of `skb`, `ip_len` bytes from its IP header on, too big
+ * for a device of MTU `mtu`? A GSO packet by its segments (gso_size and CZ_HR_GSO_HDRS), any
+ * other by its length. (The FIB cache's FRAG_NEEDED, fib.h, is another question: the kernel's
+ * own.)
+ */
+static __always_inline int cz_too_big(struct __sk_buff *skb, __u32 ip_len, __u32 mtu)
+{
+	return skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS > mtu : ip_len > mtu;
+}
+
 /* Does the IPv6 packet `ip6` (of `skb`) fit a device of MTU `mtu`, with a hop to go? */
 static __always_inline int cz_hr_fits6(struct __sk_buff *skb, struct ipv6hdr *ip6, __u32 mtu)
 {
@@ -36,7 +48,7 @@ static __always_inline int cz_hr_fits6(struct __sk_buff *skb, struct ipv6hdr *ip
 
 	if (ip6->hop_limit <= 1)
 		return 0;
-	return skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS <= mtu : len <= mtu;
+	return !cz_too_big(skb, len, mtu);
 }
 
 static __always_inline int cz_host_route(struct __sk_buff *skb, int v6, struct bpf_fib_lookup *fib)
@@ -44,7 +56,7 @@ static __always_inline int cz_host_route(struct __sk_buff *skb, int v6, struct b
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct bpf_redir_neigh nh = {};
-	__u32 mtu = fib->mtu_result, len;
+	__u32 mtu = fib->mtu_result;
 
 	if (v6) {
 		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
@@ -60,8 +72,7 @@ static __always_inline int cz_host_route(struct __sk_buff *skb, int v6, struct b
 
 		if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
 			return CZ_TC_NEXT;
-		len = bpf_ntohs(ip->tot_len);
-		if (skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS > mtu : len > mtu)
+		if (cz_too_big(skb, bpf_ntohs(ip->tot_len), mtu))
 			return CZ_TC_NEXT;
 		/* the kernel's ip_decrease_ttl: the checksum follows the TTL's byte */
 		check = ip->check;

@@ -36,7 +36,7 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 	struct cz_fast f = {};
 	struct ip6 pod = {}, client = {}, to;
 	__u32 reason;
-	int rc, too_big;
+	int rc, too_big, drop;
 
 	if (!c || !(c->flags & CZ_CFG_POD_DEVICES))
 		return CZ_TC_NEXT;
@@ -66,27 +66,22 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 	reason = fast_ingress(data, data_end, skb->len, &f, &to);
 	if (reason == CZ_SLOW || reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
-	fast_monitor(skb, 0, 0, reason, f.slot, skb->len, 0, f.proto, f.l3, f.sport, f.dport);
-	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE) {
-		fast_count(0, reason, f.slot, skb->len);
-		return CZ_TC_DROP;
-	}
+	drop = reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE;
 	/*
 	 * Larger than the pod's device (Kube-OVN's ovn0 under a larger uplink; the device would
 	 * drop it, the ToR bring it back as a martian): the node is told the path's MTU, as the
-	 * stack tells it when a route's device is too small. Nothing is recorded or translated.
-	 * (No TTL here: the node sent it, or forwarded it already, and counted that hop then.)
+	 * stack tells it when a route's device is too small. Nothing is recorded, translated,
+	 * counted or shown to a monitor (which shows a frame under the reason it is counted
+	 * under). (No TTL here: the node sent it, or forwarded it already, and counted that hop
+	 * then.)
 	 */
-	if (too_big || (skb->gso_size ? skb->gso_size + CZ_HR_GSO_HDRS > fib.mtu_result
-				      : skb->len > fib.mtu_result + sizeof(struct ethhdr)))
+	if (!drop && (too_big || cz_too_big(skb, skb->len - sizeof(struct ethhdr), fib.mtu_result)))
 		return cz_frag_needed4(skb, ip->daddr, fib.mtu_result);
 	/* only what the pod's filter let in: the flow admits what the client sends as well */
-	flow_record(0, &pod, &client, f.dport, f.sport, f.proto, 0, f.tcp_flags, 1);
-	if (f.rewrite && fast_nat_skb(skb, &f, data_end, 1, &to) < 0) {
-		fast_count(0, CZ_DROP_MALFORMED, f.slot, skb->len);
+	if (!drop)
+		flow_record(0, &pod, &client, f.dport, f.sport, f.proto, 0, f.tcp_flags, 1);
+	if (cz_fast_end_f(skb, 0, 0, reason, &f, skb->len, data_end, &to))
 		return CZ_TC_DROP;
-	}
-	fast_count(0, reason, f.slot, skb->len);
 	nh.nh_family = CZ_AF_INET;
 	nh.ipv4_nh = fib.ipv4_dst; /* the FIB's next hop for the pod IP */
 	return cz_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);

@@ -32,9 +32,12 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
+from cozyebpf.datapath import layout
 from cozyebpf.datapath.attach import detach_all
 from cozyebpf.datapath.bpf import BpfDatapath
+from cozyebpf.datapath.layout import be16
 from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.explain import explain
 from cozyebpf.model import build_state
 from cozyebpf.state import diff
@@ -551,11 +554,23 @@ def test_node_to_lb_ip_too_big_for_the_vm_link_gets_frag_needed(
     egress (to_lb4). Larger than that device (1400 under a 1500-byte uplink), it would vanish
     there: the node's stack gets ICMP fragmentation-needed instead and lowers the path MTU of
     the LB IP (the next such send says EMSGSIZE, as TCP's segments then fit); a datagram that
-    fits arrives translated, whole."""
+    fits arrives translated, whole. A running monitor sees only the one translated (the
+    too-big one was neither translated nor counted; before issue 37 it showed as translated)."""
+    from cozyebpf.monitor import RingBuffer
+
     lab = node.lab
     node.host_routing(on)
     lab.ip(lab.node, "route", "add", f"{LB_WHOLE}/32", "via", CLIENT_IP, "dev", UPLINK)
     rx = lab.packet_socket(lab.pod_ns(POD1), "eth0")
+    maps = node.dp.maps
+    assert maps is not None
+    ring = RingBuffer(maps.fds[maps.layout.events.name], maps.layout.events.max_entries)
+    ring.skip()
+    maps.set_monitor(layout.MON_ALL, 1, 10**15)
+
+    def shown() -> list[tuple[str, int]]:  # the monitor's events of the datagrams to port 4444
+        events = [layout.CzEvent.from_buffer_copy(r) for r in ring.records()]
+        return [(REASONS[e.reason], e.len) for e in events if e.dport == be16(4444)]
 
     def send(size: int) -> str:
         def run() -> str:
@@ -577,6 +592,7 @@ def test_node_to_lb_ip_too_big_for_the_vm_link_gets_frag_needed(
                  2.0, "the path MTU of the LB IP learned from fragmentation-needed")  # fmt: skip
         assert send(1420) == os.strerror(errno.EMSGSIZE)
         assert [Ether(f) for f in capture(rx, 0.3)] == [], "the too-big datagram reached the VM"
+        assert shown() == [], "the too-big datagram was shown to the monitor"
         assert send(1400 - 28) == "sent"
         got = [Ether(f) for f in capture(rx, 0.5)]
         got = [p for p in got if UDP in p and p[UDP].dport == 4444]
@@ -584,7 +600,10 @@ def test_node_to_lb_ip_too_big_for_the_vm_link_gets_frag_needed(
         assert len(got[0][IP]) == 1400 and got[0][IP].dst == POD1.ip
         # (its UDP checksum is the node's partial one: the veth passes checksum offload on)
         assert bytes(got[0][UDP].payload) == b"z" * (1400 - 28)
+        assert shown() == [("nat_ingress", 14 + 1400)]
     finally:
+        maps.set_monitor(layout.MON_OFF)
+        ring.close()
         rx.close()
         lab.ip(lab.node, "route", "del", f"{LB_WHOLE}/32")
         lab.exec(lab.node, "ip", "route", "flush", "cache")
