@@ -7,7 +7,6 @@ tenant's."""
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from cozylab.cluster.api import (
     service_object,
 )
 from cozylab.cluster.rows import Case, Check, Group
-from cozylab.cluster.scenarios.migration import tcp_ack
+from cozylab.cluster.scenarios.migration import acks_from_outside
 from cozylab.cluster.spec import CLIENT_IP, NODES, OUTSIDE_IP, Workload, node_ip, node_name
 from cozylab.kubecp import KubeError, path_of
 from cozylab.netns import wait_for
@@ -133,22 +132,11 @@ def source_ranges(lab: ClusterLab) -> Check:
     api, w = lab.api, lab.workloads[RANGED]
     assert api is not None and w.lb_ip is not None
     lb = w.lb_ip
-
-    def drops() -> int:
-        return sum(lab.agents.counted("drop_source").values())
-
     try:
         api.put_service(w, loadBalancerSourceRanges=[f"{CLIENT_IP}/32"])
         lab.sync_agents()
         seen = lab.check("tcp", lab.client, lb, 80, CLIENT_IP)
-        before = drops()
-        with lab.lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_RAW, 6) as raw:
-            raw.bind((OUTSIDE_IP, 0))
-            for i in range(3):
-                raw.sendto(tcp_ack(OUTSIDE_IP, lb, 42000 + i, 80), (lb, 0))
-        with contextlib.suppress(TimeoutError):
-            wait_for(lambda: drops() - before >= 3, 2, "drops")
-        dropped = drops() - before
+        dropped = acks_from_outside(lab, lb, 42000)
     finally:
         api.put_service(w)
         lab.sync_agents()

@@ -57,6 +57,24 @@ def tcp_ack(src: str, dst: str, sport: int, dport: int) -> bytes:
     return hdr[:16] + struct.pack("!H", ~total & 0xFFFF) + hdr[18:]
 
 
+def acks_from_outside(lab: ClusterLab, lb: str, first_port: int) -> int:
+    """Three TCP segments with ACK alone (they open nothing) from OUTSIDE_IP to `lb`:80, sent
+    raw from the client's namespace; how many more drop_source the agents counted within 2 s
+    (3 when the LB IP's source ranges hold them off)."""
+
+    def drops() -> int:
+        return sum(lab.agents.counted("drop_source").values())
+
+    before = drops()
+    with lab.lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_RAW, 6) as raw:
+        raw.bind((OUTSIDE_IP, 0))
+        for i in range(3):
+            raw.sendto(tcp_ack(OUTSIDE_IP, lb, first_port + i, 80), (lb, 0))
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: drops() - before >= 3, 2, "drops")
+    return drops() - before
+
+
 def _event_keys(events: list[dict[str, Any]]) -> set[tuple[str, int]]:
     """(uid, count) of each Event: a new Event, or a repeat of one, is not among them."""
     return {(e["metadata"]["uid"], e.get("count", 1)) for e in events}
@@ -206,21 +224,10 @@ class Migration:
         assert api is not None
         errors: list[str] = []
         dropped = 0
-
-        def drops() -> int:
-            return sum(lab.agents.counted("drop_source").values())
-
         try:
             api.put_service(self.w, loadBalancerSourceRanges=[f"{CLIENT_IP}/32"])
             lab.sync_agents()
-            before = drops()
-            with lab.lab.ns_socket(lab.client, socket.AF_INET, socket.SOCK_RAW, 6) as raw:
-                raw.bind((OUTSIDE_IP, 0))
-                for i in range(3):
-                    raw.sendto(tcp_ack(OUTSIDE_IP, lb, 41000 + i, 80), (lb, 0))
-            with contextlib.suppress(TimeoutError):
-                wait_for(lambda: drops() - before >= 3, 2, "drops")
-            dropped = drops() - before
+            dropped = acks_from_outside(lab, lb, 41000)
         except (TimeoutError, RuntimeError, OSError) as e:
             errors.append(str(e))
         finally:
