@@ -44,17 +44,17 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 	/* the flood's path: an ending of its own for each drop, every index a constant */
 	if (reason == CZ_DROP_PORT) {
 		cz_fast_end(ctx, 1, 0, CZ_DROP_PORT, v->in_slot, data_end - data, 0, proto, ip,
-			    sport, dport, c, 0, 0, data_end, NULL);
+			    sport, dport, c, 0, 0, data_end, NULL, 0);
 		return XDP_DROP;
 	}
 	if (reason == CZ_DROP_SOURCE) {
 		cz_fast_end(ctx, 1, 0, CZ_DROP_SOURCE, v->in_slot, data_end - data, 0, proto, ip,
-			    sport, dport, c, 0, 0, data_end, NULL);
+			    sport, dport, c, 0, 0, data_end, NULL, 0);
 		return XDP_DROP;
 	}
 	/* (not an LB IP: sent to the pod IP directly, passed as it is) */
-	cz_fast_end(ctx, 1, 0, reason, v->in_slot, data_end - data, 0, proto, ip, sport, dport, c,
-		    0, v->kind & CZ_K_LB, data_end, (struct ip6 *)&pod);
+	cz_fast_end_d(ctx, 1, 0, reason, 0, v->in_slot, data_end - data, 0, proto, ip, sport, dport,
+		      c, 0, v->kind & CZ_K_LB, data_end, NULL, pod);
 	return cz_xdp_pass(ctx);
 }
 

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import selectors
 import socket
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +43,16 @@ def describe(e: BaseException) -> str:
 
 def _longest_gap(times: Sequence[float]) -> float:
     return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def tcp_state(sock: socket.socket) -> tuple[float, int]:
+    """(the retransmission timeout in seconds, the retransmissions so far) of a connected TCP
+    socket, as the kernel keeps them (struct tcp_info: tcpi_rto in microseconds at offset 8,
+    tcpi_total_retrans at offset 100)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    (rto,) = struct.unpack_from("=I", info, 8)
+    (total_retrans,) = struct.unpack_from("=I", info, 100)
+    return rto / 1e6, total_retrans
 
 
 @dataclass
@@ -88,6 +99,10 @@ class TcpChat(_Connection):
 
     interval: float = 0.02
     echoes: list[tuple[float, str]] = field(default_factory=list)
+    #: the connection's retransmission timeout (s) after each round, beside `echoes`
+    rtos: list[float] = field(default_factory=list)
+    #: the retransmissions this side made, when the thread ended
+    retransmissions: int = 0
 
     @property
     def rounds(self) -> int:
@@ -110,14 +125,24 @@ class TcpChat(_Connection):
                 if buf != line and (not sep or rest != line):
                     raise ValueError(f"the answer to {line!r} was {buf!r}")
                 self.echoes.append((time.monotonic(), peer.decode() if sep else ""))
+                self.rtos.append(tcp_state(sock)[0])
                 self._stop.wait(self.interval)
         except (OSError, ValueError) as e:
             self.error = describe(e)
         finally:
+            with contextlib.suppress(OSError):
+                self.retransmissions = tcp_state(sock)[1]
             sock.close()
 
     def longest_pause(self) -> float:
         return _longest_gap([t for t, _ in self.echoes])
+
+    def longest_pause_and_rto(self) -> tuple[float, float]:
+        """The longest pause between two rounds and the retransmission timeout the kernel had
+        for the connection when it began (a segment lost then is sent again that much later)."""
+        pairs = itertools.pairwise(self.echoes)
+        gaps = [(b[0] - a[0], rto) for (a, b), rto in zip(pairs, self.rtos, strict=False)]
+        return max(gaps, default=(0.0, 0.0))
 
     def after(self, t: float) -> int:
         """Rounds completed after monotonic time `t`."""
