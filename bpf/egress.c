@@ -15,6 +15,7 @@
 #include "lib/account.h"
 #include "lib/cluster.h"
 #include "lib/flow.h"
+#include "lib/limit.h"
 #include "lib/lookup.h"
 #include "lib/nat.h"
 #include "lib/stats.h"
@@ -35,14 +36,18 @@ static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *da
 	struct cz_fast f = {};
 	int bad = v6 ? fast_check6(&f, l3, data, data_end, skb->len)
 		     : fast_check4(&f, l3, data, data_end, skb->len);
+	__u32 reason = CZ_NAT_EGRESS;
 
 	if (cz_unlikely(bad < 0))
 		return CZ_SLOW;
-	if (pod_flags & CZ_F_FLOWS) /* (IPv4: a[0] of each address only) */
+	/* over the Service's egress limit (limit.h): policed, nothing recorded */
+	if (cz_unlikely(pod_flags & CZ_F_LIMIT) && cz_over_limit(1, slot, skb->len, 1, 0))
+		reason = CZ_DROP_LIMIT;
+	else if (pod_flags & CZ_F_FLOWS) /* (IPv4: a[0] of each address only) */
 		flow_record(v6, l3 + src, l3 + dst, f.sport, f.dport, f.proto, 0, f.tcp_flags, 1);
 	f.slot = slot;
 	f.rewrite = 1;
-	if (cz_fast_end_f(skb, 0, 1, CZ_NAT_EGRESS, &f, skb->len, data_end, lb))
+	if (cz_fast_end_f(skb, 0, 1, reason, &f, skb->len, data_end, lb))
 		return CZ_TC_DROP;
 	return CZ_TC_NEXT;
 }
@@ -317,7 +322,9 @@ static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 	/* the flags byte here only: read in the shared parse, each full path verified 1-3 % more */
 	if (flow && p.proto == IPPROTO_TCP)
 		bpf_skb_load_bytes(skb, p.l4_off + 13, &p.tcp_flags, 1);
-	rc = slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow);
+	/* its egress limit at the end (slow_end), before the flow is recorded */
+	rc = slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow,
+			 e.pod_flags & CZ_F_LIMIT);
 	if (pod_side && rc == CZ_TC_NEXT && !p.v6 && lookup_addr(0, &p.dst, &d) &&
 	    (d.kind & CZ_K_LB))
 		return CZ_TC_PASS; /* to a managed LB IP: as pod_next4 */

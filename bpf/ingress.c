@@ -12,6 +12,7 @@
 #include "lib/account.h"
 #include "lib/cluster.h"
 #include "lib/ingress.h"
+#include "lib/limit.h"
 #include "lib/nat.h"
 #include "lib/tail.h"
 
@@ -52,6 +53,12 @@ static __always_inline int fast_xdp4(struct xdp_md *ctx, void *data, void *data_
 			    sport, dport, c, 0, 0, data_end, NULL, 0);
 		return XDP_DROP;
 	}
+	if (cz_unlikely(v->flags & CZ_F_LIMIT) &&
+	    cz_over_limit(0, v->in_slot, data_end - data, 1, 0)) {
+		cz_fast_end(ctx, 1, 0, CZ_DROP_LIMIT, v->in_slot, data_end - data, 0, proto, ip,
+			    sport, dport, c, 0, 0, data_end, NULL, 0);
+		return XDP_DROP;
+	}
 	/* (not an LB IP: sent to the pod IP directly, passed as it is) */
 	cz_fast_end_d(ctx, 1, 0, reason, 0, v->in_slot, data_end - data, 0, proto, ip, sport, dport,
 		      c, 0, v->kind & CZ_K_LB, data_end, NULL, pod);
@@ -77,7 +84,7 @@ static __always_inline int ingress6(struct xdp_md *ctx, void *data, void *data_e
 	__u32 reason = CZ_SLOW;
 
 	if (ip6)
-		reason = fast_ingress6(data, data_end, data_end - data, ip6, &f, &to);
+		reason = fast_ingress6(data, data_end, data_end - data, 1, ip6, &f, &to);
 	if (reason == CZ_SLOW)
 		return ingress_slow(ctx, data, data_end);
 	if (reason == CZ_NOT_OURS)

@@ -23,7 +23,7 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	cz_tc_pull(skb);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	reason = fast_ingress(data, data_end, skb->len, &f, &to);
+	reason = fast_ingress(data, data_end, skb->len, cz_tc_segs(skb), &f, &to);
 	if (reason == CZ_SLOW) {
 		if (fast_outside(data, data_end))
 			cz_tail_tc.call(skb, CZ_OUTSIDE_INGRESS_TC);

@@ -111,6 +111,7 @@ class Agent:
         unverified: Sequence[str] = (),
         local: LocalAddresses | None = None,
         reserved_cidrs: Sequence[IPNetwork] = (),
+        guard_pps: int | None = None,
     ) -> None:
         self.source = source
         #: this node's addresses, followed in the kernel (None: not checked, for tests)
@@ -127,7 +128,11 @@ class Agent:
         self.clock = clock  # monotonic seconds, for every timer (tests drive their own)
         self.controller = Controller(datapath)
         self.model = IncrementalModel(
-            proxy_name, datapath.capacity(), clock=clock, reserved_cidrs=reserved_cidrs
+            proxy_name,
+            datapath.capacity(),
+            clock=clock,
+            reserved_cidrs=reserved_cidrs,
+            guard_pps=guard_pps,
         )
         self.resync_interval = resync_interval
         self.on_problems = on_problems

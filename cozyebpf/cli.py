@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from cozyebpf import __version__
-from cozyebpf.config import RunConfig
+from cozyebpf.config import DEFAULT_GUARD, RunConfig
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, LAYOUT_VERSION, OLDEST_COMPATIBLE
 from cozyebpf.datapath.maps import DEFAULT_PIN_DIR
 from cozyebpf.errors import CozyError, PermanentError
@@ -347,6 +347,15 @@ def main() -> None:
     "the stack. auto: on where pod-facing hooks are attached (--pod-devices; a Cozystack node, "
     "where it was measured), else off (README, Host routing).",
 )
+@click.option(
+    "--guard-packet-rate",
+    default=DEFAULT_GUARD,
+    show_default=True,
+    help="The node's guard: packets per second into each Service's LB IPs, dropped at XDP "
+    "above it, for every Service that sets no networking.cozystack.io/ingressPacketRate of its "
+    "own (a flood to one VM is cut before the node does any work for it). A number with an "
+    "optional k, M, G suffix; 0: no guard (README, Limits per public IP).",
+)
 # (longer than 80 lines with its docstring, which is the command's --help: the steps are
 # functions of their own)
 def run(**options: Any) -> None:
@@ -381,6 +390,7 @@ def run(**options: Any) -> None:
     try:
         _stop_on_signals(stop, safe, wake)  # inside: a stop from now on lands in `except`
         reserved_cidrs = cfg.reserved_networks()
+        guard_pps = cfg.guard_pps()
         devs = resolve_devices(cfg.devices)
         pod_devs = resolve_pod_devices(cfg.pod_devices, devs)
         node = cfg.node_name or socket.gethostname()
@@ -407,6 +417,7 @@ def run(**options: Any) -> None:
             unverified=unverified,
             local=local,
             reserved_cidrs=reserved_cidrs,
+            guard_pps=guard_pps,
         )
         wake.append(agent.notify)
         local.start()

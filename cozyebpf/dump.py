@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cozyebpf.state import IPAddress, MapState, address_key
+from cozyebpf.model.limits import describe
+from cozyebpf.state import IPAddress, Limits, MapState, address_key
 
 if TYPE_CHECKING:
     from cozyebpf.datapath.views import ServiceCounters
@@ -32,12 +33,15 @@ def build_dump(
     service_counters: Sequence[ServiceCounters] = (),
     flow_entries: Sequence[Mapping[str, Any]] = (),
     flow_timeouts: Mapping[str, float] | None = None,
+    limits: Mapping[str, tuple[Limits, Mapping[str, float]]] | None = None,
 ) -> dict[str, Any]:
     """JSON-ready dump. Services are sorted by LB IP and pods by pod IP, IPv4 before IPv6;
     ports as "tcp/22", sorted by protocol number and port; `service` names the Service an
     address counts for (null: none); the per-Service counters by Service, drops by reason
     (those that counted any); `source_ranges` of a Service's pod (null: every source); the
-    flows with their age in seconds (`flow_entries`, as FlowEntry.as_dict) and the timeouts."""
+    flows with their age in seconds (`flow_entries`, as FlowEntry.as_dict) and the timeouts;
+    each Service's limits with the share of each bucket's burst left (`limits`, as
+    PinnedMaps.limits gives them)."""
     flows_by_pod = flows_by_pod or {}
     ports_by_pod: dict[IPAddress, list[str]] = {}
     for a in sorted(state.allowed):
@@ -74,6 +78,17 @@ def build_dump(
         "flow_timeouts": dict(flow_timeouts or {}),
         "flow_entries": list(flow_entries),
         "counters": {k: dict(v) for k, v in (counters or {}).items()},
+        "limits": [
+            {
+                "service": svc,
+                "ingress_bits_per_second": lim.ingress_bps,
+                "ingress_packets_per_second": lim.ingress_pps,
+                "egress_bits_per_second": lim.egress_bps,
+                "guard": lim.guard,
+                "burst_left": {k: round(v, 3) for k, v in left.items()},
+            }
+            for svc, (lim, left) in sorted((limits or {}).items())
+        ],
         "service_counters": [
             {
                 "service": c.service,
@@ -126,8 +141,36 @@ def render_dump(d: Mapping[str, Any]) -> str:
         )
     out += _render_services(d)
     out += _render_flows(d)
+    out += _render_limits(d)
     out += _render_counters(d)
     return "\n".join(out)
+
+
+def _render_limits(d: Mapping[str, Any]) -> list[str]:
+    """Each Service's limits and how much of each bucket's burst is left."""
+    rows = d.get("limits", [])
+    if not rows:
+        return []
+    out = [f"limits ({len(rows)}):"]
+    out += _indented(
+        ["SERVICE", "LIMITS", "BURST LEFT"],
+        [
+            (
+                r["service"],
+                describe(
+                    Limits(
+                        r["ingress_bits_per_second"],
+                        r["egress_bits_per_second"],
+                        r["ingress_packets_per_second"],
+                        r["guard"],
+                    )
+                ),
+                ", ".join(f"{k} {v:.0%}" for k, v in r["burst_left"].items()) or "-",
+            )
+            for r in rows
+        ],
+    )
+    return out
 
 
 def _render_services(d: Mapping[str, Any]) -> list[str]:
@@ -245,4 +288,5 @@ def dump_pinned(pin_dir: str) -> dict[str, Any]:
             m.service_counters(),
             [e.as_dict(now) for e in flows],
             m.flow_timeouts(),
+            m.limits(),
         )

@@ -27,8 +27,9 @@ from cozyebpf.datapath.layout import DRY_MAGIC, DryRes
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import REASONS
 from cozyebpf.errors import CozyError
+from cozyebpf.model.limits import describe
 from cozyebpf.monitor import proto_name
-from cozyebpf.state import IPAddress
+from cozyebpf.state import IPAddress, Limits
 
 PROTOS = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "icmpv6": 58}
 PORTED = (6, 17, 132)
@@ -219,6 +220,7 @@ def _hint(
     dport: int | None,
     leaves: tuple[str, str, int | None, int | None],
     refused: str | None = None,
+    limits: Limits | None = None,
 ) -> str:
     svc = service or "its Service"
     name = proto_name(proto)
@@ -258,6 +260,15 @@ def _hint(
             f"the packet claims the pod IP of {svc} but did not come from the device that IP is "
             "routed to: only that pod may send as it (a spoofed source, or a route that sends "
             "the pod's traffic back another way)"
+        )
+    if reason == "drop_limit":
+        said = describe(limits) if limits is not None else "its limits"
+        kind = "ingress" if direction == "ingress" else "egress"
+        return (
+            f"over the {kind} limit of {svc} ({said}): its bucket is empty now, so packets "
+            "beyond the rate are dropped until it refills (networking.cozystack.io/"
+            "ingressBandwidth, ingressPacketRate, egressBandwidth; the node's "
+            "--guard-packet-rate where the Service sets no packet rate)"
         )
     if reason == "drop_missed_tail_call":
         return (
@@ -403,7 +414,10 @@ def explain(
             refused = None
             if reason is None and direction == "ingress":
                 refused = reserved_why(dst, agent_address)
-            hint = _hint(reason, service, direction, src, dst, proto, dport, leaves, refused)
+            limits = maps.limits().get(service, (None, {}))[0] if service else None
+            hint = _hint(
+                reason, service, direction, src, dst, proto, dport, leaves, refused, limits
+            )
             path = "" if run.drop else _path(maps, a, direction, src.version == 6, in_device)
     finally:
         os.close(fd)

@@ -65,6 +65,30 @@ class Proto(enum.IntEnum):
     SCTP = 132
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A Service's limits (issue 38; None: no limit of that kind): bits per second into its LB
+    IPs and out of its pod, packets per second into its LB IPs. `guard`: the packet rate is
+    the node's guard (`--guard-packet-rate`), not the Service's own. The datapath enforces them
+    per Service slot (bpf/lib/limit.h; the buckets' arithmetic: cozyebpf/datapath/buckets.py)."""
+
+    ingress_bps: int | None = None
+    egress_bps: int | None = None
+    ingress_pps: int | None = None
+    guard: bool = False
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.ingress_bps, self.egress_bps, self.ingress_pps))
+
+    @property
+    def ingress(self) -> bool:
+        """Is anything coming in limited?"""
+        return self.ingress_bps is not None or self.ingress_pps is not None
+
+
+NO_LIMITS = Limits()
+
+
 @functools.total_ordering
 @dataclass(frozen=True, slots=True)
 class ServiceEntry:
@@ -79,6 +103,8 @@ class ServiceEntry:
     service: str = field(default="", compare=False)
     #: the pod is migrating: TCP that opens nothing passes its filter (bpf/lib/types.h, CZ_F_LEARN)
     learning: bool = False
+    #: its Service limits what comes in (MapState.limits; bpf/lib/types.h, CZ_F_LIMIT)
+    limited: bool = False
 
     def __post_init__(self) -> None:
         _check_address("ServiceEntry", "pod_ip", self.pod_ip)
@@ -88,8 +114,11 @@ class ServiceEntry:
         """The address family (4 or 6)."""
         return self.pod_ip.version
 
-    def _key(self) -> tuple[tuple[int, int], bool, bool, bool]:
-        return (address_key(self.pod_ip), self.port_filter, self.allow_icmp, self.learning)
+    def _key(self) -> tuple[tuple[int, int], bool, bool, bool, bool]:
+        return (
+            address_key(self.pod_ip), self.port_filter, self.allow_icmp, self.learning,
+            self.limited,
+        )  # fmt: skip
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, ServiceEntry):
@@ -111,6 +140,8 @@ class PodEntry:
     service: str = field(default="", compare=False)
     #: the pod is migrating: TCP that opens nothing passes its filter (bpf/lib/types.h, CZ_F_LEARN)
     learning: bool = False
+    #: its Service limits what goes out (MapState.limits; bpf/lib/types.h, CZ_F_LIMIT)
+    limited: bool = False
 
     def __post_init__(self) -> None:
         _check_address("PodEntry", "lb_ip", self.lb_ip)
@@ -120,8 +151,11 @@ class PodEntry:
         """The address family (4 or 6)."""
         return self.lb_ip.version
 
-    def _key(self) -> tuple[tuple[int, int], bool, bool, bool]:
-        return (address_key(self.lb_ip), self.port_filter, self.allow_icmp, self.learning)
+    def _key(self) -> tuple[tuple[int, int], bool, bool, bool, bool]:
+        return (
+            address_key(self.lb_ip), self.port_filter, self.allow_icmp, self.learning,
+            self.limited,
+        )  # fmt: skip
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, PodEntry):
@@ -189,10 +223,10 @@ def _raise_mixed(what: str, errors: list[str]) -> None:
         )
 
 
-#: The MapState fields that map an address to a value: MapDiff has `<field>_set` (entries to
-#: add or modify) and `<field>_del` (keys to delete) for each. `allowed`, a set, has
-#: `allowed_add` and `allowed_del`.
-KEYED = ("services", "pods", "ranges")
+#: The MapState fields that map a key (an address; a Service's "namespace/name" for limits) to
+#: a value: MapDiff has `<field>_set` (entries to add or modify) and `<field>_del` (keys to
+#: delete) for each. `allowed`, a set, has `allowed_add` and `allowed_del`.
+KEYED = ("services", "pods", "ranges", "limits")
 
 
 @dataclass
@@ -208,6 +242,9 @@ class MapState:
     #: pods that accept only some sources (loadBalancerSourceRanges): pod IP -> the networks
     #: (empty: no source at all); a pod without an entry accepts every source
     ranges: dict[IPAddress, Ranges] = field(default_factory=dict)
+    #: the Services with limits ("namespace/name" -> Limits), each with entries here that
+    #: carry `limited`
+    limits: dict[str, Limits] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.check()
@@ -221,7 +258,10 @@ class MapState:
         _raise_mixed("the map state", self.family_errors())
 
     def copy(self) -> MapState:
-        return MapState(dict(self.services), dict(self.pods), set(self.allowed), dict(self.ranges))
+        return MapState(
+            dict(self.services), dict(self.pods), set(self.allowed), dict(self.ranges),
+            dict(self.limits),
+        )  # fmt: skip
 
     def apply(self, d: MapDiff) -> None:
         """Apply `d` in place, in the order a datapath writes it (`MapDiff`): allowed ports
@@ -271,6 +311,8 @@ class MapDiff:
     allowed_del: set[AllowedPort] = field(default_factory=set)
     ranges_set: dict[IPAddress, Ranges] = field(default_factory=dict)  # a pod's sources, whole
     ranges_del: set[IPAddress] = field(default_factory=set)  # pods that accept every source
+    limits_set: dict[str, Limits] = field(default_factory=dict)  # a Service's limits, whole
+    limits_del: set[str] = field(default_factory=set)  # Services without limits
 
     def __post_init__(self) -> None:
         self.check()

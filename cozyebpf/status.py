@@ -25,6 +25,7 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import monitor_running, read_pinned_meta
 from cozyebpf.dump import mode_name, render_refused
 from cozyebpf.errors import CozyError
+from cozyebpf.model.limits import describe
 
 if TYPE_CHECKING:
     from cozyebpf.agent import Agent
@@ -134,6 +135,7 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
         slots = maps.service_counters()
         entries = maps.entries()
         uplinks, pod_devices = maps.node_config()
+        limits = maps.limits()
         out["node"] = {
             "uplinks": [_device_name(i) for i in uplinks],
             "pod_devices": pod_devices,  # the pod-facing hooks and their paths are on
@@ -167,6 +169,18 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
     )
     out["top_dropping_services"] = [{"service": s, "packets": n} for s, n in by_service[:TOP]]
     out["maps"] = {name: {"entries": n, "capacity": cap} for name, (n, cap) in entries.items()}
+    # egress limits are policed (dropped over the rate where the pod's packet is translated):
+    # cozyebpf shapes nothing (README, Limits per public IP)
+    out["limits"] = [
+        {
+            "service": svc,
+            "limits": describe(lim),
+            "guard_only": lim.guard and lim.ingress_bps is None and lim.egress_bps is None,
+            "egress": "policed" if lim.egress_bps is not None else None,
+            "burst_left": {k: round(v, 3) for k, v in left.items()},
+        }
+        for svc, (lim, left) in sorted(limits.items())
+    ]
     return out
 
 
@@ -250,6 +264,15 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
         ]
         if full:
             out.append("maps 80% full or more: " + ", ".join(full))
+        lim = dp.get("limits", [])
+        own = [x for x in lim if not x["guard_only"]]
+        out.append(
+            f"limits: {len(own)} Services of their own"
+            + (f", {len(lim) - len(own)} the node's guard only" if len(lim) > len(own) else "")
+        )
+        out += [
+            f"  {x['service']}: {x['limits']}" + (" (policed)" if x["egress"] else "") for x in own
+        ]
         if dp["top_drops"]:
             out.append(
                 "top drop reasons: "

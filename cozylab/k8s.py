@@ -27,6 +27,8 @@ class Svc:
     #: the endpoint's targetRef, as the controller writes it: a Pod of the Service's namespace
     #: (None: no targetRef)
     target: dict[str, str] | None = field(default_factory=lambda: {"kind": "Pod"})
+    #: more annotations, as they are (the limits': networking.cozystack.io/ingressBandwidth...)
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 def objects(svc: Svc) -> list[dict[str, object]]:
@@ -35,6 +37,7 @@ def objects(svc: Svc) -> list[dict[str, object]]:
         ann["networking.cozystack.io/wholeIP"] = svc.whole_ip
     if svc.allow_icmp is not None:
         ann["networking.cozystack.io/allowICMP"] = svc.allow_icmp
+    ann.update(svc.annotations)
     service: dict[str, object] = {
         "apiVersion": "v1",
         "kind": "Service",

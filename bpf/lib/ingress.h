@@ -14,6 +14,7 @@
 #include "dryrun.h"
 #include "filter.h"
 #include "flow.h"
+#include "limit.h"
 #include "lookup.h"
 #include "nat.h"
 #include "parse.h"
@@ -39,7 +40,8 @@ static __always_inline int cz_is_ndp(struct pkt *p)
  * after it (account.h).
  */
 static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, struct inner *in,
-				     struct ip6 *pod, int *rewrite, __u32 *slot, int outside)
+				     struct ip6 *pod, int *rewrite, __u32 *slot, int *limited,
+				     int outside)
 {
 	struct cz_entry e = {};
 	__u32 reason;
@@ -48,6 +50,7 @@ static __always_inline __u32 ingress(struct pkt *p, void *data, void *data_end, 
 	if (!lookup_addr(p->v6, &p->dst, &e))
 		return CZ_NOT_OURS;
 	*slot = e.in_slot;
+	*limited = e.flags & CZ_F_LIMIT; /* the end checks the limits (slow_end) */
 	if (e.kind & CZ_K_LB) {
 		*rewrite = 1;
 		*pod = e.pod;
@@ -94,7 +97,7 @@ static __always_inline int ingress_full(void *ctx, int is_xdp, int outside)
 	struct inner in = {};
 	struct ip6 pod = {};
 	__u32 reason, slot = 0;
-	int rewrite;
+	int rewrite, limited = 0;
 
 	cz_dry_begin(cz_ctx_nonce(ctx, is_xdp));
 	p.frame_len = cz_ctx_len(ctx, is_xdp, data, data_end);
@@ -102,7 +105,7 @@ static __always_inline int ingress_full(void *ctx, int is_xdp, int outside)
 		slow_not_ours(ctx, is_xdp);
 		return is_xdp ? XDP_PASS : CZ_TC_NEXT;
 	}
-	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot, outside);
+	reason = ingress(&p, data, data_end, &in, &pod, &rewrite, &slot, &limited, outside);
 	if (reason == CZ_NOT_OURS) {
 		slow_not_ours(ctx, is_xdp);
 		return is_xdp ? XDP_PASS : CZ_TC_NEXT;
@@ -117,7 +120,7 @@ static __always_inline int ingress_full(void *ctx, int is_xdp, int outside)
 			reason = CZ_DROP_MALFORMED;
 	}
 	return slow_finish(ctx, is_xdp, 0, &p, reason, slot,
-			   cz_ctx_len(ctx, is_xdp, data, data_end), 0);
+			   cz_ctx_len(ctx, is_xdp, data, data_end), 0, limited);
 }
 
 /*
@@ -187,7 +190,7 @@ static __always_inline int fast_outside(void *data, void *data_end)
  * Ingress, IPv6: CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
  * f->rewrite, *to is the new destination.
  */
-static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 frame_len,
+static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 frame_len, __u32 segs,
 					   struct ipv6hdr *ip6, struct cz_fast *f, struct ip6 *to)
 {
 	struct addr6_val *v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
@@ -204,17 +207,18 @@ static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 fra
 	else
 		__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
 	if (!(v->flags & CZ_F_FLOWS))
-		return CZ_NAT_INGRESS;
+		return cz_limit_in(v->flags, f->slot, frame_len, segs, CZ_NAT_INGRESS);
 	__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
-	return fast_filter(1, v->flags, v->ports, v->nports, to, &remote, f->proto, f->sport,
-			   f->dport, f->tcp_flags);
+	return cz_limit_in(v->flags, f->slot, frame_len, segs,
+			   fast_filter(1, v->flags, v->ports, v->nports, to, &remote, f->proto,
+				       f->sport, f->dport, f->tcp_flags));
 }
 
 /*
  * Ingress (tc): CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
  * f->rewrite, *to is the new destination (IPv4: to->a[0]).
  */
-static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 frame_len,
+static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 frame_len, __u32 segs,
 					  struct cz_fast *f, struct ip6 *to)
 {
 	struct iphdr *ip = fast_ip4(data, data_end);
@@ -233,14 +237,15 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 		pod = f->rewrite ? v->pod_ip : ip->daddr;
 		to->a[0] = pod;
 		if (!(v->flags & CZ_F_FLOWS))
-			return CZ_NAT_INGRESS;
-		return fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
-				   (struct ip6 *)&ip->saddr, f->proto, f->sport, f->dport,
-				   f->tcp_flags);
+			return cz_limit_in(v->flags, f->slot, frame_len, segs, CZ_NAT_INGRESS);
+		return cz_limit_in(v->flags, f->slot, frame_len, segs,
+				   fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
+					       (struct ip6 *)&ip->saddr, f->proto, f->sport,
+					       f->dport, f->tcp_flags));
 	}
 	ip6 = fast_ip6(data, data_end);
 	if (ip6)
-		return fast_ingress6(data, data_end, frame_len, ip6, f, to);
+		return fast_ingress6(data, data_end, frame_len, segs, ip6, f, to);
 	return CZ_SLOW;
 }
 

@@ -41,6 +41,10 @@ BPF_TABLE_PINNED("array", __u32, __u64, cz_addrhint, CZ_ADDRHINT_MAX, CZ_PIN_DIR
 /* per-Service counters (stats.h), the monitor (monitor.h) and explain's dry runs (dryrun.h) */
 BPF_TABLE_PINNED("percpu_array", __u32, struct svc_stat, cz_svcstats, CZ_SVCSTATS_MAX,
 		 CZ_PIN_DIR "/svcstats");
+/* limits per Service (limit.h): what the control plane set, and the programs' buckets */
+BPF_TABLE_PINNED("array", __u32, struct cz_limit, cz_limits, CZ_SVCSTATS_MAX, CZ_PIN_DIR "/limits");
+BPF_TABLE_PINNED("array", __u32, struct cz_bucket, cz_buckets, CZ_SVCSTATS_MAX,
+		 CZ_PIN_DIR "/buckets");
 BPF_TABLE_PINNED("array", __u32, struct mon_ctl, cz_monctl, 1, CZ_PIN_DIR "/monctl");
 BPF_TABLE_PINNED("percpu_array", __u32, struct mon_stat, cz_monstats, 1, CZ_PIN_DIR "/monstats");
 BPF_TABLE_PINNED("percpu_array", __u32, struct dry_res, cz_dryrun, 1, CZ_PIN_DIR "/dryrun");

@@ -122,7 +122,8 @@ struct cz_done {
 	__u8 icmp_type; /* with flow: the ICMP type (only echo requests are recorded) */
 	__u8 frag;	/* ingress: a first fragment's verdict to record (port filter) */
 	__u8 tcp_flags; /* with flow: TCP flags (a FIN or RST marks the flow closing) */
-	__u8 pad[2];
+	__u8 limited;	/* the address carries CZ_F_LIMIT: its Service's limits apply (limit.h) */
+	__u8 pad;
 	__be32 frag_id; /* with frag: its identification */
 };
 

@@ -28,6 +28,7 @@ enum cz_reason {
 	CZ_PASS_LEARN = 17,	  /* port filter: TCP that opens nothing, to a migrating pod */
 	CZ_DROP_SPOOFED = 18, /* a managed pod IP as source, from a device it is not routed to */
 	CZ_DROP_MISSED_TAIL_CALL = 19, /* the full path a frame was handed to is not there */
+	CZ_DROP_LIMIT = 20,	       /* over its Service's limit (limit.h): ingress or egress */
 	CZ_REASON_MAX
 };
 
@@ -64,6 +65,7 @@ static __always_inline int cz_is_drop(__u32 reason)
 	case CZ_DROP_SOURCE:
 	case CZ_DROP_SPOOFED:
 	case CZ_DROP_MISSED_TAIL_CALL:
+	case CZ_DROP_LIMIT:
 		return 1;
 	}
 	return 0;
@@ -94,7 +96,7 @@ static __always_inline void cz_svc_pass(__u32 slot, int dir, __u64 bytes)
 /*
  * drops[] of a drop reason, the drop reasons in the order of their values: drop_port..
  * drop_malformed 0-3, drop_fragment..drop_source 4-7, drop_spoofed 8, drop_missed_tail_call 9
- * (counted node-wide only: no Service is known where a tail call fails, tail.h)
+ * (counted node-wide only: no Service is known where a tail call fails, tail.h), drop_limit 10
  */
 static __always_inline __u32 cz_drop_index(__u32 reason)
 {

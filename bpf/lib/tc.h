@@ -21,4 +21,10 @@ static __always_inline void cz_tc_pull(struct __sk_buff *skb)
 		bpf_skb_pull_data(skb, skb->len < CZ_PULL_LEN ? skb->len : CZ_PULL_LEN);
 }
 
+/* The packets an skb carries: a GSO (GRO) packet's segments, else 1. */
+static __always_inline __u32 cz_tc_segs(struct __sk_buff *skb)
+{
+	return skb->gso_segs > 1 ? skb->gso_segs : 1;
+}
+
 #endif

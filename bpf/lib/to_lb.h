@@ -63,7 +63,7 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 	if ((!cz_fib_forwards(rc) && !too_big) || cz_is_uplink(c, fib.ifindex))
 		return CZ_TC_NEXT;
 	/* a frame the fast decision does not take goes by the ToR (a pod here: out of reach) */
-	reason = fast_ingress(data, data_end, skb->len, &f, &to);
+	reason = fast_ingress(data, data_end, skb->len, cz_tc_segs(skb), &f, &to);
 	if (reason == CZ_SLOW || reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
 	drop = reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE;

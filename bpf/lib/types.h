@@ -28,6 +28,12 @@
  * records the flow here
  */
 #define CZ_F_LEARN 0x08
+/*
+ * flags (an LB IP): its Service has ingress limits; pod_flags (a pod IP): its Service has an
+ * egress limit. Either: the Service's slot indexes `limits` and `buckets` (limit.h). Since
+ * 0.3.0, in layout 7 still: older programs never read it.
+ */
+#define CZ_F_LIMIT 0x10
 
 /* addr4_val.kind: what the address is (both bits: an LB IP that is also some pod's IP) */
 #define CZ_K_LB 0x01  /* an LB IP: ingress translates the destination to pod_ip */
@@ -264,7 +270,7 @@ struct stat_val {
  * reason (stats.h) is counted here once more for its Service: accepted ones by direction,
  * dropped ones by reason.
  */
-#define CZ_SVC_DROPS 16 /* drops[]: cz_drop_index() of each drop reason (10 used); layout 6 */
+#define CZ_SVC_DROPS 16 /* drops[]: cz_drop_index() of each drop reason (11 used); layout 6 */
 
 struct svc_stat {
 	__u64 in_packets; /* accepted on ingress: translated or passed by the port filter */
@@ -272,6 +278,43 @@ struct svc_stat {
 	__u64 out_packets; /* translated on egress */
 	__u64 out_bytes;
 	__u64 drops[CZ_SVC_DROPS]; /* dropped packets, by cz_drop_index(reason) */
+};
+
+/*
+ * limits: array indexed by a Service's slot (as svcstats), written by the control plane: the
+ * Service's limits as GCRA buckets (limit.h; cozyebpf/model/limits.py, Bucket): `unit`, the
+ * time one byte (or packet) takes at the rate in 2^-16 ns, 0 for no such limit; `tol`, the
+ * burst's time in ns. Since 0.3.0, in layout 7 still: older agents leave the map.
+ */
+#define CZ_UNIT_SHIFT 16
+
+struct cz_gcra {
+	__u64 unit; /* 2^-16 ns per byte (or packet); 0: no limit */
+	__u64 tol;  /* ns: how far the bucket's time may run ahead of the clock */
+};
+
+struct cz_limit {
+	struct cz_gcra in_bytes;  /* ingress: bits per second (ingressBandwidth) */
+	struct cz_gcra in_pkts;	  /* ingress: packets per second (ingressPacketRate, the guard) */
+	struct cz_gcra out_bytes; /* egress: bits per second (egressBandwidth) */
+	/* user space's, which the programs never read: the rates as asked (ingress bits/s,
+	 * ingress packets/s, egress bits/s; 0: none) and 1 when in_pkts is the node's guard */
+	__u64 rates[3];
+	__u64 guard;
+};
+
+/*
+ * buckets: array indexed by the same slot, the programs' own: each bucket's time (GCRA's
+ * theoretical arrival time, bpf_ktime_get_coarse_ns() nanoseconds; 0: full), shared by every
+ * CPU. Ingress and egress on cache lines of their own (their CPUs differ). Pinned: an agent's
+ * restart or upgrade keeps them, so that no bucket starts full again.
+ */
+struct cz_bucket {
+	__u64 in_bytes; /* ingress, the bytes' time */
+	__u64 in_pkts;	/* ingress, the packets' time */
+	__u64 reserved0[6];
+	__u64 out_bytes; /* egress, the bytes' time */
+	__u64 reserved1[7];
 };
 
 /* svcnames: key __u32 slot; strings NUL-padded */

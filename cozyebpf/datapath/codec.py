@@ -23,6 +23,7 @@ from typing import NamedTuple
 from cozyebpf.datapath.layout import (
     F_ALLOW_ICMP,
     F_LEARN,
+    F_LIMIT,
     F_PORT_FILTER,
     F_RANGES,
     INLINE_PORTS,
@@ -102,19 +103,24 @@ def flags_of(e: ServiceEntry | PodEntry) -> int:
         (F_PORT_FILTER if e.port_filter else 0)
         | (F_ALLOW_ICMP if e.allow_icmp else 0)
         | (F_LEARN if e.learning else 0)
+        | (F_LIMIT if e.limited else 0)
     )
 
 
 def service_entry(addr: bytes, flags: int, service: str = "") -> ServiceEntry:
     """The ServiceEntry of an LB role: its pod IP (packed) and its flags."""
-    pf, icmp, learn = (bool(flags & f) for f in (F_PORT_FILTER, F_ALLOW_ICMP, F_LEARN))
-    return ServiceEntry(address(addr), pf, icmp, service, learn)
+    pf, icmp, learn, lim = (
+        bool(flags & f) for f in (F_PORT_FILTER, F_ALLOW_ICMP, F_LEARN, F_LIMIT)
+    )
+    return ServiceEntry(address(addr), pf, icmp, service, learn, lim)
 
 
 def pod_entry(addr: bytes, flags: int, service: str = "") -> PodEntry:
     """The PodEntry of a pod role: its LB IP (packed) and its flags."""
-    pf, icmp, learn = (bool(flags & f) for f in (F_PORT_FILTER, F_ALLOW_ICMP, F_LEARN))
-    return PodEntry(address(addr), pf, icmp, service, learn)
+    pf, icmp, learn, lim = (
+        bool(flags & f) for f in (F_PORT_FILTER, F_ALLOW_ICMP, F_LEARN, F_LIMIT)
+    )
+    return PodEntry(address(addr), pf, icmp, service, learn, lim)
 
 
 def allow_key(a: AllowedPort) -> bytes:

@@ -26,7 +26,10 @@ LAYOUT_VERSION = 7
 #: so that the previous release can run on its maps (a rollback keeps every flow); one that
 #: changes what an older agent reads or writes (a key, a value's size, a meaning) raises it to
 #: LAYOUT_VERSION. 6: layout 6 gave svcstats' values more room, which layout 5 cannot read;
-#: layout 7 only added a map (addrhint), so 6 can run on its maps.
+#: layout 7 only added a map (addrhint), so 6 can run on its maps. Since 0.3.0 layout 7 gained
+#: maps that its agents do not know and leave (tail_rare, limits, buckets) and a flag bit they
+#: never read (F_LIMIT): the version stays, as both ways round each runs on the other's maps
+#: (a missing map is created).
 OLDEST_COMPATIBLE = 6
 
 F_PORT_FILTER = 0x01
@@ -35,6 +38,9 @@ F_ALLOW_ICMP = 0x02
 F_RANGES = 0x04
 #: flags: the pod is migrating, TCP that opens nothing passes its filter (pass_learn)
 F_LEARN = 0x08
+#: flags (an LB IP): its Service has ingress limits; pod_flags (a pod IP): an egress limit; the
+#: Service's slot indexes limits and buckets (bpf/lib/limit.h); since 0.3.0
+F_LIMIT = 0x10
 
 K_LB = 0x01  # addr value kind: an LB IP (ingress translates to pod_ip)
 K_POD = 0x02  # a pod IP (egress translates to lb_ip)
@@ -276,6 +282,36 @@ class SvcName(ctypes.Structure):
         ("name", ctypes.c_char * NAME_LEN),
         ("active", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
+    ]
+
+
+class Gcra(ctypes.Structure):
+    """struct cz_gcra: one bucket of a Service's limits (cozyebpf/datapath/buckets.py)."""
+
+    _fields_ = [("unit", ctypes.c_uint64), ("tol", ctypes.c_uint64)]
+
+
+class LimitVal(ctypes.Structure):
+    """limits: slot -> the Service's limits (unit 0: none of that kind); since 0.3.0."""
+
+    _fields_ = [
+        ("in_bytes", Gcra),
+        ("in_pkts", Gcra),
+        ("out_bytes", Gcra),
+        ("rates", ctypes.c_uint64 * 3),  # ingress bits/s, ingress packets/s, egress bits/s
+        ("guard", ctypes.c_uint64),  # 1: in_pkts is the node's guard
+    ]
+
+
+class BucketVal(ctypes.Structure):
+    """buckets: slot -> each bucket's time (ns of the coarse clock; 0: full); since 0.3.0."""
+
+    _fields_ = [
+        ("in_bytes", ctypes.c_uint64),
+        ("in_pkts", ctypes.c_uint64),
+        ("reserved0", ctypes.c_uint64 * 6),
+        ("out_bytes", ctypes.c_uint64),
+        ("reserved1", ctypes.c_uint64 * 7),
     ]
 
 
@@ -521,6 +557,17 @@ MAPS: tuple[MapSpec, ...] = (
         "svcstats", _PERCPU, _u32, SvcStat, "__u32", "struct svc_stat", lambda _, n: n + 1, 6,
         "CZ_SVCSTATS_MAX", padded_since=3,
     ),
+    # limits per Service (bpf/lib/limit.h), at its slot as svcstats: what the control plane set,
+    # and the programs' buckets (pinned: a restart keeps them); maps an older agent of layout
+    # 7 does not know, and leaves
+    MapSpec(
+        "limits", _ARRAY, _u32, LimitVal, "__u32", "struct cz_limit", lambda _, n: n + 1, 7,
+        "CZ_SVCSTATS_MAX",
+    ),
+    MapSpec(
+        "buckets", _ARRAY, _u32, BucketVal, "__u32", "struct cz_bucket", lambda _, n: n + 1, 7,
+        "CZ_SVCSTATS_MAX",
+    ),
     # the monitor (bpf/lib/monitor.h): its switch and token bucket, its counters, its ring buffer
     MapSpec("monctl", _ARRAY, _u32, MonCtl, "__u32", "struct mon_ctl", 1, 3),
     MapSpec("monstats", _PERCPU, _u32, MonStat, "__u32", "struct mon_stat", 1, 3),
@@ -575,6 +622,8 @@ class Layout:
     tail_tc: MapSpec
     tail_rare: MapSpec
     svcstats: MapSpec
+    limits: MapSpec
+    buckets: MapSpec
     monctl: MapSpec
     monstats: MapSpec
     events: MapSpec

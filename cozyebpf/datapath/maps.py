@@ -11,10 +11,12 @@ import ctypes
 import errno
 import logging
 import struct
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Mapping
 from ipaddress import IPv4Network, IPv6Network
 
 from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.buckets import buckets_of, limit_val, limits_of
 from cozyebpf.datapath.codec import (
     ALLOW_KEY,
     Mirror,
@@ -43,7 +45,9 @@ from cozyebpf.datapath.layout import (
     LAYOUT_VERSION,
     META,
     SAME_SINCE,
+    BucketVal,
     Layout,
+    LimitVal,
     addr_hint_bit,
     be16,
     map_specs,
@@ -59,9 +63,11 @@ from cozyebpf.datapath.pins import (
 from cozyebpf.datapath.views import MonitorState, ServiceCounters, Views
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import (
+    NO_LIMITS,
     AllowedPort,
     Capacity,
     IPAddress,
+    Limits,
     MapDiff,
     MapLimit,
     MapState,
@@ -192,6 +198,54 @@ class PinnedMaps(Views, FlowTables):
             self._write_ranges(stray, delete=True)
         return {address(p): frozenset(v) for p, v in nets.items()}
 
+    def _read_limits(self) -> dict[str, Limits]:
+        """The limits of the Services with an active slot (the `limits` map, by slot)."""
+        out: dict[str, Limits] = {}
+        if self.layout.limits.name not in self.fds:  # an older agent's pins, opened to read
+            return out
+        for slot, service in self.slots.active().items():
+            raw = self._lookup(self.layout.limits, slot.to_bytes(4, sys.byteorder))
+            if raw is not None and (limits := limits_of(LimitVal.from_buffer_copy(raw))):
+                out[service] = limits
+        return out
+
+    def limits(self) -> dict[str, tuple[Limits, dict[str, float]]]:
+        """Each Service with limits: its Limits and, for each of its buckets (buckets_of's
+        names), the share of its burst left now (1.0 full, 0.0 empty) as the programs left
+        it: the bucket's time against the coarse clock."""
+        out: dict[str, tuple[Limits, dict[str, float]]] = {}
+        if self.layout.buckets.name not in self.fds:
+            return out
+        now = coarse_now_ns()
+        self._read_slots()
+        for service, lim in self._read_limits().items():
+            raw = self._lookup(
+                self.layout.buckets, self.slots.slot(service).to_bytes(4, sys.byteorder)
+            )
+            b = BucketVal.from_buffer_copy(raw) if raw is not None else BucketVal()
+            times = {"ingress_bytes": b.in_bytes, "ingress_packets": b.in_pkts}
+            times["egress_bytes"] = b.out_bytes
+            left = {}
+            for name, bucket in buckets_of(lim).items():
+                ahead = max(0, times[name] - now)  # how far the bucket's time runs ahead
+                tol = bucket.tolerance or 1
+                left[name] = max(0.0, 1.0 - ahead / tol)
+            out[service] = (lim, left)
+        return out
+
+    def _write_limits(self, limits: Mapping[str, Limits]) -> None:
+        """Each Service's limits at its slot (no limit: zeros). A Service without a slot of its
+        own (all taken: --counted-services) has none enforced; the model said so."""
+        keys, values = [], []
+        if self.layout.limits.name not in self.fds:
+            return
+        for service, lim in limits.items():
+            slot = self.slots.slot(service)
+            if slot:
+                keys.append(slot.to_bytes(4, sys.byteorder))
+                values.append(bytes(limit_val(lim)))
+        self._update_batch(self.layout.limits, keys, values)
+
     def _read_allowed(self, m: Mirror) -> set[AllowedPort]:
         """The allowed ports (into `m` too)."""
         out: set[AllowedPort] = set()
@@ -218,6 +272,7 @@ class PinnedMaps(Views, FlowTables):
         st, raw, restricted = self._read_addrs(m)
         st.allowed = self._read_allowed(m)
         st.ranges = self._read_ranges(restricted)
+        st.limits = self._read_limits()
         m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
         self._m = m
         if self._repair:
@@ -348,6 +403,7 @@ class PinnedMaps(Views, FlowTables):
         services = sorted(n for n in named if n)
         try:
             self.slots.activate(n for n in services if n in m.refs)
+            self._write_limits(d.limits_set)  # before the flags that make them read
             self._delete_addrs(dels)
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
@@ -358,6 +414,7 @@ class PinnedMaps(Views, FlowTables):
             self._delete_allowed(d.allowed_del)
             self._write_ranges(range_del, delete=True)
             self._hint_change(roles, gain=False)  # the roles gone: bits after the keys
+            self._write_limits(dict.fromkeys(d.limits_del - d.limits_set.keys(), NO_LIMITS))
             self.slots.park(n for n in services if n not in m.refs)
         except bpfsys.BpfError as e:
             self._m = None  # the maps hold part of it: read them again before the next apply

@@ -518,7 +518,16 @@ class Pins:
         self.fds = fds
         self.layout = layout
         self.slots = ServiceSlots(
-            fds[layout.svcnames.name], fds[layout.svcstats.name], layout.slots, possible_cpus()
+            fds[layout.svcnames.name],
+            fds[layout.svcstats.name],
+            layout.slots,
+            possible_cpus(),
+            # (maps an older agent's pins lack until an agent of ours ensures them)
+            tuple(
+                (fds[m.name], m.value_size)
+                for m in (layout.limits, layout.buckets)
+                if m.name in fds
+            ),
         )
         self._no_batch = False  # set when the kernel refuses batch operations
         self._old_flows: list[tuple[MapSpec, int]] = []  # flow maps replaced by a resize

@@ -24,6 +24,7 @@ REASONS: tuple[str, ...] = (
     "pass_learn",
     "drop_spoofed",
     "drop_missed_tail_call",
+    "drop_limit",
 )
 
 DESCRIPTIONS: dict[str, str] = {
@@ -47,6 +48,8 @@ DESCRIPTIONS: dict[str, str] = {
     "pass_learn": "port filter: TCP that opens nothing, to a pod that is migrating",
     "drop_spoofed": "a managed pod IP as source, from a device the node does not route it to",
     "drop_missed_tail_call": "the full path a frame was handed to was not there: dropped whole",
+    "drop_limit": "over its Service's limit: ingressBandwidth, ingressPacketRate (or the node's "
+    "guard), egressBandwidth",
 }
 
 #: the drop reasons in the order of svc_stat.drops[] (cz_drop_index in bpf/lib/stats.h: the

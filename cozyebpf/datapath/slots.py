@@ -63,9 +63,19 @@ class ServiceSlots:
     """The slots of one pin directory: loaded from svcnames, given out and parked by
     PinnedMaps.apply() (which keeps the addr values in step)."""
 
-    def __init__(self, names_fd: int, stats_fd: int, capacity: int, ncpu: int) -> None:
+    def __init__(
+        self,
+        names_fd: int,
+        stats_fd: int,
+        capacity: int,
+        ncpu: int,
+        cleared: tuple[tuple[int, int], ...] = (),
+    ) -> None:
         self.names_fd = names_fd
         self.stats_fd = stats_fd
+        #: (fd, value size) of the other arrays indexed by slot (limits, buckets): zeroed with
+        #: the counters when a slot is given to another Service
+        self.cleared = cleared
         self.capacity = capacity  # slots 1..capacity
         self.ncpu = ncpu
         self._slot: dict[str, int] = {}  # Service -> its slot (active or parked)
@@ -173,8 +183,11 @@ class ServiceSlots:
         bpfsys.map_update(self.names_fd, ctypes.c_uint32(slot), encode_name(service, active))
 
     def _clear(self, slot: int) -> None:
-        """Zero the slot's counters on every CPU: a slot given to a Service starts from zero."""
+        """Zero the slot's counters on every CPU, its limits and its buckets: a slot given to a
+        Service starts from zero (and with full buckets: no other Service's debt)."""
         stride = (ctypes.sizeof(SvcStat) + 7) // 8 * 8
         bpfsys.map_update(
             self.stats_fd, ctypes.c_uint32(slot), ctypes.create_string_buffer(stride * self.ncpu)
         )
+        for fd, size in self.cleared:
+            bpfsys.map_update(fd, ctypes.c_uint32(slot), ctypes.create_string_buffer(size))

@@ -6,7 +6,7 @@ The underscored names are the package's own: incremental.py uses them, nothing o
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from ipaddress import ip_network
 from typing import Any
@@ -29,10 +29,12 @@ from cozyebpf.model.records import (
 )
 from cozyebpf.state import (
     FAMILIES,
+    NO_LIMITS,
     AllowedPort,
     Capacity,
     IPAddress,
     IPNetwork,
+    Limits,
     MapState,
     PodEntry,
     Ranges,
@@ -153,6 +155,8 @@ class ServiceView:
     migrating: tuple[IPAddress, ...] = ()
     #: why the Service is not programmed at all: LB IPs that are addresses in use (issue 31)
     refused: tuple[Refusal, ...] = ()
+    #: its limits as enforced: its annotations', the node's guard for its packet rate
+    limits: Limits = NO_LIMITS
 
     def pod_for(self, lb: IPAddress) -> IPAddress | None:
         """The backend `lb` is translated to: the pod IP of its family, or None."""
@@ -313,6 +317,8 @@ class _Output:
     view: ServiceView | None = None
     #: for each pod its LB IPs reach: the sources it lets in (None: every source)
     ranges: tuple[tuple[IPAddress, Ranges | None], ...] = ()
+    #: its limits, keyed by its name (empty: none, or nothing of it programmed)
+    limits: tuple[tuple[str, Limits], ...] = ()
 
 
 def _state_of(outputs: Iterable[_Output]) -> MapState:
@@ -325,6 +331,7 @@ def _state_of(outputs: Iterable[_Output]) -> MapState:
         st.services.update(o.services)
         st.pods.update(o.pods)
         st.allowed.update(o.allowed)
+        st.limits.update(o.limits)
         for pod, r in o.ranges:
             contrib.setdefault(pod, []).append(r)
     st.ranges = {
@@ -355,19 +362,30 @@ def _nothing_reserved(ip: IPAddress) -> Refusal | None:
     return None
 
 
+def enforced_limits(limits: Limits, guard_pps: int | None) -> Limits:
+    """A Service's limits as the datapath enforces them: its own, and the node's guard as its
+    packet rate into its LB IPs where it sets none (its own rate, higher or lower, wins: the
+    guard never cuts traffic below what a Service asked for)."""
+    if limits.ingress_pps is None and guard_pps:
+        return replace(limits, ingress_pps=guard_pps, guard=True)
+    return limits
+
+
 # (82 lines: the model's one decision table, Service by Service, kept whole to be read whole)
 def _compose(
     evals: Iterable[_Eval],
     foreign: Mapping[IPAddress, Iterable[ForeignRecord]],
     held: Iterable[IPAddress],
     reserved: Callable[[IPAddress], Refusal | None] = _nothing_reserved,
+    guard_pps: int | None = None,
 ) -> dict[ObjectRef, _Output]:
     """The cross-Service rules over `evals`, which must hold every Service that shares an LB
     IP or a pod with one of them: a Service with an LB IP that is `reserved` or the pod IP of
     any of them is refused whole, the older Service keeps a contested LB IP, the oldest
     Service of a pod owns its egress, the allowed ports of a pod are the union of its
     port-filter Services'. A pod that is moving, or in `held` (moved a moment ago), is
-    marked learning. One output per Service."""
+    marked learning. Limits: the Service's own and the node's guard of `guard_pps` packets per
+    second into each LB IP (enforced_limits). One output per Service."""
     held = frozenset(held)
     out: dict[ObjectRef, _Output] = {}
     valid: list[_Eval] = []
@@ -397,6 +415,7 @@ def _compose(
         migrating = e.moving() | (held & set(pod_ips))
         name = f"{s.ref.namespace}/{s.ref.name}"  # whose counters its entries feed
         refused = _refusals(s.lb_ips, reserved, pod_of)
+        limits = enforced_limits(s.limits, guard_pps)
         view = ServiceView(
             s.ref,
             tuple(kept),
@@ -407,6 +426,7 @@ def _compose(
             s.source_ranges,
             tuple(p for p in pod_ips if p in migrating),
             refused,
+            limits,
         )
         if refused:  # not programmed at all; it keeps its claim on its other LB IPs
             problems += [_refused_problem(s.ref, r) for r in refused]
@@ -423,19 +443,31 @@ def _compose(
                     problems += _no_family_problems(s.ref, lbs, family_name(version))
                 continue
             learning = backend in migrating
-            entry = ServiceEntry(backend, s.port_filter, s.allow_icmp, name, learning)
+            entry = ServiceEntry(
+                backend, s.port_filter, s.allow_icmp, name, learning, limits.ingress
+            )
             services += [(lb, entry) for lb in lbs]
             ranges.append((backend, s.ranges_of(version)))
             if backend in pod_owner:
                 problems.append(_pod_taken_problem(s.ref, backend, *pod_owner[backend]))
             else:
                 pod_owner[backend] = (s.ref, lbs[0])
-                pod = PodEntry(lbs[0], s.port_filter, s.allow_icmp, name, learning)
+                pod = PodEntry(
+                    lbs[0], s.port_filter, s.allow_icmp, name, learning,
+                    limits.egress_bps is not None,
+                )  # fmt: skip
                 pods.append((backend, pod))
             if s.port_filter:
                 allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
+        limited = ((name, limits),) if limits and (services or pods) else ()
         out[e.ref] = _Output(
-            tuple(services), tuple(pods), tuple(allowed), tuple(problems), view, tuple(ranges)
+            tuple(services),
+            tuple(pods),
+            tuple(allowed),
+            tuple(problems),
+            view,
+            tuple(ranges),
+            limited,
         )
     return out
 
@@ -596,18 +628,22 @@ def compose(
     held: Iterable[IPAddress] = (),
     local: Mapping[IPAddress, str] | None = None,
     reserved_cidrs: Iterable[IPNetwork] = (),
+    guard_pps: int | None = None,
 ) -> ModelResult:
     """The desired state of an ObjectSet, every selected Service's view and every Problem;
     the pods in `held` moved a moment ago (IncrementalModel.held) and are still learning;
     `local` are this node's addresses (address -> device) and `reserved_cidrs` the operator's
-    reserved ranges, which no LB IP may take (nor a Node's address, see `Reserved`)."""
+    reserved ranges, which no LB IP may take (nor a Node's address, see `Reserved`);
+    `guard_pps` the node's packet-rate guard per Service (enforced_limits)."""
     reserved = Reserved(reserved_cidrs)
     reserved.set_local(local or {})
     for node in objects.nodes.values():
         reserved.set_node(None, node)
     by_service = slices_by_service(objects.slices)
     evals = {key: _evaluate(rec, by_service.get(key, ())) for key, rec in objects.services.items()}
-    outputs = _compose(evals.values(), foreign_by_ip(objects.foreign.values()), held, reserved.why)
+    outputs = _compose(
+        evals.values(), foreign_by_ip(objects.foreign.values()), held, reserved.why, guard_pps
+    )
     problems = list(objects.problems)
     state = _state_of(outputs.values())
     for o in outputs.values():
@@ -626,10 +662,13 @@ def build_state(
     held: Iterable[IPAddress] = (),
     local: Mapping[IPAddress, str] | None = None,
     reserved_cidrs: Iterable[IPNetwork] = (),
+    guard_pps: int | None = None,
 ) -> ModelResult:
     """The desired MapState for the Services labelled for `proxy_name`, with a view of each and
     every Problem found. Never raises on bad input; the result does not depend on input order.
     The reference for `IncrementalModel`, which must always give the same result (given its
     `held` pods, when a pod moved, and this node's `local` addresses: what the objects do not
     say)."""
-    return compose(read_objects(objects, proxy_name), capacity, held, local, reserved_cidrs)
+    return compose(
+        read_objects(objects, proxy_name), capacity, held, local, reserved_cidrs, guard_pps
+    )

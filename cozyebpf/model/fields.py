@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address, ip_network
 from typing import Any
 
+from cozyebpf.model.limits import read_limits
 from cozyebpf.model.records import (
     _ADDRESS_TYPES,
     _BROADCAST,
@@ -284,6 +285,8 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
 
     ports = _ports(spec, problems, ref) if port_filter else set()
     source_ranges = _source_ranges(spec, ann, problems, ref)
+    limits, bad = read_limits(ann)
+    problems += [Problem(ref, message) for message in bad]
     return ParsedService(
         ref,
         created,
@@ -293,6 +296,7 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
         tuple(sorted(ports)),
         tuple(problems),
         source_ranges,
+        limits,
     )
 
 

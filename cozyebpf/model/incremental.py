@@ -100,8 +100,10 @@ class IncrementalModel:
         clock: Callable[[], float] = time.monotonic,
         hold: float = MIGRATION_HOLD,
         reserved_cidrs: Iterable[IPNetwork] = (),
+        guard_pps: int | None = None,
     ) -> None:
         self.proxy_name = proxy_name
+        self.guard_pps = guard_pps  # the node's packet-rate guard per Service
         self.capacity = capacity
         self.clock = clock
         self.hold = hold
@@ -377,6 +379,7 @@ class IncrementalModel:
             self._foreign_by_ip,
             self._held,
             self.reserved.why,
+            self.guard_pps,
         )
         for ref, o in new_by_ref.items():
             self._outputs[_key(ref)] = o

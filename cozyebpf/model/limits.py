@@ -12,18 +12,8 @@ tests (the programs in bpf/ do the same integer arithmetic).
 A bad value never fails the Service: the caller programs it without that limit and says why
 (`LimitError`'s text names the annotation, the value and the fix).
 
-The buckets are GCRA (the "virtual scheduling" form of a token bucket: one 64-bit time per
-bucket instead of tokens and a last refill): a packet of cost c (bytes, or 1 packet) at time
-`now` is admitted when `max(tat, now) + c * unit <= now + tolerance`, and then `tat` moves to
-`max(tat, now) + c * unit`, where `unit` is the time one byte (or packet) takes at the rate and
-`tolerance` the burst's. It admits what a token bucket of depth `burst` and fill `rate` admits,
-and needs no division per packet: `unit` is computed when the limit is set, in 2^-16 ns
-(`UNIT_SHIFT`), and a packet's time is rounded down to whole nanoseconds (`tat` and the
-kernel's clock are nanoseconds: a clock in 2^-16 ns would overflow 64 bits after 3.3 days of
-uptime). Rounding down never drops traffic that keeps to the rate (rounding up would: each
-packet charged up to 1 ns more, a stream at the rate drifts into the drop); it admits at most
-1 ns per packet more than the rate: 0.8 % at 100 Gbit/s in 1,500-byte packets, 0.02 % at
-1 Gbit/s in 64-byte ones.
+The buckets that enforce them, and their arithmetic: cozyebpf/datapath/buckets.py (and
+bpf/lib/limit.h); `Limits` itself is the state's (cozyebpf/state.py), which the datapath reads.
 """
 
 from __future__ import annotations
@@ -31,9 +21,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from cozyebpf.state import NO_LIMITS, Limits
 
 ANN_INGRESS_BANDWIDTH = "networking.cozystack.io/ingressBandwidth"
 ANN_EGRESS_BANDWIDTH = "networking.cozystack.io/egressBandwidth"
@@ -45,18 +36,6 @@ BANDWIDTH_MAX = 10**15
 PACKET_RATE_MIN = 1
 PACKET_RATE_MAX = 10**9
 
-#: the fixed point of a bucket's unit: 2^-16 ns
-UNIT_SHIFT = 16
-NS = 1_000_000_000
-
-#: how long a burst may last at the rate (the bucket's depth), and the least depth: a policer
-#: shallower than a TCP window's worth of the rate drops a window's tail at every round trip
-#: and TCP never reaches the rate; BURST_TIME_NS of the rate covers the round trips of a
-#: region (Europe's, North America's), BURST_MIN_BYTES a jumbo frame's and a GSO segment's
-#: worth at low rates. The accuracy benchmark (bench/) holds them to TCP's goodput.
-BURST_TIME_NS = 50_000_000
-BURST_MIN_BYTES = 64 * 1024
-BURST_MIN_PACKETS = 64
 
 _SUFFIXES = {
     "": 1,
@@ -124,21 +103,6 @@ def parse_packet_rate(annotation: str, text: str) -> int:
     return _parse(annotation, text, PACKET_RATE_MIN, PACKET_RATE_MAX, "packet", "100k")
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """A Service's limits as its annotations ask (None: no limit of that kind)."""
-
-    ingress_bps: int | None = None
-    egress_bps: int | None = None
-    ingress_pps: int | None = None
-
-    def __bool__(self) -> bool:
-        return any(v is not None for v in (self.ingress_bps, self.egress_bps, self.ingress_pps))
-
-
-NO_LIMITS = Limits()
-
-
 def read_limits(annotations: Mapping[str, Any]) -> tuple[Limits, list[str]]:
     """The limits a Service's annotations ask for, and what is wrong with each bad one (that
     limit is left out; the others and the Service stand)."""
@@ -162,50 +126,31 @@ def read_limits(annotations: Mapping[str, Any]) -> tuple[Limits, list[str]]:
             got[field] = parse(annotation, value)
         except LimitError as e:
             errors.append(f"{e}; the Service has no such limit until it is fixed")
-    return (Limits(**got) if got else NO_LIMITS), errors
+    if not got:
+        return NO_LIMITS, errors
+    return Limits(got.get("ingress_bps"), got.get("egress_bps"), got.get("ingress_pps")), errors
 
 
-@dataclass(frozen=True)
-class Bucket:
-    """What a bucket needs, as the programs read it: `unit`, the time of one byte (or packet)
-    at the rate in 2^-16 ns, and `tolerance`, the burst's time in ns."""
-
-    unit: int
-    tolerance: int
-
-    @classmethod
-    def bytes_per_second(cls, bits: int, burst_bytes: int | None = None) -> Bucket:
-        """A bucket of `bits` per second; its depth `burst_bytes`, else `default_burst_bytes`."""
-        burst = burst_bytes if burst_bytes is not None else default_burst_bytes(bits)
-        return cls((8 * NS << UNIT_SHIFT) // bits, 8 * NS * burst // bits)
-
-    @classmethod
-    def packets_per_second(cls, rate: int, burst_packets: int | None = None) -> Bucket:
-        """A bucket of `rate` packets per second; its depth `burst_packets`, else
-        `default_burst_packets`."""
-        burst = burst_packets if burst_packets is not None else default_burst_packets(rate)
-        return cls((NS << UNIT_SHIFT) // rate, NS * burst // rate)
-
-    def cost_ns(self, cost: int) -> int:
-        """A packet's time in ns: `cost` bytes (or packets) at the rate, rounded down."""
-        return (cost * self.unit) >> UNIT_SHIFT
-
-    def admit(self, tat: int, now_ns: int, cost: int) -> tuple[bool, int]:
-        """(admitted, the bucket's new time) for a packet of `cost` at `now_ns`, from the
-        bucket's time `tat` (ns; 0 for a new bucket: full). Integer arithmetic only, as the
-        programs do it."""
-        start = max(tat, now_ns)
-        end = start + self.cost_ns(cost)
-        if end - now_ns > self.tolerance:
-            return False, tat
-        return True, end
+def _si(value: int) -> str:
+    """1500000 -> "1.5 M", 100 -> "100 " (the prefix and a space, for a unit to follow)."""
+    for factor, prefix in ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "k")):
+        if value >= factor:
+            return f"{value / factor:g} {prefix}"
+    return f"{value} "
 
 
-def default_burst_bytes(bits: int) -> int:
-    """BURST_TIME_NS of the rate, at least BURST_MIN_BYTES."""
-    return max(bits // 8 * BURST_TIME_NS // NS, BURST_MIN_BYTES)
-
-
-def default_burst_packets(rate: int) -> int:
-    """BURST_TIME_NS of the rate, at least BURST_MIN_PACKETS."""
-    return max(rate * BURST_TIME_NS // NS, BURST_MIN_PACKETS)
+def describe(limits: Limits) -> str:
+    """A Service's limits as status and explain say them: "ingress 100 Mbit/s, 50 kpackets/s
+    (the node's guard); egress 1 Gbit/s", or "none"."""
+    parts = []
+    ingress = []
+    if limits.ingress_bps is not None:
+        ingress.append(f"{_si(limits.ingress_bps)}bit/s")
+    if limits.ingress_pps is not None:
+        guard = " (the node's guard)" if limits.guard else ""
+        ingress.append(f"{_si(limits.ingress_pps)}packets/s{guard}")
+    if ingress:
+        parts.append("ingress " + ", ".join(ingress))
+    if limits.egress_bps is not None:
+        parts.append(f"egress {_si(limits.egress_bps)}bit/s")
+    return "; ".join(parts) or "none"

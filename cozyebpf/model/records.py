@@ -10,7 +10,7 @@ from datetime import datetime
 from ipaddress import IPv4Address
 from typing import Literal, NamedTuple
 
-from cozyebpf.state import IPAddress, IPNetwork, Proto, Ranges
+from cozyebpf.state import NO_LIMITS, IPAddress, IPNetwork, Limits, Proto, Ranges
 
 LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 DEFAULT_PROXY_NAME = "cozy-proxy"
@@ -97,6 +97,8 @@ class ParsedService:
     ports: tuple[PortSpec, ...]
     problems: tuple[Problem, ...]
     source_ranges: tuple[IPNetwork, ...] | None = None  # None: no restriction
+    #: what its limit annotations ask (model/limits.py; bad ones left out, with a Problem)
+    limits: Limits = NO_LIMITS
 
     def ranges_of(self, version: int) -> Ranges | None:
         """The source ranges that apply to addresses of one family (None: every source)."""

@@ -119,6 +119,7 @@ def test_drop_index_matches_the_order_of_the_drop_reasons() -> None:
         "drop_source",
         "drop_spoofed",
         "drop_missed_tail_call",  # counted node-wide only (bpf/lib/tail.h)
+        "drop_limit",
     )
     assert len(SVC_DROP_REASONS) <= SVC_DROPS  # layout 6 made room for 16
     for i, r in enumerate(SVC_DROP_REASONS):

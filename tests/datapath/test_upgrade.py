@@ -195,9 +195,14 @@ def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
     traffic = upgrade_under_traffic(env, old, "flowcfg")
     assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
     new = env.map_ids()
-    assert set(new) - set(traffic.old_maps) == {"seen4", "seen6", "addrhint", "tail_rare"}, (
-        "created beside"
-    )
+    assert set(new) - set(traffic.old_maps) == {
+        "seen4",
+        "seen6",
+        "addrhint",
+        "tail_rare",
+        "limits",
+        "buckets",
+    }, "created beside"
     kept = {k: v for k, v in traffic.old_maps.items() if k != "svcstats"}  # layout 6: copied
     assert {k: new[k] for k in kept} == kept, "every other map kept as it is"
     assert new["svcstats"] != traffic.old_maps["svcstats"]
@@ -215,7 +220,7 @@ def test_layout_5_is_upgraded_in_place_without_a_lost_packet(
     traffic = upgrade_under_traffic(env, old, "seen4")
     assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
     new = env.map_ids()
-    assert set(new) - set(traffic.old_maps) == {"addrhint", "tail_rare"}, (
+    assert set(new) - set(traffic.old_maps) == {"addrhint", "tail_rare", "limits", "buckets"}, (
         "created beside the others"
     )
     assert {k: new[k] for k in traffic.old_maps if k != "svcstats"} == {

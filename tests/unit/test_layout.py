@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from cozyebpf.datapath import bpfsys, layout
+from cozyebpf.datapath import bpfsys, buckets, layout
 from cozyebpf.datapath.loader import bpf_dir, flatten
 from cozyebpf.datapath.reasons import DESCRIPTIONS, REASONS
 
@@ -144,6 +144,8 @@ def test_layout_constants_match_the_c_defines() -> None:
         ("CZ_F_ALLOW_ICMP", layout.F_ALLOW_ICMP),
         ("CZ_F_RANGES", layout.F_RANGES),
         ("CZ_F_LEARN", layout.F_LEARN),
+        ("CZ_F_LIMIT", layout.F_LIMIT),
+        ("CZ_UNIT_SHIFT", buckets.UNIT_SHIFT),
         ("CZ_TO_UDP", layout.TO_UDP),
         ("CZ_TO_ICMP", layout.TO_ICMP),
         ("CZ_TO_TCP", layout.TO_TCP),
@@ -176,6 +178,8 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "tail_rare": 4,
         "svcstats": 1001,  # a counter slot per Service, and slot 0 (never given out)
         "svcnames": 1001,
+        "limits": 1001,  # limits per Service and their buckets, at its slot
+        "buckets": 1001,
         "monctl": 1,  # the monitor and explain: not Service-related
         "monstats": 1,
         "events": layout.EVENTS_SIZE,

@@ -1,4 +1,5 @@
-"""The limits' annotations and the buckets' arithmetic (cozyebpf/model/limits.py, issue 38)."""
+"""The limits' annotations (cozyebpf/model/limits.py) and the buckets' arithmetic
+(cozyebpf/datapath/buckets.py), issue 38."""
 
 from __future__ import annotations
 
@@ -6,23 +7,26 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cozyebpf.datapath.buckets import (
+    BURST_MIN_BYTES,
+    NS,
+    UNIT_SHIFT,
+    Bucket,
+    default_burst_bytes,
+    limit_val,
+    limits_of,
+)
 from cozyebpf.model.limits import (
     ANN_EGRESS_BANDWIDTH,
     ANN_INGRESS_BANDWIDTH,
     ANN_INGRESS_PACKET_RATE,
-    BURST_MIN_BYTES,
-    NO_LIMITS,
-    NS,
-    UNIT_SHIFT,
-    Bucket,
     LimitError,
-    Limits,
-    default_burst_bytes,
     parse_bandwidth,
     parse_packet_rate,
     parse_quantity,
     read_limits,
 )
+from cozyebpf.state import NO_LIMITS, Limits
 
 
 @pytest.mark.parametrize(
@@ -164,3 +168,21 @@ def test_a_services_limits_are_read_and_a_bad_one_is_left_out() -> None:
     ]
     assert read_limits({}) == (NO_LIMITS, [])
     assert not NO_LIMITS and Limits(ingress_pps=1)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        Limits(ingress_bps=100_000_000),
+        Limits(egress_bps=10**9),
+        Limits(ingress_pps=50_000, guard=True),
+        Limits(10**15, 1_000, 10**9),
+    ],
+)
+def test_a_limits_value_reads_back_as_written(limits: Limits) -> None:
+    v = limit_val(limits)
+    assert limits_of(v) == limits
+    # a kind without a limit has unit 0: the programs skip it
+    assert (v.in_bytes.unit != 0) == (limits.ingress_bps is not None)
+    assert (v.in_pkts.unit != 0) == (limits.ingress_pps is not None)
+    assert (v.out_bytes.unit != 0) == (limits.egress_bps is not None)
