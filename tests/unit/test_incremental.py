@@ -30,6 +30,11 @@ from cozyebpf.model import (
     build_state,
     read_objects,
 )
+from cozyebpf.model.limits import (
+    ANN_EGRESS_BANDWIDTH,
+    ANN_INGRESS_BANDWIDTH,
+    ANN_INGRESS_PACKET_RATE,
+)
 from cozyebpf.state import Capacity, MapLimit, MapState, apply_to
 
 Obj = dict[str, Any]
@@ -66,6 +71,14 @@ RANGES = (
     ["0.0.0.0/0", "::/0"],
     ["198.51.100.7/32", "nonsense", "10.0.0.1/8"],
 )
+
+#: limit annotations' values (None: absent), good and bad, and the node's guard
+LIMITS = {
+    ANN_INGRESS_BANDWIDTH: (None, None, "100M", "1G", "fast", "10"),
+    ANN_EGRESS_BANDWIDTH: (None, None, "1G", "2.5G", "-1"),
+    ANN_INGRESS_PACKET_RATE: (None, None, "100k", "50000", "0"),
+}
+GUARD = 1_000_000
 
 keys = st.tuples(st.sampled_from(NAMESPACES), st.sampled_from(NAMES))
 slice_keys = st.tuples(st.sampled_from(NAMESPACES), st.sampled_from(SLICE_NAMES))
@@ -106,6 +119,11 @@ def services(draw: st.DrawFn) -> Obj:
     ann = draw(st.sampled_from([None, None, "192.0.2.0/25, 10.1.0.0/16", "", "x,fd00::/8"]))
     if ann is not None:
         meta["annotations"][ANN_SOURCE_RANGES] = ann
+    # limits (issue 38), valid and not: the guard stands in for a missing packet rate
+    for limit, values in LIMITS.items():
+        value = draw(st.sampled_from(values))
+        if value is not None:
+            meta["annotations"][limit] = value
     if draw(st.integers(0, 20)) == 0:
         obj["spec"] = "garbage"
     return obj
@@ -153,6 +171,7 @@ class Histories(RuleBasedStateMachine):
             self.capacity,
             clock=lambda: self.now,
             reserved_cidrs=RESERVED_CIDRS,
+            guard_pps=GUARD,
         )
         self.before = MapState()
         self.problems_before: set[Problem] = set()
@@ -278,6 +297,7 @@ class Histories(RuleBasedStateMachine):
             self.model.held,
             self.local,
             RESERVED_CIDRS,
+            GUARD,
         )
         assert_same(got, want)
         # the diff is exactly what the controller must write

@@ -16,6 +16,7 @@ from cozyebpf.datapath.buckets import (
     limit_val,
     limits_of,
 )
+from cozyebpf.model import ModelResult, build_state
 from cozyebpf.model.limits import (
     ANN_EGRESS_BANDWIDTH,
     ANN_INGRESS_BANDWIDTH,
@@ -27,6 +28,7 @@ from cozyebpf.model.limits import (
     read_limits,
 )
 from cozyebpf.state import NO_LIMITS, Limits
+from cozylab.k8s import Svc, objects
 
 
 @pytest.mark.parametrize(
@@ -186,3 +188,70 @@ def test_a_limits_value_reads_back_as_written(limits: Limits) -> None:
     assert (v.in_bytes.unit != 0) == (limits.ingress_bps is not None)
     assert (v.in_pkts.unit != 0) == (limits.ingress_pps is not None)
     assert (v.out_bytes.unit != 0) == (limits.egress_bps is not None)
+
+
+# -- the model: annotations -> the state's limits -----------------------------------------
+
+
+def _state(svc: Svc, guard: int | None = None) -> ModelResult:
+    return build_state(objects(svc), guard_pps=guard)
+
+
+def test_a_services_limits_reach_its_entries_and_the_state() -> None:
+    svc = Svc(
+        "vm",
+        "203.0.113.10",
+        "10.244.1.10",
+        whole_ip="true",
+        annotations={ANN_INGRESS_BANDWIDTH: "100M", ANN_EGRESS_BANDWIDTH: "1G"},
+    )
+    r = _state(svc, guard=50_000)
+    assert r.state.limits == {"default/vm": Limits(100_000_000, 10**9, 50_000, guard=True)}
+    (entry,) = r.state.services.values()
+    (pod,) = r.state.pods.values()
+    assert entry.limited and pod.limited
+    assert r.problems == []
+    (view,) = r.services
+    assert view.limits == Limits(100_000_000, 10**9, 50_000, guard=True)
+
+
+def test_a_services_own_rate_wins_over_the_guard_higher_or_lower() -> None:
+    for own in ("10", "5M"):
+        svc = Svc("vm", "203.0.113.10", "10.244.1.10", annotations={ANN_INGRESS_PACKET_RATE: own})
+        lim = _state(svc, guard=1000).state.limits["default/vm"]
+        assert lim.ingress_pps == parse_quantity(own) and not lim.guard
+
+
+def test_without_limits_and_guard_nothing_is_limited() -> None:
+    r = _state(Svc("vm", "203.0.113.10", "10.244.1.10"))
+    assert r.state.limits == {}
+    assert not any(e.limited for e in r.state.services.values())
+    assert not any(e.limited for e in r.state.pods.values())
+
+
+def test_only_the_guard_limits_ingress_only() -> None:
+    r = _state(Svc("vm", "203.0.113.10", "10.244.1.10"), guard=1000)
+    assert r.state.limits == {"default/vm": Limits(ingress_pps=1000, guard=True)}
+    assert all(e.limited for e in r.state.services.values())
+    assert not any(e.limited for e in r.state.pods.values())  # no egress limit
+
+
+def test_a_bad_limit_is_a_warning_and_leaves_the_others() -> None:
+    svc = Svc(
+        "vm",
+        "203.0.113.10",
+        "10.244.1.10",
+        annotations={ANN_INGRESS_BANDWIDTH: "fast", ANN_EGRESS_BANDWIDTH: "2G"},
+    )
+    r = _state(svc)
+    assert r.state.limits == {"default/vm": Limits(egress_bps=2 * 10**9)}
+    assert len(r.state.services) == 1  # programmed
+    (p,) = r.problems
+    assert p.severity == "warning" and str(p.ref) == "Service default/vm"
+    assert f'annotation {ANN_INGRESS_BANDWIDTH}: "fast" is not a bit' in p.message
+    assert "until it is fixed" in p.message
+
+
+def test_a_service_without_a_ready_endpoint_has_no_limits_in_the_state() -> None:
+    r = _state(Svc("vm", "203.0.113.10", None, annotations={ANN_EGRESS_BANDWIDTH: "1G"}))
+    assert r.state.limits == {}
