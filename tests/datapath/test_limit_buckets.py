@@ -1,0 +1,161 @@
+"""The buckets' arithmetic in the programs against cozyebpf/datapath/buckets.py, with
+BPF_PROG_RUN (issue 38): for each program that enforces a limit (XDP and tc ingress, the
+uplink's egress) and each of its paths (the fast one; the full one, for a frame with a VLAN tag),
+a packet that a bucket admits moves the bucket's time by exactly Bucket.cost_ns of its cost,
+one the bucket refuses is dropped as drop_limit and moves nothing, and two buckets are charged
+both or neither. The buckets are set busy (their time ahead of the clock), where GCRA does not
+depend on when the packet runs: the result is exact."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from dataclasses import dataclass
+from ipaddress import ip_address
+
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Dot1Q, Ether
+from scapy.packet import Packet
+
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.buckets import Bucket
+from cozyebpf.datapath.layout import BucketVal
+from cozyebpf.datapath.maps import PinnedMaps, coarse_now_ns
+from cozyebpf.state import Limits, MapState, PodEntry, ServiceEntry, diff
+from tests.support.packets import CLIENT, LB_WHOLE, MAC_A, MAC_B, POD_WHOLE
+
+XDP_DROP, XDP_PASS = 1, 2
+TC_NEXT, TC_SHOT = -1, 2
+VM = "default/vm1"
+#: the lowest rates: bursts of seconds, so that a bucket set 10 s ahead still admits
+LIMITS = Limits(ingress_bps=1_000, egress_bps=1_000, ingress_pps=1)
+AHEAD = 10 * 10**9
+
+
+@dataclass
+class Progs:
+    maps: PinnedMaps
+    fds: dict[str, int]
+
+    def run(self, prog: str, frame: Packet) -> int:
+        return bpfsys.prog_test_run(self.fds[prog], bytes(frame)).retval
+
+    def key(self) -> ctypes.c_uint32:
+        slot = self.maps.slots.slot(VM)
+        assert slot, "vm1 has no slot"
+        return ctypes.c_uint32(slot)
+
+    def buckets(self) -> BucketVal:
+        v = BucketVal()
+        assert bpfsys.map_lookup(self.maps.fds["buckets"], self.key(), v)
+        return v
+
+    def set_buckets(self, in_bytes: int, in_pkts: int, out_bytes: int) -> None:
+        v = BucketVal(in_bytes=in_bytes, in_pkts=in_pkts, out_bytes=out_bytes)
+        bpfsys.map_update(self.maps.fds["buckets"], self.key(), v)
+
+    def drops(self) -> int:
+        return self.maps.counters()["drop_limit"]["packets"]
+
+
+@pytest.fixture(scope="module")
+def p() -> Iterator[Progs]:
+    from cozyebpf.datapath.attach import detach_all
+    from tests.support.env import unique_prefix
+    from tests.support.labtools import load_programs
+
+    pin = f"/sys/fs/bpf/{unique_prefix('lim')}"
+    maps = PinnedMaps.ensure(pin, max_services=2)
+    try:
+        loaded = load_programs(pin)
+        st = MapState()
+        lb, pod = ip_address(LB_WHOLE), ip_address(POD_WHOLE)
+        st.services[lb] = ServiceEntry(pod, False, False, VM, limited=True)
+        st.pods[pod] = PodEntry(lb, False, False, VM, limited=True)
+        st.limits[VM] = LIMITS
+        maps.apply(diff(maps.read_state(), st))
+        yield Progs(maps, {k: prog.fd for k, prog in loaded.items()})
+    finally:
+        maps.close()
+        detach_all(pin)
+
+
+def to_lb(tag: bool) -> Packet:
+    eth = Ether(src=MAC_A, dst=MAC_B)
+    if tag:
+        eth = eth / Dot1Q(vlan=5)
+    return eth / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=1000, dport=53) / (b"x" * 100)
+
+
+def from_pod(tag: bool) -> Packet:
+    eth = Ether(src=MAC_A, dst=MAC_B)
+    if tag:
+        eth = eth / Dot1Q(vlan=5)
+    return eth / IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=53, dport=1000) / (b"y" * 300)
+
+
+BYTES_IN = Bucket.bytes_per_second(1_000)
+PKTS_IN = Bucket.packets_per_second(1)
+BYTES_OUT = Bucket.bytes_per_second(1_000)
+
+INGRESS = [
+    ("xdp", False, XDP_PASS, XDP_DROP),
+    ("xdp", True, XDP_PASS, XDP_DROP),
+    ("tc", False, TC_NEXT, TC_SHOT),
+    ("tc", True, TC_NEXT, TC_SHOT),
+]
+IDS = ["xdp-fast", "xdp-full", "tc-fast", "tc-full"]
+
+
+@pytest.mark.parametrize(("prog", "tag", "passes", "drops"), INGRESS, ids=IDS)
+def test_an_admitted_packet_moves_each_ingress_bucket_by_its_cost(
+    p: Progs, prog: str, tag: bool, passes: int, drops: int
+) -> None:
+    now = coarse_now_ns()
+    p.set_buckets(now + AHEAD, now + AHEAD, 0)
+    frame = to_lb(tag)
+    assert p.run(prog, frame) == passes
+    b = p.buckets()
+    assert b.in_bytes == now + AHEAD + BYTES_IN.cost_ns(len(bytes(frame)))
+    assert b.in_pkts == now + AHEAD + PKTS_IN.cost_ns(1)
+    assert b.out_bytes == 0
+
+
+@pytest.mark.parametrize(("prog", "tag", "passes", "drops"), INGRESS, ids=IDS)
+def test_a_refused_packet_is_dropped_and_charges_neither_bucket(
+    p: Progs, prog: str, tag: bool, passes: int, drops: int
+) -> None:
+    now = coarse_now_ns()
+    full = now + PKTS_IN.tolerance + 10**9  # the packet bucket refuses; the byte one would not
+    p.set_buckets(now + AHEAD, full, 0)
+    before = p.drops()
+    assert p.run(prog, to_lb(tag)) == drops
+    assert p.drops() == before + 1
+    b = p.buckets()
+    assert (b.in_bytes, b.in_pkts) == (now + AHEAD, full)
+
+
+@pytest.mark.parametrize("tag", [False, True], ids=["fast", "full"])
+def test_egress_moves_its_bucket_by_the_frames_bytes_and_refuses_over_it(
+    p: Progs, tag: bool
+) -> None:
+    now = coarse_now_ns()
+    p.set_buckets(0, 0, now + AHEAD)
+    frame = from_pod(tag)
+    assert p.run("egress", frame) == TC_NEXT
+    assert p.buckets().out_bytes == now + AHEAD + BYTES_OUT.cost_ns(len(bytes(frame)))
+    over = now + BYTES_OUT.tolerance + 10**9
+    p.set_buckets(0, 0, over)
+    before = p.drops()
+    assert p.run("egress", from_pod(tag)) == TC_SHOT
+    assert p.drops() == before + 1
+    assert p.buckets().out_bytes == over
+    assert (p.buckets().in_bytes, p.buckets().in_pkts) == (0, 0)  # ingress's untouched
+
+
+def test_an_idle_bucket_starts_at_the_clock() -> None:
+    """What Bucket.admit says of a bucket whose time is behind the clock (0: a new one): it
+    starts at `now`, the rule the programs' compare-and-exchange follows."""
+    ok, tat = PKTS_IN.admit(0, 5 * 10**9, 1)
+    assert ok and tat == 5 * 10**9 + PKTS_IN.cost_ns(1)
