@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cozyebpf.datapath import kernel
+from cozyebpf.datapath.flows import coarse_now_ns
 from cozyebpf.datapath.layout import Gcra, LimitVal
 from cozyebpf.state import Limits
 
@@ -82,6 +84,15 @@ def default_burst_bytes(bits: int) -> int:
 def default_burst_packets(rate: int) -> int:
     """BURST_TIME_NS of the rate, at least BURST_MIN_PACKETS."""
     return max(rate * BURST_TIME_NS // NS, BURST_MIN_PACKETS)
+
+
+def limit_clock_ns() -> int | None:
+    """Now on the programs' clock for the buckets (bpf/lib/limit.h: jiffies times the tick's
+    length where the kernel's tick rate is known, else the coarse monotonic clock); None where
+    the tick rate is known but jiffies cannot be read here (/proc/timer_list is root's)."""
+    if kernel.hz() is None:
+        return coarse_now_ns()
+    return kernel.jiffies_ns()
 
 
 def limit_val(limits: Limits) -> LimitVal:

@@ -16,8 +16,12 @@ kernel-matrix`; README, *Kernels*; docs/design.md, *The kernel matrix*).
 
 from __future__ import annotations
 
+import functools
+import gzip
 import os
 import re
+import time
+from pathlib import Path
 
 from cozyebpf.errors import DatapathError
 
@@ -63,3 +67,68 @@ def check(release: str | None = None) -> list[str]:
             f"again without it"
         )
     return notes
+
+
+#: the ticks per second kernels are built with (CONFIG_HZ's choices)
+_HZ_CHOICES = (100, 250, 300, 1000)
+
+
+def _config_hz(release: str) -> int | None:
+    """CONFIG_HZ from the kernel's config: /proc/config.gz (CONFIG_IKCONFIG_PROC), else
+    /boot/config-<release> (Debian's packages install it)."""
+    for path, opener in (
+        (Path("/proc/config.gz"), gzip.open),
+        (Path(f"/boot/config-{release}"), open),
+    ):
+        try:
+            with opener(path, "rt") as f:
+                for line in f:
+                    if line.startswith("CONFIG_HZ="):
+                        return int(line.split("=", 1)[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _timer_list() -> tuple[int, int] | None:
+    """(ktime ns, jiffies) as /proc/timer_list says them (root only), or None."""
+    try:
+        text = Path("/proc/timer_list").read_text()
+    except OSError:
+        return None
+    now = re.search(r"^now at (\d+) nsecs", text, re.M)
+    jiffies = re.search(r"^jiffies: (\d+)", text, re.M)
+    if now is None or jiffies is None:
+        return None
+    return int(now.group(1)), int(jiffies.group(1))
+
+
+def _measured_hz() -> int | None:
+    """The tick rate measured from /proc/timer_list over 100 ms, as the nearest CONFIG_HZ
+    choice (None: the file is not readable)."""
+    a = _timer_list()
+    time.sleep(0.1)
+    b = _timer_list()
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    hz = (b[1] - a[1]) * 1e9 / (b[0] - a[0])
+    return min(_HZ_CHOICES, key=lambda c: abs(c - hz))
+
+
+@functools.cache
+def hz(release: str | None = None) -> int | None:
+    """The kernel's tick rate (CONFIG_HZ), for the limits' clock (bpf/lib/limit.h: jiffies,
+    which the verifier inlines, where bpf_ktime_get_coarse_ns is a helper call that costs
+    15 ns on a CPU with return-stack mitigations); None where neither the config nor
+    /proc/timer_list tells (the programs then read the coarse clock)."""
+    return _config_hz(release or os.uname().release) or _measured_hz()
+
+
+def jiffies_ns() -> int | None:
+    """Now on the limits' clock (jiffies times the tick's length, as the programs read it), or
+    None when the tick rate or jiffies are not known here."""
+    rate = hz()
+    now = _timer_list()
+    if rate is None or now is None:
+        return None
+    return now[1] * (1_000_000_000 // rate)

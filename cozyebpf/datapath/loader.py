@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath import bpfsys, kernel
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, Layout, map_specs
 from cozyebpf.errors import DatapathError
 
@@ -80,6 +80,8 @@ def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None
     sizes = {s.macro: s.max_entries for s in lay.all if s.macro}  # seen4 and seen6 share one
     flags += [f"-D{macro}={n}" for macro, n in sizes.items()]
     flags += [f"-DCZ_FLOWHINT_LOG2={lay.hint_log2}", f"-DCZ_ADDRHINT_LOG2={lay.addr_hint_log2}"]
+    rate = kernel.hz()  # the limits' clock: jiffies of this length (bpf/lib/limit.h)
+    flags += [f"-DCZ_NS_PER_JIFFY={1_000_000_000 // rate if rate else 0}"]
     flags += ["-Wno-unused-function", *extra]
     return flags
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from ipaddress import IPv4Network, IPv6Network
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.datapath.buckets import buckets_of, limit_val, limits_of
+from cozyebpf.datapath.buckets import buckets_of, limit_clock_ns, limit_val, limits_of
 from cozyebpf.datapath.codec import (
     ALLOW_KEY,
     Mirror,
@@ -216,7 +216,7 @@ class PinnedMaps(Views, FlowTables):
         out: dict[str, tuple[Limits, dict[str, float]]] = {}
         if self.layout.buckets.name not in self.fds:
             return out
-        now = coarse_now_ns()
+        now = limit_clock_ns()
         self._read_slots()
         for service, lim in self._read_limits().items():
             raw = self._lookup(
@@ -225,8 +225,10 @@ class PinnedMaps(Views, FlowTables):
             b = BucketVal.from_buffer_copy(raw) if raw is not None else BucketVal()
             times = {"ingress_bytes": b.in_bytes, "ingress_packets": b.in_pkts}
             times["egress_bytes"] = b.out_bytes
-            left = {}
+            left: dict[str, float] = {}
             for name, bucket in buckets_of(lim).items():
+                if now is None:  # the programs' clock cannot be read here (not root)
+                    continue
                 ahead = max(0, times[name] - now)  # how far the bucket's time runs ahead
                 tol = bucket.tolerance or 1
                 left[name] = max(0.0, 1.0 - ahead / tol)

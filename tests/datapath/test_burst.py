@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from cozyebpf.config import DEFAULT_GUARD
 from cozyebpf.model import build_state
+from cozyebpf.model.limits import parse_packet_rate
 from cozyebpf.state import MapState
 from cozylab.k8s import Svc, objects
 from cozylab.kubeapi import FakeKubeAPI
@@ -79,7 +81,8 @@ class Cluster:
         ]
 
     def state(self) -> MapState:
-        return build_state(list(self.objs.values())).state
+        """What the agent must program: the full model, with the agent's default guard."""
+        return build_state(list(self.objs.values()), guard_pps=GUARD).state
 
     def change(self) -> None:
         rng = self.rng
@@ -141,6 +144,10 @@ class Cluster:
                 sl["addressType"] = "IPv4"
                 sl["endpoints"][0]["addresses"] = [pod(i)]
             self.put(sl)
+
+
+#: the agent's --guard-packet-rate by default (cozyebpf/config.py)
+GUARD = parse_packet_rate("--guard-packet-rate", DEFAULT_GUARD)
 
 
 def test_a_burst_of_changes_converges_to_the_full_model(

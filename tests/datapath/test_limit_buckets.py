@@ -3,8 +3,8 @@ BPF_PROG_RUN (issue 38): for each program that enforces a limit (XDP and tc ingr
 uplink's egress) and each of its paths (the fast one; the full one, for a frame with a VLAN tag),
 a packet that a bucket admits moves the bucket's time by exactly Bucket.cost_ns of its cost,
 one the bucket refuses is dropped as drop_limit and moves nothing, and two buckets are charged
-both or neither. The buckets are set busy (their time ahead of the clock), where GCRA does not
-depend on when the packet runs: the result is exact."""
+both or neither. The buckets are set busy (their time ahead of the programs' clock,
+limit_clock_ns), where GCRA does not depend on when the packet runs: the result is exact."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.datapath.buckets import Bucket
+from cozyebpf.datapath.buckets import Bucket, limit_clock_ns
 from cozyebpf.datapath.layout import BucketVal
-from cozyebpf.datapath.maps import PinnedMaps, coarse_now_ns
+from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.state import Limits, MapState, PodEntry, ServiceEntry, diff
 from tests.support.packets import CLIENT, LB_WHOLE, MAC_A, MAC_B, POD_WHOLE
 
@@ -31,6 +31,12 @@ VM = "default/vm1"
 #: the lowest rates: bursts of seconds, so that a bucket set 10 s ahead still admits
 LIMITS = Limits(ingress_bps=1_000, egress_bps=1_000, ingress_pps=1)
 AHEAD = 10 * 10**9
+
+
+def clock() -> int:
+    now = limit_clock_ns()
+    assert now is not None, "the limits' clock cannot be read (run as root)"
+    return now
 
 
 @dataclass
@@ -112,7 +118,7 @@ IDS = ["xdp-fast", "xdp-full", "tc-fast", "tc-full"]
 def test_an_admitted_packet_moves_each_ingress_bucket_by_its_cost(
     p: Progs, prog: str, tag: bool, passes: int, drops: int
 ) -> None:
-    now = coarse_now_ns()
+    now = clock()
     p.set_buckets(now + AHEAD, now + AHEAD, 0)
     frame = to_lb(tag)
     assert p.run(prog, frame) == passes
@@ -126,7 +132,7 @@ def test_an_admitted_packet_moves_each_ingress_bucket_by_its_cost(
 def test_a_refused_packet_is_dropped_and_charges_neither_bucket(
     p: Progs, prog: str, tag: bool, passes: int, drops: int
 ) -> None:
-    now = coarse_now_ns()
+    now = clock()
     full = now + PKTS_IN.tolerance + 10**9  # the packet bucket refuses; the byte one would not
     p.set_buckets(now + AHEAD, full, 0)
     before = p.drops()
@@ -140,7 +146,7 @@ def test_a_refused_packet_is_dropped_and_charges_neither_bucket(
 def test_egress_moves_its_bucket_by_the_frames_bytes_and_refuses_over_it(
     p: Progs, tag: bool
 ) -> None:
-    now = coarse_now_ns()
+    now = clock()
     p.set_buckets(0, 0, now + AHEAD)
     frame = from_pod(tag)
     assert p.run("egress", frame) == TC_NEXT

@@ -285,6 +285,8 @@ def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureF
             "addrhint": 64,  # 64 bits per Service, at least 64 words
             "svcstats": 17,  # a counter slot per Service, and slot 0 (never given out)
             "svcnames": 17,
+            "limits": 17,  # the limits and buckets at each Service's slot
+            "buckets": 17,
             "range4": 64,
             "range6": 64,
         }

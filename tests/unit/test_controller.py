@@ -63,6 +63,7 @@ def dump(services: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str
         "flow_timeouts": {},
         "flow_entries": [],
         "counters": {},
+        "limits": [],
         "service_counters": [],
     }
 

@@ -188,6 +188,7 @@ DUAL_JSON: dict[str, Any] = {
         },
     ],
     "counters": COUNTERS,
+    "limits": [],
     "service_counters": [
         {
             "service": VM1,
@@ -328,5 +329,6 @@ def test_ipv4_json_is_unchanged_by_ipv6_support() -> None:
         "flow_timeouts": {},
         "flow_entries": [],
         "counters": {},
+        "limits": [],
         "service_counters": [],
     }
