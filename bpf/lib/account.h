@@ -89,7 +89,7 @@ static __always_inline int slow_end(void *ctx, int is_xdp, int dir, struct cz_do
 		cz_dry_record(cz_ctx_nonce(ctx, is_xdp), reason, slot);
 		return cz_verdict(is_xdp, reason);
 	}
-	if (dir && d->flow)
+	if (dir && d->flow && !cz_is_drop(reason)) /* (not one the limit refused just now) */
 		flow_record(d->v6, &d->src, &d->dst, d->sport, d->dport, d->proto, d->icmp_type,
 			    d->tcp_flags, 0);
 	if (!dir && d->frag)

@@ -232,8 +232,9 @@ class Mirror:
         if svc is not None:  # ingress uses the LB role
             to, flags, in_svc = svc
             in_pod, in_slot = to, slot_of(in_svc) if in_svc else 0
-        else:  # traffic to the pod IP directly: no rewrite, the pod's flags and Service
-            to, flags, in_pod, in_slot = zero, pod_flags, addr, out_slot
+        else:  # traffic to the pod IP directly: no rewrite, the pod's flags and Service; no
+            # limit (the limits are the public IP's: F_LIMIT here is the pod's egress limit)
+            to, flags, in_pod, in_slot = zero, pod_flags & ~F_LIMIT, addr, out_slot
         kind = (K_LB if svc is not None else 0) | (K_POD if pod is not None else 0)
         if in_pod in self.ranges:
             flags |= F_RANGES

@@ -6,9 +6,11 @@ malformed). The maps are cleared and seeded from the state, then every frame run
 programs with BPF_PROG_RUN (ingress frames through both the XDP and the tc ingress program,
 egress frames through the tc egress program, each as if it entered the node by a device: none,
 the one the pod's addr value caches, or one the FIB does not know) and the verdict, the output
-bytes and the counter increments must equal the model's. The model's flow and fragment records
-are applied as the frames go; at the end of the batch the kernel's flow and fragment tables, and
-the devices the pods' addr values cache, must equal the model's.
+bytes and the counter increments (node-wide and the frame's Service's) must equal the model's,
+and so must the times of the Services' buckets (limits, issue 38), with the clock each program
+read (diffharness.py says how). The model's flow and fragment records are applied as the frames
+go; at the end of the batch the kernel's flow and fragment tables, and the devices the pods'
+addr values cache, must equal the model's.
 
 The generator (map states and frames, `FEATURES`, CZ_DIFF_EXAMPLES and CZ_DIFF_FEATURES) is
 tests/support/diffgen.py; loading, seeding, running and comparing, with scapy and a hexdump when
@@ -30,6 +32,7 @@ from scapy.layers.inet import TCP, UDP
 from cozyebpf.datapath import bpfsys, layout, loader
 from cozyebpf.datapath.layout import FLOW4, FRAG4
 from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.state import Limits
 from tests.fixtures.differential import (
     CLIENT6,
     LB6_FILT,
@@ -54,13 +57,15 @@ from tests.support.diffgen import (
 from tests.support.diffharness import (
     PROGRAMS,
     Datapath,
+    answers,
+    check_buckets,
     check_devs,
     check_frame,
     check_tables,
     scapy_command,
 )
-from tests.support.packets import CLIENT, LB_FILT, POD_FILT, assert_frame
-from tests.support.refmodel import PORT_FILTER, Pod, RefState
+from tests.support.packets import CLIENT, LB_FILT, LB_WHOLE, POD_FILT, POD_WHOLE, assert_frame
+from tests.support.refmodel import LIMIT, PORT_FILTER, Pod, RefState, Svc, Tats
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +90,8 @@ def dp(request: pytest.FixtureRequest) -> Iterator[Datapath]:
             with capture.global_and_fixture_disabled():
                 print(
                     f"\ndifferential: {d.frames} frames checked against the model, {d.runs} "
-                    f"program runs, in {time.monotonic() - started:.0f} s"
+                    f"program runs, in {time.monotonic() - started:.0f} s; limits: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(d.met.items()))
                 )
     finally:
         maps.close()
@@ -108,7 +114,7 @@ def test_programs_match_the_model(dp: Datapath, scenario: Scenario) -> None:
     """Every frame: same verdict, output bytes and counter increments as the model."""
     dp.clear()
     now = time.monotonic_ns()
-    state = scenario.seed.state(now)
+    state = scenario.seed.state(now, dp.limit_now())
     dp.seed(state, now)
     for i, f in enumerate(scenario.frames):
         frame = build(f)
@@ -140,6 +146,16 @@ def test_the_run_met_source_ranges_expired_flows_and_learning(dp: Datapath) -> N
     assert counts.get("pass_learn", (0, 0))[0] > 0, counts
 
 
+def test_the_run_met_the_limits(dp: Datapath) -> None:
+    """Buckets were charged, and refused frames in XDP, tc ingress and egress."""
+    if "limits" not in FEATURES or dp.frames == 0:
+        pytest.skip("limits not generated in this run")
+    assert dp.met["charged"] > 0, dp.met
+    for prog in PROGRAMS:
+        assert dp.met[f"{prog} refused"] > 0, dp.met
+    assert dp.counters().get("drop_limit", (0, 0))[0] > 0
+
+
 def test_the_run_met_spoofed_sources(dp: Datapath) -> None:
     """Egress frames from managed pod IPs entered by a device that is not theirs: dropped."""
     if "spoof" not in FEATURES or dp.frames == 0:
@@ -154,25 +170,63 @@ def test_regression(dp: Datapath, steps: tuple[Step, ...]) -> None:
     programs (the XDP and tc ingress programs, or the egress program)."""
     dp.clear()
     now = time.monotonic_ns()
-    state = REG_SEED.state(now)
+    state = REG_SEED.state(now, dp.limit_now())
     dp.seed(state, now)
     for step in steps:
         frame = bytes(step.frame)
         if step.egress:
-            model = rm.egress(state, frame, now, step.in_dev)
+            model = rm.egress(state, frame, now, step.in_dev, dp.limit_now())
         else:
-            model = rm.ingress(state, frame, now)
+            model = rm.ingress(state, frame, now, dp.limit_now())
         want = {r: (1, 0 if r == "flow_new" else len(frame)) for r in step.reasons}
         assert (model.verdict, model.counts) == (step.verdict, want), "the model"
         expected = step.out if step.out is not None else frame
         assert_frame(model.frame, expected, "the model's output")
-        check_frame(dp, state, frame, step.egress, step.in_dev)
-        state.apply(model, now)
+        state.apply(check_frame(dp, state, frame, step.egress, step.in_dev), now)
     check_tables(dp, state, "after the steps")
     check_devs(dp, state, "after the steps")
 
 
 # -- the clock ------------------------------------------------------------------------------
+
+
+def test_a_window_across_a_buckets_boundary_gives_both_verdicts() -> None:
+    """The harness's reading of a run's clock window: when the bucket starts admitting inside
+    [lo, hi], the model gives two stretches (refused up to the boundary, admitted from it), and
+    a bucket time is held to the stretch of the verdict the program gave."""
+    svc = "diff/window"
+    bucket = rm.limit_buckets(Limits(ingress_pps=1))[1]
+    assert bucket is not None
+    state = RefState(
+        svc={address(LB_WHOLE): Svc(address(POD_WHOLE), LIMIT, svc)},
+        limits={svc: Limits(ingress_pps=1)},
+    )
+    tat = 500 * 10**9
+    state.buckets[svc] = Tats(0, tat, 0)
+    boundary = tat + bucket.cost_ns(1) - bucket.tolerance  # the first `now` that admits
+    frame = bytes(v4(LB_WHOLE) / UDP(sport=1, dport=2))
+
+    def model(now: int) -> rm.Result:
+        return rm.ingress(state, frame, now)
+
+    lo, hi = boundary - 7, boundary + 5
+    refused, admitted = answers(model, lo, hi, model(lo))
+    assert (refused.start, refused.end) == (lo, boundary - 1)
+    assert (admitted.start, admitted.end) == (boundary, hi)
+    assert refused.first.counts.keys() == refused.last.counts.keys() == {"drop_limit"}
+    assert admitted.first.counts.keys() == {"nat_ingress"}
+    before = {svc: state.buckets[svc]}
+    moved = Tats(0, tat + bucket.cost_ns(1), 0)
+    assert check_buckets({svc: before[svc]}, before, refused) == {}
+    assert check_buckets({svc: moved}, before, admitted) == {}
+    assert check_buckets({svc: moved}, before, refused)  # charged, yet refused
+    assert check_buckets({svc: before[svc]}, before, admitted)  # admitted, not charged
+    # an idle bucket starts at the program's clock: any time the window allows
+    state.buckets[svc] = Tats()
+    (idle,) = answers(model, lo, hi, model(lo))
+    for now in (lo, hi):
+        assert check_buckets({svc: Tats(0, now + bucket.cost_ns(1), 0)}, {svc: Tats()}, idle) == {}
+    assert check_buckets({svc: Tats(0, hi + bucket.cost_ns(1) + 1, 0)}, {svc: Tats()}, idle)
 
 
 def test_timestamps_are_the_monotonic_clocks(dp: Datapath) -> None:

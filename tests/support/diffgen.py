@@ -2,11 +2,11 @@
 frames for the programs and the reference model (tests/support/refmodel.py).
 
 A scenario is one map state (a Seed: LB IP/pod pairs, allowed ports, flows and their ages,
-fragments, source ranges) and a batch of frames: valid, edge-case and malformed, aimed at the
-state's addresses, ports and flows often enough to meet them. Frames are built with struct
-(scapy is far too slow for this volume). `FEATURES` selects the classes of input that are
-generated. Environment: CZ_DIFF_EXAMPLES (map states per run, default 2000), CZ_DIFF_FEATURES
-(comma-separated classes instead of FEATURES).
+fragments, source ranges, Services' limits and how full their buckets are) and a batch of
+frames: valid, edge-case and malformed, aimed at the state's addresses, ports and flows often
+enough to meet them. Frames are built with struct (scapy is far too slow for this volume).
+`FEATURES` selects the classes of input that are generated. Environment: CZ_DIFF_EXAMPLES (map
+states per run, default 2000), CZ_DIFF_FEATURES (comma-separated classes instead of FEATURES).
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
+from cozyebpf.datapath.buckets import Bucket
 from cozyebpf.explain import inet_csum
+from cozyebpf.state import Limits
 from tests.support import refmodel as rm
 from tests.support.refmodel import (
     ALLOW_ICMP,
     LEARN,
+    LIMIT,
     PORT_FILTER,
     Addr,
     AllowKey,
@@ -38,6 +41,8 @@ from tests.support.refmodel import (
     Pod,
     RefState,
     Svc,
+    Tats,
+    limit_buckets,
 )
 
 T = TypeVar("T")
@@ -57,6 +62,7 @@ FEATURES: frozenset[str] = frozenset(
         "expiry",  # flows idle for longer than their protocol's timeout, TCP closing
         "learn",  # migrating pods (CZ_F_LEARN), TCP with every kind of flags
         "spoof",  # egress entering by no device, the pod's cached one, or another (spoofed)
+        "limits",  # Services' limits, their buckets new, idle or a few packets from refusing
     }
 )
 # Disabled classes, and why: none. (To narrow a run down: CZ_DIFF_FEATURES=ipv4,vlan,...)
@@ -170,19 +176,36 @@ FLOW_AGES = (0, 45, 700)
 #: about one, fails, so a packet from a managed pod IP entering by one is spoofed unless the
 #: pod's addr value caches that very device): the first two are what a pod's value may cache
 SPOOF_DEVS = (2_000_000_001, 2_000_000_002, 2_000_000_003)
+#: the limits a Service may get: rates so low that a bucket a few packets from full refuses
+#: within a batch (1 packet/s: a burst of 64 packets; 1-8 kbit/s: 64 KiB), the node's guard,
+#: and rates no batch comes near (charged all the same); one direction or both
+LIMIT_SETS = (
+    Limits(ingress_pps=1),
+    Limits(ingress_bps=1_000, egress_bps=8_000, ingress_pps=1),
+    Limits(ingress_bps=8_000, egress_bps=1_000),
+    Limits(ingress_bps=2_000, ingress_pps=1_000_000, guard=True),
+    Limits(egress_bps=4_000),
+    Limits(ingress_bps=10**10, egress_bps=10**10, ingress_pps=10**6),
+)
+#: how full a seeded bucket is: room for this many frames of 100 bytes (or packets) before it
+#: refuses; None: a new bucket (time 0); -1: idle for a second (its time behind the clock)
+ROOMS = (None, None, -1, 0, 1, 3, 8)
 
 # -- map states ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Pair:
-    """An LB IP and its pod; either map entry may be missing."""
+    """An LB IP and its pod; either map entry may be missing. `service` names their Service
+    ("": none, counted in slot 0); `limited`: LIMIT on the LB IP's entry, on the pod's."""
 
     lb: Addr
     pod: Addr
     flags: int
     in_svc: bool = True
     in_pod: bool = True
+    service: str = ""
+    limited: tuple[bool, bool] = (False, False)
 
 
 @dataclass(frozen=True)
@@ -196,24 +219,38 @@ class Seed:
     ranges: tuple[tuple[Addr, frozenset[Net]], ...] = ()  # restricted pods
     flow_ages: tuple[tuple[FlowKey, int, bool], ...] = ()  # key, age (s), closing
     devs: tuple[tuple[Addr, int], ...] = ()  # the pods' cached devices (addr value `dev`)
+    limits: tuple[tuple[str, Limits], ...] = ()  # the Services' limits
+    #: how far each bucket's time (in_bytes, in_pkts, out_bytes) runs ahead of the clock at the
+    #: start, ns (negative: behind it, idle); 0: a new bucket, time 0
+    buckets: tuple[tuple[str, tuple[int, int, int]], ...] = ()
 
     @functools.cached_property
     def maps(self) -> RefState:
         """The maps, for looking addresses up while frames are generated."""
         return self.state(0)
 
-    def state(self, now_ns: int) -> RefState:
-        """The maps; fragment entries are 1 s old, or 60 s (expired) at `now_ns`."""
+    def state(self, now_ns: int, limit_ns: int | None = None) -> RefState:
+        """The maps; fragment entries are 1 s old, or 60 s (expired) at `now_ns`; the buckets'
+        times relative to `limit_ns`, now on the buckets' clock (None: now_ns)."""
         state = RefState(allow=set(self.allow), flow=set(self.flows), ranges=dict(self.ranges))
         state.dev = dict(self.devs)
         state.timeouts = {k: v * 1_000_000_000 for k, v in DIFF_TIMEOUTS.items()}
         for key, age, closing in self.flow_ages:
             state.flow_val[key] = FlowVal(max(0, now_ns - age * 1_000_000_000), closing)
         for p in self.pairs:
+            limit_in, limit_out = (LIMIT if x else 0 for x in p.limited)
             if p.in_svc:
-                state.svc[p.lb] = Svc(p.pod, p.flags)
+                state.svc[p.lb] = Svc(p.pod, p.flags | limit_in, p.service)
             if p.in_pod:
-                state.pod[p.pod] = Pod(p.lb, p.flags)
+                state.pod[p.pod] = Pod(p.lb, p.flags | limit_out, p.service)
+        # the limits of the Services the entries name (a pod entry another pair's replaced may
+        # have been its Service's only one)
+        named = {s.service for s in state.svc.values()} | {p.service for p in state.pod.values()}
+        state.limits = {s: lim for s, lim in self.limits if s in named}
+        at = now_ns if limit_ns is None else limit_ns
+        for s, ahead in self.buckets:
+            if s in named:
+                state.buckets[s] = Tats(*(at + a if a else 0 for a in ahead))
         for key, passed, expired in self.frags:
             age = 60 if expired else 1
             state.frag[key] = Frag(max(0, now_ns - age * 1_000_000_000), passed)
@@ -224,9 +261,22 @@ def families() -> tuple[int, ...]:
     return (4, 6) if "ipv6" in FEATURES else (4,)
 
 
+def _ahead(draw: st.DrawFn, bucket: Bucket | None, frame: int) -> int:
+    """A seeded bucket's time, ahead of the clock (`Seed.buckets`): room for a few frames of
+    `frame` bytes (or packets), idle, or new."""
+    room = pick(draw, ROOMS)
+    if bucket is None or room is None:
+        return 0
+    if room < 0:
+        return -1_000_000_000
+    return max(1, bucket.tolerance - bucket.cost_ns(room * frame))
+
+
 @st.composite
 def seeds(draw: st.DrawFn) -> Seed:
     pairs: list[Pair] = []
+    limits: dict[str, Limits] = {}
+    aheads: dict[str, tuple[int, int, int]] = {}
     for fam in families():
         pool = POOLS[fam]
         for i in range(1 + draw(_index(len(pool.lbs)))):
@@ -236,7 +286,27 @@ def seeds(draw: st.DrawFn) -> Seed:
             where = pick(draw, ("both", "both", "both", "svc", "pod"))
             # the pod of pair i is pods[i], or (rarely) another pair's pod
             pod = pool.pods[pick(draw, (i, i, i, (i + 1) % len(pool.pods)))]
-            pairs.append(Pair(pool.lbs[i], pod, flags, where != "pod", where != "svc"))
+            service, limited = "", (False, False)
+            if "limits" in FEATURES and pick(draw, (False, False, True)):
+                # a limited Service: pair i of both families may be one Service (one bucket)
+                service = pick(draw, (f"diff/svc{i}-{fam}", f"diff/svc{i}"))
+                if service not in limits:
+                    lim = limits[service] = pick(draw, LIMIT_SETS)
+                    in_bytes, in_pkts, out_bytes = limit_buckets(lim)
+                    aheads[service] = (
+                        _ahead(draw, in_bytes, 100),
+                        _ahead(draw, in_pkts, 1),
+                        _ahead(draw, out_bytes, 100),
+                    )
+                lim = limits[service]
+                # as the agent sets them (compose.py); now and then LIMIT on both entries,
+                # whether or not the Service has a limit of that direction
+                limited = (lim.ingress, lim.egress_bps is not None)
+                if pick(draw, (False, False, True)):
+                    limited = (True, True)
+            pairs.append(
+                Pair(pool.lbs[i], pod, flags, where != "pod", where != "svc", service, limited)
+            )
     pods = [p.pod for p in pairs]
     allow = [
         AllowKey(pick(draw, pods), pick(draw, rm.PORT_PROTOS), pick(draw, PORTS))
@@ -290,6 +360,8 @@ def seeds(draw: st.DrawFn) -> Seed:
         tuple(ranges.items()),
         tuple(ages),
         tuple((p, d) for p, d in devs.items() if d),
+        tuple(limits.items()),
+        tuple(aheads.items()),
     )
 
 

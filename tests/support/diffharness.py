@@ -1,7 +1,24 @@
 """The differential test's harness (tests/datapath/test_differential.py): the three programs
 loaded with their pinned maps (seed a RefState, run a frame, read the tables and counters back)
 and the comparison of each run with the reference model, reported with scapy and a hexdump
-when they differ."""
+when they differ.
+
+The clock. The programs read the clock of the Services' buckets themselves (the coarse one, or
+jiffies times the tick's length: a clock that steps with CLOCK_MONOTONIC_COARSE at each tick,
+at an offset), so each run is bracketed by two readings of CLOCK_MONOTONIC_COARSE, [lo, hi]
+(usually within one tick: lo == hi), moved onto the buckets' clock by the offset that the
+harness measures with the programs themselves after each clear (`Datapath.calibrate`: a probe
+Service's new bucket starts at the program's `now`), give or take CLOCK_SLACK_NS. The model
+answers for that window (`answers`): a bucket only admits more as the clock moves and its new
+time only grows with it, so the window holds at most two stretches of one verdict each, refused
+up to a boundary and admitted from it (found by bisection). The program's verdict must be one
+stretch's (either, when the boundary falls inside the window), its output bytes and counters
+exactly that stretch's, and each bucket time it leaves between the stretch's answers at its two
+ends (exact for a busy bucket, whose time moves by the frame's cost; an idle one starts at the
+program's own `now`). The model then takes the kernel's bucket times, so that the next frame
+starts from the same ones. An ingress frame runs through XDP and then tc ingress, each against
+the same buckets: the XDP run's charge is undone (the buckets written back) before the tc run.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +26,34 @@ import ctypes
 import functools
 import struct
 import sys
-import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address
 from typing import Any
 
 import pytest
+from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from cozyebpf.datapath import bpfsys, layout, loader
 from cozyebpf.datapath.layout import FLOW4, FLOW6, FRAG4, FRAG6, MapSpec
-from cozyebpf.datapath.maps import Flow, PinnedMaps, possible_cpus
+from cozyebpf.datapath.maps import Flow, PinnedMaps, coarse_now_ns, possible_cpus
 from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS, SVC_DROP_REASONS
-from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
+from cozyebpf.state import (
+    AllowedPort,
+    Limits,
+    MapState,
+    PodEntry,
+    Proto,
+    ServiceEntry,
+    diff,
+)
 from tests.support import refmodel as rm
 from tests.support.refmodel import (
     ALLOW_ICMP,
     LEARN,
+    LIMIT,
     PORT_FILTER,
     Addr,
     FlowKey,
@@ -32,6 +61,7 @@ from tests.support.refmodel import (
     FragKey,
     RefState,
     Result,
+    Tats,
 )
 
 # -- the programs ------------------------------------------------------------------------------
@@ -50,20 +80,53 @@ def _addr_of(v: int | layout.Ip6) -> Addr:
     return layout.ip_of(v) if isinstance(v, int) else layout.ip6_of(v)
 
 
-def _entry(addr: Addr, flags: int) -> tuple[Addr, bool, bool, str, bool]:
-    """ServiceEntry/PodEntry arguments of a model entry's address and flags."""
-    return addr, bool(flags & PORT_FILTER), bool(flags & ALLOW_ICMP), "", bool(flags & LEARN)
+def _entry(addr: Addr, flags: int, service: str) -> tuple[Addr, bool, bool, str, bool, bool]:
+    """ServiceEntry/PodEntry arguments of a model entry's address, flags and Service."""
+    pf, icmp = bool(flags & PORT_FILTER), bool(flags & ALLOW_ICMP)
+    return addr, pf, icmp, service, bool(flags & LEARN), bool(flags & LIMIT)
 
 
 def map_state(state: RefState) -> MapState:
-    """The model's svc, pod and allow tables as the control plane's MapState (PinnedMaps
-    encodes it into addr4/addr6 and allow4/allow6, as the agent does)."""
+    """The model's svc, pod and allow tables and limits as the control plane's MapState
+    (PinnedMaps encodes it into addr4/addr6, allow4/allow6 and limits, as the agent does)."""
     return MapState(
-        {lb: ServiceEntry(*_entry(s.pod_ip, s.flags)) for lb, s in state.svc.items()},
-        {p: PodEntry(*_entry(e.lb_ip, e.flags)) for p, e in state.pod.items()},
+        {lb: ServiceEntry(*_entry(s.pod_ip, s.flags, s.service)) for lb, s in state.svc.items()},
+        {p: PodEntry(*_entry(e.lb_ip, e.flags, e.service)) for p, e in state.pod.items()},
         {AllowedPort(a.pod_ip, Proto(a.proto), a.port) for a in state.allow},
         dict(state.ranges),
+        dict(state.limits),
     )
+
+
+def services(state: RefState) -> set[str]:
+    """The Services the model's entries name (each has a slot: counters, limits, buckets)."""
+    named = {s.service for s in state.svc.values()} | {p.service for p in state.pod.values()}
+    return named - {""}
+
+
+#: the probe of the buckets' clock (Datapath.calibrate): a limited Service no frame of the
+#: differential test meets, its new packet bucket charged 1 us by a packet
+PROBE_SVC, PROBE_LB, PROBE_POD = "diff/clock-probe", "192.0.2.250", "192.0.2.251"
+PROBE_LIMITS = Limits(ingress_pps=1_000_000)
+#: how far the buckets' clock may wander from the offset measured (the jiffies clock wobbles by
+#: some hundred ns against the coarse one; the coarse clock against itself by nothing)
+CLOCK_SLACK_NS = 20_000
+
+
+@functools.cache
+def _probe_frame() -> bytes:
+    """UDP from a remote to the probe's LB IP."""
+    eth = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb")
+    return bytes(eth / IP(src="198.51.100.1", dst=PROBE_LB) / UDP(sport=1, dport=2))
+
+
+def probe_state() -> MapState:
+    """The probe's entry and limits, which the maps hold between examples too."""
+    lb, pod = IPv4Address(PROBE_LB), IPv4Address(PROBE_POD)
+    st = MapState()
+    st.services[lb] = ServiceEntry(pod, False, False, PROBE_SVC, limited=True)
+    st.limits[PROBE_SVC] = PROBE_LIMITS
+    return st
 
 
 class Datapath:
@@ -77,25 +140,61 @@ class Datapath:
         self.fds = {name: p.fd for name, p in progs.items()}
         self.frames = 0  # checked against the model
         self.runs = 0  # program runs
+        #: what the runs met of the limits: "<prog> refused", "charged", "boundary" (a window
+        #: in which the model's verdict changes), "ticked" (a window of more than one tick)
+        self.met: Counter[str] = Counter()
+        #: the buckets' clock minus CLOCK_MONOTONIC_COARSE: its least and greatest (calibrate)
+        self.offset = (0, 0)
 
     def _fd(self, spec: MapSpec) -> int:
         return self.maps.fds[spec.name]
 
     def clear(self) -> None:
-        self.maps.apply(diff(self.maps.read_state(), MapState()))
+        """Empty the maps (but for the clock's probe), and measure the buckets' clock."""
+        self.maps.apply(diff(self.maps.read_state(), probe_state()))
         for spec in self.RAW_MAPS:
             for raw in bpfsys.map_keys(self._fd(spec), spec.key_size):
                 bpfsys.map_delete(self._fd(spec), ctypes.create_string_buffer(raw, len(raw)))
         self.maps.forget_seen()
+        self.calibrate()
+
+    def calibrate(self) -> None:
+        """Measure the offset of the buckets' clock from CLOCK_MONOTONIC_COARSE with the XDP
+        program: a new bucket starts at the program's `now`, so the probe's time less its cost
+        is that `now`, read within one tick of the coarse clock (two runs that agree on it)."""
+        frame, cost = _probe_frame(), rm.limit_buckets(PROBE_LIMITS)[1]
+        assert cost is not None
+        points: list[int] = []
+        for _ in range(50):
+            self.set_buckets(PROBE_SVC, Tats())
+            lo = coarse_now_ns()
+            code, _ = self.run("xdp", frame)
+            hi = coarse_now_ns()
+            assert code == rm.XDP_PASS, f"the clock's probe: XDP verdict {code}"
+            if lo == hi:
+                points.append(self.buckets(PROBE_SVC).in_pkts - cost.cost_ns(1) - lo)
+                if len(points) == 2:
+                    break
+        assert points, "the buckets' clock: no probe ran within one tick of the coarse clock"
+        self.offset = (min(points) - CLOCK_SLACK_NS, max(points) + CLOCK_SLACK_NS)
+
+    def limit_now(self) -> int:
+        """Now on the buckets' clock (to seed them), as calibrated."""
+        return coarse_now_ns() + sum(self.offset) // 2
 
     def seed(self, state: RefState, now_ns: int) -> None:
-        self.maps.apply(diff(MapState(), map_state(state)))
+        st = map_state(state)
+        st.services.update(probe_state().services)
+        st.limits.update(probe_state().limits)
+        self.maps.apply(diff(probe_state(), st))
         for pod_ip, dev in state.dev.items():  # the programs' cache: user space writes 0
             if pod_ip in state.pod:
                 self.set_dev(pod_ip, dev)
         for f in state.flow:
             v = state.flow_val.get(f, FlowVal(now_ns))
             self.maps.add_flows([Flow(*f)], v.seen_ns, v.closing)
+        for service in services(state):  # the buckets: the model's (0: new, full)
+            self.set_buckets(service, state.buckets.get(service, Tats()))
         for k, v in state.frag.items():
             if k.pod_ip.version == 4:
                 gkey: ctypes.Structure = layout.Frag4Key(
@@ -125,6 +224,21 @@ class Datapath:
         fd, key, val = self._addr_val(ip)
         val.dev = dev
         bpfsys.map_update(fd, key, val)
+
+    def _slot(self, service: str) -> ctypes.c_uint32:
+        slot = self.maps.slots.slot(service)
+        assert slot, f"the Service {service} has no slot"
+        return ctypes.c_uint32(slot)
+
+    def buckets(self, service: str) -> Tats:
+        """The times of the Service's buckets, as the programs left them."""
+        v = layout.BucketVal()
+        assert bpfsys.map_lookup(self.maps.fds["buckets"], self._slot(service), v)
+        return Tats(int(v.in_bytes), int(v.in_pkts), int(v.out_bytes))
+
+    def set_buckets(self, service: str, tats: Tats) -> None:
+        v = layout.BucketVal(in_bytes=tats.in_bytes, in_pkts=tats.in_pkts, out_bytes=tats.out_bytes)
+        bpfsys.map_update(self.maps.fds["buckets"], self._slot(service), v)
 
     def flows(self) -> dict[FlowKey, bool]:
         """The flows, and whether each is closing."""
@@ -166,11 +280,12 @@ class Datapath:
         size = ctypes.sizeof(layout.SvcStat)
         return ncpu, ctypes.create_string_buffer(size * ncpu), struct.Struct(f"={size // 8}Q"), size
 
-    def unnamed(self) -> tuple[int, ...]:
-        """svcstats slot 0: the counters of every packet's Service here (the seeds name none);
-        in_packets, in_bytes, out_packets, out_bytes, drops[]."""
+    def svc_stats(self, service: str) -> tuple[int, ...]:
+        """The Service's counters in svcstats (slot 0 for "": the Services the seeds leave
+        unnamed); in_packets, in_bytes, out_packets, out_bytes, drops[]."""
         ncpu, buf, fmt, size = self._svc0
-        assert bpfsys.map_lookup(self.maps.fds["svcstats"], ctypes.c_uint32(0), buf)
+        slot = self._slot(service) if service else ctypes.c_uint32(0)
+        assert bpfsys.map_lookup(self.maps.fds["svcstats"], slot, buf)
         raw = buf.raw
         per_cpu = [fmt.unpack_from(raw, c * size) for c in range(ncpu)]
         return tuple(sum(col) for col in zip(*per_cpu, strict=True))
@@ -238,8 +353,11 @@ def describe_state(state: RefState) -> str:
 
     return "\n".join(
         f"  {name}: {fmt(getattr(state, name))}"
-        for name in ("svc", "pod", "allow", "flow", "frag", "ranges", "flow_val", "dev")
-    )
+        for name in (
+            "svc", "pod", "allow", "flow", "frag", "ranges", "flow_val", "dev", "limits",
+            "buckets",
+        )
+    )  # fmt: skip
 
 
 def mismatch(
@@ -254,7 +372,8 @@ def mismatch(
     in_dev: int = 0,
 ) -> str | None:
     """None when the program did what the model says, else a report of the difference."""
-    if (got_code, got, got_counts) == (want_code, want.frame, want.counts):
+    frame_ok = got == want.frame or got == want.limit_frame
+    if (got_code, got_counts) == (want_code, want.counts) and frame_ok:
         return None
     lines = [
         f"{prog}: the program and the model disagree",
@@ -266,7 +385,9 @@ def mismatch(
     ]
     if got_counts != want.counts:
         lines.append(f"counters: expected {want.counts}, got {got_counts}")
-    if got != want.frame:
+    if want.buckets or "drop_limit" in want.counts:
+        lines.append(f"buckets moved: expected {want.buckets}")
+    if not frame_ok:
         n = max(len(got), len(want.frame))
         diff = {
             i for i in range(n) if i >= len(got) or i >= len(want.frame) or got[i] != want.frame[i]
@@ -309,39 +430,130 @@ def per_service(counts: dict[str, tuple[int, int]], egress: bool) -> tuple[int, 
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class Stretch:
+    """A part [start, end] of a run's clock window in which the model gives one verdict: its
+    answers at both ends (they differ only in times that grow with the clock)."""
+
+    start: int
+    end: int
+    first: Result
+    last: Result
+
+
+def _decision(r: Result) -> tuple[str, dict[str, tuple[int, int]]]:
+    return r.verdict, r.counts
+
+
+def answers(model: Callable[[int], Result], lo: int, hi: int, first: Result) -> list[Stretch]:
+    """The model's answers (`model(now)`; `first`, its answer at `lo`) for a program that read
+    the clock somewhere in [lo, hi]: one stretch, or two when the verdict changes inside the
+    window. A bucket refuses up to a time and admits from it (the limits' verdict is monotone
+    in the clock), so the boundary is found by bisection."""
+    if lo == hi or not first.clocked:  # no bucket met: the answer is the clock's at any time
+        return [Stretch(lo, hi, first, first)]
+    last = model(hi)
+    if _decision(last) == _decision(first):
+        return [Stretch(lo, hi, first, last)]
+    a, b = lo, hi  # the verdict at a is first's, at b last's
+    while b - a > 1:
+        m = (a + b) // 2
+        if _decision(model(m)) == _decision(first):
+            a = m
+        else:
+            b = m
+    return [Stretch(lo, a, first, model(a)), Stretch(b, hi, model(b), last)]
+
+
+def check_buckets(
+    got: dict[str, Tats], before: dict[str, Tats], stretch: Stretch
+) -> dict[str, tuple[Tats, Tats]]:
+    """The Services whose bucket times are not where the stretch puts them: (got, lowest) for
+    each. Each time must lie between the model's answers at the stretch's ends."""
+    bad = {}
+    for service, tats in got.items():
+        low = stretch.first.buckets.get(service, before[service])
+        high = stretch.last.buckets.get(service, before[service])
+        if not all(a <= t <= b for a, t, b in zip(low, tats, high, strict=True)):
+            bad[service] = (tats, low)
+    return bad
+
+
 def check_frame(
     dp: Datapath, state: RefState, frame: bytes, egress: bool, in_dev: int = 0
 ) -> Result:
     """Run `frame` through the program(s) of its direction (egress: as if it entered the node
-    by device `in_dev`); assert they match the model, and that the per-Service counters of the
-    address (slot 0 here) count it once. Returns the model's result (not yet applied to
-    `state`)."""
-    now = time.monotonic_ns()
+    by device `in_dev`); assert they match the model, that the counters of the frame's Service
+    count it once, and that the Services' buckets moved as the model says, with the clock the
+    program read (see the module docstring). Returns the model's result with the buckets the
+    kernel holds (not yet applied to `state`)."""
     dp.frames += 1
+    now = 0  # the flows' clock (coarse), as it was read before the run
+
+    def model(limit_ns: int) -> Result:
+        if egress:
+            return rm.egress(state, frame, now, in_dev, limit_ns)
+        return rm.ingress(state, frame, now, limit_ns)
+
     if egress:
-        want = rm.egress(state, frame, now, in_dev)
-        runs = [("egress", rm.tc_code(want.verdict))]
+        runs = [("egress", rm.tc_code)]
     else:
-        want = rm.ingress(state, frame, now)
-        runs = [("xdp", rm.xdp_code(want.verdict)), ("tc-ingress", rm.tc_code(want.verdict))]
-    for prog, code in runs:
+        runs = [("xdp", rm.xdp_code), ("tc-ingress", rm.tc_code)]
+    before_tats = {s: state.buckets.get(s, Tats()) for s in state.limits}
+    tats = before_tats
+    first: Result | None = None
+    want: Result | None = None
+    for prog, code_of in runs:
         if prog != "xdp" and not tc_can_run(frame):
             continue
-        before, svc_before = dp.counters(), dp.unnamed()
+        if tats != before_tats:  # the run before charged them: each program meets the same
+            for service, t in before_tats.items():
+                dp.set_buckets(service, t)
+        coarse = coarse_now_ns()
+        lo = coarse + dp.offset[0]  # the window on the buckets' clock
+        if first is None or coarse != now:
+            now = coarse
+            first = model(lo)
+        before, svc_before = dp.counters(), dp.svc_stats(first.service)
         got_code, got = dp.run(prog, frame, in_dev if egress else 0)
+        hi = coarse_now_ns() + dp.offset[1]
+        stretches = answers(model, lo, hi, first)
+        # the stretch of the verdict the program gave (the first, to report, when none)
+        chosen = next((x for x in stretches if code_of(x.first.verdict) == got_code), stretches[0])
+        want = chosen.first
+        code = code_of(want.verdict)
         problem = mismatch(
             prog, frame, state, want, code, got_code, got, _delta(dp.counters(), before), in_dev
         )
         if problem:
-            pytest.fail(problem)
-        svc = tuple(a - b for a, b in zip(dp.unnamed(), svc_before, strict=True))
+            pytest.fail(f"{problem}\nclock window [{lo}, {hi}]: {len(stretches)} verdict(s)")
+        svc = tuple(a - b for a, b in zip(dp.svc_stats(want.service), svc_before, strict=True))
         if svc != per_service(want.counts, egress):
             pytest.fail(
-                f"{prog}: per-Service counters (in packets, bytes, out packets, bytes, drops "
-                f"{SVC_DROP_REASONS}) {svc}, want {per_service(want.counts, egress)} for "
-                f"{want.counts}\nframe: {scapy_command(frame)}"
+                f"{prog}: per-Service counters of {want.service!r} (in packets, bytes, out "
+                f"packets, bytes, drops {SVC_DROP_REASONS}) {svc}, want "
+                f"{per_service(want.counts, egress)} for {want.counts}\n"
+                f"frame: {scapy_command(frame)}"
             )
-    return want
+        tats = {s: dp.buckets(s) for s in before_tats}
+        bad = check_buckets(tats, before_tats, chosen)
+        if bad:
+            pytest.fail(
+                f"{prog}: bucket times (in_bytes, in_pkts, out_bytes) "
+                + "; ".join(f"{s}: {got}, the model's {low}" for s, (got, low) in bad.items())
+                + f"\nbefore: {before_tats}\nclock window [{lo}, {hi}]: model at its ends "
+                f"{chosen.first.buckets} .. {chosen.last.buckets}\n"
+                f"{want.counts} frame: {scapy_command(frame)}"
+            )
+        dp.met["boundary"] += len(stretches) > 1
+        dp.met["ticked"] += hi - lo > dp.offset[1] - dp.offset[0]
+        dp.met[f"{prog} refused"] += "drop_limit" in want.counts
+        dp.met["charged"] += bool(want.buckets)
+    if want is None:  # no program could run it (tc_can_run): what the model says of it
+        now = coarse_now_ns()
+        return model(now + dp.offset[0])
+    moved = {s: t for s, t in tats.items() if t != before_tats[s]}
+    return replace(want, buckets=moved)
 
 
 def check_devs(dp: Datapath, state: RefState, context: str) -> None:

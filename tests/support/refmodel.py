@@ -20,16 +20,34 @@ For a correct input this is the full recomputation. For any input it is congruen
 to the incremental update, and as both lie in 0..0xFFFE they are equal. UDP maps a result of 0
 to 0xFFFF, and a UDP checksum of 0 ("none") is left alone.
 
+Limits (issue 38). A Service's addresses may carry LIMIT: an LB IP's flags for what comes in,
+a pod IP's for what goes out (never for what is sent to the pod IP directly: the limits are the
+public IP's, and the control plane leaves LIMIT out of that role's flags). The Service's limits (`RefState.limits`, cozyebpf.state.Limits) are GCRA buckets
+(cozyebpf/datapath/buckets.py, `Bucket`: the arithmetic the programs must do), whose times the
+model keeps per Service (`RefState.buckets`, ns of the programs' limits clock). Only a frame
+that would otherwise pass is held to them, after the filter, with the whole frame's length as
+its cost: ingress to the byte and the packet bucket (both charged, or neither), egress to the
+byte bucket. A refused frame is dropped as `drop_limit`, not translated, and records no flow (a
+first fragment records a drop, for the fragments after it). `Result.buckets` holds the times
+the frame moved. The buckets' clock is an argument of its own
+(`limit_ns`; the programs' limits may read another clock than the flows'); as the programs read
+it themselves, the harness (tests/support/diffharness.py) asks the model for the window of it
+around each run.
+
 Where the spec leaves a choice open, the model takes the reading named in a comment marked
 "Reading:".
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import NamedTuple, TypeAlias
+
+from cozyebpf.datapath.buckets import Bucket
+from cozyebpf.state import Limits
 
 Addr: TypeAlias = IPv4Address | IPv6Address
 Net: TypeAlias = IPv4Network | IPv6Network
@@ -39,6 +57,8 @@ Net: TypeAlias = IPv4Network | IPv6Network
 PORT_FILTER = 0x01
 ALLOW_ICMP = 0x02
 LEARN = 0x08  # the pod is migrating: TCP that opens nothing passes (pass_learn)
+#: its Service's limits apply: an LB IP's ingress; a pod IP's egress, and ingress sent to it
+LIMIT = 0x10
 
 PASS, DROP = "pass", "drop"
 XDP_DROP, XDP_PASS = 1, 2
@@ -87,10 +107,12 @@ def tc_code(verdict: str) -> int:
 
 
 class Svc(NamedTuple):
-    """svc4/svc6 value."""
+    """svc4/svc6 value; `service`: the Service it is counted for (and whose limits apply),
+    "" for none."""
 
     pod_ip: Addr
     flags: int
+    service: str = ""
 
 
 class Pod(NamedTuple):
@@ -98,6 +120,26 @@ class Pod(NamedTuple):
 
     lb_ip: Addr
     flags: int
+    service: str = ""
+
+
+class Tats(NamedTuple):
+    """A Service's bucket times (`buckets` at its slot): ns of the coarse clock, 0 for a new
+    bucket (full)."""
+
+    in_bytes: int = 0
+    in_pkts: int = 0
+    out_bytes: int = 0
+
+
+@functools.cache
+def limit_buckets(limits: Limits) -> tuple[Bucket | None, Bucket | None, Bucket | None]:
+    """The buckets of a Service's limits, as Tats orders them (None: no such limit)."""
+    return (
+        None if limits.ingress_bps is None else Bucket.bytes_per_second(limits.ingress_bps),
+        None if limits.ingress_pps is None else Bucket.packets_per_second(limits.ingress_pps),
+        None if limits.egress_bps is None else Bucket.bytes_per_second(limits.egress_bps),
+    )
 
 
 class AllowKey(NamedTuple):
@@ -155,12 +197,17 @@ class RefState:
     #: the FIB, as an input: pod IP -> the device the node routes it to; a pod without one, or
     #: a device that does not exist, is confirmed on no device
     routes: dict[Addr, int] = field(default_factory=dict)
+    #: the Services with limits (by the name their entries carry)
+    limits: dict[str, Limits] = field(default_factory=dict)
+    #: their buckets' times; a Service without an entry has new (full) buckets
+    buckets: dict[str, Tats] = field(default_factory=dict)
 
     def apply(self, result: Result, now_ns: int) -> None:
         """Record the entries `result` created or refreshed, as the datapath does."""
         self.flow |= result.new_flows
         self.dev.update(result.devs)
         self.flow_val.update(result.flow_vals)
+        self.buckets.update(result.buckets)
         for key, passed in result.frags.items():
             self.frag[key] = Frag(now_ns, passed)
 
@@ -196,14 +243,54 @@ class Result:
     frags: dict[FragKey, bool] = field(default_factory=dict)  # recorded: key -> passed
     flow_vals: dict[FlowKey, FlowVal] = field(default_factory=dict)  # flows written (egress)
     devs: dict[Addr, int] = field(default_factory=dict)  # pod IP -> its cached device written
+    #: the Service the frame is counted for (its per-Service counters), "" for none
+    service: str = ""
+    buckets: dict[str, Tats] = field(default_factory=dict)  # the bucket times the frame moved
+    #: drop_limit: the frame as the pass would have left it. Reading: the bytes of a dropped
+    #: frame go nowhere; the full paths check the limits at their end, after their rewrite, so
+    #: a frame they refuse may come out translated (the fast paths leave it as it came).
+    limit_frame: bytes | None = None
+
+    @property
+    def clocked(self) -> bool:
+        """Did the frame meet a bucket (charged one, or was refused): does the model's answer
+        depend on the clock beyond the flows' and fragments' ages?"""
+        return bool(self.buckets) or "drop_limit" in self.counts
 
 
-def _untouched(frame: bytes) -> Result:
-    return Result(PASS, frame, {})
+def _untouched(frame: bytes, service: str = "") -> Result:
+    return Result(PASS, frame, {}, service=service)
 
 
-def _counted(frame: bytes, verdict: str, reason: str) -> Result:
-    return Result(verdict, frame, {reason: (1, len(frame))})
+def _counted(frame: bytes, verdict: str, reason: str, service: str) -> Result:
+    return Result(verdict, frame, {reason: (1, len(frame))}, service=service)
+
+
+def police(
+    state: RefState, service: str, egress: bool, cost: int, now_ns: int
+) -> tuple[bool, dict[str, Tats]]:
+    """Does the Service's limit admit a frame of `cost` bytes at `now_ns` (ingress: its byte
+    and its packet bucket, the frame one packet; egress: its byte bucket), and the bucket
+    times it moves (charged only when every bucket admits it)? A Service without limits, or
+    without a limit of the direction, admits every frame and moves nothing."""
+    limits = state.limits.get(service) if service else None
+    if limits is None:
+        return True, {}
+    in_bytes, in_pkts, out_bytes = limit_buckets(limits)
+    tats = state.buckets.get(service, Tats())
+    if egress:
+        checks = [("out_bytes", out_bytes, cost)]
+    else:
+        checks = [("in_bytes", in_bytes, cost), ("in_pkts", in_pkts, 1)]
+    moved: dict[str, int] = {}
+    for name, bucket, units in checks:
+        if bucket is None:
+            continue
+        admitted, end = bucket.admit(getattr(tats, name), now_ns, units)
+        if not admitted:
+            return False, {}
+        moved[name] = end
+    return True, ({service: tats._replace(**moved)} if moved else {})
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -562,8 +649,9 @@ def _fast_shaped(p: Packet) -> bool:
     return p.l3 == 14 and p.frag == "" and p.l4 == p.l3 + (20 if p.family == 4 else 40)
 
 
-def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
-    """XDP `cz_ingress` and tc `cz_ingress_tc`."""
+def ingress(state: RefState, frame: bytes, now_ns: int, limit_ns: int | None = None) -> Result:
+    """XDP `cz_ingress` and tc `cz_ingress_tc`, at `now_ns` (the flows' and fragments' clock)
+    and `limit_ns` (the buckets'; None: now_ns)."""
     where = _locate_ip(frame)
     if where is None:
         return _untouched(frame)
@@ -571,23 +659,25 @@ def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
     _, dst = _src_dst(frame, family, l3)
     svc, pod = state.svc.get(dst), state.pod.get(dst)
     if svc is not None:
-        pod_ip, flags = svc
+        pod_ip, flags, service = svc
     elif pod is not None:
-        pod_ip, flags = dst, pod.flags
+        # sent to the pod IP directly: the pod's flags, never its (egress) limit: the limits
+        # are the public IP's (the control plane leaves LIMIT out of such an address's flags)
+        pod_ip, flags, service = dst, pod.flags & ~LIMIT, pod.service
     else:
         return _untouched(frame)
     p = _parse_ip(frame, family, l3)
     if p is None or not _l4_fits(frame, p):
-        return _counted(frame, DROP, "drop_malformed")
+        return _counted(frame, DROP, "drop_malformed", service)
     icmp_type = p.icmp_type(frame)
     # Reading: neighbour discovery is recognised after the malformed checks.
     if family == 6 and icmp_type in ND_TYPES:
-        return _untouched(frame)
+        return _untouched(frame, service)
     is_error = icmp_type in ICMP_ERRORS[family]
     inner = _inner(frame, p) if is_error else None
     # the pod's own packet left with the LB IP as its source: it gets the pod IP back
     inner_new = pod_ip if svc is not None and inner is not None and inner.src == dst else None
-    frags = {}
+    frag = None
     # source ranges: keyed on the pod IP, like the port filter, in either mode
     out = state.outside(pod_ip, p.src)
     if is_error and inner is None:
@@ -595,17 +685,35 @@ def ingress(state: RefState, frame: bytes, now_ns: int) -> Result:
     elif flags & PORT_FILTER or out:
         translated = replace(inner, src=inner_new) if inner and inner_new else inner
         reason = _filter(state, frame, p, pod_ip, flags, translated, now_ns, out)
-        # Reading: what is recorded is the port filter's verdict; packets refused before it
-        # (drop_malformed, drop_icmp_inner) record nothing.
+        # Reading: what is recorded is the verdict of the port filter and then the limits;
+        # packets refused before the filter (drop_malformed, drop_icmp_inner) record nothing.
         if p.frag == "first":
-            frags[FragKey(p.src, pod_ip, p.frag_id, p.proto)] = reason.startswith("pass")
+            frag = FragKey(p.src, pod_ip, p.frag_id, p.proto)
     else:
         reason = "nat_ingress"
     verdict = DROP if reason.startswith("drop") else PASS
-    out = frame
+    result = frame
     if verdict == PASS and svc is not None:
-        out = _translate(frame, p, "dst", pod_ip, inner, inner_new)
-    return Result(verdict, out, {reason: (1, len(frame))}, frags=frags)
+        result = _translate(frame, p, "dst", pod_ip, inner, inner_new)
+    buckets: dict[str, Tats] = {}
+    limit_frame = None
+    if verdict == PASS and flags & LIMIT:
+        # the limits hold only what passes the filter; a refused frame is not translated
+        at = now_ns if limit_ns is None else limit_ns
+        admitted, buckets = police(state, service, False, len(frame), at)
+        if not admitted:
+            reason, verdict, result, limit_frame = "drop_limit", DROP, frame, result
+    frags = {frag: verdict == PASS} if frag is not None else {}
+    counts = {reason: (1, len(frame))}
+    return Result(
+        verdict,
+        result,
+        counts,
+        frags=frags,
+        service=service,
+        buckets=buckets,
+        limit_frame=limit_frame,
+    )
 
 
 def spoofed(state: RefState, pod_ip: Addr, in_dev: int) -> tuple[bool, int | None]:
@@ -621,9 +729,11 @@ def spoofed(state: RefState, pod_ip: Addr, in_dev: int) -> tuple[bool, int | Non
     return True, None
 
 
-def egress(state: RefState, frame: bytes, now_ns: int, in_dev: int = 0) -> Result:
+def egress(
+    state: RefState, frame: bytes, now_ns: int, in_dev: int = 0, limit_ns: int | None = None
+) -> Result:
     """tc `cz_egress`, for a frame that entered the node by device `in_dev` (0: the node sent
-    it)."""
+    it); `limit_ns` as for `ingress`."""
     where = _locate_ip(frame)
     if where is None:
         return _untouched(frame)
@@ -632,21 +742,34 @@ def egress(state: RefState, frame: bytes, now_ns: int, in_dev: int = 0) -> Resul
     pod = state.pod.get(src)
     if pod is None:
         return _untouched(frame)
+    service = pod.service
     p = _parse_ip(frame, family, l3)
     if p is None or not _l4_fits(frame, p):
-        return _counted(frame, DROP, "drop_malformed")
+        return _counted(frame, DROP, "drop_malformed", service)
     # Source verification, once the headers are known good: a spoofed packet is dropped as it is
     # and records nothing. A confirmed device is cached, whichever path decided the frame (the
     # entry program hands a frame from another device to the full path, which asks the FIB); a
     # dry run, which the model does not make, caches nothing (docs/datapath-semantics.md).
     spoof, confirmed = spoofed(state, src, in_dev)
     if spoof:
-        return _counted(frame, DROP, "drop_spoofed")
+        return _counted(frame, DROP, "drop_spoofed", service)
     devs = {src: confirmed} if confirmed is not None else {}
+    icmp_type = p.icmp_type(frame)
+    inner = _inner(frame, p) if icmp_type in ICMP_ERRORS[family] else None
+    inner_new = pod.lb_ip if inner is not None and inner.dst == src else None
+    out = _translate(frame, p, "src", pod.lb_ip, inner, inner_new)
+    buckets: dict[str, Tats] = {}
+    if pod.flags & LIMIT:
+        # policed: a refused frame is not translated and records no flow (Reading: the device
+        # confirmed before stays cached)
+        at = now_ns if limit_ns is None else limit_ns
+        admitted, buckets = police(state, service, True, len(frame), at)
+        if not admitted:
+            counts = {"drop_limit": (1, len(frame))}
+            return Result(DROP, frame, counts, devs=devs, service=service, limit_frame=out)
     counts = {"nat_egress": (1, len(frame))}
     new_flows: set[FlowKey] = set()
     flow_vals: dict[FlowKey, FlowVal] = {}
-    icmp_type = p.icmp_type(frame)
     # a port-filter pod's flows, and a restricted pod's (whole-IP too), so that replies pass
     if (pod.flags & PORT_FILTER or src in state.ranges) and p.has_l4:
         key = None
@@ -671,7 +794,13 @@ def egress(state: RefState, frame: bytes, now_ns: int, in_dev: int = 0) -> Resul
                 counts["flow_new"] = (1, 0)
             elif closing != old.closing or now_ns - old.seen_ns > FLOW_REFRESH_NS:
                 flow_vals[key] = FlowVal(now_ns, closing)
-    inner = _inner(frame, p) if icmp_type in ICMP_ERRORS[family] else None
-    inner_new = pod.lb_ip if inner is not None and inner.dst == src else None
-    out = _translate(frame, p, "src", pod.lb_ip, inner, inner_new)
-    return Result(PASS, out, counts, frozenset(new_flows), flow_vals=flow_vals, devs=devs)
+    return Result(
+        PASS,
+        out,
+        counts,
+        frozenset(new_flows),
+        flow_vals=flow_vals,
+        devs=devs,
+        service=service,
+        buckets=buckets,
+    )
