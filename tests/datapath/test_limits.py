@@ -6,6 +6,8 @@ limits and does not fill the buckets again. Whole packets: addresses, checksums,
 
 from __future__ import annotations
 
+import ctypes
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -15,6 +17,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
+from cozyebpf.datapath import bpfsys
+from cozyebpf.datapath.buckets import limit_clock_ns
+from cozyebpf.datapath.layout import BucketVal
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.state import Limits
 from cozylab.k8s import Svc
@@ -149,6 +154,49 @@ def test_ipv6_shares_the_services_bucket(env: AgentLab) -> None:
     assert len(passed) <= int((elapsed + 5) * ING_PPS), len(passed)
     assert all(p[IPv6].dst == POD1.ip6 for p in passed)
     assert drops(env) - before == 40 - len(passed) > 0
+
+
+def cli(env: AgentLab, *args: str) -> str:
+    return env.lab.exec(env.lab.node, *env.cmd, *args, "--pin-dir", env.pin_dir).stdout
+
+
+def test_dump_status_and_explain_show_the_limits_and_the_empty_bucket(env: AgentLab) -> None:
+    """Right after vm1's bucket was emptied: `maps dump` gives its limits and next to nothing
+    left of its packet burst, `status` its limits (the egress one policed), `explain` a
+    datagram to it dropped as drop_limit and why (its dry run charges nothing)."""
+    blast(env, [udp4(LB_WHOLE, 25000 + i, b"d%05d" % i) for i in range(80)], {POD1.ip: POD1})
+    d = json.loads(cli(env, "maps", "dump", "--json"))
+    (row,) = [r for r in d["limits"] if r["service"] == "default/vm1"]
+    assert row["ingress_packets_per_second"] == ING_PPS
+    assert row["egress_bits_per_second"] == 1_000_000 and not row["guard"]
+    assert row["burst_left"]["ingress_packets"] < 0.2, row
+    (vm2,) = [r for r in d["limits"] if r["service"] == "default/vm2"]
+    assert vm2["guard"] and vm2["ingress_packets_per_second"] == 10**6
+    text = cli(env, "status")
+    assert f"default/vm1: ingress {ING_PPS} packets/s; egress 1 Mbit/s (policed)" in text, text
+    assert "the node's guard only" in text
+    # the bucket as a flood leaves it for a minute (a CLI's start takes longer than the 0.5 s
+    # in which 2 packets/s gives a packet back)
+    with PinnedMaps.open(env.pin_dir) as m:
+        m.read_state()  # (loads the slots)
+        key = ctypes.c_uint32(m.slots.slot("default/vm1"))
+        assert key.value
+        b = BucketVal()
+        assert bpfsys.map_lookup(m.fds["buckets"], key, b)
+        now = limit_clock_ns()
+        assert now is not None
+        b.in_pkts = now + 60 * 10**9
+        bpfsys.map_update(m.fds["buckets"], key, b)
+        out = cli(env, "explain", "--from", CLIENT_IP, "--to", f"{LB_WHOLE}:53", "--proto", "udp")
+        assert "drop_limit" in out and "over the ingress limit of default/vm1" in out, out
+        # a bucket with room: explain says it passes, and its dry run charges nothing (a run
+        # would move the bucket by half a second)
+        b.in_pkts = now + 10 * 10**9
+        bpfsys.map_update(m.fds["buckets"], key, b)
+        out = cli(env, "explain", "--from", CLIENT_IP, "--to", f"{LB_WHOLE}:53", "--proto", "udp")
+        assert "verdict: pass" in out and "nat_ingress" in out, out
+        assert bpfsys.map_lookup(m.fds["buckets"], key, b)
+        assert b.in_pkts == now + 10 * 10**9, "explain's dry run charged the bucket"
 
 
 def test_egress_bandwidth_is_policed_where_the_pod_is_translated(env: AgentLab) -> None:
