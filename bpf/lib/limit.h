@@ -7,7 +7,7 @@
  * slot; one whose pod IP carries it (pod_flags) has an egress limit there. The buckets are GCRA
  * on one 64-bit time each, in `buckets` at the same slot, shared by every CPU (a per-CPU bucket
  * would give a flow that one CPU takes 1/n of the rate): the arithmetic of
- * cozyebpf/model/limits.py (Bucket.admit), which the differential test holds them to.
+ * cozyebpf/datapath/buckets.py (Bucket.admit), which the differential test holds them to.
  *
  * A packet of `cost` bytes (or 1 packet) at `now` passes when max(tat, now) + cost * unit (in
  * whole ns, rounded down) is at most now + tol; the bucket's time then moves by its cost: an

@@ -282,7 +282,7 @@ struct svc_stat {
 
 /*
  * limits: array indexed by a Service's slot (as svcstats), written by the control plane: the
- * Service's limits as GCRA buckets (limit.h; cozyebpf/model/limits.py, Bucket): `unit`, the
+ * Service's limits as GCRA buckets (limit.h; cozyebpf/datapath/buckets.py, Bucket): `unit`, the
  * time one byte (or packet) takes at the rate in 2^-16 ns, 0 for no such limit; `tol`, the
  * burst's time in ns. Since 0.3.0, in layout 7 still: older agents leave the map.
  */

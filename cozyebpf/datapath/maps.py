@@ -212,7 +212,8 @@ class PinnedMaps(Views, FlowTables):
     def limits(self) -> dict[str, tuple[Limits, dict[str, float]]]:
         """Each Service with limits: its Limits and, for each of its buckets (buckets_of's
         names), the share of its burst left now (1.0 full, 0.0 empty) as the programs left
-        it: the bucket's time against the coarse clock."""
+        it: the bucket's time against the programs' clock (limit_clock_ns; none where that
+        cannot be read)."""
         out: dict[str, tuple[Limits, dict[str, float]]] = {}
         if self.layout.buckets.name not in self.fds:
             return out
@@ -237,7 +238,8 @@ class PinnedMaps(Views, FlowTables):
 
     def _write_limits(self, limits: Mapping[str, Limits]) -> None:
         """Each Service's limits at its slot (no limit: zeros). A Service without a slot of its
-        own (all taken: --counted-services) has none enforced; the model said so."""
+        own (all taken: --counted-services) has none enforced, as it has no counters of its own
+        (ServiceSlots.activate logs that once; README, *Limits of this version*)."""
         keys, values = [], []
         if self.layout.limits.name not in self.fds:
             return
