@@ -16,7 +16,7 @@ from typing import Any
 
 from bench import charts, common, report
 
-PARTS = ("progrun", "mapwrites", "datapath", "kubeovn", "control")
+PARTS = ("progrun", "mapwrites", "datapath", "kubeovn", "limits", "control")
 
 
 def _check() -> list[str]:
@@ -61,6 +61,8 @@ def _part(part: str) -> Callable[[common.Params], dict[str, Any]]:
         from bench.datapath import main_datapath as fn
     elif part == "kubeovn":
         from bench.kubeovn import main_kubeovn as fn
+    elif part == "limits":
+        from bench.limits import main_limits as fn
     else:
         from bench.control import main_control as fn
     return fn

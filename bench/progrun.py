@@ -24,7 +24,7 @@ from bench.common import Params, log, median, pin_dir
 from bench.frames import udp_frame
 from cozyebpf.datapath import attach, bpfsys, layout, loader
 from cozyebpf.datapath.maps import Flow, PinnedMaps
-from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
+from cozyebpf.state import AllowedPort, Limits, MapState, PodEntry, Proto, ServiceEntry, diff
 
 CLIENT = "198.51.100.2"
 LB_W, POD_W = "203.0.113.10", "10.244.1.10"
@@ -37,6 +37,16 @@ LB_RF, POD_RF = "203.0.113.60", "10.244.1.60"
 OUTSIDER = "192.0.2.5"
 RANGES = frozenset({N("198.51.100.0/24"), N("192.0.2.128/25"), N("10.0.0.0/8")})
 M1, M2 = "02:00:00:00:aa:01", "02:00:00:00:aa:02"
+# Services with limits (issue 38), whole-IP, named (an active slot: their limits are written
+# there): one far above anything a run sends (every packet passes and is charged), one whose
+# packet rate a run exceeds at once (after the burst of 64 every packet is a drop_limit; its
+# byte bucket admits first: the longest way to a drop)
+LB_L, POD_L, SVC_L = "203.0.113.70", "10.244.1.70", "bench/limited"
+LB_LD, POD_LD, SVC_LD = "203.0.113.80", "10.244.1.80", "bench/limit-drop"
+LIMITS = {
+    SVC_L: Limits(ingress_bps=10**15, egress_bps=10**15, ingress_pps=10**9),
+    SVC_LD: Limits(ingress_bps=10**15, ingress_pps=1),
+}
 
 # flipping seeds: a rewritten packet comes back to the same path on the next run
 SEED = MapState(
@@ -49,6 +59,10 @@ SEED = MapState(
         A(POD_RW): ServiceEntry(A(LB_RW), False, False),
         A(LB_RF): ServiceEntry(A(POD_RF), True, False),
         A(POD_RF): ServiceEntry(A(LB_RF), True, False),
+        A(LB_L): ServiceEntry(A(POD_L), False, False, SVC_L, limited=True),
+        A(POD_L): ServiceEntry(A(LB_L), False, False, SVC_L, limited=True),
+        A(LB_LD): ServiceEntry(A(POD_LD), False, False, SVC_LD, limited=True),
+        A(POD_LD): ServiceEntry(A(LB_LD), False, False, SVC_LD, limited=True),
     },
     pods={
         A(POD_W): PodEntry(A(LB_W), False, False),
@@ -60,6 +74,10 @@ SEED = MapState(
         A(LB_RW): PodEntry(A(POD_RW), False, False),
         A(POD_RF): PodEntry(A(LB_RF), True, False),
         A(LB_RF): PodEntry(A(POD_RF), True, False),
+        A(POD_L): PodEntry(A(LB_L), False, False, SVC_L, limited=True),
+        A(LB_L): PodEntry(A(POD_L), False, False, SVC_L, limited=True),
+        A(POD_LD): PodEntry(A(LB_LD), False, False, SVC_LD),  # no egress limit
+        A(LB_LD): PodEntry(A(POD_LD), False, False, SVC_LD),
     },
     allowed={
         AllowedPort(A(POD_F), Proto.UDP, 80),
@@ -68,6 +86,7 @@ SEED = MapState(
         AllowedPort(A(LB_RF), Proto.UDP, 80),
     },
     ranges={A(a): RANGES for a in (POD_RW, LB_RW, POD_RF, LB_RF)},
+    limits=LIMITS,
 )
 
 
@@ -107,6 +126,18 @@ CASES: dict[str, tuple[str, bytes, int, str]] = {
         1,
         "as xdp/port-drop, its flow-hint bit set by a flow that is gone: a flow4 miss",
     ),
+    "xdp/whole-ip-limited": (
+        "xdp",
+        _ingress(LB_L, 1000, 5000),
+        2,
+        "as xdp/whole-ip, under its Service's limits: both buckets charged",
+    ),
+    "xdp/limit-drop": (
+        "xdp",
+        _ingress(LB_LD, 1000, 5000),
+        1,
+        "a whole-IP Service over its packet rate: byte bucket admits, packet bucket drop_limit",
+    ),
     "tc/whole-ip": ("tc", _ingress(LB_W, 1000, 5000), -1, "as xdp/whole-ip, skb helpers"),
     "tc/whole-ip-ranges": ("tc", _ingress(LB_RW, 1000, 5000), -1, "as xdp/whole-ip-ranges"),
     "tc/port-allowed": ("tc", _ingress(LB_F, 1000, 80), -1, "as xdp/port-allowed"),
@@ -130,6 +161,12 @@ CASES: dict[str, tuple[str, bytes, int, str]] = {
         udp_frame(M1, M2, POD_RW, CLIENT, 40000, 53),
         -1,
         "a restricted whole-IP pod: its flows recorded (flow4 hit), SNAT",
+    ),
+    "egress/whole-ip-limited": (
+        "egress",
+        udp_frame(M1, M2, POD_L, CLIENT, 40000, 53),
+        -1,
+        "as egress/whole-ip, under its Service's egress limit: its bucket charged",
     ),
     "min/whole-ip": ("min", _ingress(LB_W, 1000, 5000), 2, "minimal NAT: svc hit, rewrite"),
     "min/port-allowed": ("min", _ingress(LB_F, 1000, 80), 2, "minimal NAT: svc, allow hit"),
@@ -175,6 +212,18 @@ for _name in ("egress/whole-ip", "egress/port-filter"):
 for _name in ("xdp/whole-ip", "xdp/port-drop", "tc/whole-ip", "egress/port-filter"):
     _prog, _frame, _want, _what = CASES[_name]
     CASES[f"mon/{_name}"] = (_prog, _frame, _want, "with a monitor running (--type all)")
+#: cases whose Service is over its limit: its bucket is emptied before each measurement (it
+#: refills a packet a second, up to the burst of 64, while the other cases run), so that the
+#: verdict is the drop and every run of the measurement is one
+DRAIN = frozenset({"xdp/limit-drop"})
+DRAIN_RUNS = 10_000
+#: the limits' cost (issue 38), measured apart in interleaved rounds for its targets: each
+#: case of a Service with limits beside the one of today it is held to (limited: today's)
+LIMIT_PAIRS = {
+    "xdp/whole-ip-limited": "xdp/whole-ip",
+    "egress/whole-ip-limited": "egress/whole-ip",
+    "xdp/limit-drop": "xdp/port-drop",
+}
 
 
 @dataclass
@@ -185,6 +234,12 @@ class ProgRunBench:
         self.pin = pin_dir("run")
         self.maps = PinnedMaps.ensure(self.pin)
         self.maps.apply(diff(self.maps.read_state(), SEED))
+        written = {svc: lim for svc, (lim, _) in self.maps.limits().items()}
+        if written != LIMITS:
+            raise RuntimeError(
+                f"the limits map holds {written}, not {LIMITS}: the limited Services need "
+                "active slots (PinnedMaps.ensure's service_slots)"
+            )
         # the reply flow, for both sides of the flip (with its flow-hint bit, as egress sets it)
         self.maps.add_flows(
             Flow(A(pod), A(CLIENT), 40000, 53, 17) for pod in (POD_F, LB_F, POD_RW, LB_RW)
@@ -225,12 +280,38 @@ class ProgRunBench:
             self.maps.close()
         attach.detach_all(self.pin)
 
-    def _monitor(self, name: str) -> None:
-        """The monitor's switch on (every packet an event candidate) for the mon/ cases."""
+    def _ready(self, name: str, fd: int, frame: bytes) -> None:
+        """The monitor's switch on (every packet an event candidate) for the mon/ cases; the
+        bucket of a DRAIN case emptied."""
         if name.startswith("mon/"):
             self.maps.set_monitor(layout.MON_ALL, 1_000_000, 100_000_000)  # 1000/s, burst 100
         else:
             self.maps.set_monitor(layout.MON_OFF)
+        if name in DRAIN:
+            bpfsys.prog_test_run(fd, frame, repeat=DRAIN_RUNS)
+
+    def _limit_rounds(self, rounds: int) -> dict[str, dict[str, float]]:
+        """ns per packet of LIMIT_PAIRS' cases in `rounds` interleaved rounds (the order turned
+        by one each round); per case the minimum over the rounds (the figure least moved by
+        other work) and the median. Checks that the drops were counted drop_limit."""
+        names = sorted({*LIMIT_PAIRS, *LIMIT_PAIRS.values()})
+        res: dict[str, list[float]] = {n: [] for n in names}
+        self.maps.set_monitor(layout.MON_OFF)
+        before = self.maps.counters().get("drop_limit", {}).get("packets", 0)
+        for i in range(rounds):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                prog, frame, want, _ = CASES[name]
+                fd = self.fds[prog]
+                self._ready(name, fd, frame)
+                r = bpfsys.prog_test_run(fd, frame, repeat=1)
+                if r.retval != want:
+                    raise RuntimeError(f"{name}: verdict {r.retval}, want {want}")
+                r = bpfsys.prog_test_run(fd, frame, repeat=self.params.progrun_repeat)
+                res[name].append(r.duration_ns)
+        dropped = self.maps.counters().get("drop_limit", {}).get("packets", 0) - before
+        if dropped < rounds * self.params.progrun_repeat:
+            raise RuntimeError(f"drop_limit counted {dropped} packets, want the limit-drop runs")
+        return {n: {"min": min(v), "median": median(v)} for n, v in res.items()}
 
     def run(self) -> dict[str, Any]:
         p = self.params
@@ -239,7 +320,7 @@ class ProgRunBench:
         for rep in range(p.progrun_reps):
             for name, (prog, frame, want, _) in CASES.items():
                 fd = self.fds[prog]
-                self._monitor(name)
+                self._ready(name, fd, frame)
                 r = bpfsys.prog_test_run(fd, frame, repeat=1)
                 if r.retval != want:
                     raise RuntimeError(f"{name}: verdict {r.retval}, want {want}")
@@ -249,7 +330,7 @@ class ProgRunBench:
             try:
                 for name, (prog, frame, _, _) in CASES.items():
                     fd = self.fds[prog]
-                    self._monitor(name)
+                    self._ready(name, fd, frame)
                     s0 = bpfx.prog_run_stats(fd)
                     bpfsys.prog_test_run(fd, frame, repeat=p.progrun_repeat)
                     s1 = bpfx.prog_run_stats(fd)
@@ -260,6 +341,7 @@ class ProgRunBench:
                 self.maps.set_monitor(layout.MON_OFF)
             log(f"progrun rep {rep + 1}/{p.progrun_reps} done")
         out: dict[str, Any] = {"repeat": p.progrun_repeat, "cases": {}}
+        out["limits"] = self._limit_rounds(10 * p.progrun_reps)
         floor = {"xdp": median(res["floor/xdp"]), "tc": median(res["floor/tc"])}
         for name, (prog, _, _, what) in CASES.items():
             ns = median(res[name])

@@ -25,6 +25,8 @@ PROGRUN_GOAL = 1.1  # BPF_PROG_RUN ns per path vs the minimal NAT's, where it do
 SVC_COUNTER_GOAL = 0.97  # issue 11: per-Service counters cost the fast path at most 3 %
 RANGES_GOAL = 0.95  # issue 12: source ranges cost the Services that have them at most 5 %
 SPOOF_CHECK_GOAL = 0.98  # issue 21: the source check costs egress at most 2 %
+LIMIT_PASS_NS = 10.0  # issue 38: a packet under its Service's limits costs at most 10 ns more
+LIMIT_DROP_GOAL = 0.9  # issue 38: a drop_limit costs at most 1/0.9 of the port filter's drop
 #: verified instructions per program before issue 10 (the target; the stretch is half)
 VERIFIER_BEFORE = {"xdp": 146820, "tc": 334198, "egress": 63073}
 
@@ -94,6 +96,10 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         pod_hook_targets(dp, t)
         minimal_targets(dp, t)
     kovn_targets(res.get("kubeovn"), t)
+    if res.get("limits"):
+        from bench.limits_report import targets as limits_bench_targets
+
+        limits_bench_targets(res["limits"], t.rows)
     pr = res.get("progrun")
     if pr:
         progrun_targets(pr, t)
@@ -233,6 +239,7 @@ def progrun_targets(pr: dict[str, Any], t: Targets) -> None:
                 f"packet instead of the cache: {fib} ns",
                 higher_is_better=False,
             )
+    limit_targets(pr.get("limits"), t)
     cases = pr["cases"]
     for path in ("whole-ip", "port-allowed", "port-drop"):
         ours, mini = cases.get(f"xdp/{path}"), cases.get(f"min/{path}")
@@ -259,6 +266,41 @@ def progrun_targets(pr: dict[str, Any], t: Targets) -> None:
             f"{_stretch(worst, before // 2, False)}",
             higher_is_better=False,
         )
+
+
+def limit_targets(lim: dict[str, Any] | None, t: Targets) -> None:
+    """Limits per Service (issue 38) in BPF_PROG_RUN, from their interleaved rounds: a packet
+    under its limits against the same path without (at most LIMIT_PASS_NS more), a packet over
+    them (drop_limit) against today's drop path, the port filter's (at least LIMIT_DROP_GOAL
+    of its rate)."""
+    if not lim:
+        return
+
+    def both(case: str) -> str:
+        return f"{lim[case]['min']:.1f} (median {lim[case]['median']:.1f})"
+
+    for case in ("xdp/whole-ip", "egress/whole-ip"):
+        on, off = lim.get(f"{case}-limited"), lim.get(case)
+        t.add(
+            f"{case}: BPF_PROG_RUN under its Service's limits vs without (cost <= 10 ns)",
+            on["min"] - off["min"] if on and off else None,
+            LIMIT_PASS_NS,
+            "ns",
+            f"{both(case + '-limited')} vs {both(case)} ns (min over interleaved rounds)"
+            if on and off
+            else "not measured",
+            higher_is_better=False,
+        )
+    drop, port = lim.get("xdp/limit-drop"), lim.get("xdp/port-drop")
+    t.add(
+        "limit-drop: BPF_PROG_RUN drop_limit vs the port filter's drop (xdp/port-drop, 1/x)",
+        port["min"] / drop["min"] if drop and port and drop["min"] else None,
+        LIMIT_DROP_GOAL,
+        "x",
+        f"{both('xdp/port-drop')} vs {both('xdp/limit-drop')} ns (min over interleaved rounds)"
+        if drop and port
+        else "not measured",
+    )
 
 
 def mapwrite_targets(mw: dict[str, Any], t: Targets) -> None:
@@ -434,6 +476,10 @@ def table(res: dict[str, Any]) -> str:
             "interleaved in one run)"
         )
         lines += ["  " + x for x in kovn_table(kv)]
+    if res.get("limits"):
+        from bench.limits_report import table as limits_table
+
+        lines += limits_table(res["limits"])
     ph = (pr or {}).get("pod_hook")
     if ph:
         lines.append(
@@ -546,6 +592,12 @@ def progrun_table(pr: dict[str, Any]) -> list[str]:
             f"{c['ns_bpf_stats']:7.1f}   {c['what']}"
         )
     lines.append(f"  program sizes (xlated insns): {pr['insns']}")
+    lim = pr.get("limits")
+    if lim:
+        lines.append(
+            "  limits (issue 38), ns min / median over interleaved rounds: "
+            + ", ".join(f"{c} {v['min']:.1f}/{v['median']:.1f}" for c, v in lim.items())
+        )
     sp = pr.get("spoof")
     if sp:
         lines.append(

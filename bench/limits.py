@@ -1,0 +1,737 @@
+"""Limits per public IP (issue 38) with real traffic: the real agent (`python -m cozyebpf run`,
+a manifest file) in the node namespace of a cozylab.netns.Lab, TCP through it, a flood at it.
+
+    client ns               node ns (the agent: XDP, tcx egress)          pod ns
+    eth0 198.51.100.2 ===== uplink           lxc-pod1 ====================== vm-acc 10.244.1.10
+      TCP senders/receivers                  lxc-pod2 ====================== vm-b   10.244.1.20
+      bench_gen (the flood)                  lxc-pod3 ====================== vm-a   10.244.1.30
+                                                                            (bench_count)
+
+Three whole-IP Services: vm-acc (203.0.113.10), vm-b (203.0.113.20), vm-a (203.0.113.30).
+
+1. Accuracy: TCP goodput (the bytes the receivers read, per second of a window that follows a
+   warm-up long enough to empty the burst) from the client to vm-acc's LB IP through its
+   ingressBandwidth (`ingress`), and from vm-acc to the client through its egressBandwidth
+   (`egress`), at 10M, 100M and 1G, with 1 and 8 parallel flows, and the same without a limit
+   in the same run: a limit the path does not exceed by REACHABLE without it is "not reachable
+   here", not a miss. `egress-nogso` is `egress` with TSO and GSO off on vm-acc's eth0, so that
+   the uplink's egress polices its segments one by one instead of 64 KiB GSO packets. The
+   senders' congestion control is set per socket: cubic (Linux's default; the targets), and in
+   full runs also bbr (this VM's kernel default). The retransmissions the limit causes:
+   tcpi_total_retrans of the senders (TCP_INFO) and the sender namespace's retransmission
+   timeouts (TcpExt TCPTimeouts) over the window.
+2. Isolation: vm-b's TCP goodput (one flow in, then one out) while vm-a's LB IP is flooded by
+   the in-kernel generator (60-byte UDP, one 5-tuple: bench_gen as fast as one thread makes
+   it, and bench_gen_paced at FIXED_FLOOD packets/s), against the same without the flood (the
+   three in turns, the order turned per repetition), in four configurations of the node: the
+   agent with its default guard (1M packets/s for every Service without a rate of its own),
+   with the guard at LAB_GUARD (the default is more than the flood the node forwards here: see
+   below), with the guard off (--guard-packet-rate 0), and cozy-proxy's nftables ruleset
+   (bench/nftrules.py) with the agent stopped and the datapath detached. vm-b's demand is
+   capped by the sender's pacing (SO_MAX_PACING_RATE, B_DEMAND): its rate alone is then the
+   same in every configuration and far below what the path carries, so what it loses under the
+   flood is the flood's doing, not the sender's share of the CPUs (its unpaced rate would fall
+   under any product: the generator takes one of the two CPUs).
+
+What the 2-vCPU VM shows and does not: the flood's frames and vm-b's share the uplink's one
+receive ring (a veth's, 256 entries) and its NAPI, as a NIC queue's would be shared, but the
+flood's work on the node runs in the generator thread's softirq, on the generator's CPU: the
+node does not have CPUs of its own, and a flood that the node forwards slows the generator
+(the flood's rate is recorded per configuration): a slower datapath gets a smaller flood.
+The lab's round-trip time is tens of microseconds (this kernel has no netem to add one): far
+below the 50 ms the bursts are sized for. Other jobs on the machine share both CPUs: each
+measurement records the CPU they took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench import bpfx, progs
+from bench.common import REPO, TAG, Params, cpu_busy, loadavg, log, pin_dir
+from bench.datapath import _ksoftirqd_seconds
+from bench.frames import udp_frame
+from bench.nftrules import full_ruleset
+from cozyebpf.datapath.maps import PinnedMaps
+from cozyebpf.state import Limits
+from cozylab.k8s import Svc, manifest
+from cozylab.netns import CLIENT_IP, CLIENT_MAC, UPLINK, UPLINK_MAC, Lab, Pod, wait_for
+from cozylab.traffic import tcp_state
+
+ANN = "networking.cozystack.io/"
+POD_ACC, POD_B, POD_A = (
+    Pod("pod1", "10.244.1.10", 1),
+    Pod("pod2", "10.244.1.20", 2),
+    Pod("pod3", "10.244.1.30", 3),
+)
+LB_ACC, LB_B, LB_A = "203.0.113.10", "203.0.113.20", "203.0.113.30"
+QUANTITY = {"10M": 10**7, "100M": 10**8, "1G": 10**9, "100k": 10**5}
+DEFAULT_GUARD = 10**6  # cozyebpf run's --guard-packet-rate default ("1M")
+#: the guard of the configuration `cz-guard-lab`: the default's 1M is more than the flood the
+#: node forwards here (the generator shares its CPU with the node's work), so a guard that
+#: cuts it is scaled down to the lab
+LAB_GUARD = "100k"
+#: vm-b's demand in the isolation rows: the sender's pacing (bits/s)
+B_DEMAND = 200 * 10**6
+#: the floods: none (vm-b alone), "full" (as fast as one generator thread goes: what the node
+#: forwards slows it, so its rate differs per configuration), "fixed" (FIXED_FLOOD packets/s
+#: offered in every configuration by bench_gen_paced, whose thread also takes a whole CPU:
+#: below what the slowest configuration, nftables, forwards here)
+FLOODS: tuple[str | None, ...] = (None, "full", "fixed")
+FIXED_FLOOD = 250_000
+#: a limit counts as reachable where the path without it carries this much more
+REACHABLE = 1.2
+#: accuracy: goodput / limit within this band
+BAND = (0.95, 1.05)
+#: isolation: vm-b keeps at least this share of its rate while vm-a is flooded (guard on)
+KEEP_GOAL = 0.9
+#: a full-size frame and the TCP payload in it here (MTU 1500, timestamps on): the ingress
+#: bucket counts the frame's bytes, Ethernet header included, so a goodput at the limit is
+#: MSS / FRAME = 0.956 of it
+FRAME, MSS = 1514, 1448
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+DIRECTIONS = {
+    "ingress": "client -> vm-acc's LB IP, through its ingressBandwidth (XDP)",
+    "egress": "vm-acc -> client, through its egressBandwidth (the uplink's tc egress)",
+    "egress-nogso": "the same with TSO/GSO off in vm-acc: segments policed one by one",
+}
+CONFIGS = ("cz-guard", "cz-guard-lab", "cz-off", "nft")
+#: the agent's --guard-packet-rate per configuration (None: its default)
+GUARD_FLAG = {"cz-guard": None, "cz-guard-lab": LAB_GUARD, "cz-off": "0"}
+CONFIG_LABELS = {
+    "cz-guard": "cozyebpf, its default guard (1M packets/s per Service)",
+    "cz-guard-lab": f"cozyebpf, --guard-packet-rate {LAB_GUARD} (the guard scaled to the lab)",
+    "cz-off": "cozyebpf, guard off (--guard-packet-rate 0), no limits",
+    "nft": "cozy-proxy's nftables ruleset (agent stopped, datapath detached)",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long and how often (quick: one repetition, shorter windows, cubic only, no
+    egress-nogso)."""
+
+    reps: int  # accuracy: repetitions (the order of the limits turned each time)
+    iso_reps: int  # isolation: rounds of alone, full and fixed flood per row
+    warmup: float  # seconds of traffic before a window (slow start, the burst)
+    window: float  # seconds measured
+    limits: tuple[str, ...]
+    flows: tuple[int, ...]
+    ccs: tuple[str, ...]  # the senders' congestion control; the first is the targets'
+    nogso: bool  # egress-nogso too (with the first congestion control)
+
+    @classmethod
+    def make(cls, params: Params) -> Settings:
+        lims = ("10M", "100M", "1G")
+        if params.quick:
+            return cls(1, 1, 0.4, 1.2, lims, (1, 8), ("cubic",), False)
+        return cls(2, 3, 0.8, 2.5, lims, (1, 8), ("cubic", "bbr"), True)
+
+    def directions(self, cc: str) -> tuple[str, ...]:
+        """egress-nogso (a diagnosis of egress) with the targets' congestion control only."""
+        return tuple(DIRECTIONS) if cc == self.ccs[0] and self.nogso else ("ingress", "egress")
+
+
+class Others:
+    """The CPU time the machine's other jobs took between start and `cpus()`, in CPUs: utime +
+    stime of every process that is neither a kernel thread nor this process or one of its
+    descendants (the agent). /proc/<pid>/stat's times are the scheduler's exact runtime, split
+    by ticks; /proc/stat's idle time is not usable here, as its busy time is sampled at the
+    tick, and the limits' work runs right after a tick (the buckets' clock), so that the tick
+    finds the CPUs idle. A process that ends within the window is missed (its children's times,
+    cutime, would count a whole life at once): a lower bound."""
+
+    def __init__(self) -> None:
+        self.t0, self.s0 = time.monotonic(), self._snap()
+
+    @staticmethod
+    def _snap() -> dict[int, int]:
+        info: dict[int, tuple[int, int, int]] = {}  # pid -> (ppid, flags, clock ticks)
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime stime
+            info[int(pid)] = (int(fields[1]), int(fields[6]), ticks)
+        ours = {os.getpid()}
+        while True:
+            more = {p for p, (pp, _, _) in info.items() if pp in ours and p not in ours}
+            if not more:
+                break
+            ours |= more
+        kthread = 0x00200000  # PF_KTHREAD
+        return {p: t for p, (_, fl, t) in info.items() if p not in ours and not fl & kthread}
+
+    def cpus(self) -> float:
+        s1, el = self._snap(), time.monotonic() - self.t0
+        ticks = sum(max(0, t - self.s0.get(p, 0)) for p, t in s1.items())
+        return round(ticks / os.sysconf("SC_CLK_TCK") / el, 3) if el > 0 else 0.0
+
+
+# -- TCP -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TcpRun:
+    """TCP flows from `src` to `dst` (namespaces): each a sender thread writing 256 KiB at a
+    time and a receiver thread reading; the bytes read and the senders' retransmissions are
+    sampled at the start and end of the window."""
+
+    lab: Lab
+    src: str
+    dst: str
+    listen_ip: str  # the receivers' address in dst
+    connect_ip: str  # the address the senders connect to (an LB IP for ingress)
+    flows: int
+    pacing_bps: int | None = None
+    cc: str = "cubic"  # the senders' congestion control (TCP_CONGESTION)
+    port: int = 0
+    got: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _senders: list[socket.socket] = field(default_factory=list)
+    _conns: list[socket.socket] = field(default_factory=list)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> TcpRun:
+        self.got = [0] * self.flows
+        lsock = self.lab.ns_socket(self.dst, socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind((self.listen_ip, self.port))
+            lsock.listen(self.flows)
+            lsock.settimeout(5)
+            port = lsock.getsockname()[1]
+            for i in range(self.flows):
+                s = self.lab.ns_socket(self.src, socket.AF_INET, socket.SOCK_STREAM)
+                self._senders.append(s)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, self.cc.encode())
+                if self.pacing_bps:
+                    s.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, self.pacing_bps // 8)
+                s.settimeout(5)
+                s.connect((self.connect_ip, port))
+                conn, _ = lsock.accept()
+                conn.settimeout(5)
+                self._conns.append(conn)
+                self._threads.append(threading.Thread(target=self._send, args=(s,), daemon=True))
+                self._threads.append(
+                    threading.Thread(target=self._recv, args=(conn, i), daemon=True)
+                )
+        finally:
+            lsock.close()
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _send(self, s: socket.socket) -> None:
+        buf = memoryview(bytes(256 * 1024))
+        try:
+            while not self._stop.is_set():
+                s.sendall(buf)
+        except OSError as e:
+            if not self._stop.is_set():
+                self.errors.append(f"send: {e}")
+
+    def _recv(self, conn: socket.socket, i: int) -> None:
+        buf = bytearray(1 << 20)
+        try:
+            while True:
+                n = conn.recv_into(buf)
+                if not n:
+                    return
+                self.got[i] += n
+        except OSError as e:
+            if not self._stop.is_set():
+                self.errors.append(f"recv: {e}")
+
+    def sample(self) -> tuple[float, list[int], int, int]:
+        """(now, bytes read per flow, the senders' retransmissions so far, the retransmission
+        timeouts of the senders' namespace so far)."""
+        retrans = sum(tcp_state(s)[1] for s in self._senders)
+        return time.monotonic(), list(self.got), retrans, tcp_timeouts(self.lab, self.src)
+
+    def stop(self) -> None:
+        """Stop at once: the receivers first (what the senders still queue is not waited for),
+        then the senders; closed with a reset (SO_LINGER 0), no FIN queued behind a limit."""
+        self._stop.set()
+        for s in self._conns + self._senders:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            t.join(10)
+        for s in self._senders + self._conns:
+            s.close()
+
+
+def tcp_timeouts(lab: Lab, ns: str) -> int:
+    """TcpExt TCPTimeouts of namespace `ns` (/proc/net/netstat as a thread inside it sees it):
+    the retransmission timeouts, each an idle RTO (200 ms and more) of a sender."""
+
+    def read() -> list[str]:
+        with open("/proc/thread-self/net/netstat") as f:
+            return f.read().splitlines()
+
+    lines = lab.in_ns(ns, read)
+    for head, vals in zip(lines[0::2], lines[1::2], strict=True):
+        if head.startswith("TcpExt:"):
+            return int(dict(zip(head.split(), vals.split(), strict=True))["TCPTimeouts"])
+    return 0
+
+
+def measure_tcp(run: TcpRun, warmup: float, window: float) -> dict[str, Any]:
+    """Start `run`, wait `warmup`, measure for `window`, stop: goodput (bits/s), per flow, the
+    retransmitted segments and the retransmission timeouts in the window, and the CPUs other
+    jobs took meanwhile."""
+    run.start()
+    try:
+        time.sleep(warmup)
+        t0, b0, r0, o0 = run.sample()
+        others = Others()
+        time.sleep(window)
+        t1, b1, r1, o1 = run.sample()
+        other_cpus = others.cpus()
+    finally:
+        run.stop()
+    if run.errors:
+        raise RuntimeError(f"TCP {run.src} -> {run.connect_ip}: {'; '.join(run.errors[:3])}")
+    el = t1 - t0
+    per_flow = [(b - a) * 8 / el for a, b in zip(b0, b1, strict=True)]
+    return {
+        "goodput_bps": round(sum(per_flow)),
+        "per_flow_bps": [round(x) for x in per_flow],
+        "retrans": r1 - r0,
+        "timeouts": o1 - o0,
+        "seconds": round(el, 3),
+        "others_cpus": other_cpus,
+    }
+
+
+# -- the agent -------------------------------------------------------------------------------
+
+
+@dataclass
+class Agent:
+    """`python -m cozyebpf run` in the lab's node namespace, on a manifest file."""
+
+    lab: Lab
+    pin: str
+    tmp: Path
+    proc: subprocess.Popen[str] | None = None
+    guard_pps: int | None = DEFAULT_GUARD
+
+    @property
+    def manifest(self) -> Path:
+        return self.tmp / "services.yaml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.tmp / "agent.log"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def start(self, guard: str | None = None) -> None:
+        """Start it (--guard-packet-rate `guard`; None: the default) and wait for its datapath."""
+        self.guard_pps = DEFAULT_GUARD if guard is None else _bits(guard) or None
+        offset = len(self.log_text())
+        cmd = [sys.executable, "-m", "cozyebpf", "run", "--manifests", str(self.manifest),
+               "--devices", UPLINK, "--pin-dir", self.pin, "--poll-interval", "0.1",
+               "--resync-interval", "3600", "--check-interval", "3600",
+               "--log-level", "info"]  # fmt: skip
+        if guard is not None:
+            cmd += ["--guard-packet-rate", guard]
+        with self.log_path.open("a") as out:
+            self.proc = self.lab.popen(
+                self.lab.node,
+                *cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+        t0 = time.monotonic()
+        wait_for(
+            lambda: "datapath ready" in self.log_text()[offset:] or self.exited(),
+            300,  # a bound for a hang: bcc compiles slowly on a busy machine
+            "the agent's datapath",
+        )
+        if self.exited():
+            raise RuntimeError(f"the agent exited:\n{self.log_text()[offset:][-3000:]}")
+        log(f"limits: agent up (guard {guard or 'default'}) in {time.monotonic() - t0:.1f}s")
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def stop(self, detach: bool = True) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+        if detach:
+            self.lab.exec(self.lab.node, sys.executable, "-m", "cozyebpf", "detach",
+                          "--pin-dir", self.pin, check=False)  # fmt: skip
+
+    def set_services(self, *svcs: Svc) -> None:
+        """Write the manifest (atomically) and wait until the maps hold each Service's limits as
+        the datapath enforces them (its own; the guard for a packet rate it does not set)."""
+        tmp = self.manifest.with_suffix(".tmp")
+        tmp.write_text(manifest(*svcs))
+        os.replace(tmp, self.manifest)
+        want = {f"default/{s.name}": self.enforced(s) for s in svcs}
+
+        def programmed() -> bool:
+            with PinnedMaps.open(self.pin) as m:
+                st = m.read_state()
+            have = {k: st.limits.get(k, Limits()) for k in want}
+            return have == want and len(st.services) == len(svcs)
+
+        wait_for(programmed, 20, lambda: f"the limits in the maps:\n{self.log_text()[-2000:]}")
+
+    def enforced(self, s: Svc) -> Limits:
+        a = s.annotations
+        own = Limits(
+            _bits(a.get(ANN + "ingressBandwidth")),
+            _bits(a.get(ANN + "egressBandwidth")),
+            _bits(a.get(ANN + "ingressPacketRate")),
+        )
+        if own.ingress_pps is None and self.guard_pps:
+            return replace(own, ingress_pps=self.guard_pps, guard=True)
+        return own
+
+    def counters(self) -> dict[str, int]:
+        with PinnedMaps.open(self.pin) as m:
+            return {k: v["packets"] for k, v in m.counters().items()}
+
+
+def _bits(q: str | None) -> int | None:
+    if q is None:
+        return None
+    return QUANTITY.get(q) or int(q.replace("k", "000"))
+
+
+def _svc(name: str, lb: str, pod: Pod, **annotations: str) -> Svc:
+    return Svc(name, lb, pod.ip, [("TCP", 5001)], whole_ip="true",
+               annotations={ANN + k: v for k, v in annotations.items()})  # fmt: skip
+
+
+# -- the flood -------------------------------------------------------------------------------
+
+
+@dataclass
+class PacedGenerator:
+    """bench_gen_paced (bench/bpf/gen_paced.c): bench_gen's template, one frame sent every
+    1/pps s of the run and the other live frames dropped, so that one long BPF_PROG_RUN call
+    offers a fixed rate (short calls and sleeps cannot: each call costs some 20 ms)."""
+
+    bpf: Any
+    fd: int
+
+    @classmethod
+    def load(cls) -> PacedGenerator:
+        from bcc import BPF
+
+        b = BPF(src_file=str(progs.BPF_DIR / "gen_paced.c").encode())
+        return cls(b, b.load_func(b"bench_gen_paced", BPF.XDP).fd)
+
+    def set(self, frame: bytes, pps: int) -> None:
+        """The template and the rate; the count of frames sent starts at 0."""
+        assert len(frame) == 60, len(frame)
+        t = self.bpf[b"pace"]
+        v = t.Leaf()
+        ctypes.memmove(ctypes.addressof(v), frame + bytes(4), 64)
+        v.gap_ns, v.next_ns, v.sent = 10**9 // pps, 0, 0
+        t[ctypes.c_int(0)] = v
+
+    def sent(self) -> int:
+        return int(self.bpf[b"pace"][ctypes.c_int(0)].sent)
+
+
+@dataclass
+class Flood:
+    """60-byte UDP to vm-a's LB IP from the client's eth0 (XDP live frames, XDP_TX to the
+    node's uplink, whose NAPI takes each batch of 64 in the same softirq), in one thread until
+    stopped: bench_gen as fast as the thread goes, or at `pps` bench_gen_paced."""
+
+    lab: Lab
+    gen: progs.Generator
+    paced: PacedGenerator
+    ifindex: int
+    pps: int | None = None  # the offered rate; None: as fast as the thread goes
+    sent: int = 0
+    cpu: float = 0.0
+    seconds: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    error: str | None = None
+
+    def start(self) -> Flood:
+        frame = udp_frame(CLIENT_MAC, UPLINK_MAC, CLIENT_IP, LB_A, 1000, 9)
+        if self.pps:
+            self.paced.set(frame, self.pps)
+            fd = self.paced.fd
+        else:
+            self.gen.set_frame(frame)
+            fd = self.gen.fd
+        self._stop.clear()
+
+        def loop() -> None:
+            # a call costs some 20 ms of set-up and tear-down, besides its frames: the paced
+            # generator's calls are long (mostly cheap drops), so that they pace, not the calls
+            chunk, runs = (1 << 22 if self.pps else 65536), 0
+            t0, c0 = time.monotonic(), time.thread_time()
+            try:
+                while not self._stop.is_set():
+                    bpfx.xdp_live_run(fd, frame, self.ifindex, chunk)
+                    runs += chunk
+            except OSError as e:
+                self.error = str(e)
+            self.seconds, self.cpu = time.monotonic() - t0, time.thread_time() - c0
+            self.sent = self.paced.sent() if self.pps else runs
+
+        self._thread = threading.Thread(
+            target=self.lab.in_ns, args=(self.lab.client, loop), daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+        if self.error:
+            raise RuntimeError(f"the flood's generator: {self.error}")
+
+
+# -- the bench -------------------------------------------------------------------------------
+
+
+@dataclass
+class LimitsBench:
+    params: Params
+    settings: Settings = field(init=False)
+    lab: Lab = field(init=False)
+    agent: Agent = field(init=False)
+    _links: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.settings = Settings.make(self.params)
+        self.lab = Lab(f"{TAG}-lim", pods=(POD_ACC, POD_B, POD_A))
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"{TAG}-lim-"))
+        self.agent = Agent(self.lab, pin_dir("lim"), self.tmp)
+
+    def setup(self) -> None:
+        self.lab.up()
+        # XDP_TX frames into a veth whose peer has no XDP program (nft's configuration) need
+        # GRO on there; on in every configuration, so that they compare
+        self.lab.exec(self.lab.node, "ethtool", "-K", UPLINK, "gro", "on")
+        self.gen = progs.Generator.load()
+        self.paced = PacedGenerator.load()
+        self.sinks = progs.Sinks.load()
+        self.client_eth0 = self.lab.in_ns(self.lab.client, lambda: socket.if_nametoindex("eth0"))
+        a_ns = self.lab.pod_ns(POD_A)
+        a_eth0 = self.lab.in_ns(a_ns, lambda: socket.if_nametoindex("eth0"))
+        # vm-a takes the flood: bench_count (native XDP) counts and drops what reaches it
+        link = partial(progs.attach_xdp_native, self.sinks.count_fd, a_eth0)
+        self._links.append(self.lab.in_ns(a_ns, link))
+
+    def teardown(self) -> None:
+        for fd in self._links:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(Exception):
+            self.agent.stop()
+        self.lab.down()
+        subprocess.run(["rm", "-rf", str(self.tmp)], check=False)
+
+    def services(self, acc: str | None = None) -> tuple[Svc, ...]:
+        """The three Services, vm-acc with ingress and egress limits of `acc` (None: none)."""
+        acc_ann = {"ingressBandwidth": acc, "egressBandwidth": acc} if acc else {}
+        return (
+            _svc("vm-acc", LB_ACC, POD_ACC, **acc_ann),
+            _svc("vm-b", LB_B, POD_B),
+            _svc("vm-a", LB_A, POD_A),
+        )
+
+    def tcp(
+        self, direction: str, pod: Pod, lb: str, flows: int, pacing: int | None, cc: str = "cubic"
+    ) -> TcpRun:
+        """Client -> the pod's LB IP (ingress), or the pod -> the client (egress)."""
+        ns = self.lab.pod_ns(pod)
+        if direction == "ingress":
+            return TcpRun(self.lab, self.lab.client, ns, "0.0.0.0", lb, flows, pacing, cc)
+        return TcpRun(self.lab, ns, self.lab.client, CLIENT_IP, CLIENT_IP, flows, pacing, cc)
+
+    def _gso(self, on: bool) -> None:
+        """TSO and GSO of vm-acc's eth0 (its TCP then hands the node single segments)."""
+        v = "on" if on else "off"
+        self.lab.exec(self.lab.pod_ns(POD_ACC), "ethtool", "-K", "eth0", "tso", v, "gso", v)
+
+    # -- accuracy ----------------------------------------------------------------------------
+
+    def accuracy(self) -> dict[str, Any]:
+        s = self.settings
+        limits = [None, *s.limits]
+        runs: list[dict[str, Any]] = []
+        for rep in range(s.reps):
+            k = rep % len(limits)
+            for lim in limits[k:] + limits[:k]:
+                self.agent.set_services(*self.services(acc=lim))
+                for cc in s.ccs:
+                    for direction in s.directions(cc):
+                        self._gso(direction != "egress-nogso")
+                        for flows in s.flows:
+                            tcp = self.tcp(direction, POD_ACC, LB_ACC, flows, None, cc)
+                            r = measure_tcp(tcp, s.warmup, s.window)
+                            r.update(rep=rep, limit=lim or "none", direction=direction)
+                            r.update(flows=flows, cc=cc)
+                            runs.append(r)
+                            log(
+                                f"limits accuracy rep {rep + 1}/{s.reps} {cc:5s} {direction:12s}"
+                                f" limit {lim or 'none':4s} {flows} flow(s): "
+                                f"{r['goodput_bps'] / 1e6:8.1f} Mbit/s, {r['retrans']} "
+                                f"retransmitted, {r['timeouts']} RTOs, other jobs "
+                                f"{r['others_cpus']:.2f} CPUs"
+                            )
+        self._gso(True)
+        self.agent.set_services(*self.services())
+        from bench.limits_report import summarize_accuracy
+
+        return {"runs": runs, "rows": summarize_accuracy(runs, s)}
+
+    # -- isolation ---------------------------------------------------------------------------
+
+    def _b_rate(self, direction: str, flood: str | None, pacing: int | None) -> dict[str, Any]:
+        """vm-b's TCP in `direction`, alone (`flood` None) or with vm-a flooded ("full": as fast
+        as the generator goes; "fixed": FIXED_FLOOD packets/s)."""
+        s = self.settings
+        pps = FIXED_FLOOD if flood == "fixed" else None
+        fl = Flood(self.lab, self.gen, self.paced, self.client_eth0, pps)
+        c0 = self.sinks.counted()
+        d0 = self.agent.counters().get("drop_limit", 0) if self.agent.proc else 0
+        k0 = _ksoftirqd_seconds()
+        if flood:
+            fl.start()
+            time.sleep(0.2)
+        try:
+            r = measure_tcp(self.tcp(direction, POD_B, LB_B, 1, pacing), s.warmup, s.window)
+        finally:
+            if flood:
+                fl.stop()
+        r["flood"] = flood
+        if flood and fl.seconds:
+            drops = self.agent.counters().get("drop_limit", 0) - d0 if self.agent.proc else None
+            r["flood_stats"] = {
+                "sent_pps": round(fl.sent / fl.seconds),
+                "to_vm_a_pps": round((self.sinks.counted() - c0) / fl.seconds),
+                "drop_limit_pps": None if drops is None else round(drops / fl.seconds),
+                "generator_cpu_share": round(fl.cpu / fl.seconds, 3),
+                # softirq work deferred out of the generator's context (vm-b's included)
+                "ksoftirqd_cpu_share": round((_ksoftirqd_seconds() - k0) / fl.seconds, 3),
+            }
+        return r
+
+    def _config(self, c: str) -> None:
+        """Bring the node into configuration `c` (the agent restarted where its flags differ)."""
+        if c == "nft":
+            self.agent.stop()
+            wait_for(lambda: not self.agent_links(), 10, "the datapath detached")
+            mappings = [(LB_ACC, POD_ACC.ip), (LB_B, POD_B.ip), (LB_A, POD_A.ip)]
+            self.lab.exec(self.lab.node, "nft", "-f", "-", input=full_ruleset(mappings))
+            return
+        guard = GUARD_FLAG[c]
+        want_guard = DEFAULT_GUARD if guard is None else _bits(guard) or 0
+        if self.agent.proc is None or (self.agent.guard_pps or 0) != want_guard:
+            self.agent.stop(detach=False)
+            self.agent.start(guard)
+        self.agent.set_services(*self.services())
+
+    def agent_links(self) -> list[str]:
+        d = Path(self.agent.pin) / "links"
+        return sorted(os.listdir(d)) if d.is_dir() else []
+
+    def isolation(self) -> dict[str, Any]:
+        from bench import limits_report  # (it imports this module's constants)
+
+        s = self.settings
+        out: dict[str, Any] = {}
+        for c in CONFIGS:
+            self._config(c)
+            out[c] = {}
+            for direction in ("ingress", "egress"):
+                runs: list[dict[str, Any]] = []
+                for rep in range(s.iso_reps):
+                    k = rep % len(FLOODS)
+                    for flood in FLOODS[k:] + FLOODS[:k]:
+                        r = self._b_rate(direction, flood, B_DEMAND)
+                        r["rep"] = rep
+                        runs.append(r)
+                        fl = r.get("flood_stats")
+                        log(
+                            f"limits isolation {c:12s} vm-b {direction:7s} "
+                            f"{flood or 'alone':5s}: "
+                            f"{r['goodput_bps'] / 1e6:8.1f} Mbit/s, {r['retrans']} "
+                            f"retransmitted, other jobs {r['others_cpus']:.2f} CPUs"
+                            + (
+                                f"; flood {fl['sent_pps'] / 1e6:.2f} Mpps sent, "
+                                f"{fl['to_vm_a_pps'] / 1e6:.3f} Mpps to vm-a, generator "
+                                f"{fl['generator_cpu_share'] * 100:.0f}% of a CPU, ksoftirqd "
+                                f"{fl['ksoftirqd_cpu_share'] * 100:.0f}%"
+                                if fl
+                                else ""
+                            )
+                        )
+                out[c][direction] = limits_report.summarize_isolation(runs)
+        return out
+
+    def run(self) -> dict[str, Any]:
+        busy = cpu_busy(1.0)
+        load0 = loadavg()
+        self.agent.manifest.write_text(manifest(*self.services()))
+        self.agent.start()
+        self.agent.set_services(*self.services())
+        acc = self.accuracy()
+        iso = self.isolation()
+        return {
+            "accuracy": acc,
+            "isolation": iso,
+            "settings": self.settings.__dict__,
+            "b_demand_bps": B_DEMAND,
+            "lab_guard_pps": QUANTITY[LAB_GUARD],
+            "load": {"cpu_busy_before": round(busy, 3), "before": load0, "after": loadavg()},
+        }
+
+
+# -- summaries -------------------------------------------------------------------------------
+
+
+def main_limits(params: Params) -> dict[str, Any]:
+    b = LimitsBench(params)
+    try:
+        log("limits: building the lab")
+        b.setup()
+        return b.run()
+    finally:
+        b.teardown()
