@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,18 @@ def sh(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.Co
     if check and p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()}")
     return p
+
+
+def terminate(proc: subprocess.Popen[Any] | None) -> None:
+    """Stop an agent the bench started: SIGTERM, 30 s to exit (it detaches nothing on its
+    own), then SIGKILL."""
+    if proc and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import scale
-from bench.common import REPO, TAG, Params, log, pct, pin_dir
+from bench.common import REPO, TAG, Params, log, pct, pin_dir, terminate
 from bench.mapwrites import nft_transaction
 from bench.probe import Probe as Stream
 from cozyebpf.datapath.maps import PinnedMaps
@@ -168,13 +167,7 @@ class Agent:
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
         self.lab.exec(
             self.lab.node,
             sys.executable,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -62,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bpfx, progs
-from bench.common import REPO, TAG, Params, cpu_busy, loadavg, log, pin_dir
+from bench.common import REPO, TAG, Params, cpu_busy, loadavg, log, pin_dir, terminate
 from bench.datapath import _ksoftirqd_seconds
 from bench.frames import udp_frame
 from bench.nftrules import full_ruleset
@@ -382,13 +381,7 @@ class Agent:
         return self.proc is not None and self.proc.poll() is not None
 
     def stop(self, detach: bool = True) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
         self.proc = None
         if detach:
             self.lab.exec(self.lab.node, sys.executable, "-m", "cozyebpf", "detach",
