@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cozyebpf.config import RunConfig
 from cozyebpf.datapath.buckets import (
     BURST_MIN_BYTES,
     NS,
@@ -16,6 +19,7 @@ from cozyebpf.datapath.buckets import (
     limit_val,
     limits_of,
 )
+from cozyebpf.errors import PermanentError
 from cozyebpf.model import ModelResult, build_state
 from cozyebpf.model.limits import (
     ANN_EGRESS_BANDWIDTH,
@@ -255,3 +259,20 @@ def test_a_bad_limit_is_a_warning_and_leaves_the_others() -> None:
 def test_a_service_without_a_ready_endpoint_has_no_limits_in_the_state() -> None:
     r = _state(Svc("vm", "203.0.113.10", None, annotations={ANN_EGRESS_BANDWIDTH: "1G"}))
     assert r.state.limits == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "pps"), [("1M", 1_000_000), ("500k", 500_000), ("0", None), ("", None)]
+)
+def test_the_guard_flag(value: str, pps: int | None) -> None:
+    cfg = SimpleNamespace(guard_packet_rate=value)
+    assert RunConfig.guard_pps(cfg) == pps  # type: ignore[arg-type]
+
+
+def test_a_bad_guard_names_the_flag_and_the_fix() -> None:
+    cfg = SimpleNamespace(guard_packet_rate="fast")
+    with pytest.raises(PermanentError) as e:
+        RunConfig.guard_pps(cfg)  # type: ignore[arg-type]
+    msg = str(e.value)
+    assert msg.startswith('--guard-packet-rate: "fast" is not a packet'), msg
+    assert "or 0 for no guard (the chart's agent.guardPacketRate)" in msg
