@@ -22,7 +22,8 @@ to 0xFFFF, and a UDP checksum of 0 ("none") is left alone.
 
 Limits (issue 38). A Service's addresses may carry LIMIT: an LB IP's flags for what comes in,
 a pod IP's for what goes out (never for what is sent to the pod IP directly: the limits are the
-public IP's, and the control plane leaves LIMIT out of that role's flags). The Service's limits (`RefState.limits`, cozyebpf.state.Limits) are GCRA buckets
+public IP's, and the control plane leaves LIMIT out of that role's flags). The Service's
+limits (`RefState.limits`, cozyebpf.state.Limits) are GCRA buckets
 (cozyebpf/datapath/buckets.py, `Bucket`: the arithmetic the programs must do), whose times the
 model keeps per Service (`RefState.buckets`, ns of the programs' limits clock). Only a frame
 that would otherwise pass is held to them, after the filter, with the whole frame's length as
