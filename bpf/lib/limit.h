@@ -17,7 +17,7 @@
  * kernel's CONFIG_HZ: the loader's -D flag), which the verifier inlines; bpf_ktime_get_coarse_ns
  * (the same resolution, the monitor's clock) is a helper call that cost a limited packet 15 ns
  * in BPF_PROG_RUN on a CPU with return-stack mitigations, and is the clock where the tick's
- * length is not known (0). The bursts are 50 ms of the rate or more (buckets.py), so a tick's
+ * length is not known (0). The bursts are 250 ms of the rate or more (buckets.py), so a tick's
  * step (1 to 10 ms) only releases what the rate owes.
  */
 #ifndef COZYEBPF_LIMIT_H

@@ -28,12 +28,13 @@ from cozyebpf.state import Limits
 #: the fixed point of a bucket's unit: 2^-16 ns (CZ_UNIT_SHIFT)
 UNIT_SHIFT = 16
 NS = 1_000_000_000
-#: how long a burst may last at the rate (the bucket's depth), and the least depth: a policer
-#: shallower than a TCP window's worth of the rate drops a window's tail at every round trip
-#: and TCP never reaches the rate; BURST_TIME_NS of the rate covers the round trips of a
-#: region (Europe's, North America's), BURST_MIN_BYTES a jumbo frame's and a GSO segment's
-#: worth at low rates. The accuracy benchmark (bench/) holds them to TCP's goodput.
-BURST_TIME_NS = 50_000_000
+#: how long a burst may last at the rate (the bucket's depth), and the least depth. A flow that
+#: overshoots the bucket loses its window's tail and waits a retransmission timeout, at least
+#: 200 ms (Linux's minimum RTO), during which the bucket refills only up to its depth: a depth
+#: of 50 ms gave a single TCP flow a quarter of its limit (the accuracy bench, bench/README.md),
+#: 250 ms (the RTO and a margin) gives it the limit (1.03x at 10M, 1.05x at 100M, 0.96x at 1G
+#: in the same bench). BURST_MIN_BYTES: a GSO packet's and a jumbo frame's worth at low rates.
+BURST_TIME_NS = 250_000_000
 BURST_MIN_BYTES = 64 * 1024
 BURST_MIN_PACKETS = 64
 

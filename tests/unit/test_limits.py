@@ -98,10 +98,10 @@ def test_a_full_bucket_admits_its_burst_at_once_and_then_the_rate() -> None:
 
 
 def test_default_bursts() -> None:
-    assert default_burst_bytes(1_000_000_000) == 6_250_000  # 50 ms of 1 Gbit/s
-    assert default_burst_bytes(10_000_000) == BURST_MIN_BYTES  # 62,500 bytes: the least
+    assert default_burst_bytes(1_000_000_000) == 31_250_000  # 250 ms of 1 Gbit/s
+    assert default_burst_bytes(1_000_000) == BURST_MIN_BYTES  # 31,250 bytes: the least
     b = Bucket.bytes_per_second(10**9)
-    assert b.tolerance == 50_000_000 and b.unit == 8 << UNIT_SHIFT
+    assert b.tolerance == 250_000_000 and b.unit == 8 << UNIT_SHIFT
 
 
 @given(
