@@ -15,7 +15,16 @@ Three whole-IP Services: vm-acc (203.0.113.10), vm-b (203.0.113.20), vm-a (203.0
    (`egress`), at 10M, 100M and 1G, with 1 and 8 parallel flows, and the same without a limit
    in the same run: a limit the path does not exceed by REACHABLE without it is "not reachable
    here", not a miss. `egress-nogso` is `egress` with TSO and GSO off on vm-acc's eth0, so that
-   the uplink's egress polices its segments one by one instead of 64 KiB GSO packets. The
+   the uplink's egress polices its segments one by one instead of 64 KiB GSO packets.
+   `egress-shaped` is `egress` with fq as the uplink's root qdisc (`tc qdisc replace dev uplink
+   root fq` for the row, the veth's default noqueue back after it): there the agent shapes vm-acc's
+   egress (sets each packet's departure time, which fq holds it until) instead of policing it,
+   and drops only what would leave more than the burst ahead; before the row the agent must say
+   so (`cozyebpf status --json`: the Service's limits[].egress "shaped"; it re-reads the uplink's
+   qdisc at each attachment check, CHECK_INTERVAL here), and each row records what status said,
+   the agent's drop_limit and fq's own drops (flows_plimit: a flow's 100 packets; the rest: its
+   limit of 10,000 or its horizon) in the window. Where the kernel has no fq (sch_fq), the row
+   is not measured and the part says why. The
    senders' congestion control is set per socket: cubic (Linux's default; the targets), and in
    full runs also bbr (this VM's kernel default). The retransmissions the limit causes:
    tcpi_total_retrans of the senders (TCP_INFO) and the sender namespace's retransmission
@@ -47,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import socket
 import struct
@@ -55,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -106,8 +117,18 @@ SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 DIRECTIONS = {
     "ingress": "client -> vm-acc's LB IP, through its ingressBandwidth (XDP)",
     "egress": "vm-acc -> client, through its egressBandwidth (the uplink's tc egress)",
+    "egress-shaped": "the same with fq as the uplink's root qdisc: shaped (departure times), "
+    "not policed",
     "egress-nogso": "the same with TSO/GSO off in vm-acc: segments policed one by one",
 }
+#: the agent's --check-interval (its default is 10 s): it re-reads the uplink's qdisc at each
+#: attachment check, so that egress-shaped waits at most about this long for "shaped"
+CHECK_INTERVAL = 1.0
+#: what `cozyebpf status --json` says of a Service's egress limit where fq holds its packets
+SHAPED = "shaped"
+#: the counters of fq (`tc -s -j qdisc show`) a row records: all its drops, those of a flow over
+#: its flow_limit (100 packets), and the times it held a flow for a packet's departure time
+FQ_COUNTERS = ("drops", "flows_plimit", "throttled")
 CONFIGS = ("cz-guard", "cz-guard-lab", "cz-off", "nft")
 #: the agent's --guard-packet-rate per configuration (None: its default)
 GUARD_FLAG = {"cz-guard": None, "cz-guard-lab": LAB_GUARD, "cz-off": "0"}
@@ -122,7 +143,7 @@ CONFIG_LABELS = {
 @dataclass(frozen=True)
 class Settings:
     """How long and how often (quick: one repetition, shorter windows, cubic only, no
-    egress-nogso)."""
+    egress-nogso). egress-shaped with the first congestion control, where the kernel has fq."""
 
     reps: int  # accuracy: repetitions (the order of the limits turned each time)
     iso_reps: int  # isolation: rounds of alone, full and fixed flood per row
@@ -132,6 +153,7 @@ class Settings:
     flows: tuple[int, ...]
     ccs: tuple[str, ...]  # the senders' congestion control; the first is the targets'
     nogso: bool  # egress-nogso too (with the first congestion control)
+    shaped: bool = True  # egress-shaped too (off where the kernel has no fq)
 
     @classmethod
     def make(cls, params: Params) -> Settings:
@@ -141,8 +163,12 @@ class Settings:
         return cls(2, 3, 0.8, 2.5, lims, (1, 8), ("cubic", "bbr"), True)
 
     def directions(self, cc: str) -> tuple[str, ...]:
-        """egress-nogso (a diagnosis of egress) with the targets' congestion control only."""
-        return tuple(DIRECTIONS) if cc == self.ccs[0] and self.nogso else ("ingress", "egress")
+        """egress-shaped and egress-nogso (a diagnosis of egress) with the targets' congestion
+        control only."""
+        more = (
+            {"egress-shaped": self.shaped, "egress-nogso": self.nogso} if cc == self.ccs[0] else {}
+        )
+        return tuple(d for d in DIRECTIONS if more.get(d, d in ("ingress", "egress")))
 
 
 class Others:
@@ -296,17 +322,25 @@ def tcp_timeouts(lab: Lab, ns: str) -> int:
     return 0
 
 
-def measure_tcp(run: TcpRun, warmup: float, window: float) -> dict[str, Any]:
+def measure_tcp(
+    run: TcpRun,
+    warmup: float,
+    window: float,
+    counters: Callable[[], dict[str, int]] | None = None,
+) -> dict[str, Any]:
     """Start `run`, wait `warmup`, measure for `window`, stop: goodput (bits/s), per flow, the
     retransmitted segments and the retransmission timeouts in the window, and the CPUs other
-    jobs took meanwhile."""
+    jobs took meanwhile; what `counters` count in the window (`counted`: their differences
+    between its start and end)."""
     run.start()
     try:
         time.sleep(warmup)
         t0, b0, r0, o0 = run.sample()
+        c0 = counters() if counters else {}
         others = Others()
         time.sleep(window)
         t1, b1, r1, o1 = run.sample()
+        c1 = counters() if counters else {}
         other_cpus = others.cpus()
     finally:
         run.stop()
@@ -321,7 +355,7 @@ def measure_tcp(run: TcpRun, warmup: float, window: float) -> dict[str, Any]:
         "timeouts": o1 - o0,
         "seconds": round(el, 3),
         "others_cpus": other_cpus,
-    }
+    } | ({"counted": {k: v - c0.get(k, 0) for k, v in c1.items()}} if counters else {})
 
 
 # -- the agent -------------------------------------------------------------------------------
@@ -354,7 +388,7 @@ class Agent:
         offset = len(self.log_text())
         cmd = [sys.executable, "-m", "cozyebpf", "run", "--manifests", str(self.manifest),
                "--devices", UPLINK, "--pin-dir", self.pin, "--poll-interval", "0.1",
-               "--resync-interval", "3600", "--check-interval", "3600",
+               "--resync-interval", "3600", "--check-interval", str(CHECK_INTERVAL),
                "--log-level", "info"]  # fmt: skip
         if guard is not None:
             cmd += ["--guard-packet-rate", guard]
@@ -417,6 +451,14 @@ class Agent:
     def counters(self) -> dict[str, int]:
         with PinnedMaps.open(self.pin) as m:
             return {k: v["packets"] for k, v in m.counters().items()}
+
+    def egress_mode(self, service: str) -> str | None:
+        """What `cozyebpf status --json` says of the Service's egress limit ("policed",
+        "shaped"; None: it has none)."""
+        p = self.lab.exec(self.lab.node, sys.executable, "-m", "cozyebpf", "status", "--json",
+                          "--pin-dir", self.pin)  # fmt: skip
+        limits = json.loads(p.stdout)["datapath"].get("limits", [])
+        return next((x.get("egress") for x in limits if x["service"] == service), None)
 
 
 def _bits(q: str | None) -> int | None:
@@ -534,6 +576,7 @@ class LimitsBench:
         self.lab = Lab(f"{TAG}-lim", pods=(POD_ACC, POD_B, POD_A))
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{TAG}-lim-"))
         self.agent = Agent(self.lab, pin_dir("lim"), self.tmp)
+        self.fq_missing: str | None = None
 
     def setup(self) -> None:
         self.lab.up()
@@ -549,6 +592,11 @@ class LimitsBench:
         # vm-a takes the flood: bench_count (native XDP) counts and drops what reaches it
         link = partial(progs.attach_xdp_native, self.sinks.count_fd, a_eth0)
         self._links.append(self.lab.in_ns(a_ns, link))
+        self.fq_missing = self._probe_fq()
+        if self.fq_missing:
+            self.settings = replace(self.settings, shaped=False)
+            log(f"limits: no egress-shaped rows: fq cannot be the uplink's qdisc here "
+                f"({self.fq_missing})")  # fmt: skip
 
     def teardown(self) -> None:
         for fd in self._links:
@@ -582,6 +630,65 @@ class LimitsBench:
         v = "on" if on else "off"
         self.lab.exec(self.lab.pod_ns(POD_ACC), "ethtool", "-K", "eth0", "tso", v, "gso", v)
 
+    def _root_qdisc(self) -> str:
+        out = self.lab.exec(self.lab.node, "tc", "-j", "qdisc", "show", "dev", UPLINK).stdout
+        return next((q["kind"] for q in json.loads(out) if q.get("root")), "")
+
+    def _probe_fq(self) -> str | None:
+        """None where fq can be the uplink's root qdisc (the veth's noqueue is put back), else
+        why not (tc's error: this kernel without sch_fq says "Specified qdisc kind is
+        unknown")."""
+        root = self._root_qdisc()
+        if root != "noqueue":
+            raise RuntimeError(
+                f"the lab's {UPLINK} has a root qdisc {root!r}, not a veth's noqueue"
+            )
+        p = self.lab.exec(self.lab.node, "tc", "qdisc", "replace", "dev", UPLINK, "root", "fq",
+                          check=False)  # fmt: skip
+        if p.returncode:
+            return f"tc qdisc replace dev {UPLINK} root fq: {p.stderr.strip()}"
+        self._fq(False)
+        return None
+
+    def _fq(self, on: bool) -> None:
+        """fq as the uplink's root qdisc, or the veth's default (noqueue) back."""
+        if on:
+            self.lab.exec(self.lab.node, "tc", "qdisc", "replace", "dev", UPLINK, "root", "fq")
+        else:
+            self.lab.exec(self.lab.node, "tc", "qdisc", "del", "dev", UPLINK, "root")
+            assert self._root_qdisc() == "noqueue", self._root_qdisc()
+
+    def fq_stats(self) -> dict[str, int]:
+        """FQ_COUNTERS of the uplink's root fq (`tc -s -j qdisc show`; 0 for what tc leaves out
+        when it is 0)."""
+        out = self.lab.exec(self.lab.node, "tc", "-s", "-j", "qdisc", "show", "dev", UPLINK).stdout
+        q = next(q for q in json.loads(out) if q.get("root"))
+        assert q["kind"] == "fq", q
+        return {k: int(q.get(k, 0)) for k in FQ_COUNTERS}
+
+    def _drops(self, shaped: bool) -> dict[str, int]:
+        """The agent's drop_limit, and with fq fq's counters (fq_<name>): `counters` of a row."""
+        out = {"drop_limit": self.agent.counters().get("drop_limit", 0)}
+        if shaped:
+            out |= {f"fq_{k}": v for k, v in self.fq_stats().items()}
+        return out
+
+    def _egress_mode(self, lim: str | None, shaped: bool) -> str | None:
+        """What status says of vm-acc's egress limit (None without one), once it says what the
+        row wants ("shaped" with fq, else "policed") or, when it does not within a few of the
+        agent's attachment checks, what it says then (the row goes on: a run of a cozyebpf
+        that does not shape yet still measures)."""
+        if lim is None:
+            return None
+        want = SHAPED if shaped else "policed"
+        deadline = time.monotonic() + 3 * CHECK_INTERVAL + 5
+        while (mode := self.agent.egress_mode("default/vm-acc")) != want:
+            if time.monotonic() > deadline:
+                log(f"limits: status says vm-acc's egress is {mode!r}, not {want!r}: measuring")
+                break
+            time.sleep(0.2)
+        return mode
+
     # -- accuracy ----------------------------------------------------------------------------
 
     def accuracy(self) -> dict[str, Any]:
@@ -594,25 +701,54 @@ class LimitsBench:
                 self.agent.set_services(*self.services(acc=lim))
                 for cc in s.ccs:
                     for direction in s.directions(cc):
-                        self._gso(direction != "egress-nogso")
-                        for flows in s.flows:
-                            tcp = self.tcp(direction, POD_ACC, LB_ACC, flows, None, cc)
-                            r = measure_tcp(tcp, s.warmup, s.window)
-                            r.update(rep=rep, limit=lim or "none", direction=direction)
-                            r.update(flows=flows, cc=cc)
-                            runs.append(r)
-                            log(
-                                f"limits accuracy rep {rep + 1}/{s.reps} {cc:5s} {direction:12s}"
-                                f" limit {lim or 'none':4s} {flows} flow(s): "
-                                f"{r['goodput_bps'] / 1e6:8.1f} Mbit/s, {r['retrans']} "
-                                f"retransmitted, {r['timeouts']} RTOs, other jobs "
-                                f"{r['others_cpus']:.2f} CPUs"
-                            )
+                        runs += self._accuracy_rows(direction, lim, cc, rep)
         self._gso(True)
         self.agent.set_services(*self.services())
         from bench.limits_report import summarize_accuracy
 
-        return {"runs": runs, "rows": summarize_accuracy(runs, s)}
+        out: dict[str, Any] = {"runs": runs, "rows": summarize_accuracy(runs, s)}
+        if self.fq_missing:
+            out["shaped_missing"] = self.fq_missing
+        return out
+
+    def _accuracy_rows(
+        self, direction: str, lim: str | None, cc: str, rep: int
+    ) -> list[dict[str, Any]]:
+        """A row per number of flows: vm-acc's GSO off for egress-nogso, fq the uplink's root
+        qdisc for egress-shaped (noqueue back after it); status asked first for egress."""
+        shaped = direction == "egress-shaped"
+        self._gso(direction != "egress-nogso")
+        if shaped:
+            self._fq(True)
+        try:
+            mode = self._egress_mode(lim, shaped) if direction.startswith("egress") else None
+            return [
+                self._accuracy_row(direction, lim, flows, cc, rep, mode)
+                for flows in self.settings.flows
+            ]
+        finally:
+            if shaped:
+                self._fq(False)
+
+    def _accuracy_row(
+        self, direction: str, lim: str | None, flows: int, cc: str, rep: int, mode: str | None
+    ) -> dict[str, Any]:
+        s = self.settings
+        tcp = self.tcp(direction, POD_ACC, LB_ACC, flows, None, cc)
+        shaped = direction == "egress-shaped"
+        r = measure_tcp(tcp, s.warmup, s.window, partial(self._drops, shaped))
+        r.update(rep=rep, limit=lim or "none", direction=direction, flows=flows, cc=cc)
+        r.update(mode=mode)
+        c = r["counted"]
+        log(
+            f"limits accuracy rep {rep + 1}/{s.reps} {cc:5s} {direction:13s} limit "
+            f"{lim or 'none':4s} {flows} flow(s): {r['goodput_bps'] / 1e6:8.1f} Mbit/s, "
+            f"{r['retrans']} retransmitted, {r['timeouts']} RTOs, drop_limit {c['drop_limit']}"
+            + (f", fq drops {c['fq_drops']} ({c['fq_flows_plimit']} flow limit)" if shaped else "")
+            + (f", status {mode}" if mode else "")
+            + f", other jobs {r['others_cpus']:.2f} CPUs"
+        )
+        return r
 
     # -- isolation ---------------------------------------------------------------------------
 

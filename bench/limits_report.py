@@ -17,6 +17,7 @@ from bench.limits import (
     MSS,
     QUANTITY,
     REACHABLE,
+    SHAPED,
     Settings,
 )
 
@@ -24,8 +25,9 @@ from bench.limits import (
 def summarize_accuracy(runs: list[dict[str, Any]], s: Settings) -> list[dict[str, Any]]:
     """Per (congestion control, direction, limit, flows): the median goodput, its ratio to the
     limit, the same in full frames (`wire_ratio`: what the ingress bucket counts, and what a
-    wire carries), the median retransmissions and RTOs, and the path's goodput without a
-    limit."""
+    wire carries), the median retransmissions and RTOs, the median drops in the window (the
+    agent's drop_limit; fq's for egress-shaped), what status said of the egress limit (`mode`),
+    and the path's goodput without a limit."""
     rows = []
     for cc in s.ccs:
         for direction in s.directions(cc):
@@ -60,6 +62,12 @@ def summarize_accuracy(runs: list[dict[str, Any]], s: Settings) -> list[dict[str
                         "others_cpus": median([r["others_cpus"] for r in mine]),
                         "unlimited_bps": round(median(free)) if free else None,
                         "n": len(mine),
+                        "counted": {
+                            k: median([r["counted"][k] for r in mine])
+                            for k in mine[0].get("counted", {})
+                        },
+                        "mode": "/".join(sorted({r["mode"] for r in mine if r.get("mode")}))
+                        or None,
                     }
                     if lim != "none":
                         bps = QUANTITY[lim]
@@ -144,6 +152,7 @@ def table(lim: dict[str, Any]) -> list[str]:
         "retr %: retransmitted segments per segment of goodput; RTOs: retransmission timeouts "
         "in the window; others: CPUs other jobs on the machine took meanwhile, of 2)"
     )
+    lines += shaped_table(lim)
     lines.append(
         f"  isolation: vm-b's TCP, 1 flow paced to {lim['b_demand_bps'] / 1e6:.0f} Mbit/s, alone "
         f"and while vm-a's LB IP is flooded (60-byte UDP, bench_gen, one thread) at its full rate "
@@ -189,6 +198,49 @@ def table(lim: dict[str, Any]) -> list[str]:
     return lines
 
 
+def shaped_table(lim: dict[str, Any]) -> list[str]:
+    """egress policed (noqueue) beside egress-shaped (fq) per limit and flows: goodput / limit,
+    the retransmissions and RTOs, and whose drops they were (the agent's drop_limit, fq's)."""
+    acc = lim["accuracy"]
+    if "shaped_missing" in acc:
+        return [f"  egress-shaped: not measured: {acc['shaped_missing']}"]
+    rows = {(r["direction"], r["limit"], r["flows"]): r for r in acc["rows"]}
+    cc0 = lim["settings"]["ccs"][0]
+    keys = [(r["limit"], r["flows"]) for r in acc["rows"] if r["direction"] == "egress-shaped"]
+    if not keys:
+        return []
+    lines = [
+        f"  egress policed (the uplink's noqueue) and shaped (fq), {cc0}, medians in the window: "
+        "goodput / limit, retransmitted segments (% of the goodput's), RTOs, drops of the "
+        "agent (drop_limit) and of fq (all / over its flow_limit); status: what "
+        "`cozyebpf status` said of the egress limit",
+        f"  {'limit':>5s} {'flows':>5s} | {'policed':>7s} {'retrans':>13s} {'RTOs':>4s} "
+        f"{'drops':>6s} | {'shaped':>7s} {'retrans':>13s} {'RTOs':>4s} {'drops':>6s} "
+        f"{'fq drops':>9s}  status",
+    ]
+
+    def cells(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return f"{'-':>7s} {'-':>13s} {'-':>4s} {'-':>6s}"
+        ratio = f"{r['ratio']:.3f}" if "ratio" in r else _mbit(r["goodput_bps"])
+        share = "" if r["retrans_share"] is None else f" ({r['retrans_share'] * 100:.1f}%)"
+        drops = r["counted"].get("drop_limit")
+        retrans = f"{r['retrans']:.0f}{share}"
+        dropped = "" if drops is None else f"{drops:.0f}"
+        return f"{ratio:>7s} {retrans:>13s} {r['timeouts']:>4.0f} {dropped:>6s}"
+
+    for lim_, flows in keys:
+        sh = rows[("egress-shaped", lim_, flows)]
+        c = sh["counted"]
+        fq = f"{c.get('fq_drops', 0):.0f} / {c.get('fq_flows_plimit', 0):.0f}"
+        lines.append(
+            f"  {lim_:>5s} {flows:>5d} | {cells(rows.get(('egress', lim_, flows)))} | "
+            f"{cells(sh)} {fq:>9s}  {sh['mode'] or ''}"
+        )
+    lines.append("  (the limit none: Mbit/s in the ratio's place)")
+    return lines
+
+
 def notes(lim: dict[str, Any]) -> list[str]:
     """What the numbers of this run cannot show, from the run itself."""
     out = []
@@ -226,15 +278,29 @@ def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             f"{_mbit(r['goodput_bps'])} Mbit/s, wire/limit {r['wire_ratio']:.3f}, "
             f"{r['retrans']:.0f} retransmitted and {r['timeouts']:.0f} RTOs in the window"
         )
+        shaped = r["direction"] == "egress-shaped"
+        if shaped:
+            c = r["counted"]
+            detail += (
+                f", drops: {c.get('drop_limit', 0):.0f} the agent's, {c.get('fq_drops', 0):.0f} "
+                f"fq's; status said {r['mode']}"
+            )
+        # beside it: bbr's, and egress's other ways (policed, without GSO, shaped)
+        related = {r["direction"]} | (
+            {"egress", "egress-nogso", "egress-shaped"} if r["direction"] != "ingress" else set()
+        )
         others = [
             o
             for o in acc
             if (o["limit"], o["flows"]) == (r["limit"], r["flows"])
             and o is not r
-            and (o["direction"] == r["direction"] or o["direction"] == f"{r['direction']}-nogso")
+            and o["direction"] in related
         ]
         detail += "".join(f"; {o['cc']} {o['direction']} {o['ratio']:.3f}" for o in others)
-        if not r["reachable"]:
+        if shaped and r["mode"] != SHAPED:
+            verdict = "n/a"
+            detail = f"not shaped: status said {r['mode']} with fq on the uplink; " + detail
+        elif not r["reachable"]:
             verdict = "n/a"
             detail = (
                 f"not reachable here: {_mbit(r['unlimited_bps'])} Mbit/s without the limit, < "
