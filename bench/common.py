@@ -20,7 +20,9 @@ BENCH = Path(__file__).resolve().parent
 #: the product under test: the tree `cozyebpf` is imported from (normally the repo root; run
 #: from a snapshot of another commit to benchmark that one)
 REPO = Path(cozyebpf.__file__).resolve().parent.parent
-RESULTS = BENCH / "results"
+#: where a run's JSON and chart go (COZYEBPF_BENCH_RESULTS: bench/guest.py's guest, whose
+#: checkout is read-only, writes them to its shared directory)
+RESULTS = Path(os.environ.get("COZYEBPF_BENCH_RESULTS") or BENCH / "results")
 PIN_ROOT = "/sys/fs/bpf"
 TAG = f"czbench{os.getpid() % 100000}"  # namespaces and pin dirs: unique to this run
 
@@ -48,6 +50,7 @@ class Params:
     churn_seconds: float
     mapwrite_sizes: tuple[int, ...]
     mapwrite_reps: int
+    limits_isolation: bool = True  # the limits part's isolation (--limits-accuracy-only: not)
 
     @classmethod
     def make(cls, quick: bool) -> Params:

@@ -842,7 +842,7 @@ class LimitsBench:
         self.agent.start()
         self.agent.set_services(*self.services())
         acc = self.accuracy()
-        iso = self.isolation()
+        iso = self.isolation() if self.params.limits_isolation else {}
         return {
             "accuracy": acc,
             "isolation": iso,

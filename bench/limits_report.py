@@ -153,6 +153,17 @@ def table(lim: dict[str, Any]) -> list[str]:
         "in the window; others: CPUs other jobs on the machine took meanwhile, of 2)"
     )
     lines += shaped_table(lim)
+    lines += isolation_table(lim)
+    lines += ["  " + n for n in notes(lim)]
+    return lines
+
+
+def isolation_table(lim: dict[str, Any]) -> list[str]:
+    """vm-b alone and flooded, per configuration and direction."""
+    if not lim["isolation"]:
+        return ["  isolation: not measured (--limits-accuracy-only)"]
+    s = lim["settings"]
+    lines: list[str] = []
     lines.append(
         f"  isolation: vm-b's TCP, 1 flow paced to {lim['b_demand_bps'] / 1e6:.0f} Mbit/s, alone "
         f"and while vm-a's LB IP is flooded (60-byte UDP, bench_gen, one thread) at its full rate "
@@ -194,7 +205,6 @@ def table(lim: dict[str, Any]) -> list[str]:
             )
     for c, label in CONFIG_LABELS.items():
         lines.append(f"    {c}: {label}")
-    lines += ["  " + n for n in notes(lim)]
     return lines
 
 
@@ -320,6 +330,8 @@ def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             }
         )
     iso = lim["isolation"]
+    if not iso:  # --limits-accuracy-only
+        return
 
     def kept(c: str, direction: str, mode: str) -> float | None:
         v = iso.get(c, {}).get(direction, {}).get(mode, {}).get("kept")
