@@ -23,13 +23,14 @@
 #include "lib/tc.h"
 
 /*
- * Egress (tc): the whole fast path in one piece -- flow record, then the fast ending
+ * Egress (tc): the whole fast path in one piece -- limit, flow record, then the fast ending
  * (cz_fast_end: monitor, rewrite, counter) -- for the pod whose entry's LB IP, slot and flags
- * are `lb`, `slot` and `pod_flags`, the IP header at `l3` (v6, a constant). A tc verdict, or
- * CZ_SLOW.
+ * are `lb`, `slot` and `pod_flags`, the IP header at `l3` (v6, a constant), in the uplink's
+ * egress (`at_uplink`, a constant) or the pod-facing hook. A tc verdict, or CZ_SLOW.
  */
 static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *data_end, void *l3,
-				     int v6, const struct ip6 *lb, __u32 slot, __u8 pod_flags)
+				     int v6, const struct ip6 *lb, __u32 slot, __u8 pod_flags,
+				     int at_uplink)
 {
 	__u32 src = v6 ? offsetof(struct ipv6hdr, saddr) : offsetof(struct iphdr, saddr);
 	__u32 dst = v6 ? offsetof(struct ipv6hdr, daddr) : offsetof(struct iphdr, daddr);
@@ -40,8 +41,10 @@ static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *da
 
 	if (cz_unlikely(bad < 0))
 		return CZ_SLOW;
-	/* over the Service's egress limit (limit.h): policed, nothing recorded */
-	if (cz_unlikely(pod_flags & CZ_F_LIMIT) && cz_over_limit(1, slot, skb->len, 1, 0))
+	/* over the Service's egress limit (limit.h): policed (or beyond the shaper's horizon),
+	 * nothing recorded */
+	if (cz_unlikely(pod_flags & CZ_F_LIMIT) &&
+	    cz_egress_over(skb, slot, cz_wire_len(skb), at_uplink, 0))
 		reason = CZ_DROP_LIMIT;
 	else if (pod_flags & CZ_F_FLOWS) /* (IPv4: a[0] of each address only) */
 		flow_record(v6, l3 + src, l3 + dst, f.sport, f.dport, f.proto, 0, f.tcp_flags, 1);
@@ -53,18 +56,48 @@ static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *da
 }
 
 /*
- * A packet from the managed pod IP at `l3` (v6, a constant) that did not enter from that pod's
- * device (cz_spoofed): dropped before anything is recorded, counted node-wide and for the Service
- * of the address it claimed (`slot`), shown to a running monitor.
+ * A packet dropped untranslated for `reason`, the IP header at `l3` (v6, a constant): one from
+ * the managed pod IP that did not enter from that pod's device (cz_spoofed), dropped before
+ * anything is recorded; one from an LB IP beyond its shaper's horizon (shape_lb). Counted
+ * node-wide and for the Service of its address (`slot`), shown to a running monitor.
  */
-static __always_inline int spoof_drop(struct __sk_buff *skb, void *l3, int v6, __u32 slot)
+static __always_inline int egress_drop(struct __sk_buff *skb, void *l3, int v6, __u32 slot,
+				       __u32 reason)
 {
 	__u8 proto = v6 ? ((struct ipv6hdr *)l3)->nexthdr : ((struct iphdr *)l3)->protocol;
 
-	fast_monitor(skb, 0, 1, CZ_DROP_SPOOFED, slot, skb->len, v6, proto, l3, 0, 0);
-	cz_count(CZ_DROP_SPOOFED, skb->len);
-	cz_svc_drop(slot, CZ_DROP_SPOOFED);
+	fast_monitor(skb, 0, 1, reason, slot, skb->len, v6, proto, l3, 0, 0);
+	cz_count(reason, skb->len);
+	cz_svc_drop(slot, reason);
 	return CZ_TC_DROP;
+}
+
+/*
+ * A packet leaving by an uplink from an address whose entry is `kind` and `slot` (of the IP
+ * header at `l3`; v6, a constant): where egress is shaped (limit.h, cz_shape), one from an LB IP
+ * -- a VM's packet the pod-facing hook translated, which leaves shaping to this hook, the one in
+ * front of the uplink's fq -- gets its Service's departure time, or is dropped beyond the
+ * shaper's horizon. A verdict. Policed egress does nothing here (the translation policed it).
+ */
+static __always_inline int shape_lb(struct __sk_buff *skb, void *data, void *data_end, void *l3,
+				    int v6, __u8 kind, __u32 slot)
+{
+	if (!(kind & CZ_K_LB) || !cz_shape(skb, slot, cz_wire_len(skb), 0))
+		return CZ_TC_NEXT;
+	return egress_drop(skb, l3, v6, slot, CZ_DROP_LIMIT);
+}
+
+/* An IPv4 packet of no pod IP to no LB IP (addrhint): shape_lb if it is from an LB IP and egress
+ * is shaped; else nothing of ours (that costs the common packet the hint's second bit). */
+static __always_inline int shape_lb4(struct __sk_buff *skb, void *data, void *data_end,
+				     struct iphdr *ip)
+{
+	struct addr4_val *v;
+
+	if (!cz_addr4_hinted(ip->saddr, CZ_HINT_LB) || !cz_shaped())
+		return CZ_TC_NEXT;
+	v = cz_addr4.lookup(&ip->saddr);
+	return v ? shape_lb(skb, data, data_end, ip, 0, v->kind, v->in_slot) : CZ_TC_NEXT;
 }
 
 /*
@@ -90,30 +123,36 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	if (ip) {
 		struct addr4_val *v = NULL;
 
-		/* no pod IP as source, no LB IP as destination: nothing of ours (addrhint) */
+		/* no pod IP as source, no LB IP as destination: nothing of ours (addrhint), unless
+		 * from an LB IP where egress is shaped (shape_lb) */
 		if (cz_addr4_hinted(ip->saddr, CZ_HINT_POD))
 			v = cz_addr4.lookup(&ip->saddr);
 		else if (!cz_addr4_hinted(ip->daddr, CZ_HINT_LB))
-			return CZ_TC_NEXT;
+			return shape_lb4(skb, data, data_end, ip);
 		if (!v)
 			return CZ_RARE; /* to_lb4, cz_egress_to_lb */
 		/* from an LB IP: a VM's packet, translated (by the pod-facing hook, or a node's) */
 		if (!(v->kind & CZ_K_POD))
-			return CZ_TC_NEXT; /* as to_lb4 decides it: by the ToR */
+			return cz_shaped()
+				       ? shape_lb(skb, data, data_end, ip, 0, v->kind, v->in_slot)
+				       : CZ_TC_NEXT;
 		if (cz_unlikely(spoof_unsure(skb, v->dev, 0, &ip->saddr)))
 			return CZ_SLOW; /* the full path asks the FIB (egress_full) */
 		return fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
-				 v->pod_flags);
+				 v->pod_flags, 1);
 	}
 	ip6 = fast_ip6(data, data_end);
 	if (!ip6)
 		return CZ_SLOW;
 	v6 = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
-	if (!v6 || !(v6->kind & CZ_K_POD))
+	if (!v6)
 		return CZ_TC_NEXT;
+	if (!(v6->kind & CZ_K_POD))
+		return cz_shaped() ? shape_lb(skb, data, data_end, ip6, 1, v6->kind, v6->in_slot)
+				   : CZ_TC_NEXT;
 	if (cz_unlikely(spoof_unsure(skb, v6->dev, 1, &ip6->saddr)))
 		return CZ_SLOW;
-	return fast_snat(skb, data, data_end, ip6, 1, &v6->lb_ip, v6->out_slot, v6->pod_flags);
+	return fast_snat(skb, data, data_end, ip6, 1, &v6->lb_ip, v6->out_slot, v6->pod_flags, 1);
 }
 
 int cz_egress(struct __sk_buff *skb)
@@ -174,7 +213,7 @@ static __always_inline int pod_route6(struct __sk_buff *skb, void *data, void *d
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !cz_is_uplink(c, fib.ifindex) ||
 	    !cz_hr_fits6(skb, ip6, fib.mtu_result))
 		return CZ_TC_NEXT;
-	rc = fast_snat(skb, data, data_end, ip6, 1, &v->lb_ip, v->out_slot, v->pod_flags);
+	rc = fast_snat(skb, data, data_end, ip6, 1, &v->lb_ip, v->out_slot, v->pod_flags, 0);
 	if (rc == CZ_SLOW)
 		return CZ_TC_NEXT;
 	if (rc == CZ_TC_NEXT && (c->flags & CZ_CFG_HOST_ROUTING))
@@ -197,7 +236,7 @@ static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *d
 	if (!v || !(v->kind & CZ_K_POD))
 		return CZ_TC_NEXT;
 	if (cz_unlikely(cz_spoofed(skb, &v->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
-		return spoof_drop(skb, ip6, 1, v->out_slot);
+		return egress_drop(skb, ip6, 1, v->out_slot, CZ_DROP_SPOOFED);
 	return CZ_RARE; /* pod_route6, cz_pod_route6 */
 }
 
@@ -254,12 +293,12 @@ int cz_pod_ingress(struct __sk_buff *skb)
 	if (!v || !(v->kind & CZ_K_POD))
 		return next;
 	if (cz_unlikely(cz_spoofed(skb, &v->dev, 0, &ip->saddr, skb->ingress_ifindex)))
-		return spoof_drop(skb, ip, 0, v->out_slot);
+		return egress_drop(skb, ip, 0, v->out_slot, CZ_DROP_SPOOFED);
 	side = pod_side4(skb, data_end, ip, &fib);
 	if (side == CZ_SIDE_NOT)
 		return next;
 	rc = fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
-		       v->pod_flags);
+		       v->pod_flags, 0);
 	if (rc == CZ_TC_NEXT && side == CZ_SIDE_ROUTED)
 		rc = cz_host_route(skb, 0, &fib); /* redirected, or on to the stack */
 	if (rc == CZ_TC_NEXT)
@@ -323,7 +362,7 @@ static __always_inline int egress_full(struct __sk_buff *skb, int pod_side)
 	if (flow && p.proto == IPPROTO_TCP)
 		bpf_skb_load_bytes(skb, p.l4_off + 13, &p.tcp_flags, 1);
 	/* its egress limit at the end (slow_end), before the flow is recorded */
-	rc = slow_finish(skb, 0, 1, &p, reason, e.out_slot, skb->len, flow,
+	rc = slow_finish(skb, 0, 1, !pod_side, &p, reason, e.out_slot, skb->len, flow,
 			 e.pod_flags & CZ_F_LIMIT);
 	if (pod_side && rc == CZ_TC_NEXT && !p.v6 && lookup_addr(0, &p.dst, &d) &&
 	    (d.kind & CZ_K_LB))

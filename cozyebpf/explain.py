@@ -221,6 +221,7 @@ def _hint(
     leaves: tuple[str, str, int | None, int | None],
     refused: str | None = None,
     limits: Limits | None = None,
+    shaped: bool = False,
 ) -> str:
     svc = service or "its Service"
     name = proto_name(proto)
@@ -264,6 +265,12 @@ def _hint(
     if reason == "drop_limit":
         said = describe(limits) if limits is not None else "its limits"
         kind = "ingress" if direction == "ingress" else "egress"
+        if kind == "egress" and shaped:
+            return (
+                f"over the egress limit of {svc} ({said}), shaped (fq on the uplinks): its "
+                "queue already holds the burst's time of packets, so one that would leave later "
+                "is dropped (networking.cozystack.io/egressBandwidth)"
+            )
         return (
             f"over the {kind} limit of {svc} ({said}): its bucket is empty now, so packets "
             "beyond the rate are dropped until it refills (networking.cozystack.io/"
@@ -416,7 +423,17 @@ def explain(
                 refused = reserved_why(dst, agent_address)
             limits = maps.limits().get(service, (None, {}))[0] if service else None
             hint = _hint(
-                reason, service, direction, src, dst, proto, dport, leaves, refused, limits
+                reason,
+                service,
+                direction,
+                src,
+                dst,
+                proto,
+                dport,
+                leaves,
+                refused,
+                limits,
+                maps.shaped(),
             )
             path = "" if run.drop else _path(maps, a, direction, src.version == 6, in_device)
     finally:

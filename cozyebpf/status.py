@@ -136,11 +136,14 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
         entries = maps.entries()
         uplinks, pod_devices = maps.node_config()
         limits = maps.limits()
+        shaped = maps.shaped()
         out["node"] = {
             "uplinks": [_device_name(i) for i in uplinks],
             "pod_devices": pod_devices,  # the pod-facing hooks and their paths are on
             "host_routing": maps.host_routing(),
             "fib_gen": maps.fib_gen(),  # bumped on each change of the node's routes
+            # egress limits shaped (every uplink's root qdisc is fq) or policed
+            "egress_limits": "shaped" if shaped else "policed",
         }
     out["layout_version"] = found.version if found else LAYOUT_VERSION  # the maps'
     services: dict[str, set[str]] = {"whole-ip": set(), "port-filter": set()}
@@ -169,14 +172,15 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
     )
     out["top_dropping_services"] = [{"service": s, "packets": n} for s, n in by_service[:TOP]]
     out["maps"] = {name: {"entries": n, "capacity": cap} for name, (n, cap) in entries.items()}
-    # egress limits are policed (dropped over the rate where the pod's packet is translated):
-    # cozyebpf shapes nothing (README, Limits per public IP)
+    # egress limits are shaped where every uplink's root qdisc is fq (the uplink's egress sets
+    # each packet's departure time), else policed (dropped over the rate where the pod's packet
+    # is translated): README, Limits per public IP
     out["limits"] = [
         {
             "service": svc,
             "limits": describe(lim),
             "guard_only": lim.guard and lim.ingress_bps is None and lim.egress_bps is None,
-            "egress": "policed" if lim.egress_bps is not None else None,
+            "egress": out["node"]["egress_limits"] if lim.egress_bps is not None else None,
             "burst_left": {k: round(v, 3) for k, v in left.items()},
         }
         for svc, (lim, left) in sorted(limits.items())
@@ -197,8 +201,16 @@ def render_node(node: dict[str, Any]) -> str:
     pods = "on" if node["pod_devices"] else "off (no --pod-devices)"
     return (
         f"node: uplinks {', '.join(node['uplinks']) or 'none'}; pod-facing hooks {pods}; "
-        f"host routing {hr} (--host-routing); FIB answers of generation {node['fib_gen']}"
+        f"host routing {hr} (--host-routing); FIB answers of generation {node['fib_gen']}; "
+        f"egress limits {node['egress_limits']} ({SHAPED_WHY[node['egress_limits']]})"
     )
+
+
+#: why a node's egress limits are shaped or policed (bpf/lib/limit.h)
+SHAPED_WHY = {
+    "shaped": "every uplink's root qdisc is fq",
+    "policed": "an uplink's root qdisc is not fq",
+}
 
 
 #: `status`'s agent part when no address was given (--agent, COZYEBPF_RUN_HEALTH_ADDRESS)
@@ -271,7 +283,8 @@ def render(d: dict[str, Any], now: Callable[[], float] = time.time) -> str:
             + (f", {len(lim) - len(own)} the node's guard only" if len(lim) > len(own) else "")
         )
         out += [
-            f"  {x['service']}: {x['limits']}" + (" (policed)" if x["egress"] else "") for x in own
+            f"  {x['service']}: {x['limits']}" + (f" (egress {x['egress']})" if x["egress"] else "")
+            for x in own
         ]
         if dp["top_drops"]:
             out.append(

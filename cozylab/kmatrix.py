@@ -57,13 +57,15 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("COZYEBPF_GUEST_CACHE", "/var/cache/cozyebpf/kernel-matrix"))
 BUILD_HINT = "run scripts/kernel-guests.sh (as root; 3 to 5 minutes the first time)"
 
-#: the tests of each plan: "ci" what CI runs on every run (compile, load, budgets: the 6.12
-#: guest), "full" what `make kernel-matrix` runs on every kernel with the image's headers;
-#: "own" what it runs with a kernel's own headers (they differ from the image's: the compile)
+#: the tests of each plan: "ci" what CI runs on every run (compile, load, budgets, and shaped
+#: egress, which needs the fq that this machine's kernel lacks: the 6.12 guest), "full" what
+#: `make kernel-matrix` runs on every kernel with the image's headers; "own" what it runs
+#: with a kernel's own headers (they differ from the image's: the compile)
 TESTS = {
-    "ci": ("tests/datapath/test_verifier_budgets.py",),
+    "ci": ("tests/datapath/test_verifier_budgets.py", "tests/datapath/test_shaping.py"),
     "full": (
         "tests/datapath/test_verifier_budgets.py",
+        "tests/datapath/test_shaping.py",
         "tests/datapath/test_prog_run.py",
         "tests/datapath/test_differential.py",
         "tests/datapath/test_kernel_paths.py",
@@ -190,6 +192,7 @@ class Result:
     seconds: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    passed_tests: list[str] = field(default_factory=list)  # classname::name of each
     complete: bool = False  # the phase ran to its end and left its report
     note: str = ""
 
@@ -214,6 +217,7 @@ def read_junit(path: Path, result: Result) -> None:
             result.skipped += 1
         else:
             result.passed += 1
+            result.passed_tests.append(name)
 
 
 def read_counts(path: Path) -> dict[str, int]:

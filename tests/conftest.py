@@ -5,7 +5,9 @@ lab's commands); `requires(...)` names further prerequisites, and some fixtures 
 (`helm`). They are checked at collection:
 outside CI a test whose prerequisites are missing is skipped with the reason before any of its
 fixtures runs; under CI=true it FAILS, so a CI run can never pass without exercising the
-datapath."""
+datapath. One exception: a test that needs what this kernel was built without (fq) and that the
+kernel matrix's CI guest runs (prereqs.IN_GUEST) is skipped here, and test_kernel_guest fails
+unless it passed in the guest."""
 
 from __future__ import annotations
 
@@ -46,7 +48,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if not missing:
                 continue
             reason = "missing: " + "; ".join(missing)
-            if IN_CI:
+            lacking = [n for n in needs(item) if prereqs.missing(n)]
+            if prereqs.runs_in_guest(item.path, lacking):
+                reason += "; the kernel matrix's CI guest runs it (test_kernel_guest)"
+                item.add_marker(pytest.mark.skip(reason=reason))
+            elif IN_CI:
                 item.stash[_MISSING] = reason
             else:
                 item.add_marker(pytest.mark.skip(reason=reason))

@@ -73,7 +73,8 @@ static __always_inline void done_frag(struct cz_done *d, int passed)
 }
 
 /* The end, on what the scratch holds. */
-static __always_inline int slow_end(void *ctx, int is_xdp, int dir, struct cz_done *d)
+static __always_inline int slow_end(void *ctx, int is_xdp, int dir, int at_uplink,
+				    struct cz_done *d)
 {
 	__u32 reason = d->reason, slot = d->slot, len = d->len;
 	struct mon_ctl *mc;
@@ -81,9 +82,11 @@ static __always_inline int slow_end(void *ctx, int is_xdp, int dir, struct cz_do
 	/*
 	 * Over its Service's limits (limit.h): the full paths' one check, here where the verdict
 	 * is known and nothing is recorded yet (inside the decision it cost XDP's full path 40 %
-	 * more to verify). A dry run asks without charging.
+	 * more to verify). A dry run asks without charging. Egress is tc's (ctx an skb).
 	 */
-	if (d->limited && !cz_is_drop(reason) && cz_over_limit(dir, slot, len, 1, cz_dry()))
+	if (d->limited && !cz_is_drop(reason) &&
+	    (dir ? cz_egress_over(ctx, slot, cz_wire_len(ctx), at_uplink, cz_dry())
+		 : cz_over_limit(0, slot, len, 1, cz_dry())))
 		reason = CZ_DROP_LIMIT;
 	if (cz_dry()) {
 		cz_dry_record(cz_ctx_nonce(ctx, is_xdp), reason, slot);
@@ -104,12 +107,13 @@ static __always_inline int slow_end(void *ctx, int is_xdp, int dir, struct cz_do
 }
 
 /*
- * A packet the full path decided (dir 0 ingress, 1 egress), of the Service in `slot`, after
- * its rewrite: count, tell, return the verdict. Egress records the pod's flow first (`flow`),
- * ingress the verdict of a first fragment (cz_done_frag).
+ * A packet the full path decided (dir 0 ingress, 1 egress: in the uplink's egress if
+ * `at_uplink`, a constant), of the Service in `slot`, after its rewrite: count, tell, return the
+ * verdict. Its Service's limits apply if `limited`. Egress records the pod's flow first
+ * (`flow`), ingress the verdict of a first fragment (cz_done_frag).
  */
-static __always_inline int slow_finish(void *ctx, int is_xdp, int dir, struct pkt *p, __u32 reason,
-				       __u32 slot, __u32 len, int flow, int limited)
+static __always_inline int slow_finish(void *ctx, int is_xdp, int dir, int at_uplink, struct pkt *p,
+				       __u32 reason, __u32 slot, __u32 len, int flow, int limited)
 {
 	struct cz_scratch *s = cz_scratch_slot();
 
@@ -132,7 +136,7 @@ static __always_inline int slow_finish(void *ctx, int is_xdp, int dir, struct pk
 		s->done.dst = p->dst;
 	}
 	cz_barrier(); /* read it all back from the map */
-	return slow_end(ctx, is_xdp, dir, &s->done);
+	return slow_end(ctx, is_xdp, dir, at_uplink, &s->done);
 }
 
 /*

@@ -119,7 +119,7 @@ static __always_inline int ingress_full(void *ctx, int is_xdp, int outside)
 		else if (nat_skb(ctx, &p, data, data_end, 1, &pod) < 0)
 			reason = CZ_DROP_MALFORMED;
 	}
-	return slow_finish(ctx, is_xdp, 0, &p, reason, slot,
+	return slow_finish(ctx, is_xdp, 0, 0, &p, reason, slot,
 			   cz_ctx_len(ctx, is_xdp, data, data_end), 0, limited);
 }
 

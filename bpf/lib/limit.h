@@ -3,11 +3,12 @@
  * Limits per Service (issue 38), enforced where the programs first see a packet: ingress in the
  * XDP entry (and tc ingress where XDP is not attached), before anything is translated; egress
  * where the pod's packet is translated (the pod-facing hook, else the uplink's egress), as a
- * policer. A Service whose LB IPs carry CZ_F_LIMIT (flags) has its limits in `limits` at its
- * slot; one whose pod IP carries it (pod_flags) has an egress limit there. The buckets are GCRA
- * on one 64-bit time each, in `buckets` at the same slot, shared by every CPU (a per-CPU bucket
- * would give a flow that one CPU takes 1/n of the rate): the arithmetic of
- * cozyebpf/datapath/buckets.py (Bucket.admit), which the differential test holds them to.
+ * policer, or by the uplink's egress as a shaper where the uplinks have fq (cz_shape). A Service
+ * whose LB IPs carry CZ_F_LIMIT (flags) has its limits in `limits` at its slot; one whose pod IP
+ * carries it (pod_flags) has an egress limit there. The buckets are GCRA on one 64-bit time each,
+ * in `buckets` at the same slot, shared by every CPU (a per-CPU bucket would give a flow that one
+ * CPU takes 1/n of the rate): the arithmetic of cozyebpf/datapath/buckets.py (Bucket.admit), which
+ * the differential test holds them to.
  *
  * A packet of `cost` bytes (or 1 packet) at `now` passes when max(tat, now) + cost * unit (in
  * whole ns, rounded down) is at most now + tol; the bucket's time then moves by its cost: an
@@ -23,6 +24,7 @@
 #ifndef COZYEBPF_LIMIT_H
 #define COZYEBPF_LIMIT_H
 
+#include "fib.h"
 #include "maps.h"
 #include "parse.h"
 
@@ -103,7 +105,8 @@ static __always_inline int cz_over_limit(int dir, __u32 slot, __u32 bytes, __u32
 }
 
 /* A pass decided for an address whose `flags` are as addr values carry them: CZ_DROP_LIMIT when
- * its Service's ingress limits refuse it, else the same reason. */
+ * its Service's ingress limits refuse it, else the same reason. A GRO packet at tc ingress is
+ * charged its length (its headers once) and its segments (XDP, where attached, saw each). */
 static __always_inline __u32 cz_limit_in(__u8 flags, __u32 slot, __u32 bytes, __u32 pkts,
 					 __u32 reason)
 {
@@ -111,6 +114,71 @@ static __always_inline __u32 cz_limit_in(__u8 flags, __u32 slot, __u32 bytes, __
 	    cz_over_limit(0, slot, bytes, pkts, 0))
 		return CZ_DROP_LIMIT;
 	return reason;
+}
+
+/*
+ * The bytes an skb on its way out puts on the wire: the qdisc layer's length (wire_len,
+ * qdisc_pkt_len_init, which the kernel sets before the egress hook): a GSO packet's headers
+ * once per segment -- a 64 KiB TCP packet is 45 segments, and its length alone 4.4 % fewer
+ * bytes than the wire's. Never less than its length (BPF_PROG_RUN without one gives 0).
+ */
+static __always_inline __u32 cz_wire_len(struct __sk_buff *skb)
+{
+	__u32 wire = skb->wire_len, len = skb->len;
+
+	return wire > len ? wire : len;
+}
+
+/*
+ * Shaped egress (CZ_CFG_SHAPED: every uplink's root qdisc is fq, which holds a packet until its
+ * skb->tstamp, as Cilium's bandwidth manager uses it): the Service's packets leave one after the
+ * other at its rate from its next departure time (out_edt, the monotonic clock fq compares
+ * with; a busy shaper's packet gets it as skb->tstamp, an idle one's leaves now). No burst: the
+ * shaper paces from the first byte. The same GCRA as the policer's (its tol the burst's time):
+ * a packet that would leave more than the burst's time ahead (the horizon: what the queue holds)
+ * is dropped, nothing charged (1). Where fq is not the root (a veth's noqueue, another qdisc),
+ * skb->tstamp means nothing, and the policer is used.
+ */
+static __always_inline int cz_shape(struct __sk_buff *skb, __u32 slot, __u32 bytes, int peek)
+{
+	struct cz_limit *l = cz_limits.lookup(&slot);
+	struct cz_bucket *b = cz_buckets.lookup(&slot);
+	__u64 now, t, end;
+
+	if (!l || !b || !l->out_bytes.unit)
+		return 0;
+	now = bpf_ktime_get_ns();
+	t = b->out_edt;
+	if (!cz_gcra_admits(&l->out_bytes, t, now, bytes, &end))
+		return 1;
+	if (peek)
+		return 0;
+	cz_gcra_take(&b->out_edt, t, now, end);
+	if (t > now)
+		skb->tstamp = t;
+	return 0;
+}
+
+/* Is egress shaped (the uplinks have fq: flowcfg's CZ_CFG_SHAPED)? */
+static __always_inline int cz_shaped(void)
+{
+	struct flow_cfg *c = cz_cfg();
+
+	return c && (c->flags & CZ_CFG_SHAPED);
+}
+
+/*
+ * The egress limit of the Service in `slot` for a frame of `bytes` that its pod sent: policed,
+ * or shaped where the node's uplinks have fq (flowcfg's CZ_CFG_SHAPED) -- by the uplink's egress
+ * (`at_uplink`), the one hook in front of fq; the pod-facing hook leaves the frame to it (the
+ * uplink's egress shapes what leaves from an LB IP: egress.c, shape_lb). 1: drop it.
+ */
+static __always_inline int cz_egress_over(struct __sk_buff *skb, __u32 slot, __u32 bytes,
+					  int at_uplink, int peek)
+{
+	if (cz_shaped())
+		return at_uplink ? cz_shape(skb, slot, bytes, peek) : 0;
+	return cz_over_limit(1, slot, bytes, 1, peek);
 }
 
 #endif

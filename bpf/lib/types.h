@@ -121,6 +121,7 @@ struct flow4_val {
 #define CZ_UPLINKS_MAX 6
 #define CZ_CFG_POD_DEVICES 0x01	 /* pod-facing hooks are attached: the cluster paths are on */
 #define CZ_CFG_HOST_ROUTING 0x02 /* --host-routing on: translated packets skip the stack */
+#define CZ_CFG_SHAPED 0x04	 /* every uplink has fq: egress limits shape (limit.h, cz_shape) */
 /* XDP metadata: ingress let this frame through; cz_route_tc hands it on (lib/route.h) */
 #define CZ_META_ROUTE 0x72687a63
 
@@ -305,16 +306,18 @@ struct cz_limit {
 
 /*
  * buckets: array indexed by the same slot, the programs' own: each bucket's time (GCRA's
- * theoretical arrival time, bpf_ktime_get_coarse_ns() nanoseconds; 0: full), shared by every
- * CPU. Ingress and egress on cache lines of their own (their CPUs differ). Pinned: an agent's
- * restart or upgrade keeps them, so that no bucket starts full again.
+ * theoretical arrival time on the limits' clock, limit.h; 0: full), shared by every CPU, and the
+ * shaped egress's next departure time (bpf_ktime_get_ns(), the clock fq compares skb->tstamp
+ * with; 0: none). Ingress and egress on cache lines of their own (their CPUs differ). Pinned: an
+ * agent's restart or upgrade keeps them, so that no bucket starts full again.
  */
 struct cz_bucket {
 	__u64 in_bytes; /* ingress, the bytes' time */
 	__u64 in_pkts;	/* ingress, the packets' time */
 	__u64 reserved0[6];
-	__u64 out_bytes; /* egress, the bytes' time */
-	__u64 reserved1[7];
+	__u64 out_bytes; /* egress policed, the bytes' time */
+	__u64 out_edt;	 /* egress shaped, the next departure (was reserved, zero) */
+	__u64 reserved1[6];
 };
 
 /* svcnames: key __u32 slot; strings NUL-padded */

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -81,6 +82,10 @@ class BpfDatapath:
         self.guard: Callable[[str], AbstractContextManager[object]] = unguarded
         #: follows the node's routes for the programs' cached FIB answers (_follow_routes)
         self._routes: rtnl.Follow | None = None
+        #: follows the uplinks' qdiscs: egress limits are shaped where all are fq (_shaping)
+        self._qdiscs: rtnl.Follow | None = None
+        #: whether egress limits are shaped (_shaping; None: not decided yet)
+        self.shaped: bool | None = None
 
     # -- programs ------------------------------------------------------------------------
 
@@ -117,6 +122,7 @@ class BpfDatapath:
             self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
             self.maps.set_flow_timeouts(**self.flow_timeouts)
             self.maps.set_node(uplinks, bool(self.pod_devices), self.host_routing)
+        self._shaping()
 
     def begin(self) -> None:
         """Start compiling and loading the programs in a child process (seconds); the maps
@@ -141,6 +147,7 @@ class BpfDatapath:
             else:
                 self.programs[name] = prog
         self._follow_routes()
+        self._follow_qdiscs()
         with self.guard("attaching the programs"):
             self._attach_all()
 
@@ -154,6 +161,35 @@ class BpfDatapath:
         maps = self._maps()
         self._routes = rtnl.Follow(rtnl.route_events(), maps.bump_fib_gen, "routes")
         self._routes.start()
+
+    def _follow_qdiscs(self) -> None:
+        """Every change of a qdisc decides again whether egress limits are shaped (_shaping)."""
+        if self._qdiscs is not None:
+            return
+        self._qdiscs = rtnl.Follow(rtnl.qdisc_events(), self._shaping, "qdiscs")
+        self._qdiscs.start()
+        self._shaping()  # what changed before the follower listened
+
+    def _shaping(self) -> None:
+        """Egress limits are shaped where every uplink's root qdisc is fq (or mq of fq), which
+        holds a packet until the departure time the programs set (bpf/lib/limit.h, cz_shape);
+        policed otherwise. cozyebpf installs no qdisc: the node's is the operator's (or Cilium's
+        bandwidth manager's, which installs fq)."""
+        held = {dev: _device_qdisc(dev) for dev in self.devices}
+        shaped = all(fq for fq, _ in held.values())
+        self._maps().set_shaped(shaped)
+        if shaped == self.shaped:
+            return
+        self.shaped = shaped
+        if shaped:
+            log.info("egress limits are shaped: fq on %s", ", ".join(held))
+        else:
+            log.info(
+                "egress limits are policed: %s",
+                "; ".join(
+                    f"{dev} has {what}, not fq" for dev, (fq, what) in held.items() if not fq
+                ),
+            )
 
     def _attach_all(self) -> None:
         egress = self._program("cz_egress")
@@ -308,6 +344,10 @@ class BpfDatapath:
             self._maps().bump_fib_gen()
             self._follow_routes()
             repaired.append("route follower: stopped, started again")
+        if self._qdiscs is not None and not self._qdiscs.alive():
+            self._qdiscs = None
+            self._follow_qdiscs()
+            repaired.append("qdisc follower: stopped, started again")
         if self.pod_devices:
             repaired += self._follow_pod_devices()
         for (dev, role), a in list(self.attachments.items()):
@@ -408,9 +448,10 @@ class BpfDatapath:
         if self._compilation is not None:
             self._compilation.cancel()
             self._compilation = None
-        if self._routes is not None:
-            self._routes.stop()
-            self._routes = None
+        for follower in (self._routes, self._qdiscs):
+            if follower is not None:
+                follower.stop()
+        self._routes = self._qdiscs = None
         if self.maps:
             self.maps.close()
             self.maps = None
@@ -463,3 +504,29 @@ def handle_cozy_proxy(remove: bool) -> None:
     if p.returncode != 0:
         raise DatapathError(f"deleting nftables table ip cozy_proxy failed: {p.stderr.strip()}")
     log.warning("deleted cozy-proxy's nftables table `ip cozy_proxy` (--remove-cozy-proxy-table)")
+
+
+def egress_qdisc(ifindex: int) -> tuple[bool, str]:
+    """Whether fq holds a device's egress -- its root qdisc is fq, or mq (a qdisc per transmit
+    queue) whose every child is fq -- and what the device has (for the log): "fq",
+    "mq of 4 fq", "noqueue", "mq of fq_codel", "no qdisc" (a device that is gone)."""
+    qs = [q for q in rtnl.qdiscs(ifindex) if q.parent >> 16 != 0xFFFF or q.parent == rtnl.TC_H_ROOT]
+    root = next((q for q in qs if q.parent == rtnl.TC_H_ROOT), None)
+    if root is None:
+        return False, "no qdisc"
+    if root.kind == "fq":
+        return True, "fq"
+    if root.kind != "mq":
+        return False, root.kind
+    kids = [q.kind for q in qs if q is not root and q.parent >> 16 == root.handle >> 16]
+    if kids and all(k == "fq" for k in kids):
+        return True, f"mq of {len(kids)} fq"
+    return False, "mq of " + ", ".join(sorted(set(kids)) or ["nothing"])
+
+
+def _device_qdisc(dev: str) -> tuple[bool, str]:
+    """egress_qdisc of a device by name; a device that is gone has "no device"."""
+    try:
+        return egress_qdisc(socket.if_nametoindex(dev))
+    except OSError:
+        return False, "no device"

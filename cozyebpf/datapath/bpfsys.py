@@ -465,6 +465,7 @@ class TestRunResult:
     retval: int
     data: bytes
     duration_ns: int
+    ctx: bytes = b""  # the context as the program left it (when one was given)
 
 
 #: prog_test_run flag (Linux 6.11): a tc program's skb is CHECKSUM_COMPLETE, its skb->csum the
@@ -480,13 +481,17 @@ def prog_test_run(
     out_size: int = 4096,
     ctx: bytes | None = None,
     flags: int = 0,
+    ctx_out: int = 0,
 ) -> TestRunResult:
     """BPF_PROG_TEST_RUN: run a loaded program on `data` (a frame from its Ethernet header;
     for XDP with metadata, the metadata first), with the context `ctx` (struct xdp_md or
-    struct __sk_buff, possibly shorter: the rest is zero) if given."""
+    struct __sk_buff, possibly shorter: the rest is zero) if given; with `ctx_out` (the
+    context's whole size: the kernel refuses less) the result gives it back as the program
+    left it."""
     din = ctypes.create_string_buffer(data, len(data))
     dout = ctypes.create_string_buffer(out_size)
     cin = ctypes.create_string_buffer(ctx, len(ctx)) if ctx is not None else None
+    cout = ctypes.create_string_buffer(ctx_out) if ctx_out else None
     attr = _TestRun(
         prog_fd=prog_fd,
         data_size_in=len(data),
@@ -496,11 +501,16 @@ def prog_test_run(
         repeat=repeat,
         ctx_size_in=len(ctx) if ctx is not None else 0,
         ctx_in=_ptr(cin),
+        ctx_size_out=ctx_out,
+        ctx_out=_ptr(cout),
         flags=flags,
     )
     _sys_bpf(BPF_PROG_TEST_RUN, attr, "test run")
     return TestRunResult(
-        ctypes.c_int32(attr.retval).value, dout.raw[: attr.data_size_out], attr.duration
+        ctypes.c_int32(attr.retval).value,
+        dout.raw[: attr.data_size_out],
+        attr.duration,
+        cout.raw[: attr.ctx_size_out] if cout is not None else b"",
     )
 
 

@@ -22,6 +22,7 @@ from cozyebpf.datapath.codec import address, packer
 from cozyebpf.datapath.layout import (
     CFG_HOST_ROUTING,
     CFG_POD_DEVICES,
+    CFG_SHAPED,
     FLOW_CLOSING,
     UPLINKS_MAX,
     Flow4Key,
@@ -244,8 +245,10 @@ class FlowTables(Pins):
             cfg = self._flow_cfg()
             for i in range(UPLINKS_MAX):
                 cfg.uplinks[i] = uplinks[i] if i < len(uplinks) else 0
-            cfg.flags = (CFG_POD_DEVICES if pod_devices else 0) | (
-                CFG_HOST_ROUTING if host_routing else 0
+            cfg.flags = (
+                (cfg.flags & CFG_SHAPED)  # set_shaped's, as the uplinks' qdiscs decide
+                | (CFG_POD_DEVICES if pod_devices else 0)
+                | (CFG_HOST_ROUTING if host_routing else 0)
             )
             cfg.fib_gen = (cfg.fib_gen + 1) & 0xFFFFFFFF  # the uplinks decide what is cached
             self._set_flow_cfg(cfg)
@@ -258,6 +261,22 @@ class FlowTables(Pins):
     def fib_gen(self) -> int:
         """The generation of the programs' cached FIB answers (bump_fib_gen)."""
         return int(self._flow_cfg().fib_gen)
+
+    def set_shaped(self, shaped: bool) -> bool:
+        """Whether egress limits are shaped (every uplink's root qdisc is fq: bpf/lib/limit.h,
+        cz_shape) or policed. Whether that changed."""
+        with _CFG_LOCK:
+            cfg = self._flow_cfg()
+            flags = (cfg.flags & ~CFG_SHAPED) | (CFG_SHAPED if shaped else 0)
+            if flags == cfg.flags:
+                return False
+            cfg.flags = flags
+            self._set_flow_cfg(cfg)
+            return True
+
+    def shaped(self) -> bool:
+        """Whether egress limits are shaped, not policed (set_shaped)."""
+        return bool(self._flow_cfg().flags & CFG_SHAPED)
 
     def host_routing(self) -> bool:
         """Whether the programs hand what they translate to its next device (set_node)."""

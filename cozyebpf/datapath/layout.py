@@ -131,6 +131,7 @@ TO_UDP, TO_ICMP, TO_TCP, TO_TCP_CLOSING = 0, 1, 2, 3
 UPLINKS_MAX = 6  # CZ_UPLINKS_MAX
 CFG_POD_DEVICES = 0x01  # CZ_CFG_POD_DEVICES
 CFG_HOST_ROUTING = 0x02  # CZ_CFG_HOST_ROUTING
+CFG_SHAPED = 0x04  # CZ_CFG_SHAPED: every uplink has fq, egress limits shape
 
 
 class FlowCfg(ctypes.Structure):
@@ -304,14 +305,16 @@ class LimitVal(ctypes.Structure):
 
 
 class BucketVal(ctypes.Structure):
-    """buckets: slot -> each bucket's time (ns of the coarse clock; 0: full); since 0.3.0."""
+    """buckets: slot -> each bucket's time (ns of the limits' clock; 0: full) and the shaped
+    egress's next departure (ns of the monotonic clock; 0: none); since 0.3.0."""
 
     _fields_ = [
         ("in_bytes", ctypes.c_uint64),
         ("in_pkts", ctypes.c_uint64),
         ("reserved0", ctypes.c_uint64 * 6),
         ("out_bytes", ctypes.c_uint64),
-        ("reserved1", ctypes.c_uint64 * 7),
+        ("out_edt", ctypes.c_uint64),  # shaped egress: the next departure (ktime ns); 0: none
+        ("reserved1", ctypes.c_uint64 * 6),
     ]
 
 

@@ -6,7 +6,8 @@ the agent only needs to *read* four things on its common path: which XDP program
 is used), the devices of the default route (`--devices auto`) and the node's own addresses
 (which no LB IP may take), followed as they change (`address_events`), and that the routes
 changed (`route_events`: the programs' cached FIB answers are then asked again). These are
-plain rtnetlink requests; pyroute2 stays for what changes the kernel's tc state (legacy clsact
+plain rtnetlink requests, as are the uplinks' qdiscs (`qdiscs`, `qdisc_events`: egress limits
+are shaped where they are fq); pyroute2 stays for what changes the kernel's tc state (legacy clsact
 filters, on kernels without tcx), and is imported only there. tests/datapath/test_rtnl.py
 compares every answer with pyroute2's.
 """
@@ -30,6 +31,7 @@ NLMSG_DONE = 3
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_GETROUTE = 24, 26
+RTM_NEWQDISC, RTM_GETQDISC = 36, 38
 RTM_NEWTFILTER, RTM_GETTFILTER = 44, 46
 IFLA_XDP = 43
 IFLA_XDP_ATTACHED = 2
@@ -38,7 +40,8 @@ TCA_KIND, TCA_OPTIONS = 1, 2
 TCA_BPF_NAME, TCA_BPF_ID = 7, 11  # include/uapi/linux/pkt_cls.h
 RTA_OIF, RTA_MULTIPATH, RTA_TABLE = 4, 9, 15
 IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
+RTMGRP_LINK, RTMGRP_TC, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x8, 0x10, 0x100
+TC_H_ROOT = 0xFFFFFFFF
 RTMGRP_IPV4_ROUTE, RTMGRP_IPV4_RULE = 0x40, 0x80
 RTNLGRP_NEXTHOP = 32  # beyond the bind mask: NETLINK_ADD_MEMBERSHIP
 SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
@@ -173,6 +176,42 @@ def bpf_filters(ifindex: int, parent: int) -> list[tuple[int, str]]:
     """(priority, program name) of every cls_bpf filter at `parent` (a clsact direction) of a
     device; [] when it has no clsact qdisc."""
     return [(prio, name) for prio, name, _ in bpf_filter_programs(ifindex, parent)]
+
+
+@dataclass(frozen=True)
+class Qdisc:
+    """A qdisc of a device: its kind ("fq", "mq", "noqueue", ...), handle and parent."""
+
+    kind: str
+    handle: int
+    parent: int
+
+
+def qdiscs(ifindex: int) -> list[Qdisc]:
+    """Every qdisc of a device (the root first as the kernel dumps them); [] when the device
+    is gone."""
+    body = _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, 0, 0)
+    out: list[Qdisc] = []
+    try:
+        for kind, payload in request(RTM_GETQDISC, body, dump=True):
+            if kind != RTM_NEWQDISC:
+                continue
+            _fam, index, handle, parent, _info = _TCMSG.unpack_from(payload)
+            a = dict(attrs(payload, _TCMSG.size))
+            if index == ifindex and TCA_KIND in a:
+                name = a[TCA_KIND].rstrip(b"\0").decode(errors="replace")
+                out.append(Qdisc(name, handle, parent))
+    except NetlinkError:
+        return []
+    return out
+
+
+def qdisc_events() -> socket.socket:
+    """A netlink socket that receives a message whenever a qdisc, class or filter of a device
+    of this network namespace changes; the caller reads and closes it."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+    s.bind((0, RTMGRP_TC))
+    return s
 
 
 def default_route_devices() -> list[int]:

@@ -4,17 +4,25 @@ uplink's egress) and each of its paths (the fast one; the full one, for a frame 
 a packet that a bucket admits moves the bucket's time by exactly Bucket.cost_ns of its cost,
 one the bucket refuses is dropped as drop_limit and moves nothing, and two buckets are charged
 both or neither. The buckets are set busy (their time ahead of the programs' clock,
-limit_clock_ns), where GCRA does not depend on when the packet runs: the result is exact."""
+limit_clock_ns), where GCRA does not depend on when the packet runs: the result is exact.
+A GSO packet out (the skb's wire_len and gso_segs, set in the context) is charged its headers
+once per segment.
+Shaped egress (the uplinks have fq): the packet leaves at the shaper's next departure time
+(skb->tstamp, read back from the context), which moves by its cost, from the pod's packet the
+uplink translates and from an LB IP's packet the pod-facing hook translated; beyond the horizon
+it is dropped; the policer's bucket is not touched."""
 
 from __future__ import annotations
 
 import ctypes
+import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import ip_address
 
 import pytest
-from scapy.layers.inet import IP, UDP
+from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet
 
@@ -25,6 +33,8 @@ from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.state import Limits, MapState, PodEntry, ServiceEntry, diff
 from tests.support.packets import CLIENT, LB_WHOLE, MAC_A, MAC_B, POD_WHOLE
 
+#: struct __sk_buff: its size, and the offsets of tstamp and wire_len (gso_segs follows it)
+SKB_SIZE, SKB_TSTAMP, SKB_WIRE_LEN = 192, 152, 160
 XDP_DROP, XDP_PASS = 1, 2
 TC_NEXT, TC_SHOT = -1, 2
 VM = "default/vm1"
@@ -47,6 +57,16 @@ class Progs:
     def run(self, prog: str, frame: Packet) -> int:
         return bpfsys.prog_test_run(self.fds[prog], bytes(frame)).retval
 
+    def run_skb(
+        self, prog: str, frame: Packet, gso_segs: int = 0, wire_len: int = 0
+    ) -> tuple[int, int]:
+        """A tc program on `frame` as an skb of `gso_segs` segments and the qdisc layer's
+        length `wire_len` (0: the frame's): (verdict, skb->tstamp as the program left it)."""
+        ctx = bytearray(SKB_SIZE)
+        struct.pack_into("=II", ctx, SKB_WIRE_LEN, wire_len, gso_segs)
+        r = bpfsys.prog_test_run(self.fds[prog], bytes(frame), ctx=bytes(ctx), ctx_out=SKB_SIZE)
+        return r.retval, struct.unpack_from("=Q", r.ctx, SKB_TSTAMP)[0]
+
     def key(self) -> ctypes.c_uint32:
         slot = self.maps.slots.slot(VM)
         assert slot, "vm1 has no slot"
@@ -57,8 +77,8 @@ class Progs:
         assert bpfsys.map_lookup(self.maps.fds["buckets"], self.key(), v)
         return v
 
-    def set_buckets(self, in_bytes: int, in_pkts: int, out_bytes: int) -> None:
-        v = BucketVal(in_bytes=in_bytes, in_pkts=in_pkts, out_bytes=out_bytes)
+    def set_buckets(self, in_bytes: int, in_pkts: int, out_bytes: int, out_edt: int = 0) -> None:
+        v = BucketVal(in_bytes=in_bytes, in_pkts=in_pkts, out_bytes=out_bytes, out_edt=out_edt)
         bpfsys.map_update(self.maps.fds["buckets"], self.key(), v)
 
     def drops(self) -> int:
@@ -165,3 +185,101 @@ def test_an_idle_bucket_starts_at_the_clock() -> None:
     starts at `now`, the rule the programs' compare-and-exchange follows."""
     ok, tat = PKTS_IN.admit(0, 5 * 10**9, 1)
     assert ok and tat == 5 * 10**9 + PKTS_IN.cost_ns(1)
+
+
+def tcp_from(src: str, tag: bool = False) -> Packet:
+    """A TCP segment of 1,000 bytes from `src` to the client, with 12 bytes of options (a TCP
+    header of 32: what the per-segment charge must read from the data offset)."""
+    eth = Ether(src=MAC_A, dst=MAC_B)
+    if tag:
+        eth = eth / Dot1Q(vlan=5)
+    opts = [("NOP", None), ("NOP", None), ("Timestamp", (1, 2))]
+    return eth / IP(src=src, dst=CLIENT) / TCP(sport=22, dport=40000, options=opts) / (b"t" * 1000)
+
+
+#: the headers each segment of tcp_from's frame carries on the wire: Ethernet, IPv4, TCP
+TCP_HEADERS = 14 + 20 + 32
+
+
+def wire(frame: Packet, segs: int) -> int:
+    """What `frame` as a GSO packet of `segs` segments puts on the wire (the kernel's
+    qdisc_pkt_len_init): its headers once per segment."""
+    return len(bytes(frame)) + (segs - 1) * TCP_HEADERS
+
+
+@pytest.mark.parametrize("segs", [2, 45])
+def test_a_gso_packet_is_charged_its_headers_once_per_segment(p: Progs, segs: int) -> None:
+    """Egress charges a GSO packet what the qdisc layer counts (the skb's wire_len: its headers
+    once per segment; the kernel sets it before the egress hook), on the fast and the full
+    path; tc ingress its length and its segments (the packet bucket). One segment: its length
+    (the tests above)."""
+    now = clock()
+    for tag in (False, True):
+        p.set_buckets(now + AHEAD, now + AHEAD, now + AHEAD)
+        out = tcp_from(POD_WHOLE, tag)
+        assert p.run_skb("egress", out, segs, wire(out, segs))[0] == TC_NEXT
+        assert p.buckets().out_bytes == now + AHEAD + BYTES_OUT.cost_ns(wire(out, segs))
+    frame = Ether(src=MAC_A, dst=MAC_B) / IP(src=CLIENT, dst=LB_WHOLE) / tcp_from(POD_WHOLE)[TCP]
+    assert p.run_skb("tc", frame, segs)[0] == TC_NEXT
+    b = p.buckets()
+    assert b.in_bytes == now + AHEAD + BYTES_IN.cost_ns(len(bytes(frame)))
+    assert b.in_pkts == now + AHEAD + PKTS_IN.cost_ns(segs)
+
+
+@pytest.fixture
+def shaped(p: Progs) -> Iterator[Progs]:
+    """Egress shaped (the agent's decision where every uplink's root qdisc is fq)."""
+    p.maps.set_shaped(True)
+    try:
+        yield p
+    finally:
+        p.maps.set_shaped(False)
+
+
+SHAPED = [(POD_WHOLE, False), (POD_WHOLE, True), (LB_WHOLE, False)]
+SHAPED_IDS = ["pod-fast", "pod-full", "from-lb-ip"]
+
+
+@pytest.mark.parametrize(("src", "tag"), SHAPED, ids=SHAPED_IDS)
+def test_shaped_egress_sets_the_departure_time_and_moves_it_by_the_cost(
+    shaped: Progs, src: str, tag: bool
+) -> None:
+    """A busy shaper (its next departure ahead of the monotonic clock, fq's): the packet gets
+    that departure as skb->tstamp and passes; the departure moves by its cost (3 segments: its
+    headers three times); the policer's bucket stays as it was. From the pod IP the uplink
+    translates it (fast and full path); from the LB IP (translated by the pod-facing hook) it is
+    shaped untouched."""
+    p = shaped
+    t = time.monotonic_ns() + 10**9  # a second ahead: well inside the burst of 1 kbit/s
+    p.set_buckets(0, 0, 7, t)
+    frame = tcp_from(src, tag)
+    verdict, tstamp = p.run_skb("egress", frame, 3, wire(frame, 3))
+    assert verdict == TC_NEXT
+    assert tstamp == t
+    b = p.buckets()
+    assert b.out_edt == t + BYTES_OUT.cost_ns(wire(frame, 3))
+    assert b.out_bytes == 7
+
+
+@pytest.mark.parametrize(("src", "tag"), SHAPED, ids=SHAPED_IDS)
+def test_shaped_egress_drops_beyond_the_horizon(shaped: Progs, src: str, tag: bool) -> None:
+    """A departure more than the burst's time ahead: dropped as drop_limit, nothing moved."""
+    p = shaped
+    t = time.monotonic_ns() + BYTES_OUT.tolerance + 10**9
+    p.set_buckets(0, 0, 0, t)
+    before = p.drops()
+    assert p.run_skb("egress", tcp_from(src, tag))[0] == TC_SHOT
+    assert p.drops() == before + 1
+    assert p.buckets().out_edt == t
+
+
+def test_policed_egress_leaves_the_departure_time_and_an_lb_ip_packet_alone(p: Progs) -> None:
+    """Not shaped: the pod's packet is policed (its bucket moves, no departure time is set);
+    a packet from the LB IP is not the uplink's to limit."""
+    now, t = clock(), time.monotonic_ns() + 10**9
+    p.set_buckets(0, 0, now + AHEAD, t)
+    frame = tcp_from(POD_WHOLE)
+    assert p.run_skb("egress", frame) == (TC_NEXT, 0)
+    assert p.buckets().out_bytes == now + AHEAD + BYTES_OUT.cost_ns(len(bytes(frame)))
+    assert p.run_skb("egress", tcp_from(LB_WHOLE)) == (TC_NEXT, 0)
+    assert p.buckets().out_edt == t

@@ -1,11 +1,13 @@
 """Limits per public IP (issue 38) through the real agent and datapath: a Service's
 ingressPacketRate cut at XDP (IPv4 and IPv6, one bucket), its egressBandwidth policed where
-the pod's packets are translated, the node's guard for a Service without a rate of its own,
-another Service's traffic untouched meanwhile, bad values, and a restart that keeps the
-limits and does not fill the buckets again. Whole packets: addresses, checksums, payload."""
+the pod's packets are translated (shaped where the uplink has fq: test_shaping.py), the node's
+guard for a Service without a rate of its own, another Service's traffic untouched meanwhile,
+bad values, and a restart that keeps the limits and does not fill the buckets again. Whole
+packets: addresses, checksums, payload."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import socket
@@ -173,7 +175,9 @@ def test_dump_status_and_explain_show_the_limits_and_the_empty_bucket(env: Agent
     (vm2,) = [r for r in d["limits"] if r["service"] == "default/vm2"]
     assert vm2["guard"] and vm2["ingress_packets_per_second"] == 10**6
     text = cli(env, "status")
-    assert f"default/vm1: ingress {ING_PPS} packets/s; egress 1 Mbit/s (policed)" in text, text
+    assert f"default/vm1: ingress {ING_PPS} packets/s; egress 1 Mbit/s (egress policed)" in text, (
+        text
+    )
     assert "the node's guard only" in text
     # the bucket as a flood leaves it for a minute (a CLI's start takes longer than the 0.5 s
     # in which 2 packets/s gives a packet back)
@@ -232,6 +236,58 @@ def test_egress_bandwidth_is_policed_where_the_pod_is_translated(env: AgentLab) 
         i = int(bytes(p[UDP].payload)[:5])
         assert bytes(p[UDP].payload) == b"%05d" % i + b"e" * (PAYLOAD - 5)
     assert drops(env) - before == n - len(out)
+
+
+def fill_egress_bucket(env: AgentLab) -> None:
+    """vm1's egress bucket full (its time 0), whatever the tests before left of it."""
+    with PinnedMaps.open(env.pin_dir) as m:
+        m.read_state()  # (loads the slots)
+        key = ctypes.c_uint32(m.slots.slot("default/vm1"))
+        b = BucketVal()
+        assert key.value and bpfsys.map_lookup(m.fds["buckets"], key, b)
+        b.out_bytes = 0
+        bpfsys.map_update(m.fds["buckets"], key, b)
+
+
+SOL_UDP, UDP_SEGMENT = 17, 103  # linux/udp.h: the datagram's segment size, for UDP GSO
+
+
+def test_egress_charges_a_gso_packet_its_headers_once_per_segment(env: AgentLab) -> None:
+    """vm1 sends UDP GSO packets (UDP_SEGMENT: 8 datagrams of 100 bytes each, one skb of 842
+    bytes through the node, 8 x 142 = 1,136 on the wire): its 64 KiB egress burst passes 57 of
+    them (wire bytes), not the 77 their lengths would give; the client receives the datagrams
+    whole, from the LB IP; each refused packet is one drop_limit."""
+    fill_egress_bucket(env)
+    before = drops(env)
+    sock = env.lab.ns_socket(env.lab.pod_ns(POD1), socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(SOL_UDP, UDP_SEGMENT, 100)
+    sink = env.lab.ns_socket(env.lab.client, socket.AF_INET, socket.SOCK_DGRAM)
+    sink.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE: none lost here
+    sink.bind((CLIENT_IP, 40002))
+    n, segs, wire = 120, 8, 8 * (100 + 8 + 20 + 14)
+    got: list[tuple[bytes, tuple[str, int]]] = []
+    try:
+        t0 = time.monotonic()
+        for i in range(n):
+            sock.sendto(
+                b"".join(b"%04d%02d" % (i, k) + b"g" * 94 for k in range(segs)), (CLIENT_IP, 40002)
+            )
+        elapsed = time.monotonic() - t0
+        sink.settimeout(0.5)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append(sink.recvfrom(2048))
+    finally:
+        sock.close()
+        sink.close()
+    assert all(addr == (LB_WHOLE, addr[1]) for _, addr in got), {a for _, a in got}
+    assert all(len(d) == 100 and d[6:] == b"g" * 94 for d, _ in got)
+    passed = {d[:4] for d, _ in got}
+    assert len(got) == segs * len(passed), "a GSO packet arrived in part"
+    burst = EGRESS_BURST_BYTES // wire  # 57
+    refill = int(elapsed * 125_000 / wire) + 1
+    assert burst - 1 <= len(passed) <= burst + refill, (len(passed), elapsed)
+    assert drops(env) - before == n - len(passed)
 
 
 def test_the_guard_limits_a_service_without_a_rate_of_its_own(env: AgentLab) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -109,6 +110,23 @@ def _kernel_guest() -> str | None:
     return None if why is None else f"the kernel-matrix guests: {why}"
 
 
+def _fq() -> str | None:
+    """The fq qdisc (CONFIG_NET_SCH_FQ), which shaped egress needs: added to the loopback of a
+    network namespace of its own."""
+    try:
+        p = subprocess.run(
+            ["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "fq"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the fq qdisc (could not try it: {e})"
+    if p.returncode == 0:
+        return None
+    return f"the fq qdisc (this kernel has none: {p.stderr.strip()}; CONFIG_NET_SCH_FQ)"
+
+
 def _kube() -> str | None:
     """etcd, kube-apiserver and kube-controller-manager of the pinned release, built by
     scripts/build-kube.sh (setup.sh --kube runs it), for the labs' real control plane."""
@@ -137,7 +155,25 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "ovn": _ovn,
     "kernel-guest": _kernel_guest,
     "kube": _kube,
+    "fq": _fq,
 }
+
+#: prerequisites that are how the kernel was built, which no set-up changes: a test that needs
+#: one and that the kernel matrix runs in its CI guest (cozylab/kmatrix.py, TESTS["ci"]) is
+#: skipped, CI or not, where this kernel lacks it -- test_kernel_guest runs it in the guest on
+#: every run and fails unless it passes there (this machine's kernel has no fq)
+IN_GUEST = frozenset({"fq"})
+
+
+def runs_in_guest(path: Path, lacking: Iterable[str]) -> bool:
+    """Whether a test file whose prerequisites `lacking` are missing here runs in the kernel
+    matrix's CI guest instead (IN_GUEST)."""
+    from cozylab.kmatrix import TESTS
+
+    names = set(lacking)
+    rel = path.resolve().relative_to(REPO).as_posix()
+    return bool(names) and names <= IN_GUEST and rel in TESTS["ci"]
+
 
 #: what the marker `datapath` needs: loading BPF and the namespace lab
 DATAPATH = (
