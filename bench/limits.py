@@ -16,15 +16,15 @@ Three whole-IP Services: vm-acc (203.0.113.10), vm-b (203.0.113.20), vm-a (203.0
    in the same run: a limit the path does not exceed by REACHABLE without it is "not reachable
    here", not a miss. `egress-nogso` is `egress` with TSO and GSO off on vm-acc's eth0, so that
    the uplink's egress polices its segments one by one instead of 64 KiB GSO packets.
-   `egress-shaped` is `egress` with fq as the uplink's root qdisc (`tc qdisc replace dev uplink
-   root fq` for the row, the veth's default noqueue back after it): there the agent shapes vm-acc's
-   egress (sets each packet's departure time, which fq holds it until) instead of policing it,
-   and drops only what would leave more than the burst ahead; before the row the agent must say
-   so (`cozyebpf status --json`: the Service's limits[].egress "shaped"; it re-reads the uplink's
-   qdisc at each attachment check, CHECK_INTERVAL here), and each row records what status said,
-   the agent's drop_limit and fq's own drops (flows_plimit: a flow's 100 packets; the rest: its
-   limit of 10,000 or its horizon) in the window. Where the kernel has no fq (sch_fq), the row
-   is not measured and the part says why. The
+   `egress-shaped` is `egress` with fq as the uplink's root qdisc (`tc qdisc replace dev
+   uplink root fq` for the row, the veth's default noqueue back after it): there the agent
+   shapes vm-acc's egress (sets each packet's departure time, which fq holds it until) instead
+   of policing it, and drops only what would leave more than the burst ahead. Before the row
+   the agent must say so (`cozyebpf status --json`: the Service's limits[].egress "shaped"; it
+   follows the uplinks' qdiscs over netlink); each row records what status said, the agent's
+   drop_limit and fq's own drops (flows_plimit: a flow's 100 packets; the rest: its limit of
+   10,000 or its horizon) in the window. Where the kernel has no fq (sch_fq), the row is not
+   measured and the part says why (bench/guest.py runs the part in a Debian guest). The
    senders' congestion control is set per socket: cubic (Linux's default; the targets), and in
    full runs also bbr (this VM's kernel default). The retransmissions the limit causes:
    tcpi_total_retrans of the senders (TCP_INFO) and the sender namespace's retransmission
@@ -121,9 +121,9 @@ DIRECTIONS = {
     "not policed",
     "egress-nogso": "the same with TSO/GSO off in vm-acc: segments policed one by one",
 }
-#: the agent's --check-interval (its default is 10 s): it re-reads the uplink's qdisc at each
-#: attachment check, so that egress-shaped waits at most about this long for "shaped"
-CHECK_INTERVAL = 1.0
+#: how long a row waits for status to say what its qdisc should make of the egress limit (the
+#: agent follows the uplinks' qdiscs over netlink: it takes a moment)
+MODE_WAIT = 10.0
 #: what `cozyebpf status --json` says of a Service's egress limit where fq holds its packets
 SHAPED = "shaped"
 #: the counters of fq (`tc -s -j qdisc show`) a row records: all its drops, those of a flow over
@@ -388,7 +388,7 @@ class Agent:
         offset = len(self.log_text())
         cmd = [sys.executable, "-m", "cozyebpf", "run", "--manifests", str(self.manifest),
                "--devices", UPLINK, "--pin-dir", self.pin, "--poll-interval", "0.1",
-               "--resync-interval", "3600", "--check-interval", str(CHECK_INTERVAL),
+               "--resync-interval", "3600", "--check-interval", "3600",
                "--log-level", "info"]  # fmt: skip
         if guard is not None:
             cmd += ["--guard-packet-rate", guard]
@@ -675,13 +675,12 @@ class LimitsBench:
 
     def _egress_mode(self, lim: str | None, shaped: bool) -> str | None:
         """What status says of vm-acc's egress limit (None without one), once it says what the
-        row wants ("shaped" with fq, else "policed") or, when it does not within a few of the
-        agent's attachment checks, what it says then (the row goes on: a run of a cozyebpf
-        that does not shape yet still measures)."""
+        row wants ("shaped" with fq, else "policed") or, when it does not within MODE_WAIT, what
+        it says then (the row goes on: a cozyebpf that does not shape still measures)."""
         if lim is None:
             return None
         want = SHAPED if shaped else "policed"
-        deadline = time.monotonic() + 3 * CHECK_INTERVAL + 5
+        deadline = time.monotonic() + MODE_WAIT
         while (mode := self.agent.egress_mode("default/vm-acc")) != want:
             if time.monotonic() > deadline:
                 log(f"limits: status says vm-acc's egress is {mode!r}, not {want!r}: measuring")
