@@ -148,7 +148,7 @@ def table(lim: dict[str, Any]) -> list[str]:
         )
     lines.append(
         f"  (wire/limit: the goodput in full frames, {FRAME} bytes per {MSS} of payload: what the "
-        "ingress bucket counts; egress counts a GSO packet's bytes, one header per packet; "
+        "buckets count, egress a GSO packet's wire length, its headers once per segment; "
         "retr %: retransmitted segments per segment of goodput; RTOs: retransmission timeouts "
         "in the window; others: CPUs other jobs on the machine took meanwhile, of 2)"
     )
