@@ -214,8 +214,8 @@ def shaped_table(lim: dict[str, Any]) -> list[str]:
     acc = lim["accuracy"]
     if "shaped_missing" in acc:
         return [f"  egress-shaped: not measured: {acc['shaped_missing']}"]
-    rows = {(r["direction"], r["limit"], r["flows"]): r for r in acc["rows"]}
     cc0 = lim["settings"]["ccs"][0]
+    rows = {(r["direction"], r["limit"], r["flows"]): r for r in acc["rows"] if r["cc"] == cc0}
     keys = [(r["limit"], r["flows"]) for r in acc["rows"] if r["direction"] == "egress-shaped"]
     if not keys:
         return []
