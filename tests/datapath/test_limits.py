@@ -18,6 +18,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
+from scapy.packet import Packet
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.buckets import limit_clock_ns
@@ -203,39 +204,69 @@ def test_dump_status_and_explain_show_the_limits_and_the_empty_bucket(env: Agent
         assert b.in_pkts == now + 10 * 10**9, "explain's dry run charged the bucket"
 
 
-def test_egress_bandwidth_is_policed_where_the_pod_is_translated(env: AgentLab) -> None:
-    """vm1's 1 Mbit/s out: 64 KiB at once, then 125,000 bytes a second; what passes leaves
-    with the LB IP as its source, whole; the rest is dropped and counted drop_limit."""
-    before = drops(env)
+def send_egress(env: AgentLab, port: int, n: int, fill: bytes) -> tuple[list[Packet], float]:
+    """vm1 sends `n` datagrams of PAYLOAD bytes to the client's `port` as fast as it can: the
+    ones the client's uplink-side eth0 received (whole frames) and how long the sending took."""
     rx = env.packet_socket(env.lab.client, "eth0")
     drain(rx)
     sock = env.lab.ns_socket(env.lab.pod_ns(POD1), socket.AF_INET, socket.SOCK_DGRAM)
     # a receiver, so that the client answers no port unreachable (vm1's ingress limit would
     # count it dropped too)
     sink = env.lab.ns_socket(env.lab.client, socket.AF_INET, socket.SOCK_DGRAM)
-    sink.bind((CLIENT_IP, 40000))
-    n = 200
+    sink.bind((CLIENT_IP, port))
     t0 = time.monotonic()
     try:
         for i in range(n):
-            sock.sendto(b"%05d" % i + b"e" * (PAYLOAD - 5), (CLIENT_IP, 40000))
+            sock.sendto(b"%05d" % i + fill * (PAYLOAD - 5), (CLIENT_IP, port))
+        elapsed = time.monotonic() - t0
         frames = [Ether(f) for f in capture(rx, 0.5)]
     finally:
         sock.close()
         sink.close()
-    elapsed = time.monotonic() - t0
-    out = [p for p in frames if IP in p and UDP in p and p[UDP].dport == 40000]
-    burst = EGRESS_BURST_BYTES // WIRE
-    refill = int(elapsed * 125_000 / WIRE) + 1
-    assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
+    return [p for p in frames if IP in p and UDP in p and p[UDP].dport == port], elapsed
+
+
+def assert_whole(out: list[Packet], fill: bytes) -> None:
+    """Each of vm1's datagrams as the client received it: from the LB IP, checksums right,
+    the payload as sent."""
     for p in out:
         assert p[IP].src == LB_WHOLE and p[IP].dst == CLIENT_IP, p.summary()
         # the veth's tx checksum offload, left on: the UDP field holds the pseudo-header's sum
         assert not [b for b in checksums_ok(bytes(p)) if b.startswith("ip")], p.summary()
         assert partial_checksum_ok(bytes(p)), p.summary()
         i = int(bytes(p[UDP].payload)[:5])
-        assert bytes(p[UDP].payload) == b"%05d" % i + b"e" * (PAYLOAD - 5)
-    assert drops(env) - before == n - len(out)
+        assert bytes(p[UDP].payload) == b"%05d" % i + fill * (PAYLOAD - 5)
+
+
+POD_HOOK = ["--pod-devices", POD1.host_dev, "--host-routing", "on"]
+
+
+@pytest.mark.parametrize("agent_args", [[], POD_HOOK], ids=["uplink", "pod-facing-hook"])
+def test_egress_bandwidth_is_policed_where_the_pod_is_translated(
+    env: AgentLab, agent_args: list[str]
+) -> None:
+    """vm1's 1 Mbit/s out: 64 KiB at once, then 125,000 bytes a second; what passes leaves
+    with the LB IP as its source, whole; the rest is dropped and counted drop_limit. Where the
+    uplink's egress translates, and where the pod-facing hook does (Kube-OVN's layout: its
+    tc ingress on the pod's device, host routing handing the packet to the uplink)."""
+    if agent_args:
+        env.stop_agent()
+        env.start_agent(*agent_args)
+        wait_for(lambda: "default/vm1" in env.maps_state().limits, 15, "vm1's limits")
+    try:
+        fill_egress_bucket(env)
+        before = drops(env)
+        n = 200
+        out, elapsed = send_egress(env, 40000, n, b"e")
+        burst = EGRESS_BURST_BYTES // WIRE
+        refill = int(elapsed * 125_000 / WIRE) + 1
+        assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
+        assert_whole(out, b"e")
+        assert drops(env) - before == n - len(out)
+    finally:
+        if agent_args:
+            env.stop_agent()
+            env.start_agent()
 
 
 def fill_egress_bucket(env: AgentLab) -> None:

@@ -29,6 +29,7 @@ from tests.datapath.test_limits import (
     EGRESS_BURST_BYTES,
     PAYLOAD,
     POD1,
+    POD_HOOK,
     WIRE,
     cli,
     drops,
@@ -47,9 +48,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, cozyebpf_cmd: list[str]) -> It
 
     tmp = tmp_path_factory.mktemp("shaping")
     with agent_lab("shp", tmp, cozyebpf_cmd, DEFAULT_PODS[:2], manifest(*services())) as env:
-        env.start_agent()
-        wait_for(lambda: "default/vm1" in env.maps_state().limits, hang_bound(15), "vm1's limits")
-        yield env
+        yield env  # each test starts the agent as it needs it (a start compiles: 80 s in a guest)
 
 
 def egress_limits(env: AgentLab) -> str:
@@ -57,13 +56,21 @@ def egress_limits(env: AgentLab) -> str:
     return str(json.loads(cli(env, "status", "--json"))["datapath"]["node"]["egress_limits"])
 
 
-def test_egress_bandwidth_is_shaped_where_the_uplink_has_fq(env: AgentLab) -> None:
+@pytest.mark.parametrize("agent_args", [[], POD_HOOK], ids=["uplink", "pod-facing-hook"])
+def test_egress_bandwidth_is_shaped_where_the_uplink_has_fq(
+    env: AgentLab, agent_args: list[str]
+) -> None:
     """With fq as the uplink's root qdisc the agent shapes egress (its log and `status` say
     so): vm1's datagrams leave at 1 Mbit/s one after the other (fq holds each until the
     departure time the uplink's egress gave it; none leaves before the rate allows), whole,
     with the LB IP as their source, up to the burst's time (64 KiB at 1 Mbit/s: 524 ms) of
-    them queued; what would leave later is dropped as drop_limit. fq removed: policed again."""
+    them queued; what would leave later is dropped as drop_limit. fq removed: policed again.
+    Where the uplink's egress translates vm1's packets, and where the pod-facing hook does
+    (Kube-OVN's layout, host routing on): it leaves them to the uplink's egress, which shapes
+    them by their LB IP."""
     node = env.lab.node
+    env.start_agent(*agent_args)
+    wait_for(lambda: "default/vm1" in env.maps_state().limits, hang_bound(15), "vm1's limits")
     env.lab.exec(node, "tc", "qdisc", "replace", "dev", "uplink", "root", "fq")
     try:
         wait_for(lambda: egress_limits(env) == "shaped", hang_bound(15), "egress shaped")
@@ -134,5 +141,8 @@ def test_egress_bandwidth_is_shaped_where_the_uplink_has_fq(env: AgentLab) -> No
             bpfsys.map_update(m.fds["buckets"], key, b)
     finally:
         env.lab.exec(node, "tc", "qdisc", "del", "dev", "uplink", "root")
-    wait_for(lambda: egress_limits(env) == "policed", hang_bound(15), "policed again")
-    assert "egress limits are policed: uplink has noqueue, not fq" in env.log()
+    try:
+        wait_for(lambda: egress_limits(env) == "policed", hang_bound(15), "policed again")
+        assert "egress limits are policed: uplink has noqueue, not fq" in env.log()
+    finally:
+        env.stop_agent()
