@@ -74,6 +74,9 @@ def summarize_accuracy(runs: list[dict[str, Any]], s: Settings) -> list[dict[str
                         row["limit_bps"] = bps
                         row["ratio"] = round(good / bps, 4)
                         row["wire_ratio"] = round(good * FRAME / MSS / bps, 4)
+                        got = [r["received_bps"] for r in mine if "received_bps" in r]
+                        if got:  # what the receivers' kernel took, their reads' lag aside
+                            row["received_ratio"] = round(median(got) / bps, 4)
                         row["reachable"] = bool(free) and median(free) >= REACHABLE * bps
                     rows.append(row)
     return rows
@@ -221,23 +224,25 @@ def shaped_table(lim: dict[str, Any]) -> list[str]:
         return []
     lines = [
         f"  egress policed (the uplink's noqueue) and shaped (fq), {cc0}, medians in the window: "
-        "goodput / limit, retransmitted segments (% of the goodput's), RTOs, drops of the "
+        "goodput / limit (the receivers' reads; kernel: the bytes their kernel took in order), "
+        "retransmitted segments (% of the goodput's), RTOs, drops of the "
         "agent (drop_limit) and of fq (all / over its flow_limit); status: what "
         "`cozyebpf status` said of the egress limit",
-        f"  {'limit':>5s} {'flows':>5s} | {'policed':>7s} {'retrans':>13s} {'RTOs':>4s} "
-        f"{'drops':>6s} | {'shaped':>7s} {'retrans':>13s} {'RTOs':>4s} {'drops':>6s} "
-        f"{'fq drops':>9s}  status",
+        f"  {'limit':>5s} {'flows':>5s} | {'policed':>7s} {'kernel':>7s} {'retrans':>13s} "
+        f"{'RTOs':>4s} {'drops':>6s} | {'shaped':>7s} {'kernel':>7s} {'retrans':>13s} "
+        f"{'RTOs':>4s} {'drops':>6s} {'fq drops':>9s}  status",
     ]
 
     def cells(r: dict[str, Any] | None) -> str:
         if r is None:
-            return f"{'-':>7s} {'-':>13s} {'-':>4s} {'-':>6s}"
+            return f"{'-':>7s} {'-':>7s} {'-':>13s} {'-':>4s} {'-':>6s}"
         ratio = f"{r['ratio']:.3f}" if "ratio" in r else _mbit(r["goodput_bps"])
+        kernel = f"{r['received_ratio']:.3f}" if "received_ratio" in r else ""
         share = "" if r["retrans_share"] is None else f" ({r['retrans_share'] * 100:.1f}%)"
         drops = r["counted"].get("drop_limit")
         retrans = f"{r['retrans']:.0f}{share}"
         dropped = "" if drops is None else f"{drops:.0f}"
-        return f"{ratio:>7s} {retrans:>13s} {r['timeouts']:>4.0f} {dropped:>6s}"
+        return f"{ratio:>7s} {kernel:>7s} {retrans:>13s} {r['timeouts']:>4.0f} {dropped:>6s}"
 
     for lim_, flows in keys:
         sh = rows[("egress-shaped", lim_, flows)]
@@ -247,7 +252,7 @@ def shaped_table(lim: dict[str, Any]) -> list[str]:
             f"  {lim_:>5s} {flows:>5d} | {cells(rows.get(('egress', lim_, flows)))} | "
             f"{cells(sh)} {fq:>9s}  {sh['mode'] or ''}"
         )
-    lines.append("  (the limit none: Mbit/s in the ratio's place)")
+    lines.append("  (the limit none: Mbit/s in the goodput's place)")
     return lines
 
 
@@ -284,9 +289,11 @@ def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             f"limits: {r['direction']} {r['limit']}, {r['flows']} flow(s), {cc0}: TCP goodput / "
             f"limit within {lo}-{hi}"
         )
+        kernel = r.get("received_ratio")
         detail = (
             f"{_mbit(r['goodput_bps'])} Mbit/s, wire/limit {r['wire_ratio']:.3f}, "
-            f"{r['retrans']:.0f} retransmitted and {r['timeouts']:.0f} RTOs in the window"
+            + ("" if kernel is None else f"the receivers' kernel {kernel:.3f}, ")
+            + f"{r['retrans']:.0f} retransmitted and {r['timeouts']:.0f} RTOs in the window"
         )
         shaped = r["direction"] == "egress-shaped"
         if shaped:
