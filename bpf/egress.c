@@ -79,8 +79,7 @@ static __always_inline int egress_drop(struct __sk_buff *skb, void *l3, int v6, 
  * front of the uplink's fq -- gets its Service's departure time, or is dropped beyond the
  * shaper's horizon. A verdict. Policed egress does nothing here (the translation policed it).
  */
-static __always_inline int shape_lb(struct __sk_buff *skb, void *data, void *data_end, void *l3,
-				    int v6, __u8 kind, __u32 slot)
+static __always_inline int shape_lb(struct __sk_buff *skb, void *l3, int v6, __u8 kind, __u32 slot)
 {
 	if (!(kind & CZ_K_LB) || !cz_shape(skb, slot, cz_wire_len(skb), 0))
 		return CZ_TC_NEXT;
@@ -89,15 +88,14 @@ static __always_inline int shape_lb(struct __sk_buff *skb, void *data, void *dat
 
 /* An IPv4 packet of no pod IP to no LB IP (addrhint): shape_lb if it is from an LB IP and egress
  * is shaped; else nothing of ours (that costs the common packet the hint's second bit). */
-static __always_inline int shape_lb4(struct __sk_buff *skb, void *data, void *data_end,
-				     struct iphdr *ip)
+static __always_inline int shape_lb4(struct __sk_buff *skb, struct iphdr *ip)
 {
 	struct addr4_val *v;
 
 	if (!cz_addr4_hinted(ip->saddr, CZ_HINT_LB) || !cz_shaped())
 		return CZ_TC_NEXT;
 	v = cz_addr4.lookup(&ip->saddr);
-	return v ? shape_lb(skb, data, data_end, ip, 0, v->kind, v->in_slot) : CZ_TC_NEXT;
+	return v ? shape_lb(skb, ip, 0, v->kind, v->in_slot) : CZ_TC_NEXT;
 }
 
 /*
@@ -128,14 +126,12 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 		if (cz_addr4_hinted(ip->saddr, CZ_HINT_POD))
 			v = cz_addr4.lookup(&ip->saddr);
 		else if (!cz_addr4_hinted(ip->daddr, CZ_HINT_LB))
-			return shape_lb4(skb, data, data_end, ip);
+			return shape_lb4(skb, ip);
 		if (!v)
 			return CZ_RARE; /* to_lb4, cz_egress_to_lb */
 		/* from an LB IP: a VM's packet, translated (by the pod-facing hook, or a node's) */
 		if (!(v->kind & CZ_K_POD))
-			return cz_shaped()
-				       ? shape_lb(skb, data, data_end, ip, 0, v->kind, v->in_slot)
-				       : CZ_TC_NEXT;
+			return cz_shaped() ? shape_lb(skb, ip, 0, v->kind, v->in_slot) : CZ_TC_NEXT;
 		if (cz_unlikely(spoof_unsure(skb, v->dev, 0, &ip->saddr)))
 			return CZ_SLOW; /* the full path asks the FIB (egress_full) */
 		return fast_snat(skb, data, data_end, ip, 0, (struct ip6 *)&v->lb_ip, v->out_slot,
@@ -148,8 +144,7 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	if (!v6)
 		return CZ_TC_NEXT;
 	if (!(v6->kind & CZ_K_POD))
-		return cz_shaped() ? shape_lb(skb, data, data_end, ip6, 1, v6->kind, v6->in_slot)
-				   : CZ_TC_NEXT;
+		return cz_shaped() ? shape_lb(skb, ip6, 1, v6->kind, v6->in_slot) : CZ_TC_NEXT;
 	if (cz_unlikely(spoof_unsure(skb, v6->dev, 1, &ip6->saddr)))
 		return CZ_SLOW;
 	return fast_snat(skb, data, data_end, ip6, 1, &v6->lb_ip, v6->out_slot, v6->pod_flags, 1);
