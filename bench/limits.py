@@ -127,6 +127,19 @@ SHAPED = "shaped"
 #: its flow_limit (100 packets), and the times it held a flow for a packet's departure time
 FQ_COUNTERS = ("drops", "flows_plimit", "throttled")
 CONFIGS = ("cz-guard", "cz-guard-lab", "cz-off", "nft")
+#: the uplink pair's queues in the isolation rows: "one-queue" (a veth's default: one receive
+#: ring and one NAPI for the flood and vm-b alike, on whichever CPU sends), and "rss" (two, as
+#: a NIC's RSS spreads flows over its queues and their CPUs: the flood's one 5-tuple on one
+#: queue and CPU 0, vm-b's flow on the other and CPU 1; _queues)
+LAYOUTS = ("one-queue", "rss")
+LAYOUT_LABELS = {
+    "one-queue": "the uplink pair with one queue each way (a veth's default): the flood and "
+    "vm-b share one receive ring and its NAPI",
+    "rss": "two queues each way, as RSS spreads flows over a NIC's queues and CPUs: the flood "
+    "(one 5-tuple) on queue 0 and CPU 0, vm-b's flow on queue 1 and CPU 1 (XPS; threads pinned)",
+}
+#: rss: the CPUs of the flood's generator and of vm-b's TCP threads
+FLOOD_CPU, B_CPU = 0, 1
 #: the agent's --guard-packet-rate per configuration (None: its default)
 GUARD_FLAG = {"cz-guard": None, "cz-guard-lab": LAB_GUARD, "cz-off": "0"}
 CONFIG_LABELS = {
@@ -325,6 +338,7 @@ class Flood:
     paced: PacedGenerator
     ifindex: int
     pps: int | None = None  # the offered rate; None: as fast as the thread goes
+    on_cpu: int | None = None  # the CPU of the generator's thread (None: any)
     sent: int = 0
     cpu: float = 0.0
     seconds: float = 0.0
@@ -343,6 +357,8 @@ class Flood:
         self._stop.clear()
 
         def loop() -> None:
+            if self.on_cpu is not None:
+                os.sched_setaffinity(0, {self.on_cpu})  # this thread
             # a call costs some 20 ms of set-up and tear-down, besides its frames: the paced
             # generator's calls are long (mostly cheap drops), so that they pace, not the calls
             chunk, runs = (1 << 22 if self.pps else 65536), 0
@@ -427,13 +443,39 @@ class LimitsBench:
         )
 
     def tcp(
-        self, direction: str, pod: Pod, lb: str, flows: int, pacing: int | None, cc: str = "cubic"
+        self,
+        direction: str,
+        pod: Pod,
+        lb: str,
+        flows: int,
+        pacing: int | None,
+        cc: str = "cubic",
+        cpu: int | None = None,
     ) -> TcpRun:
-        """Client -> the pod's LB IP (ingress), or the pod -> the client (egress)."""
+        """Client -> the pod's LB IP (ingress), or the pod -> the client (egress); its threads
+        on `cpu` if given."""
         ns = self.lab.pod_ns(pod)
         if direction == "ingress":
-            return TcpRun(self.lab, self.lab.client, ns, "0.0.0.0", lb, flows, pacing, cc)
-        return TcpRun(self.lab, ns, self.lab.client, CLIENT_IP, CLIENT_IP, flows, pacing, cc)
+            return TcpRun(self.lab, self.lab.client, ns, "0.0.0.0", lb, flows, pacing, cc, cpu=cpu)
+        return TcpRun(
+            self.lab, ns, self.lab.client, CLIENT_IP, CLIENT_IP, flows, pacing, cc, cpu=cpu
+        )
+
+    def _queues(self, layout: str) -> None:
+        """The uplink pair (the client's eth0, the node's uplink) in `layout` (LAYOUTS): its
+        queues each way (ethtool -L: a veth has as many as CPUs at most), and with two, XPS on
+        both ends (a packet sent on CPU n leaves by queue n, so its peer's NAPI on queue n runs
+        on CPU n; the flood's XDP frames take the queue of their CPU anyway)."""
+        n = 2 if layout == "rss" else 1
+        ends = [(self.lab.node, UPLINK), (self.lab.client, "eth0")]
+        # a veth with XDP keeps at least as many receive queues as its peer sends on (EINVAL):
+        # the uplink's grow first and shrink last
+        for ns, dev in ends if n > 1 else ends[::-1]:
+            self.lab.exec(ns, "ethtool", "-L", dev, "rx", str(n), "tx", str(n))
+            for q in range(n if n > 1 else 0):
+                # sysfs shows a namespace's devices to a process that mounted it there
+                cmd = f"echo {1 << q:x} > /sys/class/net/{dev}/queues/tx-{q}/xps_cpus"
+                subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", cmd], check=True)
 
     def _gso(self, on: bool) -> None:
         """TSO and GSO of vm-acc's eth0 (its TCP then hands the node single segments)."""
@@ -562,12 +604,18 @@ class LimitsBench:
 
     # -- isolation ---------------------------------------------------------------------------
 
-    def _b_rate(self, direction: str, flood: str | None, pacing: int | None) -> dict[str, Any]:
+    def _b_rate(
+        self, direction: str, flood: str | None, pacing: int | None, layout: str = "one-queue"
+    ) -> dict[str, Any]:
         """vm-b's TCP in `direction`, alone (`flood` None) or with vm-a flooded ("full": as fast
-        as the generator goes; "fixed": FIXED_FLOOD packets/s)."""
+        as the generator goes; "fixed": FIXED_FLOOD packets/s), the uplink pair in `layout`
+        (with "rss" the flood's thread on FLOOD_CPU, vm-b's on B_CPU)."""
         s = self.settings
         pps = FIXED_FLOOD if flood == "fixed" else None
-        fl = Flood(self.lab, self.gen, self.paced, self.client_eth0, pps)
+        rss = layout == "rss"
+        fl = Flood(
+            self.lab, self.gen, self.paced, self.client_eth0, pps, FLOOD_CPU if rss else None
+        )
         c0 = self.sinks.counted()
         d0 = self.agent.counters().get("drop_limit", 0) if self.agent.proc else 0
         k0 = _ksoftirqd_seconds()
@@ -575,7 +623,8 @@ class LimitsBench:
             fl.start()
             time.sleep(0.2)
         try:
-            r = measure_tcp(self.tcp(direction, POD_B, LB_B, 1, pacing), s.warmup, s.window)
+            tcp = self.tcp(direction, POD_B, LB_B, 1, pacing, cpu=B_CPU if rss else None)
+            r = measure_tcp(tcp, s.warmup, s.window)
         finally:
             if flood:
                 fl.stop()
@@ -611,11 +660,13 @@ class LimitsBench:
         d = Path(self.agent.pin) / "links"
         return sorted(os.listdir(d)) if d.is_dir() else []
 
-    def isolation(self) -> dict[str, Any]:
+    def isolation(self, layout: str = "one-queue") -> dict[str, Any]:
+        """The isolation rows with the uplink pair in `layout` (LAYOUTS)."""
         from bench import limits_report  # (it imports this module's constants)
 
         s = self.settings
         out: dict[str, Any] = {}
+        self._queues(layout)
         for c in CONFIGS:
             self._config(c)
             out[c] = {}
@@ -624,12 +675,12 @@ class LimitsBench:
                 for rep in range(s.iso_reps):
                     k = rep % len(FLOODS)
                     for flood in FLOODS[k:] + FLOODS[:k]:
-                        r = self._b_rate(direction, flood, B_DEMAND)
+                        r = self._b_rate(direction, flood, B_DEMAND, layout)
                         r["rep"] = rep
                         runs.append(r)
                         fl = r.get("flood_stats")
                         log(
-                            f"limits isolation {c:12s} vm-b {direction:7s} "
+                            f"limits isolation {layout:9s} {c:12s} vm-b {direction:7s} "
                             f"{flood or 'alone':5s}: "
                             f"{r['goodput_bps'] / 1e6:8.1f} Mbit/s, {r['retrans']} "
                             f"retransmitted, other jobs {r['others_cpus']:.2f} CPUs"
@@ -643,6 +694,7 @@ class LimitsBench:
                             )
                         )
                 out[c][direction] = limits_report.summarize_isolation(runs)
+        self._queues("one-queue")
         return out
 
     def run(self) -> dict[str, Any]:
@@ -652,10 +704,12 @@ class LimitsBench:
         self.agent.start()
         self.agent.set_services(*self.services())
         acc = self.accuracy()
-        iso = self.isolation() if self.params.limits_isolation else {}
+        iso = self.isolation("one-queue") if self.params.limits_isolation else {}
+        iso_rss = self.isolation("rss") if self.params.limits_isolation else {}
         return {
             "accuracy": acc,
             "isolation": iso,
+            "isolation_rss": iso_rss,
             "settings": self.settings.__dict__,
             "b_demand_bps": B_DEMAND,
             "lab_guard_pps": QUANTITY[LAB_GUARD],

@@ -14,6 +14,7 @@ from bench.limits import (
     FIXED_FLOOD,
     FRAME,
     KEEP_GOAL,
+    LAYOUT_LABELS,
     MSS,
     QUANTITY,
     REACHABLE,
@@ -180,10 +181,23 @@ def isolation_table(lim: dict[str, Any]) -> list[str]:
         f"| {'others':>6s}"
     )
 
+    for layout, key in (("one-queue", "isolation"), ("rss", "isolation_rss")):
+        if lim.get(key):
+            lines.append(f"  {layout}: {LAYOUT_LABELS[layout]}")
+            lines += _iso_rows(lim[key])
+    for c, label in CONFIG_LABELS.items():
+        lines.append(f"    {c}: {label}")
+    return lines
+
+
+def _iso_rows(iso: dict[str, Any]) -> list[str]:
+    """The isolation table's rows of one layout of the uplink pair (LAYOUTS)."""
+    lines = []
+
     def mpps(x: float | None) -> str:
         return "-" if x is None else f"{x / 1e6:.3f}"
 
-    for c, dirs in lim["isolation"].items():
+    for c, dirs in iso.items():
         for direction, d in dirs.items():
             cells = []
             for mode in ("full", "fixed"):
@@ -206,8 +220,6 @@ def isolation_table(lim: dict[str, Any]) -> list[str]:
                 + " | ".join(cells)
                 + f" | {others:>6.2f}"
             )
-    for c, label in CONFIG_LABELS.items():
-        lines.append(f"    {c}: {label}")
     return lines
 
 
@@ -336,9 +348,13 @@ def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
                 "higher_is_better": True,
             }
         )
-    iso = lim["isolation"]
-    if not iso:  # --limits-accuracy-only
-        return
+    for layout, key in (("one-queue", "isolation"), ("rss", "isolation_rss")):
+        if lim.get(key):  # (none with --limits-accuracy-only)
+            _iso_targets(lim[key], layout, rows)
+
+
+def _iso_targets(iso: dict[str, Any], layout: str, rows: list[dict[str, Any]]) -> None:
+    """The isolation targets of one layout of the uplink pair (LAYOUTS)."""
 
     def kept(c: str, direction: str, mode: str) -> float | None:
         v = iso.get(c, {}).get(direction, {}).get(mode, {}).get("kept")
@@ -355,7 +371,7 @@ def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             rows.append(
                 {
                     "target": f"limits: vm-b's {direction} rate kept while vm-a is flooded at the "
-                    f"generator's full rate, {CONFIG_LABELS[c]}",
+                    f"generator's full rate, {CONFIG_LABELS[c]}, {layout}",
                     "value": value,
                     "want": KEEP_GOAL,
                     "unit": "x",

@@ -76,6 +76,7 @@ class TcpRun:
     pacing_bps: int | None = None
     cc: str = "cubic"  # the senders' congestion control (TCP_CONGESTION)
     port: int = 0
+    cpu: int | None = None  # the CPU the senders and receivers run on (None: any)
     got: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _senders: list[socket.socket] = field(default_factory=list)
@@ -113,7 +114,12 @@ class TcpRun:
             t.start()
         return self
 
+    def _pin(self) -> None:
+        if self.cpu is not None:
+            os.sched_setaffinity(0, {self.cpu})  # this thread
+
     def _send(self, s: socket.socket) -> None:
+        self._pin()
         buf = memoryview(bytes(256 * 1024))
         try:
             while not self._stop.is_set():
@@ -123,6 +129,7 @@ class TcpRun:
                 self.errors.append(f"send: {e}")
 
     def _recv(self, conn: socket.socket, i: int) -> None:
+        self._pin()
         buf = bytearray(1 << 20)
         try:
             while True:
