@@ -104,6 +104,11 @@ def main() -> int:
         "says nothing)",
     )
     ap.add_argument(
+        "--limits-isolation-only",
+        action="store_true",
+        help="the limits part without its accuracy (the isolation rows in both layouts)",
+    )
+    ap.add_argument(
         "--report",
         metavar="JSON",
         help="print the table and redraw the chart of an earlier results file (no measurements)",
@@ -124,7 +129,11 @@ def main() -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _term)
-    params = replace(common.Params.make(args.quick), limits_isolation=not args.limits_accuracy_only)
+    params = replace(
+        common.Params.make(args.quick),
+        limits_isolation=not args.limits_accuracy_only,
+        limits_accuracy=not args.limits_isolation_only,
+    )
     res: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "quick": args.quick,

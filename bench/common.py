@@ -51,6 +51,7 @@ class Params:
     mapwrite_sizes: tuple[int, ...]
     mapwrite_reps: int
     limits_isolation: bool = True  # the limits part's isolation (--limits-accuracy-only: not)
+    limits_accuracy: bool = True  # the limits part's accuracy (--limits-isolation-only: not)
 
     @classmethod
     def make(cls, quick: bool) -> Params:

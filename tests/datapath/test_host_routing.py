@@ -612,7 +612,8 @@ def test_node_to_lb_ip_too_big_for_the_vm_link_gets_frag_needed(
 @pytest.mark.parametrize("on", [True, False], ids=["host-routing", "stack"])
 def test_status_says_whether_host_routing_is_on(node: Node, on: bool) -> None:
     """`cozyebpf status` shows the node's part the agent wrote: the uplinks, the pod-facing
-    hooks, host routing, and the generation of the cached FIB answers."""
+    hooks, host routing, the generation of the cached FIB answers, and how egress limits are
+    enforced."""
     from cozyebpf.status import datapath_status, render_node
 
     node.host_routing(on)
@@ -622,10 +623,12 @@ def test_status_says_whether_host_routing_is_on(node: Node, on: bool) -> None:
         "pod_devices": True,
         "host_routing": on,
         "fib_gen": node.fib_gen(),
+        "egress_limits": "policed",  # the lab's uplink has a veth's noqueue, not fq
     }
     line = render_node(d["node"])
     assert line.startswith(f"node: uplinks {UPLINK}; pod-facing hooks on; host routing ")
     assert f"host routing {'on' if on else 'off'} (--host-routing)" in line
+    assert line.endswith("egress limits policed (an uplink's root qdisc is not fq)"), line
 
 
 #: a second uplink for test_a_route_moved_while_no_agent_runs_is_followed: the node's uplink2
