@@ -1,6 +1,7 @@
 """cozyebpf's own rtnetlink reads (cozyebpf/datapath/rtnl.py) give what pyroute2 gives: the
 XDP program of a device, the cls_bpf filters of a clsact direction, the devices of the default
-route (multipath included). In a lab namespace, with real programs attached."""
+route (multipath included), the qdiscs of a device. In a lab namespace, with real programs
+attached."""
 
 from __future__ import annotations
 
@@ -182,3 +183,40 @@ def test_default_route_devices(lab: Lab) -> None:
             return [i for i in out if i]
 
     assert lab.in_ns(node, rtnl.default_route_devices) == lab.in_ns(node, theirs)
+
+
+def test_qdiscs_of_a_device_and_whether_fq_holds_its_egress(lab: Lab) -> None:
+    """rtnl.qdiscs gives the qdiscs pyroute2 gives (kind, handle, parent), and egress_qdisc
+    what the agent decides shaping on (bpf.py, _shaping): a veth's noqueue, a tbf root, an mq
+    root of pfifo_fast children (the uplink with two transmit queues), a clsact beside them not
+    counted as a root. fq itself needs a kernel with it (test_shaping.py, in the CI guest)."""
+    from pyroute2 import IPRoute
+
+    from cozyebpf.datapath.bpf import egress_qdisc
+
+    def both() -> tuple[list[rtnl.Qdisc], list[rtnl.Qdisc], tuple[bool, str]]:
+        idx = socket.if_nametoindex(UPLINK)
+        with IPRoute() as ipr:
+            theirs = [
+                rtnl.Qdisc(q.get_attr("TCA_KIND"), q["handle"], q["parent"])
+                for q in ipr.get_qdiscs(idx)
+            ]
+        return rtnl.qdiscs(idx), theirs, egress_qdisc(idx)
+
+    node = lab.node
+    ours, theirs, held = lab.in_ns(node, both)
+    assert ours == theirs and [q.kind for q in ours] == ["noqueue"], ours
+    assert held == (False, "noqueue")
+    lab.exec(node, "tc", "qdisc", "add", "dev", UPLINK, "clsact")
+    lab.exec(node, "tc", "qdisc", "add", "dev", UPLINK, "root", "tbf", "rate", "1mbit",
+             "burst", "32kbit", "latency", "400ms")  # fmt: skip
+    ours, theirs, held = lab.in_ns(node, both)
+    assert ours == theirs and {q.kind for q in ours} == {"tbf", "clsact"}, ours
+    assert held == (False, "tbf")
+    lab.exec(node, "tc", "qdisc", "del", "dev", UPLINK, "root")
+    lab.exec(node, "ethtool", "-L", UPLINK, "tx", "2")
+    lab.exec(node, "tc", "qdisc", "add", "dev", UPLINK, "root", "handle", "1:", "mq")
+    ours, theirs, held = lab.in_ns(node, both)
+    assert ours == theirs, (ours, theirs)
+    assert held == (False, "mq of pfifo_fast"), ours
+    assert sorted(q.parent for q in ours if q.kind == "pfifo_fast") == [0x10001, 0x10002], ours
