@@ -8,7 +8,8 @@ jiffies times the tick's length: a clock that steps with CLOCK_MONOTONIC_COARSE 
 at an offset), so each run is bracketed by two readings of CLOCK_MONOTONIC_COARSE, [lo, hi]
 (usually within one tick: lo == hi), moved onto the buckets' clock by the offset that the
 harness measures with the programs themselves after each clear (`Datapath.calibrate`: a probe
-Service's new bucket starts at the program's `now`), give or take CLOCK_SLACK_NS. The model
+Service's new bucket starts at the program's `now`), give or take CLOCK_SLACK_NS, and a tick
+more at its end (TICK_NS: jiffies move before the coarse clock within a tick). The model
 answers for that window (`answers`): a bucket only admits more as the clock moves and its new
 time only grows with it, so the window holds at most two stretches of one verdict each, refused
 up to a boundary and admitted from it (found by bisection). The program's verdict must be one
@@ -36,7 +37,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from cozyebpf.datapath import bpfsys, layout, loader
+from cozyebpf.datapath import bpfsys, kernel, layout, loader
 from cozyebpf.datapath.buckets import limit_clock_ns
 from cozyebpf.datapath.layout import FLOW4, FLOW6, FRAG4, FRAG6, MapSpec
 from cozyebpf.datapath.maps import Flow, PinnedMaps, coarse_now_ns, possible_cpus
@@ -112,6 +113,11 @@ PROBE_LIMITS = Limits(ingress_pps=1_000_000)
 #: how far the buckets' clock may wander from the offset measured (the jiffies clock wobbles by
 #: some hundred ns against the coarse one; the coarse clock against itself by nothing)
 CLOCK_SLACK_NS = 20_000
+#: and a tick more at the window's end: the kernel moves jiffies on before the coarse clock in
+#: the same tick (tick_do_update_jiffies64, then the timekeeper), so a program can read the next
+#: tick's jiffies while user space still reads the last tick's coarse time (a CI run met it: the
+#: program's `now` one tick past the window)
+TICK_NS = 1_000_000_000 // (kernel.hz() or 100)
 
 
 @functools.cache
@@ -525,7 +531,7 @@ def check_frame(
             first = model(lo)
         before, svc_before = dp.counters(), dp.svc_stats(first.service)
         got_code, got = dp.run(prog, frame, in_dev if egress else 0)
-        hi = coarse_now_ns() + dp.offset[1]
+        hi = coarse_now_ns() + dp.offset[1] + TICK_NS
         stretches = answers(model, lo, hi, first)
         # the stretch of the verdict the program gave (the first, to report, when none)
         chosen = next((x for x in stretches if code_of(x.first.verdict) == got_code), stretches[0])
@@ -555,7 +561,7 @@ def check_frame(
                 f"{want.counts} frame: {scapy_command(frame)}"
             )
         dp.met["boundary"] += len(stretches) > 1
-        dp.met["ticked"] += hi - lo > dp.offset[1] - dp.offset[0]
+        dp.met["ticked"] += hi - lo > dp.offset[1] - dp.offset[0] + TICK_NS
         dp.met[f"{prog} refused"] += "drop_limit" in want.counts
         dp.met["charged"] += bool(want.buckets)
     if want is None:  # no program could run it (tc_can_run): what the model says of it
