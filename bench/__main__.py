@@ -109,6 +109,12 @@ def main() -> int:
         help="the limits part without its accuracy (the isolation rows in both layouts)",
     )
     ap.add_argument(
+        "--limits-nodes",
+        default="single,kubeovn",
+        help="the limits part's nodes, comma-separated: single (a veth per pod), kubeovn (the "
+        "pods behind ovn0, bench/kovnnode.py)",
+    )
+    ap.add_argument(
         "--report",
         metavar="JSON",
         help="print the table and redraw the chart of an earlier results file (no measurements)",
@@ -133,7 +139,11 @@ def main() -> int:
         common.Params.make(args.quick),
         limits_isolation=not args.limits_accuracy_only,
         limits_accuracy=not args.limits_isolation_only,
+        limits_nodes=tuple(n.strip() for n in args.limits_nodes.split(",") if n.strip()),
     )
+    for n in params.limits_nodes:
+        if n not in ("single", "kubeovn"):
+            ap.error(f"--limits-nodes: unknown node {n!r} (single, kubeovn)")
     res: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "quick": args.quick,

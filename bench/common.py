@@ -52,6 +52,7 @@ class Params:
     mapwrite_reps: int
     limits_isolation: bool = True  # the limits part's isolation (--limits-accuracy-only: not)
     limits_accuracy: bool = True  # the limits part's accuracy (--limits-isolation-only: not)
+    limits_nodes: tuple[str, ...] = ("single", "kubeovn")  # --limits-nodes
 
     @classmethod
     def make(cls, quick: bool) -> Params:

@@ -73,6 +73,8 @@ from bench import bpfx, progs
 from bench.common import REPO, TAG, Params, cpu_busy, loadavg, log, pin_dir, terminate
 from bench.datapath import _ksoftirqd_seconds
 from bench.frames import udp_frame
+from bench.kovnnode import MTU as KOVN_MTU
+from bench.kovnnode import OVN0, KubeOvnNodeLab
 from bench.nftrules import full_ruleset
 from bench.tcpflows import TcpRun, measure_tcp
 from cozyebpf.datapath.maps import PinnedMaps
@@ -108,16 +110,30 @@ REACHABLE = 1.2
 BAND = (0.95, 1.05)
 #: isolation: vm-b keeps at least this share of its rate while vm-a is flooded (guard on)
 KEEP_GOAL = 0.9
-#: a full-size frame and the TCP payload in it here (MTU 1500, timestamps on): the ingress
-#: bucket counts the frame's bytes, Ethernet header included, so a goodput at the limit is
-#: MSS / FRAME = 0.956 of it
+#: a full-size frame and the TCP payload in it on the single node (MTU 1500, timestamps on):
+#: the ingress bucket counts the frame's bytes, Ethernet header included, so a goodput at the
+#: limit is MSS / FRAME = 0.956 of it (frame_mss: the Kube-OVN node's MTU 1400)
 FRAME, MSS = 1514, 1448
+
+
+def frame_mss(mtu: int) -> tuple[int, int]:
+    """A full frame's bytes and its TCP payload at `mtu` (IPv4, TCP timestamps on)."""
+    return mtu + 14, mtu - 52
+
+
 DIRECTIONS = {
     "ingress": "client -> vm-acc's LB IP, through its ingressBandwidth (XDP)",
     "egress": "vm-acc -> client, through its egressBandwidth (the uplink's tc egress)",
     "egress-shaped": "the same with fq as the uplink's root qdisc: shaped (departure times), "
     "not policed",
     "egress-nogso": "the same with TSO/GSO off in vm-acc: segments policed one by one",
+}
+#: where the Kube-OVN node's directions differ (the pod-facing hook on ovn0 translates egress)
+KUBEOVN_DIRECTIONS = {
+    "egress": "vm-acc -> client, through its egressBandwidth (the pod-facing hook on ovn0, tcx "
+    "ingress, before the stack)",
+    "egress-shaped": "the same with fq as the uplink's root qdisc: the pod-facing hook "
+    "translates, the uplink's egress shapes what leaves from the LB IP",
 }
 #: how long a row waits for status to say what its qdisc should make of the egress limit (the
 #: agent follows the uplinks' qdiscs over netlink: it takes a moment)
@@ -133,6 +149,14 @@ CONFIGS = ("cz-guard", "cz-guard-lab", "cz-off", "nft")
 #: a NIC's RSS spreads flows over its queues and their CPUs: the flood's one 5-tuple on one
 #: queue and CPU 0, vm-b's flow on the other and CPU 1; _queues)
 LAYOUTS = ("one-queue", "rss")
+#: the nodes the part is measured on (--limits-nodes)
+NODES = ("single", "kubeovn")
+NODE_LABELS = {
+    "single": "the single node: a veth per pod, the uplink's hooks translate",
+    "kubeovn": "a Kube-OVN-shaped node: the pods behind ovn0, the pod-facing hook there, host "
+    "routing on, natOutgoing (bench/kovnnode.py)",
+}
+NODE_NAMES = {"single": "single node", "kubeovn": "Kube-OVN node"}
 LAYOUT_LABELS = {
     "one-queue": "the uplink pair with one queue each way (a veth's default): the flood and "
     "vm-b share one receive ring and its NAPI",
@@ -393,6 +417,7 @@ class Flood:
 @dataclass
 class LimitsBench:
     params: Params
+    node: str = "single"  # NODES
     settings: Settings = field(init=False)
     lab: Lab = field(init=False)
     agent: Agent = field(init=False)
@@ -400,10 +425,15 @@ class LimitsBench:
 
     def __post_init__(self) -> None:
         self.settings = Settings.make(self.params)
-        self.lab = Lab(f"{TAG}-lim", pods=(POD_ACC, POD_B, POD_A))
+        pods = (POD_ACC, POD_B, POD_A)
+        if self.node == "kubeovn":
+            self.lab = KubeOvnNodeLab(f"{TAG}-limk", pods=pods)
+        else:
+            self.lab = Lab(f"{TAG}-lim", pods=pods)
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{TAG}-lim-"))
-        self.agent = Agent(self.lab, pin_dir("lim"), self.tmp)
+        self.agent = Agent(self.lab, pin_dir(f"lim-{self.node}"), self.tmp)
         self.fq_missing: str | None = None
+        self.lab_mtu = KOVN_MTU if self.node == "kubeovn" else 1500  # the pods'
 
     def setup(self) -> None:
         self.lab.up()
@@ -558,7 +588,8 @@ class LimitsBench:
         self.agent.set_services(*self.services())
         from bench.limits_report import summarize_accuracy
 
-        out: dict[str, Any] = {"runs": runs, "rows": summarize_accuracy(runs, s)}
+        rows = summarize_accuracy(runs, s, *frame_mss(self.lab_mtu))
+        out: dict[str, Any] = {"runs": runs, "rows": rows}
         if self.fq_missing:
             out["shaped_missing"] = self.fq_missing
         return out
@@ -650,6 +681,8 @@ class LimitsBench:
             mappings = [(LB_ACC, POD_ACC.ip), (LB_B, POD_B.ip), (LB_A, POD_A.ip)]
             self.lab.exec(self.lab.node, "nft", "-f", "-", input=full_ruleset(mappings))
             return
+        # cozy-proxy's table, if the last configuration was nft's
+        self.lab.exec(self.lab.node, "nft", "delete", "table", "ip", "cozy_proxy", check=False)
         guard = GUARD_FLAG[c]
         want_guard = DEFAULT_GUARD if guard is None else _bits(guard) or 0
         if self.agent.proc is None or (self.agent.guard_pps or 0) != want_guard:
@@ -704,6 +737,10 @@ class LimitsBench:
         self.agent.manifest.write_text(manifest(*self.services()))
         self.agent.start()
         self.agent.set_services(*self.services())
+        if self.node == "kubeovn":  # the pod-facing hook, as `--pod-devices auto` finds it
+            links = self.agent_links()
+            if not any(OVN0 in name for name in links):
+                raise RuntimeError(f"the agent has no hook on {OVN0}: its links are {links}")
         acc = self.accuracy() if self.params.limits_accuracy else {"runs": [], "rows": []}
         iso = self.isolation("one-queue") if self.params.limits_isolation else {}
         iso_rss = self.isolation("rss") if self.params.limits_isolation else {}
@@ -712,6 +749,8 @@ class LimitsBench:
             "isolation": iso,
             "isolation_rss": iso_rss,
             "settings": self.settings.__dict__,
+            "node": self.node,
+            "mtu": self.lab_mtu,
             "b_demand_bps": B_DEMAND,
             "lab_guard_pps": QUANTITY[LAB_GUARD],
             "load": {"cpu_busy_before": round(busy, 3), "before": load0, "after": loadavg()},
@@ -722,10 +761,19 @@ class LimitsBench:
 
 
 def main_limits(params: Params) -> dict[str, Any]:
-    b = LimitsBench(params)
-    try:
-        log("limits: building the lab")
-        b.setup()
-        return b.run()
-    finally:
-        b.teardown()
+    """The part on each of params.limits_nodes: the single node's figures at the top (as
+    before the Kube-OVN node was measured too), each other node's under its name."""
+    out: dict[str, Any] = {}
+    for node in params.limits_nodes:
+        b = LimitsBench(params, node)
+        try:
+            log(f"limits: building the lab ({NODE_LABELS[node]})")
+            b.setup()
+            res = b.run()
+        finally:
+            b.teardown()
+        if node == "single":
+            out.update(res)
+        else:
+            out[node] = res
+    return out

@@ -14,16 +14,23 @@ from bench.limits import (
     FIXED_FLOOD,
     FRAME,
     KEEP_GOAL,
+    KUBEOVN_DIRECTIONS,
     LAYOUT_LABELS,
     MSS,
+    NODE_LABELS,
+    NODE_NAMES,
+    NODES,
     QUANTITY,
     REACHABLE,
     SHAPED,
     Settings,
+    frame_mss,
 )
 
 
-def summarize_accuracy(runs: list[dict[str, Any]], s: Settings) -> list[dict[str, Any]]:
+def summarize_accuracy(
+    runs: list[dict[str, Any]], s: Settings, frame: int = FRAME, mss: int = MSS
+) -> list[dict[str, Any]]:
     """Per (congestion control, direction, limit, flows): the median goodput, its ratio to the
     limit, the same in full frames (`wire_ratio`: what the ingress bucket counts, and what a
     wire carries), the median retransmissions and RTOs, the median drops in the window (the
@@ -47,7 +54,7 @@ def summarize_accuracy(runs: list[dict[str, Any]], s: Settings) -> list[dict[str
                     if not mine:
                         continue
                     good = median([r["goodput_bps"] for r in mine])
-                    segs = good / 8 * mine[0]["seconds"] / MSS
+                    segs = good / 8 * mine[0]["seconds"] / mss
                     retrans = median([r["retrans"] for r in mine])
                     row: dict[str, Any] = {
                         "cc": cc,
@@ -74,7 +81,7 @@ def summarize_accuracy(runs: list[dict[str, Any]], s: Settings) -> list[dict[str
                         bps = QUANTITY[lim]
                         row["limit_bps"] = bps
                         row["ratio"] = round(good / bps, 4)
-                        row["wire_ratio"] = round(good * FRAME / MSS / bps, 4)
+                        row["wire_ratio"] = round(good * frame / mss / bps, 4)
                         got = [r["received_bps"] for r in mine if "received_bps" in r]
                         if got:  # what the receivers' kernel took, their reads' lag aside
                             row["received_ratio"] = round(median(got) / bps, 4)
@@ -119,19 +126,34 @@ def _mbit(bps: float | None) -> str:
     return "" if bps is None else f"{bps / 1e6:.1f}"
 
 
+def _nodes(lim: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(node, its figures) of each node the part measured: the single node's at the top of the
+    part's results (a file from before the Kube-OVN node has only those), the others under
+    their names."""
+    out = [("single", lim)] if "accuracy" in lim else []
+    return out + [(n, lim[n]) for n in NODES if n != "single" and n in lim]
+
+
 def table(lim: dict[str, Any]) -> list[str]:
-    """The part's tables: accuracy per congestion control, direction, limit and flows;
-    isolation per configuration."""
+    """The part's tables, per node: accuracy per congestion control, direction, limit and
+    flows; isolation per configuration."""
+    return [line for node, fig in _nodes(lim) for line in _node_table(fig, node)]
+
+
+def _node_table(lim: dict[str, Any], node: str) -> list[str]:
     s = lim["settings"]
     ld = lim["load"]
     lines = [
         "",
-        f"LIMITS PER PUBLIC IP (issue 38): TCP through the real agent, medians of {s['reps']} "
-        f"repetition(s) of {s['window']} s after {s['warmup']} s of warm-up; load before "
-        f"{ld['before']} (CPUs {ld['cpu_busy_before'] * 100:.0f}% busy), after {ld['after']}",
+        f"LIMITS PER PUBLIC IP (issue 38), {NODE_LABELS[node]}: TCP through the real agent, "
+        f"medians of {s['reps']} repetition(s) of {s['window']} s after {s['warmup']} s of "
+        f"warm-up; load before {ld['before']} (CPUs {ld['cpu_busy_before'] * 100:.0f}% busy), "
+        f"after {ld['after']}",
     ]
     measured = {r["direction"] for r in lim["accuracy"]["rows"]}
-    for d, what in DIRECTIONS.items():
+    frame, mss = frame_mss(lim.get("mtu", 1500))
+    directions = DIRECTIONS | (KUBEOVN_DIRECTIONS if node == "kubeovn" else {})
+    for d, what in directions.items():
         if d in measured:
             lines.append(f"  {d}: {what}")
     lines.append(
@@ -151,7 +173,7 @@ def table(lim: dict[str, Any]) -> list[str]:
             f"{_mbit(r['unlimited_bps'])}{note}"
         )
     lines.append(
-        f"  (wire/limit: the goodput in full frames, {FRAME} bytes per {MSS} of payload: what the "
+        f"  (wire/limit: the goodput in full frames, {frame} bytes per {mss} of payload: what the "
         "buckets count, egress a GSO packet's wire length, its headers once per segment; "
         "retr %: retransmitted segments per segment of goodput; RTOs: retransmission timeouts "
         "in the window; others: CPUs other jobs on the machine took meanwhile, of 2)"
@@ -287,7 +309,14 @@ def notes(lim: dict[str, Any]) -> list[str]:
 
 
 def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """The part's targets, appended to `rows` in report.Targets' format: with the first
+    """The part's targets on each node it measured (the single node's named "limits: ...",
+    the others' "limits, <node>: ..."), appended to `rows` in report.Targets' format."""
+    for node, fig in _nodes(lim):
+        _node_targets(fig, rows, "limits" if node == "single" else f"limits, {NODE_NAMES[node]}")
+
+
+def _node_targets(lim: dict[str, Any], rows: list[dict[str, Any]], prefix: str) -> None:
+    """One node's targets, named `prefix`: ...: with the first
     congestion control, goodput within BAND of each limit, ingress and egress (n/a where the
     path cannot carry REACHABLE x the limit); vm-b keeping KEEP_GOAL of its rate while vm-a is
     flooded, the guard on and vm-a's own rate (the others beside them)."""
@@ -298,7 +327,7 @@ def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         if r["limit"] == "none" or r["cc"] != cc0 or r["direction"] == "egress-nogso":
             continue
         name = (
-            f"limits: {r['direction']} {r['limit']}, {r['flows']} flow(s), {cc0}: TCP goodput / "
+            f"{prefix}: {r['direction']} {r['limit']}, {r['flows']} flow(s), {cc0}: TCP goodput / "
             f"limit within {lo}-{hi}"
         )
         kernel = r.get("received_ratio")
@@ -350,10 +379,10 @@ def targets(lim: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         )
     for layout, key in (("one-queue", "isolation"), ("rss", "isolation_rss")):
         if lim.get(key):  # (none with --limits-accuracy-only)
-            _iso_targets(lim[key], layout, rows)
+            _iso_targets(lim[key], layout, rows, prefix)
 
 
-def _iso_targets(iso: dict[str, Any], layout: str, rows: list[dict[str, Any]]) -> None:
+def _iso_targets(iso: dict[str, Any], layout: str, rows: list[dict[str, Any]], prefix: str) -> None:
     """The isolation targets of one layout of the uplink pair (LAYOUTS)."""
 
     def kept(c: str, direction: str, mode: str) -> float | None:
@@ -370,8 +399,8 @@ def _iso_targets(iso: dict[str, Any], layout: str, rows: list[dict[str, Any]]) -
             )
             rows.append(
                 {
-                    "target": f"limits: vm-b's {direction} rate kept while vm-a is flooded at the "
-                    f"generator's full rate, {CONFIG_LABELS[c]}, {layout}",
+                    "target": f"{prefix}: vm-b's {direction} rate kept while vm-a is flooded "
+                    f"at the generator's full rate, {CONFIG_LABELS[c]}, {layout}",
                     "value": value,
                     "want": KEEP_GOAL,
                     "unit": "x",

@@ -155,12 +155,7 @@ class Lab:
     def up(self) -> Lab:
         self.down()
         for ns in self.all_namespaces:
-            run("ip", "netns", "add", ns)
-            self.ip(ns, "link", "set", "lo", "up")
-            for key in ("all", "default"):
-                self.sysctl(ns, f"net.ipv4.conf.{key}.rp_filter", "0")
-                self.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")
-                self.sysctl(ns, f"net.ipv6.conf.{key}.accept_ra", "0")
+            self.add_namespace(ns)
         self.sysctl(self.node, "net.ipv4.ip_forward", "1")
         self.sysctl(self.node, "net.ipv6.conf.all.forwarding", "1")
         c, n = self.client, self.node
@@ -197,6 +192,15 @@ class Lab:
             self.ip(pns, "-6", "route", "add", "default", "via", NODE_POD_GW6)
             self.neigh(pns, NODE_POD_GW6, p.host_mac, "eth0")
         return self
+
+    def add_namespace(self, ns: str) -> None:
+        """A new namespace, lo up, no reverse-path filter, IPv6 without DAD or RAs."""
+        run("ip", "netns", "add", ns)
+        self.ip(ns, "link", "set", "lo", "up")
+        for key in ("all", "default"):
+            self.sysctl(ns, f"net.ipv4.conf.{key}.rp_filter", "0")
+            self.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")
+            self.sysctl(ns, f"net.ipv6.conf.{key}.accept_ra", "0")
 
     def down(self) -> None:
         existing = run("ip", "netns", "list", check=False).stdout.split()
