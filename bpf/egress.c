@@ -42,9 +42,13 @@ static __always_inline int fast_snat(struct __sk_buff *skb, void *data, void *da
 	if (cz_unlikely(bad < 0))
 		return CZ_SLOW;
 	/* over the Service's egress limit (limit.h): policed (or beyond the shaper's horizon),
-	 * nothing recorded */
+	 * nothing recorded; a GSO packet charged its segments' bytes (the uplink's egress has them
+	 * from the qdisc layer, the pod-facing hook counts them) */
 	if (cz_unlikely(pod_flags & CZ_F_LIMIT) &&
-	    cz_egress_over(skb, slot, cz_wire_len(skb), at_uplink, 0))
+	    cz_egress_over(skb, slot,
+			   at_uplink ? cz_wire_len(skb)
+				     : fast_wire_len(&f, skb->len, skb->gso_segs),
+			   at_uplink, 0))
 		reason = CZ_DROP_LIMIT;
 	else if (pod_flags & CZ_F_FLOWS) /* (IPv4: a[0] of each address only) */
 		flow_record(v6, l3 + src, l3 + dst, f.sport, f.dport, f.proto, 0, f.tcp_flags, 1);

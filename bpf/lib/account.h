@@ -82,11 +82,13 @@ static __always_inline int slow_end(void *ctx, int is_xdp, int dir, int at_uplin
 	/*
 	 * Over its Service's limits (limit.h): the full paths' one check, here where the verdict
 	 * is known and nothing is recorded yet (inside the decision it cost XDP's full path 40 %
-	 * more to verify). A dry run asks without charging. Egress is tc's (ctx an skb).
+	 * more to verify). A dry run asks without charging. Egress is tc's (ctx an skb); tc
+	 * ingress charges a GRO packet its segments, its bytes its length (the fast path counts
+	 * the segments' headers: parse.h, fast_wire_len).
 	 */
 	if (d->limited && !cz_is_drop(reason) &&
 	    (dir ? cz_egress_over(ctx, slot, cz_wire_len(ctx), at_uplink, cz_dry())
-		 : cz_over_limit(0, slot, len, 1, cz_dry())))
+		 : cz_over_limit(0, slot, len, is_xdp ? 1 : cz_tc_segs(ctx), cz_dry())))
 		reason = CZ_DROP_LIMIT;
 	if (cz_dry()) {
 		cz_dry_record(cz_ctx_nonce(ctx, is_xdp), reason, slot);

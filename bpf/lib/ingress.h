@@ -207,9 +207,10 @@ static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 fra
 	else
 		__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
 	if (!(v->flags & CZ_F_FLOWS))
-		return cz_limit_in(v->flags, f->slot, frame_len, segs, CZ_NAT_INGRESS);
+		return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
+				   CZ_NAT_INGRESS);
 	__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
-	return cz_limit_in(v->flags, f->slot, frame_len, segs,
+	return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
 			   fast_filter(1, v->flags, v->ports, v->nports, to, &remote, f->proto,
 				       f->sport, f->dport, f->tcp_flags));
 }
@@ -237,8 +238,9 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 		pod = f->rewrite ? v->pod_ip : ip->daddr;
 		to->a[0] = pod;
 		if (!(v->flags & CZ_F_FLOWS))
-			return cz_limit_in(v->flags, f->slot, frame_len, segs, CZ_NAT_INGRESS);
-		return cz_limit_in(v->flags, f->slot, frame_len, segs,
+			return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs),
+					   segs, CZ_NAT_INGRESS);
+		return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
 				   fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
 					       (struct ip6 *)&ip->saddr, f->proto, f->sport,
 					       f->dport, f->tcp_flags));

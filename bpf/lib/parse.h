@@ -625,6 +625,27 @@ static __always_inline int fast_check4(struct cz_fast *f, struct iphdr *ip, void
 	return 0;
 }
 
+/*
+ * The bytes the GSO packet whose headers `f` holds (fast_check4/6) puts on the wire once it is
+ * segmented, as the kernel's qdisc_pkt_len_init counts them: its headers (the frame's start to
+ * its TCP or UDP payload) once per segment. For a hook that sees such a packet before the qdisc
+ * layer sets its wire_len (tc ingress, where wire_len is the length: the pod-facing hook, whose
+ * packets a pod's TSO made). One segment: the length. `len`: the skb's; `segs`: its gso_segs.
+ */
+static __always_inline __u32 fast_wire_len(const struct cz_fast *f, __u32 len, __u32 segs)
+{
+	__u32 hdr;
+
+	if (segs <= 1)
+		return len;
+	if (f->proto == IPPROTO_TCP) /* the data offset: the byte 4 before the checksum's */
+		hdr = f->csum_off - offsetof(struct tcphdr, check) +
+		      (((__u8 *)f->csum)[-4] >> 4) * 4;
+	else
+		hdr = f->csum_off - offsetof(struct udphdr, check) + sizeof(struct udphdr);
+	return len + (segs - 1) * hdr;
+}
+
 static __always_inline int fast_check6(struct cz_fast *f, struct ipv6hdr *ip6, void *data,
 				       void *data_end, __u32 frame_len)
 {

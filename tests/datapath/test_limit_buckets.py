@@ -211,19 +211,26 @@ def wire(frame: Packet, segs: int) -> int:
 def test_a_gso_packet_is_charged_its_headers_once_per_segment(p: Progs, segs: int) -> None:
     """Egress charges a GSO packet what the qdisc layer counts (the skb's wire_len: its headers
     once per segment; the kernel sets it before the egress hook), on the fast and the full
-    path; tc ingress its length and its segments (the packet bucket). One segment: its length
-    (the tests above)."""
+    path. tc ingress (a GRO packet; where wire_len is its length) counts the segments' headers
+    itself on the fast path (its TCP data offset), and charges the segments to the packet
+    bucket; its full path (a VLAN tag) charges the length. One segment: its length (the tests
+    above)."""
     now = clock()
     for tag in (False, True):
         p.set_buckets(now + AHEAD, now + AHEAD, now + AHEAD)
         out = tcp_from(POD_WHOLE, tag)
         assert p.run_skb("egress", out, segs, wire(out, segs))[0] == TC_NEXT
         assert p.buckets().out_bytes == now + AHEAD + BYTES_OUT.cost_ns(wire(out, segs))
-    frame = Ether(src=MAC_A, dst=MAC_B) / IP(src=CLIENT, dst=LB_WHOLE) / tcp_from(POD_WHOLE)[TCP]
-    assert p.run_skb("tc", frame, segs)[0] == TC_NEXT
-    b = p.buckets()
-    assert b.in_bytes == now + AHEAD + BYTES_IN.cost_ns(len(bytes(frame)))
-    assert b.in_pkts == now + AHEAD + PKTS_IN.cost_ns(segs)
+    for tag in (False, True):
+        p.set_buckets(now + AHEAD, now + AHEAD, now + AHEAD)
+        eth = Ether(src=MAC_A, dst=MAC_B)
+        eth = eth / Dot1Q(vlan=5) if tag else eth
+        frame = eth / IP(src=CLIENT, dst=LB_WHOLE) / tcp_from(POD_WHOLE)[TCP]
+        n = len(bytes(frame))
+        assert p.run_skb("tc", frame, segs, n)[0] == TC_NEXT
+        b = p.buckets()
+        assert b.in_bytes == now + AHEAD + BYTES_IN.cost_ns(n if tag else wire(frame, segs))
+        assert b.in_pkts == now + AHEAD + PKTS_IN.cost_ns(segs)
 
 
 @pytest.fixture

@@ -249,11 +249,7 @@ def test_egress_bandwidth_is_policed_where_the_pod_is_translated(
     with the LB IP as its source, whole; the rest is dropped and counted drop_limit. Where the
     uplink's egress translates, and where the pod-facing hook does (Kube-OVN's layout: its
     tc ingress on the pod's device, host routing handing the packet to the uplink)."""
-    if agent_args:
-        env.stop_agent()
-        env.start_agent(*agent_args)
-        wait_for(lambda: "default/vm1" in env.maps_state().limits, 15, "vm1's limits")
-    try:
+    with agent_with(env, agent_args):
         fill_egress_bucket(env)
         before = drops(env)
         n = 200
@@ -263,6 +259,18 @@ def test_egress_bandwidth_is_policed_where_the_pod_is_translated(
         assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
         assert_whole(out, b"e")
         assert drops(env) - before == n - len(out)
+
+
+@contextlib.contextmanager
+def agent_with(env: AgentLab, agent_args: list[str]) -> Iterator[None]:
+    """The agent restarted with `agent_args` for the block (none: as it runs), and as it ran
+    after it."""
+    if agent_args:
+        env.stop_agent()
+        env.start_agent(*agent_args)
+        wait_for(lambda: "default/vm1" in env.maps_state().limits, 15, "vm1's limits")
+    try:
+        yield
     finally:
         if agent_args:
             env.stop_agent()
@@ -283,11 +291,21 @@ def fill_egress_bucket(env: AgentLab) -> None:
 SOL_UDP, UDP_SEGMENT = 17, 103  # linux/udp.h: the datagram's segment size, for UDP GSO
 
 
-def test_egress_charges_a_gso_packet_its_headers_once_per_segment(env: AgentLab) -> None:
+@pytest.mark.parametrize("agent_args", [[], POD_HOOK], ids=["uplink", "pod-facing-hook"])
+def test_egress_charges_a_gso_packet_its_headers_once_per_segment(
+    env: AgentLab, agent_args: list[str]
+) -> None:
     """vm1 sends UDP GSO packets (UDP_SEGMENT: 8 datagrams of 100 bytes each, one skb of 842
     bytes through the node, 8 x 142 = 1,136 on the wire): its 64 KiB egress burst passes 57 of
     them (wire bytes), not the 77 their lengths would give; the client receives the datagrams
-    whole, from the LB IP; each refused packet is one drop_limit."""
+    whole, from the LB IP; each refused packet is one drop_limit. Where the uplink's egress
+    translates (the qdisc layer's wire length) and where the pod-facing hook does (tc ingress:
+    the program counts the segments' headers itself)."""
+    with agent_with(env, agent_args):
+        gso_burst(env)
+
+
+def gso_burst(env: AgentLab) -> None:
     fill_egress_bucket(env)
     before = drops(env)
     sock = env.lab.ns_socket(env.lab.pod_ns(POD1), socket.AF_INET, socket.SOCK_DGRAM)
