@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
-from cozyebpf.model import DEFAULT_PROXY_NAME, IncrementalModel, Key, Problem
+from cozyebpf.model import DEFAULT_PROXY_NAME, IncrementalModel, Key, ObjectRef, Problem
+from cozyebpf.model.limits import describe
 from cozyebpf.sources import ChangeSet, Notifier, Source, gc_paused
-from cozyebpf.state import IPAddress, address_key
+from cozyebpf.state import IPAddress, Limits, address_key
 
 if TYPE_CHECKING:
     from cozyebpf.kube.portsec import PortSecurity
@@ -96,6 +97,12 @@ def freeze_heap(collected: bool = False) -> None:
     gc.freeze()
 
 
+def own_limits(limits: Limits) -> bool:
+    """Has a Service limits of its own (its annotations'), not only the node's guard?"""
+    own_pps = limits.ingress_pps is not None and not limits.guard
+    return limits.ingress_bps is not None or limits.egress_bps is not None or own_pps
+
+
 class Agent:
     def __init__(
         self,
@@ -149,6 +156,8 @@ class Agent:
         #: called after every write (and every change that needed none), in the loop's thread
         self.on_sync: list[Callable[[SyncReport], None]] = []
         self._triggers: list[float] = []  # changes not programmed yet (epoch seconds)
+        #: the open Problems of Services whose own limits have no counter slot (_check_counted)
+        self._uncounted: dict[str, Problem] = {}
 
     @property
     def syncs(self) -> int:
@@ -199,9 +208,37 @@ class Agent:
             self.on_problems(added)
 
     def problems(self) -> list[Problem]:
-        """Every open Problem: the model's and the port-security check's (sorted)."""
+        """Every open Problem: the model's, the port-security check's and the counter slots'
+        (sorted)."""
         extra = self.portsec.problems() if self.portsec is not None else []
+        extra += self._uncounted.values()
         return sorted([*self.model.problems(), *extra]) if extra else self.model.problems()
+
+    def _check_counted(self) -> None:
+        """After a write: a Service with limits of its own that the datapath holds without a
+        counter slot (every slot taken: --counted-services) has them not enforced (its buckets
+        live in its slot): a Problem naming the Service, its limits and the fix, resolved once
+        it has a slot (a resync gives it one a Service left) or no limit of its own."""
+        missing, slots = self.controller.datapath.uncounted()
+        limits = self.model.state.limits
+        now: dict[str, Problem] = {}
+        for service in sorted(missing):
+            lim = limits.get(service)
+            if lim is None or not own_limits(lim):
+                continue
+            namespace, _, name = service.partition("/")
+            now[service] = Problem(
+                ObjectRef("Service", namespace, name),
+                f"has limits of its own ({describe(lim)}) that are not enforced: a Service's "
+                f"limits live in its per-Service counter slot, and all {slots} of this node's "
+                "are taken; raise --counted-services (the chart's agent.countedServices) above "
+                "the number of Services",
+            )
+        added = [p for k, p in now.items() if self._uncounted.get(k) != p]
+        removed = [p for k, p in self._uncounted.items() if now.get(k) != p]
+        self._uncounted = now
+        if added or removed:
+            self._report(added, removed)
 
     def _touched(self, changes: ChangeSet) -> set[Key] | None:
         """The Services whose record or EndpointSlices `changes` change (None: every one);
@@ -291,6 +328,7 @@ class Agent:
                 self._failed(now, "sync", e)
                 return
             self._done("full", now, True)
+            self._check_counted()
             if not self.synced_once:
                 self.synced_once = True
                 release_memory()
@@ -305,6 +343,8 @@ class Agent:
                 self._failed(now, "programming a change", e)
                 return
             self._done("change", now, True, wrote=not delta.diff.empty())
+            if not delta.diff.empty():
+                self._check_counted()
 
     def next_timer(self) -> float:
         """Seconds until the loop must turn without a notification."""

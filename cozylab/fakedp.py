@@ -10,7 +10,8 @@ class FakeDatapath:
     """Implements the Datapath protocol in memory, both address families in one MapState.
 
     Tests may replace or mutate `state` to simulate drift (someone editing the maps), set
-    `flows` (pod IP -> number of flow entries) for a dump, `limits` for capacity(), `attached`
+    `flows` (pod IP -> number of flow entries) for a dump, `limits` for capacity(), `counted`
+    for uncounted(), `attached`
     for the agent's readiness, and `fail_next_apply` to make the next apply() raise that
     exception without changing anything. Like the real datapath, apply() refuses a diff whose
     entries mix address families. `cozyebpf.dump.build_dump(fake.state, fake.flows)` dumps it
@@ -26,6 +27,8 @@ class FakeDatapath:
         self.fail_next_apply: Exception | None = None
         self.reads = 0  # read_state() calls: a change must be written without one
         self.applies: list[MapDiff] = []  # every diff applied (or refused), in order
+        #: how many Services have counter slots (uncounted(); None: all)
+        self.counted: int | None = None
 
     def read_state(self) -> MapState:
         """A copy of the held state."""
@@ -49,6 +52,14 @@ class FakeDatapath:
 
     def capacity(self) -> Capacity | None:
         return self.limits
+
+    def uncounted(self) -> tuple[set[str], int]:
+        """The Services of the state beyond the first `counted` (by name; None: every one
+        counted), and `counted`."""
+        names = sorted({e.service for e in self.state.services.values() if e.service})
+        if self.counted is None:
+            return set(), len(names)
+        return set(names[self.counted :]), self.counted
 
     def check(self) -> list[str]:
         self.checks += 1

@@ -29,6 +29,12 @@ class Datapath(Protocol):
         """What the maps can hold, in the model's terms (None: no limit)."""
         ...
 
+    def uncounted(self) -> tuple[set[str], int]:
+        """The Services the maps hold without a counter slot of their own (every slot taken:
+        --counted-services), which therefore have no counters and no limits of their own, and
+        how many slots there are."""
+        ...
+
     @property
     def attached(self) -> bool:
         """The programs are attached (the agent is ready and checks them)."""

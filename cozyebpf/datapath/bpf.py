@@ -435,6 +435,9 @@ class BpfDatapath:
     def capacity(self) -> Capacity:
         return self._maps().capacity()
 
+    def uncounted(self) -> tuple[set[str], int]:
+        return self._maps().uncounted()
+
     def read_state(self) -> MapState:
         return self._maps().read_state()
 

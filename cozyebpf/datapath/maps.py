@@ -236,6 +236,16 @@ class PinnedMaps(Views, FlowTables):
             out[service] = (lim, left)
         return out
 
+    def uncounted(self) -> tuple[set[str], int]:
+        """The Services the maps hold (as of the last read or write) without an active slot
+        (all taken), and how many slots there are."""
+        if self._m is None:
+            return set(), self.slots.capacity
+        refs, refused = self._m.refs, self.slots.refused
+        for gone in [s for s in refused if s not in refs]:  # (a refused Service deleted since)
+            refused.discard(gone)
+        return {s for s in refused if not self.slots.slot(s)}, self.slots.capacity
+
     def _write_limits(self, limits: Mapping[str, Limits]) -> None:
         """Each Service's limits at its slot (no limit: zeros). A Service without a slot of its
         own (all taken: --counted-services) has none enforced, as it has no counters of its own

@@ -85,6 +85,8 @@ class ServiceSlots:
         self._free: list[int] = []  # a heap of slots below _next that nobody holds
         self._next = 1  # every slot from here on was never named
         self._warned = False
+        #: the Services activate() found no slot for (they may be gone since: uncounted)
+        self.refused: set[str] = set()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class ServiceSlots:
                 continue
             slot = self._take()
             if slot is None:
+                self.refused.add(service)
                 if not self._warned:
                     log.warning(
                         "no free per-Service counter slot for %s (all %d are taken; "
@@ -150,6 +153,7 @@ class ServiceSlots:
                 del self._slot[old]
             self._clear(slot)
             self._write(slot, service, True)
+            self.refused.discard(service)
             self._slot[service] = slot
             self._name[slot] = service
             self._active.add(slot)

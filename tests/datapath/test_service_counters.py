@@ -195,11 +195,16 @@ def test_slots_are_parked_given_back_and_cleared_when_reused(p: Progs) -> None:
     p.set(state(VM2, VM3))
     assert p.of(VM3) is not None and p.of(VM3).slot == slots[VM1]  # type: ignore[union-attr]
     assert counts(p.of(VM3)) == (0, 0, 0, 0, {})
-    # with every slot taken, vm1 is counted node-wide only (and its addresses carry slot 0)
+    assert p.maps.uncounted() == (set(), 2)
+    # with every slot taken, vm1 is counted node-wide only (and its addresses carry slot 0):
+    # uncounted (the agent reports its own limits as not enforced)
     p.set(state(VM1, VM2, VM3))
     assert p.of(VM1) is None
     assert p.maps.lookup_service(A(LB_WHOLE)) == ServiceEntry(A(POD_WHOLE), False, False)
     assert p.maps.lookup_service(A(LB_WHOLE)).service == ""  # type: ignore[union-attr]
+    assert p.maps.uncounted() == ({VM1}, 2)
+    p.set(state(VM2, VM3))  # gone: no longer uncounted
+    assert p.maps.uncounted() == (set(), 2)
 
 
 def test_a_new_reader_names_every_slot(p: Progs) -> None:

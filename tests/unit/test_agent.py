@@ -322,3 +322,35 @@ def test_a_cycle_dropped_before_the_freeze_is_freed(
     finally:
         if was:
             gc.enable()
+
+
+def test_own_limits_without_a_counter_slot_are_a_problem_until_it_has_one(
+    clock: FakeClock,
+) -> None:
+    """Every counter slot taken (the fake counts the first `counted` Services by name): the
+    Service with limits of its own beyond them is reported once, naming its limits and the fix;
+    one with the node's guard alone is not (the log line of the slots says that); once every
+    Service has a slot, the Problem is resolved."""
+    limited = Svc("vm9", VMS[9].lb_ip, VMS[9].pod_ip, VMS[9].ports,
+                  annotations={"networking.cozystack.io/egressBandwidth": "100M"})  # fmt: skip
+    objs = [o for s in [*VMS[:9], limited, *VMS[10:]] for o in objects(s)]
+    src, dp = ApiLikeSource(objs), FakeDatapath()
+    dp.counted = 18  # vm8 and vm9 (by name, after vm19) get none
+    agent = Agent(src, dp, resync_interval=3600, clock=clock, guard_pps=10**6)
+    seen: list[str] = []
+    agent.on_problems = lambda ps: seen.extend(str(p) for p in ps)
+    src.ready = True
+    agent.tick()
+    agent.tick()
+    want = (
+        "Service default/vm9: has limits of its own (ingress 1 Mpackets/s (the node's guard); "
+        "egress 100 Mbit/s) that are not enforced: a Service's limits live in its per-Service "
+        "counter slot, and all 18 of this node's are taken; raise --counted-services (the "
+        "chart's agent.countedServices) above the number of Services"
+    )
+    assert seen == [want]
+    assert [str(p) for p in agent.problems()] == [want]
+    dp.counted = None
+    src.put(moved(3, "10.244.6.3"))  # any write asks again
+    agent.tick()
+    assert agent.problems() == [] and seen == [want]
