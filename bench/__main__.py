@@ -47,7 +47,11 @@ def _report_again(path: str) -> int:
     loaded["targets"] = report.targets(loaded)
     print(report.table(loaded))
     chart_png = common.RESULTS / "chart.png"
-    charts.chart(loaded, chart_png)
+    try:
+        charts.chart(loaded, chart_png)
+    except ImportError:  # as report.write: the table is the report, the chart an extra
+        print("\nno chart: pip install matplotlib")
+        return 0
     print(f"\nchart: {chart_png} (copy it to bench/chart.png for the README)")
     return 0
 
