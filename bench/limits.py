@@ -8,6 +8,9 @@ a manifest file) in the node namespace of a cozylab.netns.Lab, TCP through it, a
                                                                             (bench_count)
 
 Three whole-IP Services: vm-acc (203.0.113.10), vm-b (203.0.113.20), vm-a (203.0.113.30).
+The part runs on this single node and on a Kube-OVN-shaped one (NODES, --limits-nodes): the
+same client, uplink and Services, the pods behind ovn0 (bench/kovnnode.py), where the agent's
+pod-facing hook translates and polices egress.
 
 1. Accuracy: TCP goodput (the bytes the receivers read, per second of a window that follows a
    warm-up long enough to empty the burst) from the client to vm-acc's LB IP through its
