@@ -174,18 +174,26 @@ int cz_egress(struct __sk_buff *skb)
 
 /*
  * A packet of no managed pod IP to a managed LB IP, which cz_egress hands on (CZ_RARE): the
- * node's own (or a pod's it forwarded), to_lb4 decides it (lib/to_lb.h). Not every uplink
- * packet to an LB IP is one (a VM's translated packet is let go by the entry), and none of a
- * VM: a rare path of its own keeps to_lb4's redirect and its ICMP synthesis out of the entry.
+ * node's own (or a pod's it forwarded), to_lb4 decides it (lib/to_lb.h); a rare path of its
+ * own keeps to_lb4's redirect and its ICMP synthesis out of the entry. A VM's packet to another
+ * LB IP (its source an LB IP: the pod-facing hook translated it) goes by the ToR; where egress
+ * is shaped it is shaped here as any other packet from an LB IP (shape_lb), else to_lb4 lets
+ * it go.
  */
 int cz_egress_to_lb(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct iphdr *ip = fast_ip4(data, data_end);
+	struct addr4_val *v;
 
 	if (!ip)
 		return CZ_TC_NEXT;
+	if (cz_addr4_hinted(ip->saddr, CZ_HINT_LB) && cz_shaped()) {
+		v = cz_addr4.lookup(&ip->saddr);
+		if (v && (v->kind & CZ_K_LB))
+			return shape_lb(skb, ip, 0, v->kind, v->in_slot);
+	}
 	return to_lb4(skb, data, data_end, ip);
 }
 

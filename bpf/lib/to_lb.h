@@ -23,8 +23,9 @@
  * through the ToR it would come back with a local source, a martian, or its answer would go to
  * the client pod directly, never translated; across nodes the overlay carries it as it carries
  * the answer. Its connection is recorded as a flow of the pod, keyed as the pod's answer will
- * be, for pod_side4. A VM's packet (its source an LB IP) goes by the ToR to the node of the
- * other LB IP, which holds the flows of that pod; every other packet goes on too: CZ_TC_NEXT.
+ * be, for pod_side4. A VM's packet (its source an LB IP: the FIB routes that by the uplink)
+ * goes by the ToR to the node of the other LB IP, which holds the flows of that pod; every
+ * other packet goes on too: CZ_TC_NEXT.
  */
 static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_end,
 				  struct iphdr *ip)
@@ -45,10 +46,6 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 		return CZ_TC_NEXT;
 	pod.a[0] = d->pod_ip;
 	client.a[0] = ip->saddr;
-	/*
-	 * (A VM's packet, its source an LB IP, does not come here: fast_egress sends it by the ToR,
-	 * to the node of its LB IP, which holds that pod's flows.)
-	 */
 	/*
 	 * Routes as for a packet that arrives on the uplink (an output lookup keeps to the uplink):
 	 * the client is this node's own address, or a pod behind a pod-facing device

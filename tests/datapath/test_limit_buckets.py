@@ -31,7 +31,15 @@ from cozyebpf.datapath.buckets import Bucket, limit_clock_ns
 from cozyebpf.datapath.layout import BucketVal
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.state import Limits, MapState, PodEntry, ServiceEntry, diff
-from tests.support.packets import CLIENT, LB_WHOLE, MAC_A, MAC_B, POD_WHOLE
+from tests.support.packets import (
+    CLIENT,
+    LB_FILT,
+    LB_WHOLE,
+    MAC_A,
+    MAC_B,
+    POD_FILT,
+    POD_WHOLE,
+)
 
 #: struct __sk_buff: its size, and the offsets of tstamp and wire_len (gso_segs follows it)
 SKB_SIZE, SKB_TSTAMP, SKB_WIRE_LEN = 192, 152, 160
@@ -100,6 +108,10 @@ def p() -> Iterator[Progs]:
         st.services[lb] = ServiceEntry(pod, False, False, VM, limited=True)
         st.pods[pod] = PodEntry(lb, False, False, VM, limited=True)
         st.limits[VM] = LIMITS
+        # another VM's LB IP, without limits: a destination the uplink's to_lb path sees
+        lb2, pod2 = ip_address(LB_FILT), ip_address(POD_FILT)
+        st.services[lb2] = ServiceEntry(pod2, False, False, "default/vm2")
+        st.pods[pod2] = PodEntry(lb2, False, False, "default/vm2")
         maps.apply(diff(maps.read_state(), st))
         yield Progs(maps, {k: prog.fd for k, prog in loaded.items()})
     finally:
@@ -187,14 +199,14 @@ def test_an_idle_bucket_starts_at_the_clock() -> None:
     assert ok and tat == 5 * 10**9 + PKTS_IN.cost_ns(1)
 
 
-def tcp_from(src: str, tag: bool = False) -> Packet:
-    """A TCP segment of 1,000 bytes from `src` to the client, with 12 bytes of options (a TCP
-    header of 32: what the per-segment charge must read from the data offset)."""
+def tcp_from(src: str, tag: bool = False, dst: str = CLIENT) -> Packet:
+    """A TCP segment of 1,000 bytes from `src` to `dst` (the client), with 12 bytes of options
+    (a TCP header of 32: what the per-segment charge must read from the data offset)."""
     eth = Ether(src=MAC_A, dst=MAC_B)
     if tag:
         eth = eth / Dot1Q(vlan=5)
     opts = [("NOP", None), ("NOP", None), ("Timestamp", (1, 2))]
-    return eth / IP(src=src, dst=CLIENT) / TCP(sport=22, dport=40000, options=opts) / (b"t" * 1000)
+    return eth / IP(src=src, dst=dst) / TCP(sport=22, dport=40000, options=opts) / (b"t" * 1000)
 
 
 #: the headers each segment of tcp_from's frame carries on the wire: Ethernet, IPv4, TCP
@@ -243,23 +255,28 @@ def shaped(p: Progs) -> Iterator[Progs]:
         p.maps.set_shaped(False)
 
 
-SHAPED = [(POD_WHOLE, False), (POD_WHOLE, True), (LB_WHOLE, False)]
-SHAPED_IDS = ["pod-fast", "pod-full", "from-lb-ip"]
+SHAPED = [
+    (POD_WHOLE, False, CLIENT),
+    (POD_WHOLE, True, CLIENT),
+    (LB_WHOLE, False, CLIENT),
+    (LB_WHOLE, False, LB_FILT),
+]
+SHAPED_IDS = ["pod-fast", "pod-full", "from-lb-ip", "from-lb-ip-to-an-lb-ip"]
 
 
-@pytest.mark.parametrize(("src", "tag"), SHAPED, ids=SHAPED_IDS)
+@pytest.mark.parametrize(("src", "tag", "dst"), SHAPED, ids=SHAPED_IDS)
 def test_shaped_egress_sets_the_departure_time_and_moves_it_by_the_cost(
-    shaped: Progs, src: str, tag: bool
+    shaped: Progs, src: str, tag: bool, dst: str
 ) -> None:
     """A busy shaper (its next departure ahead of the monotonic clock, fq's): the packet gets
     that departure as skb->tstamp and passes; the departure moves by its cost (3 segments: its
     headers three times); the policer's bucket stays as it was. From the pod IP the uplink
     translates it (fast and full path); from the LB IP (translated by the pod-facing hook) it is
-    shaped untouched."""
+    shaped untouched, to the client and to another VM's LB IP (the uplink's to_lb path)."""
     p = shaped
     t = time.monotonic_ns() + 10**9  # a second ahead: well inside the burst of 1 kbit/s
     p.set_buckets(0, 0, 7, t)
-    frame = tcp_from(src, tag)
+    frame = tcp_from(src, tag, dst)
     verdict, tstamp = p.run_skb("egress", frame, 3, wire(frame, 3))
     assert verdict == TC_NEXT
     assert tstamp == t
@@ -268,14 +285,16 @@ def test_shaped_egress_sets_the_departure_time_and_moves_it_by_the_cost(
     assert b.out_bytes == 7
 
 
-@pytest.mark.parametrize(("src", "tag"), SHAPED, ids=SHAPED_IDS)
-def test_shaped_egress_drops_beyond_the_horizon(shaped: Progs, src: str, tag: bool) -> None:
+@pytest.mark.parametrize(("src", "tag", "dst"), SHAPED, ids=SHAPED_IDS)
+def test_shaped_egress_drops_beyond_the_horizon(
+    shaped: Progs, src: str, tag: bool, dst: str
+) -> None:
     """A departure more than the burst's time ahead: dropped as drop_limit, nothing moved."""
     p = shaped
     t = time.monotonic_ns() + BYTES_OUT.tolerance + 10**9
     p.set_buckets(0, 0, 0, t)
     before = p.drops()
-    assert p.run_skb("egress", tcp_from(src, tag))[0] == TC_SHOT
+    assert p.run_skb("egress", tcp_from(src, tag, dst))[0] == TC_SHOT
     assert p.drops() == before + 1
     assert p.buckets().out_edt == t
 
@@ -289,4 +308,5 @@ def test_policed_egress_leaves_the_departure_time_and_an_lb_ip_packet_alone(p: P
     assert p.run_skb("egress", frame) == (TC_NEXT, 0)
     assert p.buckets().out_bytes == now + AHEAD + BYTES_OUT.cost_ns(len(bytes(frame)))
     assert p.run_skb("egress", tcp_from(LB_WHOLE)) == (TC_NEXT, 0)
+    assert p.run_skb("egress", tcp_from(LB_WHOLE, dst=LB_FILT)) == (TC_NEXT, 0)
     assert p.buckets().out_edt == t
