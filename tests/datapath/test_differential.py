@@ -8,9 +8,10 @@ egress frames through the tc egress program, each as if it entered the node by a
 the one the pod's addr value caches, or one the FIB does not know) and the verdict, the output
 bytes and the counter increments (node-wide and the frame's Service's) must equal the model's,
 and so must the times of the Services' buckets (limits, issue 38), with the clock each program
-read (diffharness.py says how). The model's flow and fragment records are applied as the frames
-go; at the end of the batch the kernel's flow and fragment tables, and the devices the pods'
-addr values cache, must equal the model's.
+read (diffharness.py says how), and, where egress is shaped (the uplinks' fq), the departure
+time the egress program gives a frame (skb->tstamp) and the Services' shapers. The model's
+flow and fragment records are applied as the frames go; at the end of the batch the kernel's
+flow and fragment tables, and the devices the pods' addr values cache, must equal the model's.
 
 The generator (map states and frames, `FEATURES`, CZ_DIFF_EXAMPLES and CZ_DIFF_FEATURES) is
 tests/support/diffgen.py; loading, seeding, running and comparing, with scapy and a hexdump when
@@ -57,6 +58,7 @@ from tests.support.diffgen import (
 from tests.support.diffharness import (
     PROGRAMS,
     Datapath,
+    Skb,
     answers,
     check_buckets,
     check_devs,
@@ -118,7 +120,8 @@ def test_programs_match_the_model(dp: Datapath, scenario: Scenario) -> None:
     dp.seed(state, now)
     for i, f in enumerate(scenario.frames):
         frame = build(f)
-        result = check_frame(dp, state, frame, f.egress, f.in_dev)
+        skb = Skb(0, f.wire_len(len(frame)), f.gso, now + f.tstamp if f.tstamp else 0)
+        result = check_frame(dp, state, frame, f.egress, f.in_dev, skb)
         state.apply(result, time.monotonic_ns())
         if result.new_flows or result.frags or result.flow_vals:
             check_tables(dp, state, f"after frame {i}: {scapy_command(frame)}")
@@ -154,6 +157,25 @@ def test_the_run_met_the_limits(dp: Datapath) -> None:
     for prog in PROGRAMS:
         assert dp.met[f"{prog} refused"] > 0, dp.met
     assert dp.counters().get("drop_limit", (0, 0))[0] > 0
+
+
+def test_the_run_met_the_shaper_and_gso_packets(dp: Datapath) -> None:
+    """Shaped egress met a busy shaper (the frame given its departure time), an idle one, one
+    past its horizon (refused), and frames from LB IPs; GSO packets were charged their
+    wire_len out (and GRO packets their segments into tc ingress, where generated)."""
+    if not {"limits", "shaped", "gso"} <= FEATURES or dp.frames == 0:
+        pytest.skip("limits, shaped or gso not generated in this run")
+    met = [
+        "shaped: busy",
+        "shaped: idle",
+        "shaped: beyond the horizon",
+        "shaped: from an LB IP",
+        "gso: egress charged wire_len",
+    ]
+    if "gso-in" in FEATURES:
+        met.append("gso: tc ingress charged segments")
+    for what in met:
+        assert dp.met[what] > 0, (what, dp.met)
 
 
 def test_the_run_met_spoofed_sources(dp: Datapath) -> None:
@@ -227,6 +249,38 @@ def test_a_window_across_a_buckets_boundary_gives_both_verdicts() -> None:
     for now in (lo, hi):
         assert check_buckets({svc: Tats(0, now + bucket.cost_ns(1), 0)}, {svc: Tats()}, idle) == {}
     assert check_buckets({svc: Tats(0, hi + bucket.cost_ns(1) + 1, 0)}, {svc: Tats()}, idle)
+
+
+def test_a_shapers_window_gives_each_decision_in_turn() -> None:
+    """Shaped egress over a window that holds both of the shaper's boundaries: refused beyond
+    the horizon, then the busy shaper's departure time as skb->tstamp, then (from out_edt on)
+    the frame's own tstamp; the shaper's time held to each stretch."""
+    svc = "diff/shaper"
+    limits = Limits(egress_bps=1_000)
+    bucket = rm.limit_buckets(limits)[2]
+    assert bucket is not None
+    pod, lb = address(POD_WHOLE), address(LB_WHOLE)
+    state = RefState(pod={pod: Pod(lb, LIMIT, svc)}, limits={svc: limits}, shaped=True)
+    edt, mine = 900 * 10**9, 12345
+    state.buckets[svc] = Tats(out_edt=edt)
+    frame = bytes(v4(CLIENT, src=POD_WHOLE) / UDP(sport=1, dport=2))
+    cost = bucket.cost_ns(len(frame))
+    admits = edt + cost - bucket.tolerance  # the first `now` inside the horizon
+
+    def model(now: int) -> rm.Result:
+        return rm.egress(state, frame, 0, mono_ns=now, tstamp=mine)
+
+    lo, hi = admits - 3, edt + 4
+    refused, busy, idle = answers(model, lo, hi, model(lo))
+    assert (refused.start, refused.end) == (lo, admits - 1)
+    assert refused.first.counts.keys() == {"drop_limit"} and refused.first.tstamp == mine
+    assert (busy.start, busy.end, busy.first.tstamp) == (admits, edt - 1, edt)
+    assert (idle.start, idle.end, idle.first.tstamp) == (edt, hi, mine)
+    before = {svc: state.buckets[svc]}
+    assert check_buckets({svc: Tats(out_edt=edt + cost)}, before, busy) == {}
+    assert check_buckets({svc: Tats(out_edt=hi + cost)}, before, idle) == {}
+    assert check_buckets({svc: Tats(out_edt=edt + cost)}, before, refused)  # moved, refused
+    assert check_buckets({svc: Tats(out_bytes=1, out_edt=edt + cost)}, before, busy)  # policer
 
 
 def test_timestamps_are_the_monotonic_clocks(dp: Datapath) -> None:

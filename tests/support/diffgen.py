@@ -2,11 +2,13 @@
 frames for the programs and the reference model (tests/support/refmodel.py).
 
 A scenario is one map state (a Seed: LB IP/pod pairs, allowed ports, flows and their ages,
-fragments, source ranges, Services' limits and how full their buckets are) and a batch of
-frames: valid, edge-case and malformed, aimed at the state's addresses, ports and flows often
-enough to meet them. Frames are built with struct (scapy is far too slow for this volume).
-`FEATURES` selects the classes of input that are generated. Environment: CZ_DIFF_EXAMPLES (map
-states per run, default 2000), CZ_DIFF_FEATURES (comma-separated classes instead of FEATURES).
+fragments, source ranges, Services' limits and how full their buckets are, whether egress is
+shaped and how far each Service's shaper runs ahead) and a batch of frames (with their skb's
+GSO segments, wire_len and skb->tstamp): valid, edge-case and malformed, aimed at the state's
+addresses, ports and flows often enough to meet them. Frames are built with struct (scapy is
+far too slow for this volume). `FEATURES` selects the classes of input that are generated.
+Environment: CZ_DIFF_EXAMPLES (map states per run, default 2000), CZ_DIFF_FEATURES
+(comma-separated classes instead of FEATURES).
 """
 
 from __future__ import annotations
@@ -63,9 +65,19 @@ FEATURES: frozenset[str] = frozenset(
         "learn",  # migrating pods (CZ_F_LEARN), TCP with every kind of flags
         "spoof",  # egress entering by no device, the pod's cached one, or another (spoofed)
         "limits",  # Services' limits, their buckets new, idle or a few packets from refusing
+        # egress shaped (the uplinks' fq): the shaper busy, idle, new or past its horizon;
+        # frames from LB IPs at the uplink; skb->tstamp set or not (needs "limits")
+        "shaped",
+        "gso",  # GSO packets out: the skb's wire_len (and gso_segs), what a limit charges
     }
 )
-# Disabled classes, and why: none. (To narrow a run down: CZ_DIFF_FEATURES=ipv4,vlan,...)
+# Disabled classes, and why (to narrow a run down, or to run one: CZ_DIFF_FEATURES=ipv4,...):
+# - "gso-in", GRO packets into tc ingress (the skb's gso_segs, what the packet bucket is
+#   charged): the full path charges such a packet one packet, not its segments (slow_end in
+#   bpf/lib/account.h: cz_over_limit(0, slot, len, 1, ...); the fast path charges
+#   cz_tc_segs), which the model, following the spec, does not; a frame the full path takes
+#   (from outside a restricted pod's ranges, IPv6 extension headers, a second VLAN tag) shows it
+#   in the first few hundred examples. On when the program charges its segments there too.
 if os.environ.get("CZ_DIFF_FEATURES"):
     FEATURES = frozenset(os.environ["CZ_DIFF_FEATURES"].split(","))
 
@@ -190,6 +202,13 @@ LIMIT_SETS = (
 #: how full a seeded bucket is: room for this many frames of 100 bytes (or packets) before it
 #: refuses; None: a new bucket (time 0); -1: idle for a second (its time behind the clock)
 ROOMS = (None, None, -1, 0, 1, 3, 8)
+#: the segments of a GSO (GRO) packet, now and then, and the headers each carries on the wire
+#: (Ethernet, IPv4 and TCP with timestamps): a frame of 45 segments is charged 2,904 bytes more
+GSO_SEGS = (0,) * 9 + (2, 3, 45)
+GSO_HEADERS = 66
+#: the skb->tstamp an egress frame comes with, relative to the batch's start: none, a socket's
+#: departure 5 ms ahead (TCP's pacing), one a second past
+TSTAMPS = (0,) * 4 + (5_000_000, -1_000_000_000)
 
 # -- map states ------------------------------------------------------------------------------
 
@@ -223,6 +242,11 @@ class Seed:
     #: how far each bucket's time (in_bytes, in_pkts, out_bytes) runs ahead of the clock at the
     #: start, ns (negative: behind it, idle); 0: a new bucket, time 0
     buckets: tuple[tuple[str, tuple[int, int, int]], ...] = ()
+    #: egress shaped (the uplinks have fq: CZ_CFG_SHAPED), not policed
+    shaped: bool = False
+    #: how far each Service's shaper (its next departure, out_edt) runs ahead of CLOCK_MONOTONIC
+    #: at the start, ns (negative: behind it, idle); 0: none
+    edts: tuple[tuple[str, int], ...] = ()
 
     @functools.cached_property
     def maps(self) -> RefState:
@@ -251,6 +275,12 @@ class Seed:
         for s, ahead in self.buckets:
             if s in named:
                 state.buckets[s] = Tats(*(at + a if a else 0 for a in ahead))
+        state.shaped = self.shaped
+        for s, edt in self.edts:  # on CLOCK_MONOTONIC: now_ns's
+            if s in named and edt:
+                state.buckets[s] = state.buckets.get(s, Tats())._replace(
+                    out_edt=max(0, now_ns + edt)
+                )
         for key, passed, expired in self.frags:
             age = 60 if expired else 1
             state.frag[key] = Frag(max(0, now_ns - age * 1_000_000_000), passed)
@@ -277,6 +307,8 @@ def seeds(draw: st.DrawFn) -> Seed:
     pairs: list[Pair] = []
     limits: dict[str, Limits] = {}
     aheads: dict[str, tuple[int, int, int]] = {}
+    edts: dict[str, int] = {}
+    shaped = {"limits", "shaped"} <= FEATURES and pick(draw, (False, False, True))
     for fam in families():
         pool = POOLS[fam]
         for i in range(1 + draw(_index(len(pool.lbs)))):
@@ -298,6 +330,8 @@ def seeds(draw: st.DrawFn) -> Seed:
                         _ahead(draw, in_pkts, 1),
                         _ahead(draw, out_bytes, 100),
                     )
+                    if "shaped" in FEATURES:  # the shaper's, in either mode (policed: untouched)
+                        edts[service] = _ahead(draw, out_bytes, 100)
                 lim = limits[service]
                 # as the agent sets them (compose.py); now and then LIMIT on both entries,
                 # whether or not the Service has a limit of that direction
@@ -362,6 +396,8 @@ def seeds(draw: st.DrawFn) -> Seed:
         tuple((p, d) for p, d in devs.items() if d),
         tuple(limits.items()),
         tuple(aheads.items()),
+        shaped,
+        tuple(edts.items()),
     )
 
 
@@ -418,8 +454,18 @@ class Frame:
     pad: int = 0  # bytes after the IP packet
     translated: tuple[Addr, Addr] | None = None  # csum "zero-after": (address, translated)
     in_dev: int = 0  # egress: the device it entered the node by (0: the node sent it)
+    gso: int = 0  # a GSO (egress) or GRO (tc ingress) packet of this many segments; 0: none
+    #: egress: the skb->tstamp it comes with, ns ahead of the batch's start (CLOCK_MONOTONIC;
+    #: a socket's own departure time, or one in the past); 0: none
+    tstamp: int = 0
 
     __repr__ = compact_repr
+
+    def wire_len(self, length: int) -> int:
+        """The skb's wire_len for the frame of `length` bytes: a GSO packet's headers once per
+        segment (GSO_HEADERS each, as the qdisc layer counts them); 0 (the frame's) for
+        another."""
+        return length + (self.gso - 1) * GSO_HEADERS if self.gso > 1 else 0
 
 
 def _payload(n: int, salt: int = 0) -> bytes:
@@ -665,7 +711,9 @@ def fresh_packet(c: Choices, seed: Seed, family: int, egress: bool) -> Ip:
     pool = POOLS[family]
     pairs = [p for p in seed.pairs if p.lb.version == family]
     if egress:
-        us = c.pick([p.pod for p in pairs] * 3 + [pairs[0].lb, pool.other])
+        # shaped, the uplink's egress shapes what leaves from an LB IP too: more of those
+        lbs = [p.lb for p in pairs] if seed.shaped else []
+        us = c.pick([p.pod for p in pairs] * 3 + lbs + [pairs[0].lb, pool.other])
     else:
         us = c.pick([p.lb for p in pairs] * 2 + [pairs[0].pod, pool.other])
     them = c.pick(pool.remotes)
@@ -768,6 +816,8 @@ def aimed_packet(c: Choices, ip: Ip, seed: Seed, history: Sequence[Frame]) -> Ip
 
 def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
     egress = c.pick((False, False, True))
+    gso = c.pick(GSO_SEGS) if ("gso" if egress else "gso-in") in FEATURES else 0
+    tstamp = c.pick(TSTAMPS) if egress and seed.shaped else 0
     family = c.pick(families())
     ip = fresh_packet(c, seed, family, egress)
     if "fragments" in FEATURES and c.one_in(6):
@@ -804,6 +854,8 @@ def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
         pad=c.pick((0,) * 8 + (1, 6, 30)),
         translated=translated,
         in_dev=in_dev,
+        gso=gso if ip.proto in (rm.TCP, rm.UDP) else 0,
+        tstamp=tstamp,
     )
 
 

@@ -9,7 +9,7 @@ at an offset), so each run is bracketed by two readings of CLOCK_MONOTONIC_COARS
 (usually within one tick: lo == hi), moved onto the buckets' clock by the offset that the
 harness measures with the programs themselves after each clear (`Datapath.calibrate`: a probe
 Service's new bucket starts at the program's `now`), give or take CLOCK_SLACK_NS, and a tick
-more at its end (TICK_NS: jiffies move before the coarse clock within a tick). The model
+more at each end (TICK_NS: the two clocks step at each tick, not at once). The model
 answers for that window (`answers`): a bucket only admits more as the clock moves and its new
 time only grows with it, so the window holds at most two stretches of one verdict each, refused
 up to a boundary and admitted from it (found by bisection). The program's verdict must be one
@@ -19,6 +19,16 @@ ends (exact for a busy bucket, whose time moves by the frame's cost; an idle one
 program's own `now`). The model then takes the kernel's bucket times, so that the next frame
 starts from the same ones. An ingress frame runs through XDP and then tc ingress, each against
 the same buckets: the XDP run's charge is undone (the buckets written back) before the tc run.
+
+Shaped egress (the model's `shaped`, flowcfg's CZ_CFG_SHAPED) reads CLOCK_MONOTONIC
+(bpf_ktime_get_ns), which user space reads too: a shaped egress run's window is two readings of
+time.monotonic_ns() around it (MONO_SLACK_NS either side), no offset. There the decision may
+change twice inside the window (refused beyond the horizon, then the busy shaper's departure
+time, then the idle one's: the frame's own skb->tstamp); the departure time is part of the
+decision, and the program's skb->tstamp (read back from the context, BPF_PROG_RUN's ctx_out)
+must be its stretch's. The tc programs run with a full struct __sk_buff as their context
+(`Skb`): the device the frame entered by, skb->tstamp, and a GSO packet's wire_len and
+gso_segs.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import ctypes
 import functools
 import struct
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -116,8 +127,15 @@ CLOCK_SLACK_NS = 20_000
 #: and a tick more at the window's end: the kernel moves jiffies on before the coarse clock in
 #: the same tick (tick_do_update_jiffies64, then the timekeeper), so a program can read the next
 #: tick's jiffies while user space still reads the last tick's coarse time (a CI run met it: the
-#: program's `now` one tick past the window)
+#: program's `now` one tick past the window); and a tick more at its start (a CI run under load
+#: met tc ingress's `now` one tick before the window, the XDP run before it inside): the
+#: calibration's probes can meet that moment too, and under a late tick the two clocks, which
+#: count ticks by different arithmetic, may step in the other order
 TICK_NS = 1_000_000_000 // (kernel.hz() or 100)
+#: shaped egress's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), which user space reads too
+#: (time.monotonic_ns): a run's window is its two readings, give or take this (the kernel's
+#: fast accessor and the vDSO read the same timekeeper; the slack only guards their rounding)
+MONO_SLACK_NS = 1_000
 
 
 @functools.cache
@@ -163,6 +181,7 @@ class Datapath:
             for raw in bpfsys.map_keys(self._fd(spec), spec.key_size):
                 bpfsys.map_delete(self._fd(spec), ctypes.create_string_buffer(raw, len(raw)))
         self.maps.forget_seen()
+        self.maps.set_shaped(False)
         self.calibrate()
 
     def calibrate(self) -> None:
@@ -202,6 +221,7 @@ class Datapath:
         st.services.update(probe_state().services)
         st.limits.update(probe_state().limits)
         self.maps.apply(diff(probe_state(), st))
+        self.maps.set_shaped(state.shaped)
         for pod_ip, dev in state.dev.items():  # the programs' cache: user space writes 0
             if pod_ip in state.pod:
                 self.set_dev(pod_ip, dev)
@@ -249,10 +269,15 @@ class Datapath:
         """The times of the Service's buckets, as the programs left them."""
         v = layout.BucketVal()
         assert bpfsys.map_lookup(self.maps.fds["buckets"], self._slot(service), v)
-        return Tats(int(v.in_bytes), int(v.in_pkts), int(v.out_bytes))
+        return Tats(int(v.in_bytes), int(v.in_pkts), int(v.out_bytes), int(v.out_edt))
 
     def set_buckets(self, service: str, tats: Tats) -> None:
-        v = layout.BucketVal(in_bytes=tats.in_bytes, in_pkts=tats.in_pkts, out_bytes=tats.out_bytes)
+        v = layout.BucketVal(
+            in_bytes=tats.in_bytes,
+            in_pkts=tats.in_pkts,
+            out_bytes=tats.out_bytes,
+            out_edt=tats.out_edt,
+        )
         bpfsys.map_update(self.maps.fds["buckets"], self._slot(service), v)
 
     def flows(self) -> dict[FlowKey, bool]:
@@ -311,15 +336,46 @@ class Datapath:
         self.runs += 1
         return r.retval, r.data
 
+    def run_skb(self, prog: str, frame: bytes, skb: Skb) -> tuple[int, bytes, int]:
+        """Run the tc program `prog` on `frame` as the skb `skb` says: (verdict, output,
+        skb->tstamp as the program left it)."""
+        r = bpfsys.prog_test_run(self.fds[prog], frame, ctx=skb.ctx(), ctx_out=SKB_SIZE)
+        self.runs += 1
+        return r.retval, r.data, int(SKB_U64.unpack_from(r.ctx, SKB_TSTAMP)[0])
+
 
 #: struct __sk_buff up to and including ingress_ifindex (offset 36, linux/bpf.h): the context
 #: BPF_PROG_RUN takes, shorter than the struct (the rest is zero)
 SKB_CTX = struct.Struct("=9II")
+#: the whole struct __sk_buff (what ctx_out must be), and its fields that the limits read:
+#: tstamp (u64), wire_len and gso_segs (u32 each, in a row)
+SKB_SIZE, SKB_TSTAMP, SKB_WIRE_LEN = 192, 152, 160
+SKB_U64, SKB_GSO = struct.Struct("=Q"), struct.Struct("=II")
 
 
 def skb_ctx(ingress_ifindex: int) -> bytes:
     """A tc program's context for BPF_PROG_RUN: the device the frame entered the node by."""
     return SKB_CTX.pack(*(0,) * 9, ingress_ifindex)
+
+
+@dataclass(frozen=True)
+class Skb:
+    """What a tc program's skb carries besides the frame, as BPF_PROG_RUN's context sets it:
+    the device it entered the node by (0: the node sent it), the qdisc layer's length
+    (`wire_len`; 0: the frame's -- the kernel refuses a smaller one, EINVAL), a GSO packet's
+    segments (`gso_segs`; its gso_size stays 0), and skb->tstamp as it comes."""
+
+    in_dev: int = 0
+    wire_len: int = 0
+    gso_segs: int = 0
+    tstamp: int = 0
+
+    def ctx(self) -> bytes:
+        out = bytearray(SKB_SIZE)
+        out[: SKB_CTX.size] = skb_ctx(self.in_dev)
+        SKB_U64.pack_into(out, SKB_TSTAMP, self.tstamp)
+        SKB_GSO.pack_into(out, SKB_WIRE_LEN, self.wire_len, self.gso_segs)
+        return bytes(out)
 
 
 PROGRAMS = {  # name -> (source, function, program type)
@@ -385,16 +441,24 @@ def mismatch(
     got: bytes,
     got_counts: dict[str, tuple[int, int]],
     in_dev: int = 0,
+    skb: Skb | None = None,
+    got_tstamp: int | None = None,
 ) -> str | None:
-    """None when the program did what the model says, else a report of the difference."""
+    """None when the program did what the model says, else a report of the difference (a tc
+    program's skb as given in `skb`, its skb->tstamp as it left it in `got_tstamp`)."""
     frame_ok = got == want.frame or got == want.limit_frame
-    if (got_code, got_counts) == (want_code, want.counts) and frame_ok:
+    tstamp_ok = want.tstamp is None or got_tstamp is None or got_tstamp == want.tstamp
+    if (got_code, got_counts) == (want_code, want.counts) and frame_ok and tstamp_ok:
         return None
     lines = [
         f"{prog}: the program and the model disagree",
         f"frame ({len(frame)} bytes, entered by device {in_dev}): {scapy_command(frame)}",
         f"  hex {frame.hex()}",
-        "map state (before this frame):",
+    ]
+    if skb is not None and skb != Skb(in_dev):
+        lines.append(f"  skb: {skb}")
+    lines += [
+        f"map state (before this frame; egress {'shaped' if state.shaped else 'policed'}):",
         describe_state(state),
         f"verdict: expected {want_code} ({want.verdict}), got {got_code}",
     ]
@@ -402,6 +466,8 @@ def mismatch(
         lines.append(f"counters: expected {want.counts}, got {got_counts}")
     if want.buckets or "drop_limit" in want.counts:
         lines.append(f"buckets moved: expected {want.buckets}")
+    if not tstamp_ok:
+        lines.append(f"skb->tstamp (the departure time): expected {want.tstamp}, got {got_tstamp}")
     if not frame_ok:
         n = max(len(got), len(want.frame))
         diff = {
@@ -456,28 +522,36 @@ class Stretch:
     last: Result
 
 
-def _decision(r: Result) -> tuple[str, dict[str, tuple[int, int]]]:
-    return r.verdict, r.counts
+def _decision(r: Result) -> tuple[str, dict[str, tuple[int, int]], int | None]:
+    return r.verdict, r.counts, r.tstamp
 
 
 def answers(model: Callable[[int], Result], lo: int, hi: int, first: Result) -> list[Stretch]:
     """The model's answers (`model(now)`; `first`, its answer at `lo`) for a program that read
-    the clock somewhere in [lo, hi]: one stretch, or two when the verdict changes inside the
-    window. A bucket refuses up to a time and admits from it (the limits' verdict is monotone
-    in the clock), so the boundary is found by bisection."""
+    the clock somewhere in [lo, hi]: one stretch, or more when the decision (the verdict, the
+    counters, the departure time) changes inside the window. A bucket refuses up to a time and
+    admits from it (the limits' verdict is monotone in the clock); a shaper refuses beyond its
+    horizon, then gives its departure time while it is ahead of the clock, then leaves the
+    frame's: each decision holds in one part of the window, and the boundaries are found by
+    bisection."""
     if lo == hi or not first.clocked:  # no bucket met: the answer is the clock's at any time
         return [Stretch(lo, hi, first, first)]
-    last = model(hi)
-    if _decision(last) == _decision(first):
-        return [Stretch(lo, hi, first, last)]
-    a, b = lo, hi  # the verdict at a is first's, at b last's
-    while b - a > 1:
-        m = (a + b) // 2
-        if _decision(model(m)) == _decision(first):
-            a = m
-        else:
-            b = m
-    return [Stretch(lo, a, first, model(a)), Stretch(b, hi, model(b), last)]
+    out: list[Stretch] = []
+    start, at_start = lo, first
+    while True:
+        last = model(hi)
+        if _decision(last) == _decision(at_start):
+            return [*out, Stretch(start, hi, at_start, last)]
+        assert len(out) < 3, f"the model's decisions over [{lo}, {hi}] are not monotone"
+        a, b = start, hi  # the decision at a is at_start's, at b another
+        while b - a > 1:
+            m = (a + b) // 2
+            if _decision(model(m)) == _decision(at_start):
+                a = m
+            else:
+                b = m
+        out.append(Stretch(start, a, at_start, model(a)))
+        start, at_start = b, model(b)
 
 
 def check_buckets(
@@ -495,20 +569,38 @@ def check_buckets(
 
 
 def check_frame(
-    dp: Datapath, state: RefState, frame: bytes, egress: bool, in_dev: int = 0
+    dp: Datapath,
+    state: RefState,
+    frame: bytes,
+    egress: bool,
+    in_dev: int = 0,
+    skb: Skb | None = None,
 ) -> Result:
     """Run `frame` through the program(s) of its direction (egress: as if it entered the node
-    by device `in_dev`); assert they match the model, that the counters of the frame's Service
-    count it once, and that the Services' buckets moved as the model says, with the clock the
-    program read (see the module docstring). Returns the model's result with the buckets the
-    kernel holds (not yet applied to `state`)."""
+    by device `in_dev`; the tc programs' skb as `skb` says besides); assert they match the
+    model, that the counters of the frame's Service count it once, that the Services' buckets
+    moved as the model says, with the clock the program read (see the module docstring), and
+    that egress leaves the skb's departure time (skb->tstamp) where the model does. Returns the
+    model's result with the buckets the kernel holds (not yet applied to `state`)."""
     dp.frames += 1
+    skb = replace(skb or Skb(), in_dev=in_dev if egress else 0)
     now = 0  # the flows' clock (coarse), as it was read before the run
+    # the clock of the run's limits: shaped egress's is CLOCK_MONOTONIC, the limits' else
+    mono = egress and state.shaped
 
-    def model(limit_ns: int) -> Result:
+    def model(prog: str, t: int) -> Result:
         if egress:
-            return rm.egress(state, frame, now, in_dev, limit_ns)
-        return rm.ingress(state, frame, now, limit_ns)
+            return rm.egress(
+                state,
+                frame,
+                now,
+                in_dev,
+                t,
+                mono_ns=t,
+                wire_len=skb.wire_len,
+                tstamp=skb.tstamp,
+            )
+        return rm.ingress(state, frame, now, t, 1 if prog == "xdp" else skb.gso_segs)
 
     if egress:
         runs = [("egress", rm.tc_code)]
@@ -516,7 +608,6 @@ def check_frame(
         runs = [("xdp", rm.xdp_code), ("tc-ingress", rm.tc_code)]
     before_tats = {s: state.buckets.get(s, Tats()) for s in state.limits}
     tats = before_tats
-    first: Result | None = None
     want: Result | None = None
     for prog, code_of in runs:
         if prog != "xdp" and not tc_can_run(frame):
@@ -524,24 +615,47 @@ def check_frame(
         if tats != before_tats:  # the run before charged them: each program meets the same
             for service, t in before_tats.items():
                 dp.set_buckets(service, t)
-        coarse = coarse_now_ns()
-        lo = coarse + dp.offset[0]  # the window on the buckets' clock
-        if first is None or coarse != now:
-            now = coarse
-            first = model(lo)
+        now = coarse_now_ns()
+        lo = time.monotonic_ns() - MONO_SLACK_NS if mono else now + dp.offset[0] - TICK_NS
+        first = model(prog, lo)
         before, svc_before = dp.counters(), dp.svc_stats(first.service)
-        got_code, got = dp.run(prog, frame, in_dev if egress else 0)
-        hi = coarse_now_ns() + dp.offset[1] + TICK_NS
-        stretches = answers(model, lo, hi, first)
-        # the stretch of the verdict the program gave (the first, to report, when none)
-        chosen = next((x for x in stretches if code_of(x.first.verdict) == got_code), stretches[0])
+        got_tstamp: int | None = None
+        if prog == "xdp":
+            got_code, got = dp.run(prog, frame)
+        else:
+            got_code, got, got_tstamp = dp.run_skb(prog, frame, skb)
+        if mono:
+            hi = time.monotonic_ns() + MONO_SLACK_NS
+        else:
+            hi = coarse_now_ns() + dp.offset[1] + TICK_NS
+        stretches = answers(functools.partial(model, prog), lo, hi, first)
+        # the stretch of the verdict (and departure time) the program gave (the first, to
+        # report, when none)
+        same_code = [x for x in stretches if code_of(x.first.verdict) == got_code]
+        chosen = next(
+            (x for x in same_code if x.first.tstamp in (None, got_tstamp)),
+            same_code[0] if same_code else stretches[0],
+        )
         want = chosen.first
         code = code_of(want.verdict)
         problem = mismatch(
-            prog, frame, state, want, code, got_code, got, _delta(dp.counters(), before), in_dev
+            prog,
+            frame,
+            state,
+            want,
+            code,
+            got_code,
+            got,
+            _delta(dp.counters(), before),
+            in_dev,
+            skb if prog != "xdp" else None,
+            got_tstamp,
         )
         if problem:
-            pytest.fail(f"{problem}\nclock window [{lo}, {hi}]: {len(stretches)} verdict(s)")
+            clock = "CLOCK_MONOTONIC (shaped)" if mono else "the limits' clock"
+            pytest.fail(
+                f"{problem}\nclock window [{lo}, {hi}] of {clock}: {len(stretches)} decision(s)"
+            )
         svc = tuple(a - b for a, b in zip(dp.svc_stats(want.service), svc_before, strict=True))
         if svc != per_service(want.counts, egress):
             pytest.fail(
@@ -554,21 +668,44 @@ def check_frame(
         bad = check_buckets(tats, before_tats, chosen)
         if bad:
             pytest.fail(
-                f"{prog}: bucket times (in_bytes, in_pkts, out_bytes) "
+                f"{prog}: bucket times (in_bytes, in_pkts, out_bytes, out_edt) "
                 + "; ".join(f"{s}: {got}, the model's {low}" for s, (got, low) in bad.items())
-                + f"\nbefore: {before_tats}\nclock window [{lo}, {hi}]: model at its ends "
-                f"{chosen.first.buckets} .. {chosen.last.buckets}\n"
-                f"{want.counts} frame: {scapy_command(frame)}"
+                + f"\nbefore: {before_tats}\nclock window [{lo}, {hi}] "
+                f"({'CLOCK_MONOTONIC, shaped' if mono else 'the limits clock'}): model at its "
+                f"ends {chosen.first.buckets} .. {chosen.last.buckets}\n"
+                f"{want.counts} frame: {scapy_command(frame)}\n  skb: {skb}"
             )
         dp.met["boundary"] += len(stretches) > 1
-        dp.met["ticked"] += hi - lo > dp.offset[1] - dp.offset[0] + TICK_NS
+        if not mono:
+            dp.met["ticked"] += hi - lo > dp.offset[1] - dp.offset[0] + 2 * TICK_NS
         dp.met[f"{prog} refused"] += "drop_limit" in want.counts
         dp.met["charged"] += bool(want.buckets)
+        _met_more(dp, state, prog, want, skb, lo, len(frame))
     if want is None:  # no program could run it (tc_can_run): what the model says of it
         now = coarse_now_ns()
-        return model(now + dp.offset[0])
+        return model("xdp", time.monotonic_ns() if mono else now + dp.offset[0])
     moved = {s: t for s, t in tats.items() if t != before_tats[s]}
     return replace(want, buckets=moved)
+
+
+def _met_more(
+    dp: Datapath, state: RefState, prog: str, want: Result, skb: Skb, lo: int, length: int
+) -> None:
+    """What a run met of the shaper and of GSO packets (Datapath.met)."""
+    met = bool(want.buckets) or "drop_limit" in want.counts
+    if met and prog == "egress" and state.shaped:
+        edt = state.buckets.get(want.service, Tats()).out_edt
+        if "drop_limit" in want.counts:
+            dp.met["shaped: beyond the horizon"] += 1
+        else:
+            dp.met["shaped: busy" if edt > lo else "shaped: idle"] += 1
+        # from an LB IP: shaped untouched and uncounted, or dropped with no translation to undo
+        if not want.counts or ("drop_limit" in want.counts and want.limit_frame is None):
+            dp.met["shaped: from an LB IP"] += 1
+    if met and prog == "egress" and skb.wire_len > length:
+        dp.met["gso: egress charged wire_len"] += 1
+    if met and prog == "tc-ingress" and skb.gso_segs > 1:
+        dp.met["gso: tc ingress charged segments"] += 1
 
 
 def check_devs(dp: Datapath, state: RefState, context: str) -> None:

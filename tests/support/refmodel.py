@@ -26,14 +26,31 @@ public IP's, and the control plane leaves LIMIT out of that role's flags). The S
 limits (`RefState.limits`, cozyebpf.state.Limits) are GCRA buckets
 (cozyebpf/datapath/buckets.py, `Bucket`: the arithmetic the programs must do), whose times the
 model keeps per Service (`RefState.buckets`, ns of the programs' limits clock). Only a frame
-that would otherwise pass is held to them, after the filter, with the whole frame's length as
-its cost: ingress to the byte and the packet bucket (both charged, or neither), egress to the
-byte bucket. A refused frame is dropped as `drop_limit`, not translated, and records no flow (a
-first fragment records a drop, for the fragments after it). `Result.buckets` holds the times
-the frame moved. The buckets' clock is an argument of its own
+that would otherwise pass is held to them, after the filter: ingress to the byte bucket (the
+frame's length) and the packet bucket (one packet; tc's a GRO packet's segments, its skb's
+gso_segs), both charged or neither; egress to the byte bucket, charged what the frame puts on
+the wire (the skb's wire_len, the qdisc layer's length: a GSO packet's headers once per
+segment; never less than the frame's length). A refused frame is dropped as `drop_limit`, not
+translated, and records no flow (a first fragment records a drop, for the fragments after it).
+`Result.buckets` holds the times the frame moved. The buckets' clock is an argument of its own
 (`limit_ns`; the programs' limits may read another clock than the flows'); as the programs read
 it themselves, the harness (tests/support/diffharness.py) asks the model for the window of it
 around each run.
+
+Shaped egress (`RefState.shaped`: the node's uplinks all have fq, flowcfg's CZ_CFG_SHAPED).
+The egress limit is then the uplink's egress's, as a shaper (`shape`): the Service's next
+departure (`Tats.out_edt`, ns of CLOCK_MONOTONIC: an argument of its own, `mono_ns`) is the
+GCRA time of its byte bucket, its tolerance the horizon: a frame departs at max(out_edt, now),
+which moves by its cost (wire_len, as above), and gets that departure as its skb->tstamp when
+the shaper is busy (`Result.tstamp`; an idle shaper leaves the tstamp as it came); one beyond
+the horizon is dropped as `drop_limit`, nothing moved. The policer's bucket is not touched. The
+uplink's egress shapes the managed pod's frame it translates (LIMIT on the pod IP) and a frame
+from a managed LB IP (a VM's, translated by the pod-facing hook), which it lets go untouched.
+Left out: the pod-facing hook (`cz_pod_ingress*`, which in shaped mode translates without
+limiting: the harness does not run it, its routing decisions need a FIB of uplinks;
+tests/datapath/test_shaping.py runs it with fq), and fq itself (what a departure time does
+to the frame: test_shaping.py). BPF_PROG_RUN refuses a wire_len below the frame's length
+(EINVAL), so the floor at the frame's length is met only at equality.
 
 Where the spec leaves a choice open, the model takes the reading named in a comment marked
 "Reading:".
@@ -125,12 +142,14 @@ class Pod(NamedTuple):
 
 
 class Tats(NamedTuple):
-    """A Service's bucket times (`buckets` at its slot): ns of the coarse clock, 0 for a new
-    bucket (full)."""
+    """A Service's bucket times (`buckets` at its slot): ns of the limits' clock, 0 for a new
+    bucket (full); and shaped egress's next departure, `out_edt` (ns of CLOCK_MONOTONIC, the
+    clock fq compares skb->tstamp with; 0: none, the shaper idle)."""
 
     in_bytes: int = 0
     in_pkts: int = 0
     out_bytes: int = 0
+    out_edt: int = 0
 
 
 @functools.cache
@@ -202,6 +221,9 @@ class RefState:
     limits: dict[str, Limits] = field(default_factory=dict)
     #: their buckets' times; a Service without an entry has new (full) buckets
     buckets: dict[str, Tats] = field(default_factory=dict)
+    #: the node's egress limits are shaped (flowcfg's CZ_CFG_SHAPED: every uplink's root qdisc
+    #: is fq), not policed
+    shaped: bool = False
 
     def apply(self, result: Result, now_ns: int) -> None:
         """Record the entries `result` created or refreshed, as the datapath does."""
@@ -251,6 +273,9 @@ class Result:
     #: frame go nowhere; the full paths check the limits at their end, after their rewrite, so
     #: a frame they refuse may come out translated (the fast paths leave it as it came).
     limit_frame: bytes | None = None
+    #: egress: skb->tstamp as the program leaves it (the shaper's departure time, or what it
+    #: came with); None for ingress, where it is not compared
+    tstamp: int | None = None
 
     @property
     def clocked(self) -> bool:
@@ -268,12 +293,12 @@ def _counted(frame: bytes, verdict: str, reason: str, service: str) -> Result:
 
 
 def police(
-    state: RefState, service: str, egress: bool, cost: int, now_ns: int
+    state: RefState, service: str, egress: bool, cost: int, now_ns: int, packets: int = 1
 ) -> tuple[bool, dict[str, Tats]]:
     """Does the Service's limit admit a frame of `cost` bytes at `now_ns` (ingress: its byte
-    and its packet bucket, the frame one packet; egress: its byte bucket), and the bucket
-    times it moves (charged only when every bucket admits it)? A Service without limits, or
-    without a limit of the direction, admits every frame and moves nothing."""
+    and its packet bucket, the frame `packets` packets; egress: its byte bucket), and the
+    bucket times it moves (charged only when every bucket admits it)? A Service without
+    limits, or without a limit of the direction, admits every frame and moves nothing."""
     limits = state.limits.get(service) if service else None
     if limits is None:
         return True, {}
@@ -282,7 +307,7 @@ def police(
     if egress:
         checks = [("out_bytes", out_bytes, cost)]
     else:
-        checks = [("in_bytes", in_bytes, cost), ("in_pkts", in_pkts, 1)]
+        checks = [("in_bytes", in_bytes, cost), ("in_pkts", in_pkts, packets)]
     moved: dict[str, int] = {}
     for name, bucket, units in checks:
         if bucket is None:
@@ -292,6 +317,31 @@ def police(
             return False, {}
         moved[name] = end
     return True, ({service: tats._replace(**moved)} if moved else {})
+
+
+def shape(
+    state: RefState, service: str, cost: int, mono_ns: int, tstamp: int
+) -> tuple[bool, dict[str, Tats], int]:
+    """Shaped egress (`state.shaped`): does the Service's egress limit let a frame of `cost`
+    bytes leave, at `mono_ns` (CLOCK_MONOTONIC) with skb->tstamp `tstamp`, and with what: the
+    shaper's time it moves and the frame's skb->tstamp. The byte bucket's GCRA on `out_edt`
+    (the next departure; the policer's `out_bytes` is not touched): the frame departs at
+    max(out_edt, now), which moves by its cost; one that would depart more than the burst's time
+    ahead (the horizon) is refused, nothing moved. A Service without an egress limit lets every
+    frame go untouched."""
+    limits = state.limits.get(service) if service else None
+    bucket = limit_buckets(limits)[2] if limits is not None else None
+    if bucket is None:
+        return True, {}, tstamp
+    tats = state.buckets.get(service, Tats())
+    admitted, end = bucket.admit(tats.out_edt, mono_ns, cost)
+    if not admitted:
+        return False, {}, tstamp
+    # Reading: a busy shaper (its departure ahead of now) gives the frame that departure; an
+    # idle one lets it leave now, which the program does by leaving skb->tstamp as it came (0,
+    # or a socket's own departure time, which fq then keeps) -- it does not write `now`.
+    departs = tats.out_edt if tats.out_edt > mono_ns else tstamp
+    return True, {service: tats._replace(out_edt=end)}, departs
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -650,9 +700,13 @@ def _fast_shaped(p: Packet) -> bool:
     return p.l3 == 14 and p.frag == "" and p.l4 == p.l3 + (20 if p.family == 4 else 40)
 
 
-def ingress(state: RefState, frame: bytes, now_ns: int, limit_ns: int | None = None) -> Result:
+def ingress(
+    state: RefState, frame: bytes, now_ns: int, limit_ns: int | None = None, segs: int = 1
+) -> Result:
     """XDP `cz_ingress` and tc `cz_ingress_tc`, at `now_ns` (the flows' and fragments' clock)
-    and `limit_ns` (the buckets'; None: now_ns)."""
+    and `limit_ns` (the buckets'; None: now_ns). `segs`: tc's skb->gso_segs (a GRO packet's
+    segments; 0 or 1: one packet), what the packet bucket is charged; XDP sees each frame as
+    one."""
     where = _locate_ip(frame)
     if where is None:
         return _untouched(frame)
@@ -701,7 +755,7 @@ def ingress(state: RefState, frame: bytes, now_ns: int, limit_ns: int | None = N
     if verdict == PASS and flags & LIMIT:
         # the limits hold only what passes the filter; a refused frame is not translated
         at = now_ns if limit_ns is None else limit_ns
-        admitted, buckets = police(state, service, False, len(frame), at)
+        admitted, buckets = police(state, service, False, len(frame), at, max(segs, 1))
         if not admitted:
             reason, verdict, result, limit_frame = "drop_limit", DROP, frame, result
     frags = {frag: verdict == PASS} if frag is not None else {}
@@ -715,6 +769,31 @@ def ingress(state: RefState, frame: bytes, now_ns: int, limit_ns: int | None = N
         buckets=buckets,
         limit_frame=limit_frame,
     )
+
+
+def _shape_lb(
+    state: RefState,
+    frame: bytes,
+    family: int,
+    dst: Addr,
+    svc: Svc,
+    cost: int,
+    mono_ns: int,
+    tstamp: int,
+) -> Result:
+    """Shaped egress, a frame from the LB IP of `svc`: a VM's packet that the pod-facing hook
+    translated (Kube-OVN's layout), which the uplink's egress -- the one hook in front of fq --
+    shapes as it is, whatever it carries, by the LB IP's Service (the one it is counted for);
+    one beyond the horizon is dropped, counted for that Service. Reading: only an untagged
+    frame (as the uplink sends it; the full path shapes none), and for IPv4 not one to a
+    managed LB IP (that goes the path to an LB IP, which the model does not cover: the generated
+    egress frames go to remotes)."""
+    if family == 4 and dst in state.svc:
+        return _untouched(frame)
+    ok, buckets, departs = shape(state, svc.service, cost, mono_ns, tstamp)
+    if not ok:
+        return _counted(frame, DROP, "drop_limit", svc.service)
+    return Result(PASS, frame, {}, service=svc.service, buckets=buckets, tstamp=departs)
 
 
 def spoofed(state: RefState, pod_ip: Addr, in_dev: int) -> tuple[bool, int | None]:
@@ -731,10 +810,37 @@ def spoofed(state: RefState, pod_ip: Addr, in_dev: int) -> tuple[bool, int | Non
 
 
 def egress(
-    state: RefState, frame: bytes, now_ns: int, in_dev: int = 0, limit_ns: int | None = None
+    state: RefState,
+    frame: bytes,
+    now_ns: int,
+    in_dev: int = 0,
+    limit_ns: int | None = None,
+    *,
+    mono_ns: int | None = None,
+    wire_len: int = 0,
+    tstamp: int = 0,
 ) -> Result:
     """tc `cz_egress`, for a frame that entered the node by device `in_dev` (0: the node sent
-    it); `limit_ns` as for `ingress`."""
+    it); `limit_ns` as for `ingress`; `mono_ns`: CLOCK_MONOTONIC, the shaper's (None: now_ns).
+    The skb's `wire_len` (the qdisc layer's length: a GSO packet's headers once per segment; 0:
+    the frame's) is what a limit charges, never less than the frame's length; `tstamp` is its
+    skb->tstamp as it comes (Result.tstamp: as it leaves)."""
+    cost = max(wire_len, len(frame))
+    mono = now_ns if mono_ns is None else mono_ns
+    r = _egress(state, frame, now_ns, in_dev, limit_ns, mono, cost, tstamp)
+    return r if r.tstamp is not None else replace(r, tstamp=tstamp)
+
+
+def _egress(
+    state: RefState,
+    frame: bytes,
+    now_ns: int,
+    in_dev: int,
+    limit_ns: int | None,
+    mono_ns: int,
+    cost: int,
+    tstamp: int,
+) -> Result:
     where = _locate_ip(frame)
     if where is None:
         return _untouched(frame)
@@ -742,6 +848,9 @@ def egress(
     src, dst = _src_dst(frame, family, l3)
     pod = state.pod.get(src)
     if pod is None:
+        svc = state.svc.get(src)
+        if state.shaped and svc is not None and l3 == 14:
+            return _shape_lb(state, frame, family, dst, svc, cost, mono_ns, tstamp)
         return _untouched(frame)
     service = pod.service
     p = _parse_ip(frame, family, l3)
@@ -760,11 +869,16 @@ def egress(
     inner_new = pod.lb_ip if inner is not None and inner.dst == src else None
     out = _translate(frame, p, "src", pod.lb_ip, inner, inner_new)
     buckets: dict[str, Tats] = {}
+    departs = tstamp
     if pod.flags & LIMIT:
-        # policed: a refused frame is not translated and records no flow (Reading: the device
-        # confirmed before stays cached)
-        at = now_ns if limit_ns is None else limit_ns
-        admitted, buckets = police(state, service, True, len(frame), at)
+        # policed, or shaped (the uplink's egress is the hook in front of fq): a refused frame
+        # (beyond the shaper's horizon) is not translated and records no flow (Reading: the
+        # device confirmed before stays cached)
+        if state.shaped:
+            admitted, buckets, departs = shape(state, service, cost, mono_ns, tstamp)
+        else:
+            at = now_ns if limit_ns is None else limit_ns
+            admitted, buckets = police(state, service, True, cost, at)
         if not admitted:
             counts = {"drop_limit": (1, len(frame))}
             return Result(DROP, frame, counts, devs=devs, service=service, limit_frame=out)
@@ -804,4 +918,5 @@ def egress(
         devs=devs,
         service=service,
         buckets=buckets,
+        tstamp=departs,
     )
