@@ -774,8 +774,6 @@ def ingress(
 def _shape_lb(
     state: RefState,
     frame: bytes,
-    family: int,
-    dst: Addr,
     svc: Svc,
     cost: int,
     mono_ns: int,
@@ -785,11 +783,8 @@ def _shape_lb(
     translated (Kube-OVN's layout), which the uplink's egress -- the one hook in front of fq --
     shapes as it is, whatever it carries, by the LB IP's Service (the one it is counted for);
     one beyond the horizon is dropped, counted for that Service. Reading: only an untagged
-    frame (as the uplink sends it; the full path shapes none), and for IPv4 not one to a
-    managed LB IP (that goes the path to an LB IP, which the model does not cover: the generated
-    egress frames go to remotes)."""
-    if family == 4 and dst in state.svc:
-        return _untouched(frame)
+    frame (as the uplink sends it; the full path shapes none), to anywhere (IPv4 to a managed
+    LB IP: the path to an LB IP shapes it first, cz_egress_to_lb)."""
     ok, buckets, departs = shape(state, svc.service, cost, mono_ns, tstamp)
     if not ok:
         return _counted(frame, DROP, "drop_limit", svc.service)
@@ -850,7 +845,7 @@ def _egress(
     if pod is None:
         svc = state.svc.get(src)
         if state.shaped and svc is not None and l3 == 14:
-            return _shape_lb(state, frame, family, dst, svc, cost, mono_ns, tstamp)
+            return _shape_lb(state, frame, svc, cost, mono_ns, tstamp)
         return _untouched(frame)
     service = pod.service
     p = _parse_ip(frame, family, l3)
