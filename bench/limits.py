@@ -113,16 +113,17 @@ REACHABLE = 1.2
 BAND = (0.95, 1.05)
 #: isolation: vm-b keeps at least this share of its rate while vm-a is flooded (guard on)
 KEEP_GOAL = 0.9
-#: a full-size frame and the TCP payload in it on the single node (MTU 1500, timestamps on):
-#: the ingress bucket counts the frame's bytes, Ethernet header included, so a goodput at the
-#: limit is MSS / FRAME = 0.956 of it (frame_mss: the Kube-OVN node's MTU 1400)
-FRAME, MSS = 1514, 1448
 
 
 def frame_mss(mtu: int) -> tuple[int, int]:
     """A full frame's bytes and its TCP payload at `mtu` (IPv4, TCP timestamps on)."""
     return mtu + 14, mtu - 52
 
+
+#: a full-size frame and the TCP payload in it on the single node (MTU 1500: 1514 and 1448):
+#: the ingress bucket counts the frame's bytes, Ethernet header included, so a goodput at the
+#: limit is MSS / FRAME = 0.956 of it (the Kube-OVN node's MTU 1400: frame_mss(1400))
+FRAME, MSS = frame_mss(1500)
 
 DIRECTIONS = {
     "ingress": "client -> vm-acc's LB IP, through its ingressBandwidth (XDP)",

@@ -90,15 +90,21 @@ static __always_inline int shape_lb(struct __sk_buff *skb, void *l3, int v6, __u
 	return egress_drop(skb, l3, v6, slot, CZ_DROP_LIMIT);
 }
 
+/* Where egress is shaped, the entry of an IPv4 packet's source if the address hint says it may
+ * be an LB IP (else, or not shaped, NULL: that costs the common packet the hint's second bit). */
+static __always_inline struct addr4_val *shaped_src4(struct iphdr *ip)
+{
+	if (!cz_addr4_hinted(ip->saddr, CZ_HINT_LB) || !cz_shaped())
+		return NULL;
+	return cz_addr4.lookup(&ip->saddr);
+}
+
 /* An IPv4 packet of no pod IP to no LB IP (addrhint): shape_lb if it is from an LB IP and egress
- * is shaped; else nothing of ours (that costs the common packet the hint's second bit). */
+ * is shaped; else nothing of ours. */
 static __always_inline int shape_lb4(struct __sk_buff *skb, struct iphdr *ip)
 {
-	struct addr4_val *v;
+	struct addr4_val *v = shaped_src4(ip);
 
-	if (!cz_addr4_hinted(ip->saddr, CZ_HINT_LB) || !cz_shaped())
-		return CZ_TC_NEXT;
-	v = cz_addr4.lookup(&ip->saddr);
 	return v ? shape_lb(skb, ip, 0, v->kind, v->in_slot) : CZ_TC_NEXT;
 }
 
@@ -189,11 +195,9 @@ int cz_egress_to_lb(struct __sk_buff *skb)
 
 	if (!ip)
 		return CZ_TC_NEXT;
-	if (cz_addr4_hinted(ip->saddr, CZ_HINT_LB) && cz_shaped()) {
-		v = cz_addr4.lookup(&ip->saddr);
-		if (v && (v->kind & CZ_K_LB))
-			return shape_lb(skb, ip, 0, v->kind, v->in_slot);
-	}
+	v = shaped_src4(ip);
+	if (v && (v->kind & CZ_K_LB))
+		return shape_lb(skb, ip, 0, v->kind, v->in_slot);
 	return to_lb4(skb, data, data_end, ip);
 }
 
