@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Builds the cluster labs' control plane from the Go module proxy, once per machine:
+# Builds the labs' Kubernetes from the Go module proxy, once per machine:
 #   bash scripts/build-kube.sh            (setup.sh calls it)
 #   bash scripts/build-kube.sh --print-dir  (the directory the binaries are in, and nothing else)
 #
-# kube-apiserver and kube-controller-manager of the release cozylab/controlplane/kube/go.mod
-# pins (the Kubernetes that Cozystack installs: README, "The real control plane"), and etcd
-# (cozylab/controlplane/etcd/, a main calling etcdmain.Main), into
-#   ${COZYEBPF_KUBE_CACHE:-/var/cache/cozyebpf/kube}/<kubernetes version>/
+# kube-apiserver, kube-controller-manager and kube-scheduler of the release
+# cozylab/controlplane/kube/go.mod pins (the Kubernetes that Cozystack installs: README, "The
+# real control plane"), the node's kubelet and kube-proxy and the client kubectl of the same
+# release (the real-node lab, cozylab/realnode/), and etcd (cozylab/controlplane/etcd/, a main
+# calling etcdmain.Main), into
+#   ${COZYEBPF_KUBE_CACHE:-/var/cache/cozyebpf/kube}/<kubernetes version>-<stamp>/
+# (the stamp below, in short: two checkouts that pin different modules, worktrees say, keep a
+# directory each instead of building over each other's)
 # which is outside the repository: the binaries are never committed. go.sum is committed, so
 # the build fetches exactly those modules (-mod=readonly) through the machine's GOPROXY (the Go
 # module proxy); Go keeps them in its module and build caches (GOMODCACHE, GOCACHE), so a build
@@ -39,14 +43,15 @@ KUBE_VERSION="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v[0-9]/ {print $2; exit
 [[ $KUBE_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] ||
 	die "no k8s.io/kubernetes vX.Y.Z requirement in $KUBE_MOD/go.mod (found '${KUBE_VERSION}')"
 KUBE_MINOR="${BASH_REMATCH[1]}"
-DEST="$CACHE/$KUBE_VERSION"
-BINARIES=(etcd kube-apiserver kube-controller-manager)
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+BINARIES=(etcd "${KUBE_BINARIES[@]}")
 
-if [[ ${1:-} == --print-dir ]]; then
-	printf '%s\n' "$DEST"
-	exit 0
-fi
-[[ $# -eq 0 ]] || die "unknown arguments: $* (usage: build-kube.sh [--print-dir])"
+PRINT_DIR=0
+case ${1:-} in
+--print-dir) PRINT_DIR=1 ;;
+"") ;;
+*) die "unknown arguments: $* (usage: build-kube.sh [--print-dir])" ;;
+esac
 
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 [[ -x $GO ]] || die "Go is missing ($GO): the labs' control plane is built with Go from the module proxy; install Go 1.26 (/usr/local/go) or set GO=/path/to/go"
@@ -60,6 +65,11 @@ stamp() {
 	} | sha256sum | cut -c1-64
 }
 WANT="$(stamp)"
+DEST="$CACHE/$KUBE_VERSION-${WANT:0:12}"
+if ((PRINT_DIR)); then
+	printf '%s\n' "$DEST"
+	exit 0
+fi
 
 built() {
 	[[ -f $DEST/stamp && $(<"$DEST/stamp") == "$WANT" ]] || return 1
@@ -98,10 +108,10 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	ldflags+=" -X $pkg.gitTreeState=clean"
 done
 
-log "kube: building kube-apiserver and kube-controller-manager $KUBE_VERSION with $GO_VERSION (-p $JOBS; the first build on a machine takes many minutes: README)"
+log "kube: building ${KUBE_BINARIES[*]} $KUBE_VERSION with $GO_VERSION (-p $JOBS; the first build on a machine takes many minutes: README)"
 (cd "$KUBE_MOD" && "${BUILD[@]}" -ldflags "$ldflags" -o "$WORK/" \
-	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager) ||
-	die "go build of kube-apiserver/kube-controller-manager $KUBE_VERSION failed (in $KUBE_MOD)"
+	"${KUBE_BINARIES[@]/#/k8s.io/kubernetes/cmd/}") ||
+	die "go build of ${KUBE_BINARIES[*]} $KUBE_VERSION failed (in $KUBE_MOD)"
 log "kube: building etcd ($(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$ETCD_MOD/go.mod"))"
 (cd "$ETCD_MOD" && "${BUILD[@]}" -ldflags "-s -w" -o "$WORK/etcd" .) ||
 	die "go build of etcd failed (in $ETCD_MOD)"
@@ -109,6 +119,10 @@ log "kube: building etcd ($(awk '$1 == "require" && $2 == "go.etcd.io/etcd/serve
 have="$("$WORK/kube-apiserver" --version)" || die "the built kube-apiserver does not run"
 [[ $have == "Kubernetes $KUBE_VERSION" ]] || die "the built kube-apiserver says '$have', expected 'Kubernetes $KUBE_VERSION'"
 "$WORK/etcd" --version >/dev/null || die "the built etcd does not run"
+for bin in kube-scheduler kubelet kube-proxy; do
+	have="$("$WORK/$bin" --version)" || die "the built $bin does not run"
+	[[ $have == "Kubernetes $KUBE_VERSION" ]] || die "the built $bin says '$have', expected 'Kubernetes $KUBE_VERSION'"
+done
 printf '%s\n' "$WANT" >"$WORK/stamp"
 rm -rf --one-file-system "$DEST"
 mv "$WORK" "$DEST"

@@ -90,27 +90,7 @@ class Pki:
             .sign(ca_key, hashes.SHA256())
         )
         self.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-
-        def issue(
-            file: str, subject: x509.Name, usage: x509.ObjectIdentifier, alt: list[x509.GeneralName]
-        ) -> None:
-            key = ec.generate_private_key(ec.SECP256R1())
-            b = (
-                x509.CertificateBuilder()
-                .subject_name(subject)
-                .issuer_name(ca_name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now)
-                .not_valid_after(later)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            )
-            if alt:
-                b = b.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-            cert = b.sign(ca_key, hashes.SHA256())
-            self.crt(file).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-            self.key(file).write_bytes(pem_key(key))
+        self.root.joinpath("ca.key").write_bytes(pem_key(ca_key))
 
         alt: list[x509.GeneralName] = [
             x509.IPAddress(ipaddress.ip_address(ip))
@@ -126,10 +106,14 @@ class Pki:
                 "kubernetes.default.svc.cluster.local",
             )
         ]
-        issue("apiserver", name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, alt)
-        client = ExtendedKeyUsageOID.CLIENT_AUTH
-        issue("admin", name("cozylab-admin", "system:masters"), client, [])
-        issue("kcm", name("system:kube-controller-manager"), client, [])
+        self._issue("apiserver", "kube-apiserver", None, ExtendedKeyUsageOID.SERVER_AUTH, alt)
+        self.client("admin", "cozylab-admin", "system:masters")
+        self.client("kcm", "system:kube-controller-manager")
+        # what the real-node lab's components are (cozylab/realnode/): the API server as the
+        # kubelets' client (exec, logs, port-forward), the scheduler, kube-proxy
+        self.client("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
+        self.client("scheduler", "system:kube-scheduler")
+        self.client("kube-proxy", "system:kube-proxy")
         sa = ec.generate_private_key(ec.SECP256R1())
         self.sa_key.write_bytes(pem_key(sa))
         self.sa_pub.write_bytes(
@@ -138,3 +122,59 @@ class Pki:
             )
         )
         return self
+
+    def client(self, file: str, cn: str, org: str | None = None) -> Pki:
+        """A client certificate of the CA for the user `cn` in the group `org` (files `file`.crt
+        and `file`.key)."""
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+
+        self._issue(file, cn, org, ExtendedKeyUsageOID.CLIENT_AUTH, [])
+        return self
+
+    def server(self, file: str, cn: str, ips: Sequence[str], names: Sequence[str] = ()) -> Pki:
+        """A serving certificate of the CA for the addresses `ips` and DNS `names`."""
+        from cryptography import x509
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+
+        alt: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        alt += [x509.DNSName(n) for n in names]
+        self._issue(file, cn, None, ExtendedKeyUsageOID.SERVER_AUTH, alt)
+        return self
+
+    def _issue(
+        self, file: str, cn: str, org: str | None, usage: object, alt: Sequence[object]
+    ) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        ca = x509.load_pem_x509_certificate(self.ca.read_bytes())
+        ca_key = serialization.load_pem_private_key(self.root.joinpath("ca.key").read_bytes(), None)
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        if org:
+            attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attrs))
+            .issuer_name(ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(ca.not_valid_before)
+            .not_valid_after(ca.not_valid_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)  # type: ignore[list-item]
+        )
+        if alt:
+            b = b.add_extension(x509.SubjectAlternativeName(alt), critical=False)  # type: ignore[arg-type]
+        cert = b.sign(ca_key, hashes.SHA256())
+        self.crt(file).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        self.key(file).write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )

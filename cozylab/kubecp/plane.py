@@ -55,8 +55,14 @@ class ControlPlane:
         workdir: Path,
         ip: str,
         log: Callable[[str], None] = lambda s: None,
+        controllers: Sequence[str] = CONTROLLERS,
+        scheduler: bool = False,
     ) -> None:
         self.ns = f"{prefix}-cp"
+        #: kube-controller-manager's controllers; the real-node lab adds the workloads'
+        self.controllers = tuple(controllers)
+        #: kube-scheduler too (the real-node lab: kubelets run what it places)
+        self.scheduler = scheduler
         self.workdir = workdir
         self.ip = ip
         self.say = log
@@ -81,6 +87,7 @@ class ControlPlane:
             run("ip", "-n", self.ns, "link", "set", "lo", "up")
             self.pki.make([self.ip])
             self._kubeconfig("kcm", "kcm")
+            self._kubeconfig("scheduler", "scheduler")
             self.workdir.joinpath("etcd").mkdir(parents=True, exist_ok=True)
             self._start("etcd", self._etcd_argv())
             wait_for(self._etcd_healthy, 30, lambda: f"etcd to answer: {self._tail('etcd')}")
@@ -96,6 +103,8 @@ class ControlPlane:
                 lambda: f"kube-controller-manager: {self._tail('kube-controller-manager')}",
             )
             self.timings["kube-controller-manager"] = time.monotonic() - t0
+            if self.scheduler:
+                self._start("kube-scheduler", self._scheduler_argv())
         except BaseException:
             self.stop()
             raise
@@ -197,6 +206,13 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--enable-admission-plugins=NodeRestriction",
+            # the kubelets (the real-node lab): exec, logs and port-forward go to their
+            # InternalIP with a client certificate of the CA, and their serving certificates
+            # are the CA's too
+            f"--kubelet-client-certificate={pki.crt('apiserver-kubelet-client')}",
+            f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
+            f"--kubelet-certificate-authority={pki.ca}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
             "--v=1",
         ]
@@ -205,13 +221,22 @@ class ControlPlane:
         return [
             str(self.bin / "kube-controller-manager"),
             f"--kubeconfig={self.workdir / 'kcm.kubeconfig'}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(self.controllers)}",
             f"--service-account-private-key-file={self.pki.sa_key}",
             f"--root-ca-file={self.pki.ca}",
             "--use-service-account-credentials=true",
             "--leader-elect=false",
             "--secure-port=0",
             "--cluster-name=cozylab",
+            "--v=1",
+        ]
+
+    def _scheduler_argv(self) -> list[str]:
+        return [
+            str(self.bin / "kube-scheduler"),
+            f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
+            "--leader-elect=false",
+            "--secure-port=0",
             "--v=1",
         ]
 
@@ -248,6 +273,11 @@ class ControlPlane:
         return True
 
     def _kubeconfig(self, user: str, cert: str) -> Path:
+        return self.kubeconfig(user, cert, f"https://127.0.0.1:{API_PORT}")
+
+    def kubeconfig(self, user: str, cert: str, server: str) -> Path:
+        """A kubeconfig `workdir`/`user`.kubeconfig for the client certificate `cert` of the
+        lab's CA, to the API server at `server`."""
         path = self.workdir / f"{user}.kubeconfig"
         pki = self.pki
         cfg = {
@@ -257,7 +287,7 @@ class ControlPlane:
                 {
                     "name": "cozylab",
                     "cluster": {
-                        "server": f"https://127.0.0.1:{API_PORT}",
+                        "server": server,
                         "certificate-authority": str(pki.ca),
                     },
                 }

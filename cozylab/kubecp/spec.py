@@ -3,8 +3,11 @@ machine to run it (`missing_prerequisites`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 KUBE_GO_MOD = REPO / "cozylab" / "controlplane" / "kube" / "go.mod"
 ETCD_GO_MOD = REPO / "cozylab" / "controlplane" / "etcd" / "go.mod"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+#: what the real-node lab runs besides (cozylab/realnode/), built by the same script
+NODE_BINARIES = ("kube-scheduler", "kubelet", "kube-proxy", "kubectl")
 
 API_PORT = 6443
 ETCD_PORT, ETCD_PEER_PORT = 2379, 2380
@@ -48,16 +53,24 @@ def etcd_version() -> str:
     return m.group(1)
 
 
+@functools.cache
 def bin_dir() -> Path:
-    """Where scripts/build-kube.sh puts the binaries (COZYEBPF_KUBE_CACHE, as it reads it)."""
-    cache = os.environ.get("COZYEBPF_KUBE_CACHE") or "/var/cache/cozyebpf/kube"
-    return Path(cache) / kube_version()
+    """Where scripts/build-kube.sh puts the binaries of this checkout's pins (it says so:
+    --print-dir; the directory is named by the release and a stamp of what the build reads)."""
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "build-kube.sh"), "--print-dir"],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"scripts/build-kube.sh --print-dir: {out.stderr.strip()}")
+    return Path(out.stdout.strip())
 
 
-def missing_prerequisites() -> list[str]:
+def missing_prerequisites(binaries: Sequence[str] = BINARIES) -> list[str]:
     """The binaries that are not built yet, with how to build them."""
     d = bin_dir()
-    lacking = [b for b in BINARIES if not os.access(d / b, os.X_OK)]
+    lacking = [b for b in binaries if not os.access(d / b, os.X_OK)]
     if not lacking:
         return []
     return [
