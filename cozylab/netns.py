@@ -104,14 +104,15 @@ def run(
 
 
 def in_netns(ns: str, fn: Callable[[], T]) -> T:
-    """Run `fn` in a thread that has entered only the network namespace `ns` (/run/netns/ns).
-    Sockets (netlink included) it opens stay in `ns`; file descriptors stay usable by the
-    caller; BPF_PROG_RUN from it runs in `ns` (bpf_fib_lookup asks that namespace's routes)."""
+    """Run `fn` in a thread that has entered only the network namespace `ns` (/run/netns/ns, or
+    a path: a real Pod's /proc/<pid>/ns/net). Sockets (netlink included) it opens stay in `ns`;
+    file descriptors stay usable by the caller; BPF_PROG_RUN from it runs in `ns`
+    (bpf_fib_lookup asks that namespace's routes)."""
     out: dict[str, Any] = {}
 
     def worker() -> None:
         try:
-            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            fd = os.open(ns if ns.startswith("/") else f"/run/netns/{ns}", os.O_RDONLY)
             try:
                 if _libc.setns(fd, CLONE_NEWNET) != 0:
                     raise OSError(ctypes.get_errno(), f"setns {ns}")
