@@ -227,7 +227,8 @@ class SyncObserver:
             "cozyebpf_network_programming_duration_seconds",
             "From a change (its EndpointSlice's endpoints.kubernetes.io/"
             "last-change-trigger-time, or when it was received) to the end of the write that "
-            "programmed it (kube-proxy's network programming SLI).",
+            "programmed it (kube-proxy's network programming SLI); one per object and write, "
+            "its oldest change.",
             buckets=PROGRAMMING_BUCKETS,
             registry=registry,
         )
