@@ -30,7 +30,7 @@ from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
 from cozyebpf.model import DEFAULT_PROXY_NAME, IncrementalModel, Key, ObjectRef, Problem
 from cozyebpf.model.limits import describe
-from cozyebpf.sources import ChangeSet, Notifier, Source, gc_paused
+from cozyebpf.sources import ChangeSet, Notifier, Source, Triggers, gc_paused
 from cozyebpf.state import IPAddress, Limits, address_key
 
 if TYPE_CHECKING:
@@ -47,9 +47,10 @@ RETRY_FIRST = 1.0  # seconds before the first retry of a failed sync (then doubl
 @dataclass(frozen=True)
 class SyncReport:
     """One write to the maps (or one change that needed none): for metrics and `status`.
-    `latencies` are the network programming durations of the changes it covered: from when
-    each change was made (an EndpointSlice's last-change-trigger-time, else when it arrived)
-    to the end of the write."""
+    `latencies` are the network programming durations of the changes it covered, one per
+    object changed: from when its oldest change not programmed before was made (an
+    EndpointSlice's last-change-trigger-time, else when it arrived) to the end of the write
+    (sources.Triggers: bounded while writes fail)."""
 
     kind: str  # "full" (the full resync) or "change"
     duration: float  # seconds the write took (model, diff and maps)
@@ -155,7 +156,9 @@ class Agent:
         self.stats = AgentStats()
         #: called after every write (and every change that needed none), in the loop's thread
         self.on_sync: list[Callable[[SyncReport], None]] = []
-        self._triggers: list[float] = []  # changes not programmed yet (epoch seconds)
+        #: when the changes not programmed yet were made (epoch seconds), the oldest per
+        #: object, bounded (Triggers): kept while writes fail, for the write that succeeds
+        self._triggers = Triggers()
         #: the open Problems of Services whose own limits have no counter slot (_check_counted)
         self._uncounted: dict[str, Problem] = {}
 
@@ -172,8 +175,7 @@ class Agent:
         st = self.stats
         if ok:
             wall = time.time()
-            latencies = tuple(max(0.0, wall - t) for t in self._triggers)
-            self._triggers = []
+            latencies = tuple(max(0.0, wall - t) for t in self._triggers.take())
             if wrote:
                 st.syncs += 1
                 st.last_sync, st.last_sync_duration = wall, duration
@@ -305,7 +307,7 @@ class Agent:
         changes = self.source.take()
         if changes is None:  # never read completely: change nothing (fail-static)
             return
-        self._triggers += changes.triggers
+        self._triggers.update(changes.triggers)
         big = changes.whole is not None or len(changes) > 1000
         held = self.model.held
         ps = self.portsec

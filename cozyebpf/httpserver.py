@@ -12,10 +12,18 @@ any client can throw at it (issue 37) with a bounded number of threads, one per 
 
 - at most MAX_CONNECTIONS connections at once, MAX_PER_SOURCE of them from one source (an IPv4
   address, or an IPv6 /64: what one VM can hold); a connection over either cap is closed at
-  once, before its TLS handshake. When the server is full, a newcomer from a source that holds
-  fewer connections than the busiest one takes the place of one of the busiest source's
-  connections that has not sent its request yet: a Prometheus with one connection is never
-  shut out by a swarm from a few addresses;
+  once, before its TLS handshake. When the server is full, a newcomer takes the place of a
+  connection that has not sent its request yet (the oldest of those it may take), if:
+  - it comes from an address that an authorised request came from in the last TRUST_TTL
+    seconds (the handler says so: `Handler.trusted`; the metrics' token check, so a
+    Prometheus that scraped once): any such connection of an address without that trust;
+  - it comes from a source that holds fewer connections than the busiest one: one of the
+    busiest source's (a swarm from a few addresses gives way);
+  - or else one that has waited IDLE_GRACE without sending its request (a client sends it
+    within milliseconds): 64 addresses holding one silent connection each shut nobody out.
+  A connection of a trusted address is never taken for a newcomer without that trust, so a
+  swarm from any number of addresses, reconnecting as fast as it likes, cannot keep an
+  authorised scraper from its scrapes (issue 45, item 9);
 - a client has REQUEST_TIMEOUT from its connection to the end of its request's headers (the
   TLS handshake included), a deadline for the whole request, not for each read: a client that
   sends a byte a second is cut there; writing the answer has RESPONSE_TIMEOUT;
@@ -37,6 +45,7 @@ import ssl
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -63,6 +72,15 @@ RESPONSE_TIMEOUT = 10.0
 #: connections the kernel queues until the server accepts them (the accepting thread only
 #: counts and hands out: a queue of 128 rides out a burst without dropping SYNs)
 LISTEN_BACKLOG = 128
+#: seconds a connection may wait without sending its request before any newcomer may take its
+#: place in a full server: Prometheus and the probes send theirs within milliseconds (the TLS
+#: handshake included); a second leaves a loaded node a margin
+IDLE_GRACE = 1.0
+#: seconds an address stays trusted after an authorised request (Prometheus scrapes every
+#: 15-60 s; a scraper that stops for longer is a newcomer again), and how many are remembered
+#: (the least recently authorised goes: a few scrapers per node, HA pairs)
+TRUST_TTL = 600.0
+TRUSTED_MAX = 16
 
 
 def parse_address(address: str, option: str, example: str) -> tuple[str, int]:
@@ -95,6 +113,8 @@ class Limits:
     per_source: int = MAX_PER_SOURCE
     request_timeout: float = REQUEST_TIMEOUT
     response_timeout: float = RESPONSE_TIMEOUT
+    idle_grace: float = IDLE_GRACE
+    trust_ttl: float = TRUST_TTL
 
 
 DEFAULT_LIMITS = Limits()
@@ -112,6 +132,18 @@ def source_key(host: str) -> str:
         if ip.ipv4_mapped is not None:
             return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+    return str(ip)
+
+
+def address_key(host: str) -> str:
+    """A client's own address (IPv4 when it arrives IPv4-mapped), for trust: the address an
+    authorised request came from, not its /64."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
     return str(ip)
 
 
@@ -135,24 +167,38 @@ class ServerStats:
     #: (the server held MAX_CONNECTIONS, none of them a busier source's waiting request)
     refused: dict[str, int] = field(default_factory=lambda: {"source": 0, "full": 0})
     #: connections closed before their answer: "slow" (the request or the answer outlived its
-    #: deadline), "displaced" (cut for a newcomer from a source that held fewer)
+    #: deadline), "displaced" (cut, before its request, for a newcomer: see the module)
     cut: dict[str, int] = field(default_factory=lambda: {"slow": 0, "displaced": 0})
 
 
 class _Conn:
-    """One connection being served: its socket (the TLS one once wrapped), its source, the
-    deadline of what it does now (None: the answer is being computed; the clock starts at its
-    first write), and whether its request is still being read."""
+    """One connection being served: its socket (the TLS one once wrapped), its source and
+    address, when it came, the deadline of what it does now (None: the answer is being
+    computed; the clock starts at its first write), whether its request is still being read,
+    and whether its address was trusted when it came."""
 
-    __slots__ = ("cut", "deadline", "limits", "reading", "sock", "source")
+    __slots__ = (
+        "address",
+        "came",
+        "cut",
+        "deadline",
+        "limits",
+        "reading",
+        "sock",
+        "source",
+        "trusted",
+    )
 
-    def __init__(self, sock: socket.socket, source: str, limits: Limits) -> None:
+    def __init__(self, sock: socket.socket, host: str, limits: Limits) -> None:
         self.sock = sock
-        self.source = source
+        self.source = source_key(host)
+        self.address = address_key(host)
         self.limits = limits
-        self.deadline: float | None = time.monotonic() + limits.request_timeout
+        self.came = time.monotonic()
+        self.deadline: float | None = self.came + limits.request_timeout
         self.reading = True
         self.cut = False  # displaced by a newcomer
+        self.trusted = False
 
     def timeout(self) -> float:
         """Seconds left for the next read or write (TimeoutError when none is)."""
@@ -227,6 +273,11 @@ class Handler(BaseHTTPRequestHandler):
         """The client's source (source_key), for caps and rate limits."""
         return self.conn.source
 
+    def trusted(self) -> None:
+        """Say that this request was authorised: its address keeps a place in a full server
+        (module docstring) for the next TRUST_TTL seconds."""
+        self.server.trust(self.conn.address)
+
     def send_body(
         self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
     ) -> None:
@@ -261,6 +312,8 @@ class _Server(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._conns: dict[str, list[_Conn]] = {}  # by source, oldest first
         self._count = 0
+        #: addresses an authorised request came from -> when (monotonic), the latest last
+        self._trusted: OrderedDict[str, float] = OrderedDict()
         self._local = threading.local()  # the connection the calling thread serves
         super().__init__(address, handler, bind_and_activate=False)
         try:
@@ -285,7 +338,7 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         """In the accepting thread: admit the connection within the caps (see the module) and
         serve it in a thread of its own, or close it at once."""
-        conn = _Conn(request, source_key(client_address[0]), self.limits)
+        conn = _Conn(request, client_address[0], self.limits)
         refused, displaced = self._admit(conn)
         if refused is not None:
             log.debug("%s: refused %s (%s)", self.server_name, client_address[0], refused)
@@ -303,28 +356,63 @@ class _Server(ThreadingHTTPServer):
             self._release(conn)
             self.shutdown_request(request)
 
+    def trust(self, address: str) -> None:
+        """`address` (address_key) was answered an authorised request now."""
+        with self._lock:
+            self._trusted[address] = time.monotonic()
+            self._trusted.move_to_end(address)
+            while len(self._trusted) > TRUSTED_MAX:
+                self._trusted.popitem(last=False)
+
+    def _is_trusted(self, address: str, now: float) -> bool:
+        """Under the lock."""
+        at = self._trusted.get(address)
+        return at is not None and now - at < self.limits.trust_ttl
+
     def _admit(self, conn: _Conn) -> tuple[str | None, _Conn | None]:
         """(why it is refused, or None; a connection it displaces, or None), counted in."""
         with self._lock:
+            conn.trusted = self._is_trusted(conn.address, conn.came)
             mine = self._conns.get(conn.source, [])
             if len(mine) >= self.limits.per_source:
                 self.stats.refused["source"] += 1
                 return "source", None
             displaced = None
             if self._count >= self.limits.connections:
-                # the busiest source gives way while it would still hold no fewer after it
-                busiest = max(self._conns.values(), key=len)
-                waiting = [c for c in busiest if c.reading and not c.cut]
-                if len(busiest) <= len(mine) + 1 or not waiting:
+                displaced = self._place_for(conn, len(mine))
+                if displaced is None:
                     self.stats.refused["full"] += 1
                     return "full", None
-                displaced = waiting[0]  # the oldest: the slowest to send its request
                 displaced.cut = True
                 self.stats.cut["displaced"] += 1
                 self._forget(displaced)
             self._conns.setdefault(conn.source, []).append(conn)
             self._count += 1
             return None, displaced
+
+    def _place_for(self, conn: _Conn, mine: int) -> _Conn | None:
+        """The connection a newcomer to a full server takes the place of (module docstring),
+        or None; under the lock. Only one that has not sent its request, of an address without
+        trust."""
+
+        def waiting(conns: list[_Conn]) -> list[_Conn]:
+            return [c for c in conns if c.reading and not c.cut and not c.trusted]
+
+        if conn.trusted:
+            every = waiting([c for conns in self._conns.values() for c in conns])
+            return min(every, key=lambda c: c.came, default=None)
+        # the busiest source gives way while it would still hold no fewer after it
+        busiest = max(self._conns.values(), key=len)
+        theirs = waiting(busiest)
+        if len(busiest) > mine + 1 and theirs:
+            return theirs[0]  # the oldest: the slowest to send its request
+        idle = [
+            c
+            for conns in self._conns.values()
+            for c in waiting(conns)
+            if conn.came - c.came >= self.limits.idle_grace
+        ]
+        return min(idle, key=lambda c: c.came, default=None)
 
     def _forget(self, conn: _Conn) -> None:
         """Out of the count (under the lock; at most once per connection)."""

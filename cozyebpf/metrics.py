@@ -227,7 +227,8 @@ class SyncObserver:
             "cozyebpf_network_programming_duration_seconds",
             "From a change (its EndpointSlice's endpoints.kubernetes.io/"
             "last-change-trigger-time, or when it was received) to the end of the write that "
-            "programmed it (kube-proxy's network programming SLI).",
+            "programmed it (kube-proxy's network programming SLI); one per object and write, "
+            "its oldest change.",
             buckets=PROGRAMMING_BUCKETS,
             registry=registry,
         )
@@ -277,7 +278,9 @@ class ServerCollector(Collector):
         cut = CounterMetricFamily(
             "cozyebpf_metrics_connections_cut",
             "Connections to the metrics server closed before their answer: `slow`, the request "
-            "or the answer outlived its deadline; `displaced`, cut for a source that held fewer.",
+            "or the answer outlived its deadline; `displaced`, cut before their request for a "
+            "newcomer (from a source that held fewer, from an address an authorised scrape "
+            "came from, or any once they waited longer than a second).",
             labels=["reason"],
         )
         for reason, n in self.server.cut.items():
@@ -316,8 +319,10 @@ class MetricsServer(HttpServer):
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "see /metrics")
                     return
-                if authorize is not None and not self._allowed():
-                    return
+                if authorize is not None:
+                    if not self._allowed():
+                        return
+                    self.trusted()  # its address keeps a place in a full server
                 try:
                     body = generate_latest(registry)
                 except Exception as e:  # a failed scrape must not kill the server

@@ -12,8 +12,9 @@ class FakeDatapath:
     Tests may replace or mutate `state` to simulate drift (someone editing the maps), set
     `flows` (pod IP -> number of flow entries) for a dump, `limits` for capacity(), `counted`
     for uncounted(), `attached`
-    for the agent's readiness, and `fail_next_apply` to make the next apply() raise that
-    exception without changing anything. Like the real datapath, apply() refuses a diff whose
+    for the agent's readiness, `fail_next_apply` to make the next apply() raise that
+    exception without changing anything, and `failing` to make every apply() raise it while
+    it is set (a full map). Like the real datapath, apply() refuses a diff whose
     entries mix address families. `cozyebpf.dump.build_dump(fake.state, fake.flows)` dumps it
     like the real one.
     """
@@ -25,6 +26,7 @@ class FakeDatapath:
         self.attached = True
         self.checks = 0  # check() calls
         self.fail_next_apply: Exception | None = None
+        self.failing: Exception | None = None
         self.reads = 0  # read_state() calls: a change must be written without one
         self.applies: list[MapDiff] = []  # every diff applied (or refused), in order
         #: how many Services have counter slots (uncounted(); None: all)
@@ -36,12 +38,15 @@ class FakeDatapath:
         return self.state.copy()
 
     def apply(self, diff: MapDiff) -> None:
-        """Apply `diff` (in the order of `state.apply_to`), or raise `fail_next_apply` once;
-        DatapathError, changing nothing, if an entry of `diff` mixes address families."""
+        """Apply `diff` (in the order of `state.apply_to`), or raise `fail_next_apply` once,
+        or `failing`; DatapathError, changing nothing, if an entry of `diff` mixes address
+        families."""
         self.applies.append(diff)
         if self.fail_next_apply is not None:
             exc, self.fail_next_apply = self.fail_next_apply, None
             raise exc
+        if self.failing is not None:
+            raise self.failing
         errors = diff.family_errors()
         if errors:
             raise DatapathError(

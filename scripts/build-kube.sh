@@ -22,6 +22,10 @@
 # -trimpath, stripped (-s -w), CGO off, only the three binaries, `-p` = the CPUs. Concurrent
 # runs (two worktrees) wait for each other on a lock in the cache directory.
 #
+# The Go it needs is read from the same place Go reads it: the `go` lines of the two go.mod
+# files, the higher one (etcd's today); an older Go is refused here with that version, before
+# anything is built, and GOTOOLCHAIN=local keeps Go from downloading a newer toolchain itself.
+#
 # Environment:
 #   COZYEBPF_KUBE_CACHE  where the versions' directories go (default /var/cache/cozyebpf/kube)
 #   GO                   the go command (default: go on PATH, else /usr/local/go/bin/go)
@@ -53,9 +57,24 @@ case ${1:-} in
 *) die "unknown arguments: $* (usage: build-kube.sh [--print-dir])" ;;
 esac
 
+# The Go the modules need: the higher of their `go` lines (1.26.0 -> 1.26.0), and which file.
+GO_NEED="" GO_NEED_FROM=""
+for mod in "$KUBE_MOD/go.mod" "$ETCD_MOD/go.mod"; do
+	v="$(awk '$1 == "go" {print $2; exit}' "$mod")"
+	[[ $v =~ ^1\.[0-9]+(\.[0-9]+)?$ ]] || die "no go 1.N line in $mod (found '$v')"
+	if [[ -z $GO_NEED || $(printf '%s\n%s\n' "$GO_NEED" "$v" | sort -V | tail -1) != "$GO_NEED" ]]; then
+		GO_NEED="$v" GO_NEED_FROM="${mod#"$REPO_ROOT"/}"
+	fi
+done
+export GOTOOLCHAIN=local # the Go found here builds, or the build stops: no toolchain download
+
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x $GO ]] || die "Go is missing ($GO): the labs' control plane is built with Go from the module proxy; install Go 1.26 (/usr/local/go) or set GO=/path/to/go"
+[[ -x $GO ]] || die "Go is missing ($GO): the labs' control plane is built with Go from the module proxy; install Go $GO_NEED or newer ($GO_NEED_FROM) at /usr/local/go or set GO=/path/to/go"
 GO_VERSION="$("$GO" env GOVERSION)" || die "$GO does not run"
+have="${GO_VERSION#go}"
+have="${have%%[!0-9.]*}" # go1.26.8 -> 1.26.8 (a pre-release's suffix dropped)
+[[ $(printf '%s\n%s\n' "$GO_NEED" "$have" | sort -V | head -1) == "$GO_NEED" ]] ||
+	die "$GO is $GO_VERSION, older than the Go $GO_NEED that $GO_NEED_FROM needs: install Go $GO_NEED or newer at /usr/local/go or set GO=/path/to/go"
 
 stamp() {
 	{

@@ -23,6 +23,52 @@ from cozyebpf.model import (
     SliceRecord,
 )
 
+#: objects whose changes' times are kept one by one (`Triggers`); the changes of any more
+#: objects count as one, the oldest of them: 10,000 objects cost under 2 MB
+TRIGGERS_MAX = 10_000
+#: what a change without an object of its own counts as (a manifest read anew)
+WHOLE: tuple[str, Key] = ("whole", ("", ""))
+_OVERFLOW: tuple[str, Key] = ("overflow", ("", ""))
+
+
+class Triggers:
+    """When the changes not programmed yet were made (seconds since the epoch), the oldest per
+    object (a kind and its namespace/name): the network programming latency of an object's
+    changes is that of the one that waited longest, so however often an object changes before
+    it is programmed (every API change while writes fail: a full map, a refused write), it
+    costs one entry. At most `limit` objects are kept one by one; the others count as one, the
+    oldest of their changes (the longest latency is never lost)."""
+
+    __slots__ = ("limit", "times")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = TRIGGERS_MAX if limit is None else limit
+        self.times: dict[tuple[str, Key], float] = {}
+
+    def add(self, obj: tuple[str, Key], trigger: float) -> None:
+        """A change of `obj` made at `trigger`."""
+        times = self.times
+        old = times.get(obj)
+        if old is None and len(times) >= self.limit:
+            obj = _OVERFLOW
+            old = times.get(obj)
+        if old is None or trigger < old:
+            times[obj] = trigger
+
+    def update(self, other: Triggers) -> None:
+        """Add `other`'s changes."""
+        for obj, trigger in other.times.items():
+            self.add(obj, trigger)
+
+    def take(self) -> list[float]:
+        """The times, oldest per object, and forget them."""
+        out = list(self.times.values())
+        self.times = {}
+        return out
+
+    def __len__(self) -> int:
+        return len(self.times)
+
 
 @dataclass
 class ChangeSet:
@@ -35,15 +81,16 @@ class ChangeSet:
     nodes: dict[Key, NodeRecord | None] = field(default_factory=dict)
     whole: ObjectSet | None = None
     since: float | None = None  # time.monotonic() of the oldest change in the set
-    #: when each change was made, in seconds since the epoch: an EndpointSlice's
-    #: endpoints.kubernetes.io/last-change-trigger-time, else when it was received
-    triggers: list[float] = field(default_factory=list)
+    #: when the changes were made, in seconds since the epoch, the oldest per object: an
+    #: EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time, else when it arrived
+    triggers: Triggers = field(default_factory=Triggers)
 
-    def touch(self, trigger: float | None = None) -> None:
-        """Note one change: when it was made (`trigger`, epoch seconds), else now."""
+    def touch(self, obj: tuple[str, Key] = WHOLE, trigger: float | None = None) -> None:
+        """Note one change of `obj` (its kind and namespace/name): when it was made
+        (`trigger`, epoch seconds), else now."""
         if self.since is None:
             self.since = time.monotonic()
-        self.triggers.append(trigger if trigger is not None else time.time())
+        self.triggers.add(obj, trigger if trigger is not None else time.time())
 
     def __len__(self) -> int:
         return (

@@ -396,7 +396,7 @@ class KubeSource:
         self, key: Key, old: Record | None, new: Record | None, trigger: float | None
     ) -> None:
         p = self._pending
-        p.touch(trigger)
+        p.touch(("Service", key), trigger)
         if isinstance(old, ServiceRecord) or isinstance(new, ServiceRecord):
             p.services[key] = new if isinstance(new, ServiceRecord) else None
         if isinstance(old, ForeignRecord) or isinstance(new, ForeignRecord):
@@ -406,14 +406,14 @@ class KubeSource:
     def _slice_changed(
         self, key: Key, old: Record | None, new: Record | None, trigger: float | None
     ) -> None:
-        self._pending.touch(trigger)
+        self._pending.touch(("EndpointSlice", key), trigger)
         self._pending.slices[key] = (new,) if isinstance(new, SliceRecord) else None
         self._notify()
 
     def _node_changed(
         self, key: Key, old: Record | None, new: Record | None, trigger: float | None
     ) -> None:
-        self._pending.touch(trigger)
+        self._pending.touch(("Node", key), trigger)
         self._pending.nodes[key] = new if isinstance(new, NodeRecord) else None
         self._notify()
 

@@ -25,9 +25,13 @@ What it leaves out: a kubelet and the node lifecycle controller (Nodes are creat
 addresses written by the lab; no Node goes NotReady), the scheduler, kube-proxy and ClusterIP
 traffic, cloud controllers, aggregated APIs (no front proxy), HA (one etcd, one API server).
 
+kube-apiserver writes an audit log (`ControlPlane.audit_log`; the policy and a reader in
+`audit`): what each identity asked and whether the authorizer allowed it, for the tests that
+hold the chart's ClusterRole to what the agents use.
+
 The package: `spec` (the release, binaries, addresses, ports; the prerequisites), `pki` (the
 certificates), `client` (`Kube`, the labs' client of the API), `plane` (`ControlPlane`: the
-processes and what the labs ask of them).
+processes and what the labs ask of them), `audit` (the audit policy and log).
 """
 
 from cozylab.kubecp.client import Kube, KubeError, path_of

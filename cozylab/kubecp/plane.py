@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cozylab.kubecp import audit
 from cozylab.kubecp.client import Kube, KubeError
 from cozylab.kubecp.pki import Pki
 from cozylab.kubecp.spec import (
@@ -214,8 +215,16 @@ class ControlPlane:
             f"--kubelet-certificate-authority={pki.ca}",
             "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
+            f"--audit-policy-file={audit.policy_file(self.workdir)}",
+            f"--audit-log-path={self.audit_log}",
             "--v=1",
         ]
+
+    @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log (cozylab/kubecp/audit.py: the policy, and `requests`
+        reads it)."""
+        return self.workdir / "audit.log"
 
     def _kcm_argv(self) -> list[str]:
         return [

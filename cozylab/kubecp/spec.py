@@ -53,6 +53,19 @@ def etcd_version() -> str:
     return m.group(1)
 
 
+def go_version() -> tuple[str, Path]:
+    """The Go the control plane's build needs: the higher `go` line of the two modules'
+    go.mod files, and that file (scripts/build-kube.sh reads it the same way)."""
+    found = []
+    for mod in (KUBE_GO_MOD, ETCD_GO_MOD):
+        m = re.search(r"^go (\d+\.\d+(?:\.\d+)?)\s*$", mod.read_text(), re.M)
+        if not m:
+            raise RuntimeError(f"no go line in {mod}")
+        found.append((tuple(int(x) for x in m.group(1).split(".")), m.group(1), mod))
+    _, version, mod = max(found)
+    return version, mod
+
+
 @functools.cache
 def bin_dir() -> Path:
     """Where scripts/build-kube.sh puts the binaries of this checkout's pins (it says so:

@@ -97,3 +97,64 @@ def test_scenario(
     row = rows.get((scenario, case))
     assert row is not None, f"[{layout}] no row for {scenario} / {case}"
     assert row.ok, f"[{layout}] {scenario} / {case}: {row.detail}"
+
+
+#: rights of the chart's ClusterRole that the lab's agents never use but the chart keeps, each
+#: with what the README says of it (the test holds the README to it): none today
+KEPT: dict[str, str] = {}
+
+
+def test_the_audit_log_shows_the_agents_use_every_right_and_no_other(
+    cluster: Callable[[str], list[Row]], control_plane: ControlPlane
+) -> None:
+    """Least privilege, shown by kube-apiserver itself (issue 45, item 10): after every layout
+    ran (each scenario, three agents per layout with the chart's ServiceAccount, ClusterRole and
+    binding), its audit log (cozylab/kubecp/audit.py) has, for that ServiceAccount: every
+    request allowed (the authorizer's decision, by the chart's ClusterRole, not the absence of
+    a 403 in the agents' logs), each a resource request the ClusterRole grants; every right
+    the ClusterRole grants used, or kept for what the README says (KEPT); every Pod read
+    answered with a PartialObjectMetadata (what the server answered, which the audit event
+    holds: the agent's Accept header asked for metadata only)."""
+    from cozylab.cluster.api import chart_objects
+    from cozylab.kubecp.audit import grants, requests, unused
+
+    for layout in LAYOUTS:
+        cluster(layout)
+    objs = chart_objects()
+    sa = next(o for o in objs if o["kind"] == "ServiceAccount")["metadata"]
+    binding = next(
+        o
+        for o in objs
+        if o["kind"] == "ClusterRoleBinding"
+        and {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+        in o["subjects"]
+    )
+    role_name = binding["roleRef"]["name"]
+    role = next(
+        o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == role_name
+    )
+    user = f"system:serviceaccount:{sa['namespace']}:{sa['name']}"
+    reqs = requests(control_plane.audit_log, user)
+    assert reqs, f"no request of {user} in {control_plane.audit_log}"
+    said = f"{len(reqs)} requests of {user} in {control_plane.audit_log}"
+
+    refused = [str(r) for r in reqs if not r.allowed]
+    assert not refused, f"{said}; not allowed: {refused[:20]}"
+    by_role = f'ClusterRole "{role_name}"'
+    elsewhere = [str(r) for r in reqs if by_role not in r.reason]
+    assert not elsewhere, f"{said}; allowed by something else than the chart's: {elsewhere[:20]}"
+    ungranted = [str(r) for r in reqs if not any(grants(rule, r) for rule in role["rules"])]
+    assert not ungranted, f"{said}; not granted by a rule of {role_name}: {ungranted[:20]}"
+
+    idle = unused(role["rules"], reqs)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert [r for r in idle if r not in KEPT] == [], f"{said}; rights never used: {idle}"
+    for right, why in KEPT.items():
+        assert why in readme, f"the README does not say why {role_name} keeps {right}"
+
+    pods = [r for r in reqs if r.resource == "pods" and r.verb == "get" and r.code == 200]
+    assert pods, f"{said}; no Pod read (the kubeovn layout's port security reads them)"
+    answered = {r.response for r in pods}
+    assert answered == {("PartialObjectMetadata", "meta.k8s.io/v1")}, f"{said}; {answered}"
+    used = sorted({f"{r.verb} {r.resource} ({r.group or 'core'})" for r in reqs})
+    print(f"\n{said}, all allowed by {role_name}; used: {', '.join(used)}")

@@ -16,11 +16,12 @@ the 10,000 requests is answered (401 reviewed or 429 limited), and the metrics c
 429s; the slow clients are cut (counted); once the swarm stops, the threads are back. The agent
 logs no ERROR.
 
+Many tenant addresses at once (issue 45, item 9): 64 addresses of the tenant's namespace, each
+holding one silent connection, against Prometheus's scrapes.
+
 What it leaves out: the kernel's side of a flood (SYN floods, conntrack: the node's, not the
-agent's), and many tenant addresses at once (tests/unit/test_httpserver.py covers a full server
-and a newcomer's place); the API server is the double, not a real kube-apiserver (what a flood
-costs the real one: test_kube_e2e.py, its flood test).
-"""
+agent's); the API server is the double, not a real kube-apiserver (what a flood costs the real
+one: test_kube_e2e.py, its flood test)."""
 
 from __future__ import annotations
 
@@ -286,3 +287,102 @@ def test_the_metrics_server_holds_a_flood_of_tokens_and_slow_clients(
         f"{len(scrapes)} scrapes, all 200; threads {base_threads} -> peak {peak[0]}; RSS "
         f"{base_rss >> 20} -> peak {peak[1] >> 20} MiB"
     )
+
+
+#: the tenant's addresses that each hold one silent connection (issue 45, item 9): as many as
+#: the server holds connections, one per source
+IDLE_SOURCES = [f"198.51.100.{100 + i}" for i in range(64)]
+
+
+class Holders:
+    """One connection from each of `sources` (addresses of namespace `ns`) to `address`, each
+    sending nothing and opened again as soon as the server closes it (an attacker's loop)."""
+
+    def __init__(self, agent: AgentLab, ns: str, sources: list[str], address: tuple[str, int]):
+        self.agent, self.ns, self.address = agent, ns, address
+        self.halt = threading.Event()
+        self.live: set[str] = set()
+        self.opened = collections.Counter[str]()
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._hold, args=(a,), daemon=True) for a in sources
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _hold(self, source: str) -> None:
+        while not self.halt.is_set():
+            try:
+                s = self.agent.lab.ns_socket(self.ns, socket.AF_INET, socket.SOCK_STREAM)
+                with s:
+                    s.settimeout(10)
+                    s.bind((source, 0))
+                    s.connect(self.address)
+                    with self.lock:
+                        self.live.add(source)
+                        self.opened[source] += 1
+                    while not self.halt.is_set() and not select.select([s], [], [], 0.1)[0]:
+                        pass
+            except OSError:
+                pass
+            finally:
+                with self.lock:
+                    self.live.discard(source)
+            self.halt.wait(0.01)
+
+    def holding(self) -> int:
+        with self.lock:
+            return len(self.live)
+
+    def stop(self) -> None:
+        self.halt.set()
+        for t in self.threads:
+            t.join(30)
+
+
+def test_an_authorised_scraper_gets_its_scrapes_past_64_idle_sources(
+    env: tuple[AgentLab, FakeKubeAPI],
+) -> None:
+    """Issue 45, item 9, as the chart runs it: 64 addresses of the tenant's namespace (added to
+    its eth0), each holding one silent connection to the node's metrics port and opening it
+    again whenever it is closed, fill the agent's server (64 connections, one per source: the
+    per-source cap stops none of them). Before, the server answered "full" to everyone else:
+    Prometheus, whose token was allowed a moment before, got no scrape. Now its address keeps a
+    place: every scrape is answered 200, each by taking the place of a silent connection, which
+    the metrics count (`displaced`)."""
+    agent, api = env
+    lab = agent.lab
+    api.add_token("reader", READER)
+    api.grant(READER, "/metrics")
+    for o in objects(WHOLE):
+        api.apply(o)
+    agent.start_agent("--metrics-address", f"[::]:{PORT}", "--metrics-auth", "kubernetes")
+    wait_for(lambda: {str(lb) for lb in agent.maps_state().services} == {LB_WHOLE}, 10, "vm1")
+
+    def scrape() -> tuple[int, str] | None:
+        return lab.in_ns(lab.pod_ns(PROMETHEUS_POD), lambda: https_get(V4, "reader"))
+
+    first = scrape()
+    assert first is not None and first[0] == 200, first
+    lab.exec(
+        lab.client,
+        *("ip", "-batch", "-"),
+        input="".join(f"addr add {a}/24 dev eth0\n" for a in IDLE_SOURCES),
+    )
+    holders = Holders(agent, lab.client, IDLE_SOURCES, V4)
+    codes: list[int | None] = []
+    try:
+        for _ in range(10):
+            wait_for(lambda: holders.holding() == len(IDLE_SOURCES), 30, "64 silent connections")
+            got = scrape()
+            codes.append(None if got is None else got[0])
+        assert codes == [200] * 10, codes
+        got = scrape()
+        assert got is not None and got[0] == 200
+        displaced = metric(got[1], 'cozyebpf_metrics_connections_cut_total{reason="displaced"}')
+        assert displaced >= 10, got[1][-2000:]
+    finally:
+        holders.stop()
+    log = agent.log()
+    assert [line for line in log.splitlines() if " ERROR " in line] == [], log[-3000:]
+    print(f"\n10 scrapes past {len(IDLE_SOURCES)} silent sources: {codes}; displaced {displaced}")

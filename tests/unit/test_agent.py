@@ -250,7 +250,8 @@ def test_each_write_is_reported_with_the_programming_latency_of_its_changes(
     agent.tick()
     assert [(r.kind, r.ok) for r in reports] == [("full", True)]
     src.put(moved(2, "10.244.8.2"))
-    src.pending.touch(time.time() - 2.0)  # the change was made two seconds ago
+    # the change was made two seconds ago
+    src.pending.touch(("EndpointSlice", ("default", "vm2")), time.time() - 2.0)
     agent.tick()
     (r,) = reports[1:]
     assert r.kind == "change" and r.ok and len(r.latencies) == 1

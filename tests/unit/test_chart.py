@@ -387,12 +387,14 @@ def test_rbac_is_what_the_agent_reads_and_writes(
     roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole"}
     role = roles[binding["roleRef"]["name"]]
     secure = values["metrics"]["enabled"] and values["metrics"]["secure"]
+    # every right is used (the kube-apiserver's audit log shows it: test_cluster_lab.py);
+    # Services and EndpointSlices are listed and watched, never read one by one (no get)
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"]},
         {
             "apiGroups": ["discovery.k8s.io"],
             "resources": ["endpointslices"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["list", "watch"],
         },
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         # the Nodes' addresses, which no LB IP may take (cozyebpf/sources/kube.py)

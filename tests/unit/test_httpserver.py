@@ -10,6 +10,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -260,6 +261,116 @@ def test_a_newcomer_displaces_a_waiting_connection_of_the_busiest_source() -> No
             s.close()
     finally:
         server.stop()
+
+
+class Swarm:
+    """`n` sources (127.0.1.1 and up), each holding one connection that sends nothing; one cut
+    by the server is opened again at once (an attacker's loop)."""
+
+    def __init__(self, server: HttpServer, n: int) -> None:
+        self.server = server
+        self.halt = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._hold, args=(f"127.0.1.{i + 1}",), daemon=True)
+            for i in range(n)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _hold(self, source: str) -> None:
+        while not self.halt.is_set():
+            try:
+                with idle(self.server, source) as s:
+                    while not self.halt.is_set() and not select.select([s], [], [], 0.05)[0]:
+                        pass
+            except OSError:
+                pass
+            self.halt.wait(0.01)
+
+    def stop(self) -> None:
+        self.halt.set()
+        for t in self.threads:
+            t.join(10)
+
+
+def scrape_from(server: HttpServer, source: str, token: str) -> int | None:
+    """GET /metrics over TLS from `source` with `token`: the status, or None when the server
+    closed the connection without an answer (refused)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    data = b""
+    try:
+        with idle(server, source) as raw, ctx.wrap_socket(raw) as s:
+            s.sendall(f"GET /metrics HTTP/1.0\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+            while chunk := s.recv(65536):
+                data += chunk
+    except (OSError, ssl.SSLError):
+        if not data:
+            return None
+    return int(data.split(b" ", 2)[1])
+
+
+def metrics_server(api: FakeKubeAPI, limits: Limits) -> MetricsServer:
+    """The metrics as the chart serves them (HTTPS, the token check), with the default caps."""
+    m = MetricsServer(
+        "127.0.0.1:0",
+        registry(),
+        server_context("", ["127.0.0.1"]),
+        KubeAuthorizer(api.api_client()),
+        limits=limits,
+    )
+    m.start()
+    return m
+
+
+def test_an_authorised_scraper_keeps_its_scrapes_against_64_idle_sources(
+    api: FakeKubeAPI,
+) -> None:
+    """Issue 45, item 9: 64 sources, each holding one silent connection and opening it again
+    whenever it is cut, fill the metrics server (64 connections, one per source: no busiest
+    source gives way). Before, every newcomer was refused "full": Prometheus got no scrape.
+    Now an address that an authorised scrape came from takes the place of a silent connection,
+    at every scrape; a newcomer without one does not (the silent connections are younger than
+    the idle grace, 60 s here), nor does a tenant whose token was refused."""
+    m = metrics_server(api, Limits(request_timeout=60, idle_grace=60))
+    swarm = None
+    try:
+        prometheus, tenant, stranger = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+        assert scrape_from(m, prometheus, "reader-token") == 200
+        assert scrape_from(m, tenant, "not-a-token") == 401
+        swarm = Swarm(m, 64)
+        wait_for(lambda: m.connections() == 64, 10, "the swarm to fill the server")
+        assert scrape_from(m, stranger, "reader-token") is None  # refused: full
+        assert scrape_from(m, tenant, "reader-token") is None  # a 401 earns no place
+        full = m.stats.refused["full"]
+        codes = []
+        for _ in range(10):
+            wait_for(lambda: m.connections() == 64, 10, "the swarm back at 64")
+            codes.append(scrape_from(m, prometheus, "reader-token"))
+        assert codes == [200] * 10
+        assert m.stats.cut["displaced"] >= 10 and m.stats.refused["full"] >= full
+    finally:
+        if swarm is not None:
+            swarm.stop()
+        m.stop()
+
+
+def test_a_first_scrape_gets_the_place_of_a_connection_idle_past_the_grace(
+    api: FakeKubeAPI,
+) -> None:
+    """A scraper with no authorised scrape yet (an agent restarted under the swarm) takes the
+    place of a connection that has waited the idle grace (0.5 s here) without a request, the
+    oldest; one that came later is left."""
+    m = metrics_server(api, Limits(request_timeout=60, idle_grace=0.5))
+    swarm = Swarm(m, 64)
+    try:
+        wait_for(lambda: m.connections() == 64, 10, "the swarm to fill the server")
+        time.sleep(0.6)  # the swarm's connections waited past the grace (not a time asserted)
+        assert scrape_from(m, "127.0.0.2", "reader-token") == 200
+        assert m.stats.cut["displaced"] >= 1
+    finally:
+        swarm.stop()
+        m.stop()
 
 
 def drip(s: socket.socket, data: bytes, every: float = 0.1) -> int:

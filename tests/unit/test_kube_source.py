@@ -4,6 +4,8 @@ resume after a dropped watch, relist on 410, keep the last state through an outa
 
 from __future__ import annotations
 
+import copy
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ from cozyebpf.sources.kube import Backoff, KubeSource
 from cozylab.fakedp import FakeDatapath
 from cozylab.k8s import Svc, objects
 from cozylab.kubeapi import FakeKubeAPI
+from tests.support.clock import FakeClock
 from tests.support.labtools import wait_for
 
 VM1 = Svc("vm1", "203.0.113.10", "10.244.1.10", [("TCP", 22)], whole_ip="true")
@@ -219,6 +222,102 @@ def test_agent_programs_only_after_a_complete_list(api: FakeKubeAPI, source: Kub
     assert [s["lb_ip"] for s in build_dump(dp.state)["services"]] == ["203.0.113.10"]
     assert agent.readiness() is None
     assert isinstance(dp.state, MapState)
+
+
+def _failing_agent(source: KubeSource) -> tuple[Agent, FakeDatapath, FakeClock, list[Any]]:
+    """An agent on `source` (started, listed) whose every write fails (a full map), on a
+    clock of the test's; the reports of its writes."""
+    from cozyebpf.errors import DatapathError
+
+    clock, dp = FakeClock(), FakeDatapath()
+    dp.failing = DatapathError("programming maps failed: No space left on device (map full?)")
+    agent = Agent(source, dp, resync_interval=60, retry_delay=0.1, clock=clock)
+    reports: list[Any] = []
+    agent.on_sync.append(reports.append)
+    source.start()
+    wait_for(lambda: source.synced, 10, "the list")
+    return agent, dp, clock, reports
+
+
+def _retry(agent: Agent, clock: FakeClock) -> None:
+    """One turn of the agent with its retry due (the full resync is tried)."""
+    clock.advance(61)
+    agent.tick()
+
+
+def test_changes_while_writes_fail_are_kept_once_per_object(
+    api: FakeKubeAPI, source: KubeSource
+) -> None:
+    """Issue 45, item 8: while every write fails (a full map, a refused write), the agent keeps
+    when each change it has not programmed was made, for the network programming latency of
+    the write that succeeds. It kept one entry per API change: 600 changes of one EndpointSlice
+    were 600 entries (and a day of them grew until the pod's memory limit killed the agent).
+    Now it keeps the oldest change per object: two Services, their two slices, and the slice
+    changed 600 times make at most four latencies, the longest the first change's (an hour
+    ago, its trigger time)."""
+    from datetime import UTC, datetime, timedelta
+
+    from cozyebpf.sources.kube import TRIGGER_ANNOTATION
+
+    put(api, VM1, VM2)
+    agent, dp, clock, reports = _failing_agent(source)
+    slice_ = objects(VM1)[1]
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    for i in range(600):
+        obj: dict[str, Any] = copy.deepcopy(slice_)
+        obj["endpoints"][0]["addresses"] = [f"10.244.{3 + i // 250}.{1 + i % 250}"]
+        when = hour_ago if i == 0 else datetime.now(UTC)
+        obj["metadata"].setdefault("annotations", {})[TRIGGER_ANNOTATION] = when.strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        api.apply(obj)
+        if i % 50 == 0:
+            _retry(agent, clock)
+    slices = source.informers[1]
+    wait_for(lambda: slices.resource_version == str(api.resource_version()), 10, "the last change")
+    _retry(agent, clock)
+    assert agent.stats.syncs == 0 and agent.stats.sync_errors >= 12
+    dp.failing = None  # room in the map again
+    _retry(agent, clock)
+    assert agent.stats.syncs == 1
+    (done,) = [r for r in reports if r.ok]
+    assert 1 <= len(done.latencies) <= 4, f"{len(done.latencies)} latencies for 4 objects"
+    assert max(done.latencies) >= 3600, "the oldest change (an hour ago) was not kept"
+    assert {str(lb) for lb in dp.state.services} == {"203.0.113.10", "203.0.113.20"}
+
+
+def test_changes_of_more_objects_than_kept_count_as_one_the_oldest(
+    api: FakeKubeAPI, source: KubeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects that come and go under new names while writes fail (a tenant's loop of create
+    and delete) are more objects, not more changes of one: past TRIGGERS_MAX objects (here 20)
+    the changes of the others count as one, the oldest of them. 150 Services created and
+    deleted (300 objects with their slices) leave at most 21 latencies, the longest the first
+    change's."""
+    import cozyebpf.sources
+
+    monkeypatch.setattr(cozyebpf.sources, "TRIGGERS_MAX", 20, raising=False)
+    put(api, VM1)
+    agent, dp, clock, reports = _failing_agent(source)
+    listed = time.time()  # vm1's changes (the list) were made before
+    for i in range(150):
+        svc = Svc(f"churn-{i}", f"203.0.113.{100 + i % 100}", f"10.244.9.{1 + i % 250}")
+        put(api, svc)
+        api.delete("EndpointSlice", "default", objects(svc)[1]["metadata"]["name"])
+        api.delete("Service", "default", svc.name)
+        if i % 30 == 0:
+            _retry(agent, clock)
+    services = source.informers[0]
+    wait_for(lambda: not any(k[1].startswith("churn") for k in services.cache), 10, "the deletes")
+    slices = source.informers[1]
+    wait_for(lambda: not any(k[1].startswith("churn") for k in slices.cache), 10, "the deletes")
+    _retry(agent, clock)
+    dp.failing = None
+    writing = time.time()
+    _retry(agent, clock)
+    (done,) = [r for r in reports if r.ok]
+    assert 1 <= len(done.latencies) <= 21, f"{len(done.latencies)} latencies kept"
+    assert max(done.latencies) >= writing - listed, "the oldest change (vm1's) was not kept"
 
 
 def test_paginated_lists_are_complete(api: FakeKubeAPI) -> None:

@@ -38,20 +38,17 @@ SCENARIO = "7 live migration"
 MIGRATIONS = (("vm-a", 3), ("vm-a", 1))
 #: what a migration row accepts (the README quotes, *On a Cozystack cluster*: 2-4 datagrams of
 #: the 100/s stream lost, a 30-50 ms gap; one TCP retransmission, a 225-230 ms pause): 10
-#: datagrams (a 100 ms gap, twice the longest measured, for a loaded machine), and for TCP the
-#: loss of one segment each way but not of the same segment twice. A segment lost in the switch
-#: is sent again one retransmission timeout (RTO) later; when the answer to that is lost too
-#: (the path back recovers later than the path out), the peer sends it again one of its RTOs
-#: after that: 2 RTOs in all; the same segment lost twice costs 3 (the second wait doubles).
-#: So a pause passes up to 2.5 RTOs of the connection as the kernel had it when the pause began
-#: (TCP_INFO's tcpi_rto, read after every round; Linux's srtt + max(4 rttvar, 200 ms)), never
-#: less than 450 ms. Migrating back (node3 -> node1) the path back to the VM recovers 130-170
-#: ms after the switch since the labs run the real control plane (the download's pause; 31 ms
-#: with the API double; not explained yet), and the connection the VM opened pauses 2 RTOs
-#: (458-470 ms) in about half of the runs, which the fixed 450 ms bound failed
+#: datagrams (a 100 ms gap, twice the longest measured, for a loaded machine), and a pause of
+#: 450 ms (one retransmission after TCP's 200 ms minimum RTO passes, a second does not: it
+#: would pause 600 ms, 200 + 400). The bound was 2.5 RTOs for a while (issue 45, item 11):
+#: migrating back, the download paused 130-170 ms and the connection the VM opened two RTOs
+#: in half of the runs. Not the switch: the source-ranges check of "both ready" held the
+#: server out, so the node that already announced the LB IP (node1, where the VM had no flow
+#: yet) dropped the server's segments (drop_source: learning comes after the ranges) for as
+#: long as the ranges were in force, two syncs through the real control plane (the double's
+#: direct slice writes had made that window 30 ms). The ranges now hold the streams' peers.
 MIGRATION_MAX_UDP_LOST = 10
 MIGRATION_MAX_PAUSE = 0.45
-MIGRATION_MAX_RTOS = 2.5
 
 
 def tcp_ack(src: str, dst: str, sport: int, dport: int) -> bytes:
@@ -108,6 +105,7 @@ class Migration:
         self.both_warnings: dict[int, list[str]] = {}
         self.both_events: list[dict[str, Any]] = []
         self.ranges: Check = (False, "not run")
+        self.dropped = 0  # drop_source counted on every node during the migration
         self.fig: dict[str, Any] = {}
         self.owner = "none"  # the ToR's neighbour entry for the LB IP at the end
         self.garps: list[tuple[str, float]] = []
@@ -124,7 +122,7 @@ class Migration:
             Case(s, f"{d} tcp the VM opened keeps going", self._opened),
             Case(s, f"{d} tcp download the VM opened keeps going", self._download),
             Case(s, f"{d} udp 100 pkt/s", self._udp),
-            Case(s, f"{d} learning: a sender outside the ranges is dropped", lambda: self.ranges),
+            Case(s, f"{d} learning: a sender outside the ranges is dropped", self._ranges),
             Case(s, f"{d} both ready (one address): no warning, no gap", self._both_ready_row),
             Case(s, f"{d} announcement moves", self._announcement),
         ]
@@ -148,6 +146,7 @@ class Migration:
         assert lab.api is not None
         frm = lab.location[self.name]
         learned0 = lab.agents.learned()
+        dropped0 = sum(lab.agents.counted("drop_source").values())
         self._start_load()
         offsets = {n: len(lab.agents.log(n)) for n in NODES}
         events0 = _event_keys(lab.api.events())
@@ -162,6 +161,7 @@ class Migration:
             for st in (self.tin, self.tout, self.down, self.udp):
                 st.stop()
         self.t["end"] = time.monotonic()
+        self.dropped = sum(lab.agents.counted("drop_source").values()) - dropped0
         self._figures(learned0)
 
     def _start_load(self) -> None:
@@ -227,14 +227,17 @@ class Migration:
 
     def outside_the_ranges_while_learning(self) -> Check:
         """While the VM is learning (both ready), give its Service source ranges that hold the
-        client only; TCP that opens nothing from OUTSIDE_IP must be dropped (drop_source), not
+        client and the server (the peers of the streams the rows measure: a peer held out would
+        be dropped where the VM has no flow yet, a pause of the streams that the migration did
+        not cause); TCP that opens nothing from OUTSIDE_IP must be dropped (drop_source), not
         learned (issue 28): learning comes after the ranges. The ranges go again after."""
         lab, lb, api = self.lab, self.lb, self.lab.api
         assert api is not None
         errors: list[str] = []
         dropped = 0
         try:
-            api.put_service(self.w, loadBalancerSourceRanges=[f"{CLIENT_IP}/32"])
+            ranges = [f"{CLIENT_IP}/32", f"{SERVER_IP}/32"]
+            api.put_service(self.w, loadBalancerSourceRanges=ranges)
             lab.sync_agents()
             dropped = acks_from_outside(lab, lb, 41000)
         except (TimeoutError, RuntimeError, OSError) as e:
@@ -293,12 +296,8 @@ class Migration:
             errs.append(f"error: {st.error}")
         after = st.after(self.t.get("new", math.inf))
         pause, rto = st.longest_pause_and_rto()
-        bound = max(MIGRATION_MAX_PAUSE, MIGRATION_MAX_RTOS * rto)
-        if pause > bound:
-            errs.append(
-                f"a pause over {bound * 1000:.0f} ms ({MIGRATION_MAX_RTOS} RTOs of "
-                f"{rto * 1000:.0f} ms, at least {MIGRATION_MAX_PAUSE * 1000:.0f} ms)"
-            )
+        if pause > MIGRATION_MAX_PAUSE:
+            errs.append(f"a pause over {MIGRATION_MAX_PAUSE * 1000:.0f} ms")
         said = f"{len(st.echoes)} echoes, {after} after the migration, "
         said += f"longest pause {pause * 1000:.0f} ms (RTO then {rto * 1000:.0f} ms, "
         said += f"{st.retransmissions} retransmitted by this side){extra}"
@@ -324,6 +323,15 @@ class Migration:
             f"pass_learn by node: {fig['pass_learn']}"
         )
         return ok, "; ".join([*errs, said])
+
+    def _ranges(self) -> Check:
+        """The three ACKs from outside the ranges dropped, and nothing else in the whole
+        migration: the streams' peers are inside the ranges, so none of their packets may be
+        (a drop of theirs is a pause the migration did not cause)."""
+        ok, detail = self.ranges
+        if self.dropped != 3:
+            ok = False
+        return ok, f"{detail}; drop_source in the whole migration: {self.dropped} (3 expected)"
 
     def _udp(self) -> Check:
         udp, fig, common = self.udp, self.fig, self._common()
