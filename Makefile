@@ -3,7 +3,7 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup image-test cluster-lab real-ovn-lab deploy release kernel-matrix
+.PHONY: bench bench-quick bench-setup image-test cluster-lab real-ovn-lab real-node-lab deploy release kernel-matrix
 
 # deploy/ rendered from the chart (charts/cozyebpf), the one source of truth; run it after
 # every change to the chart (tests/unit/test_chart.py fails while deploy/ differs).
@@ -43,6 +43,16 @@ cluster-lab:
 real-ovn-lab:
 	bash scripts/setup.sh --kube
 	PYTHONPATH=. $(PYTHON) -m cozylab.realovn $(REAL_OVN_LAB_ARGS)
+
+# The real-node lab of issue 44 (cozylab/realnode/): two nodes that each run their own
+# containerd, kubelet and kube-proxy; the chart installed with helm, backends as real Pods, the
+# lifecycle with helm and kubectl under traffic, upgrade and rollback from the previous
+# release's own chart and image; prints a row per check (about 10 minutes with the images
+# built; tests/datapath/test_real_node.py runs the same). Options, e.g.:
+# make real-node-lab REAL_NODE_LAB_ARGS='--workdir /tmp/rn'
+real-node-lab:
+	bash scripts/setup.sh --real-node
+	PYTHONPATH=. $(PYTHON) -m cozylab.realnode $(REAL_NODE_LAB_ARGS)
 
 # The kernel matrix of issue 36 (scripts/kernel-matrix.sh, cozylab/kmatrix.py): the datapath's
 # tests on Debian's Linux 6.1 and 6.12 under qemu and on this machine's kernel, one table of

@@ -23,6 +23,12 @@
 #   7. with --kernel-guests (scripts/test.sh passes it): the kernel matrix's guests,
 #      Debian's kernels and a root file system for qemu (scripts/kernel-guests.sh: 3 to
 #      5 minutes once, into /var/cache/cozyebpf/kernel-matrix; a second after)
+#   8. with --real-node (scripts/test.sh passes it; implies --kube): the real-node lab's
+#      parts (README, "The real-node lab"): podman, debootstrap, libseccomp-dev and the CNI
+#      plugins from apt; containerd, runc, pause and the backends' echo server
+#      (scripts/build-node.sh, into /var/cache/cozyebpf/node/); the agent's images of this
+#      checkout and of the previous release (scripts/build-agent-image.sh: the first build
+#      bootstraps the local Debian base; rebuilt when what the Dockerfile copies changed)
 #
 # Environment (for testing this script only):
 #   COZYEBPF_MODULES_DIR  directory to link headers in
@@ -35,13 +41,14 @@ cd "$REPO_ROOT"
 
 START_SECONDS=$SECONDS
 
-KERNEL_GUESTS=0 KUBE=0
+KERNEL_GUESTS=0 KUBE=0 REAL_NODE=0
 for arg in "$@"; do
 	case $arg in
 	--kernel-guests) KERNEL_GUESTS=1 ;;
 	--kube) KUBE=1 ;;
+	--real-node) REAL_NODE=1 KUBE=1 ;;
 	*)
-		printf 'setup.sh: unknown argument %s (--kube, --kernel-guests or none)\n' "$arg" >&2
+		printf 'setup.sh: unknown argument %s (--kube, --kernel-guests, --real-node or none)\n' "$arg" >&2
 		exit 2
 		;;
 	esac
@@ -60,7 +67,7 @@ VENV="$REPO_ROOT/.venv"
 PIP_STAMP="$VENV/.cozyebpf-pip-stamp"
 
 # Summary pieces, filled in by each step.
-S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_KUBE="" S_GUESTS=""
+S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_KUBE="" S_GUESTS="" S_NODE=""
 
 # --- 1. apt packages ---------------------------------------------------------
 APT_PACKAGES=(
@@ -72,6 +79,11 @@ APT_PACKAGES=(
 	# Kube-OVN's natOutgoing rules as its daemon writes them (iptables-nft, ipset)
 	openvswitch-switch ovn-central ovn-host ipset iptables
 )
+if ((REAL_NODE)); then
+	# the real-node lab: images built here (podman, debootstrap), runc with seccomp
+	# (libseccomp-dev), pause linked statically (libc6-dev), the standard CNI plugins
+	APT_PACKAGES+=(podman debootstrap libseccomp-dev libc6-dev containernetworking-plugins)
+fi
 
 missing_apt_packages() {
 	local pkg status
@@ -238,8 +250,17 @@ if ((KERNEL_GUESTS)); then
 	S_GUESTS="; kernel guests: ok"
 fi
 
+# --- 8. the real-node lab's parts (with --real-node) ---------------------------------------
+if ((REAL_NODE)); then
+	t_node=$SECONDS
+	bash scripts/build-node.sh || die "could not build the real node's runtime (scripts/build-node.sh)"
+	"$VENV/bin/python" -m cozylab.realnode.images ||
+		die "could not build the agent's images (python -m cozylab.realnode.images)"
+	S_NODE="; real node: $(basename "$(bash scripts/build-node.sh --print-dir)"), images ($((SECONDS - t_node))s)"
+fi
+
 log "checking imports: bcc, click, yaml, pyroute2, scapy"
 "$VENV/bin/python" -c 'import bcc, click, yaml, pyroute2, scapy' ||
 	die "the venv cannot import bcc, click, yaml, pyroute2 and scapy"
 
-log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM$S_KUBE$S_GUESTS)"
+log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM$S_KUBE$S_GUESTS$S_NODE)"

@@ -9,7 +9,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from cozylab.realnode.images import main_release, previous_release, release_of
+from cozylab.realnode.images import (
+    MAIN_TAG,
+    MAIN_TAG_B,
+    Release,
+    main_release,
+    previous_release,
+    release_of,
+)
 from cozylab.realnode.lab import REPO, RealNodeLab
 from cozylab.realnode.spec import AGENT_REPOSITORY
 from cozylab.realnode.story import Row, Story
@@ -30,8 +37,8 @@ def run(workdir: Path, prefix: str = "rn", previous: tuple[str, str] | None = No
     helm = [str(REPO / ".venv" / "bin" / "helm")]
     version, commit = previous or previous_release()
     prev = release_of(workdir, helm, version, commit)
-    main = main_release("main-a")
-    main_b = main.__class__("main (second build)", main.chart, "main-b", main.archive)
+    main = main_release(MAIN_TAG)
+    main_b = Release("main (second build)", main.chart, MAIN_TAG_B, main.archive)
     print(
         f"images ready in {time.monotonic() - t0:.0f}s: {prev.archive.name} ({prev.name}), "
         f"{main.archive.name} (main)",
@@ -39,6 +46,7 @@ def run(workdir: Path, prefix: str = "rn", previous: tuple[str, str] | None = No
     )
     lab = RealNodeLab(prefix, workdir)
     lab.up([prev.archive, main.archive])
+    rows: list[Row] = []
     try:
         lab.tag_image(f"{AGENT_REPOSITORY}:{main.tag}", f"{AGENT_REPOSITORY}:{main_b.tag}")
         story = Story(lab, prev, main, main_b, say=lambda s: print(s, flush=True))
@@ -49,6 +57,15 @@ def run(workdir: Path, prefix: str = "rn", previous: tuple[str, str] | None = No
                 (workdir / "describe.txt").write_text(lab.describe())
     finally:
         lab.down()
+    left = lab.leftovers()
+    rows.append(
+        Row(
+            "nothing left",
+            "no process, cgroup, mount, namespace, directory or changed sysctl of the lab",
+            not any(left.values()),
+            "; ".join(f"{k}: {v}" for k, v in left.items() if v) or "none",
+        )
+    )
     print(f"the real-node lab took {time.monotonic() - t0:.0f}s")
     return rows
 

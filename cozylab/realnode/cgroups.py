@@ -69,6 +69,10 @@ class Subtree:
                 out += [Path(d) for d, _, _ in os.walk(top)]
         return sorted(out, key=lambda p: len(p.parts), reverse=True)
 
+    def existing(self) -> list[Path]:
+        """The subtree's directories that exist, in every hierarchy."""
+        return [root / self.rel for root in self.roots if (root / self.rel).exists()]
+
     def pids(self) -> set[int]:
         found: set[int] = set()
         for d in self._dirs():

@@ -11,9 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cozylab.realnode.oci import write_image
-from cozylab.realnode.spec import AGENT_REPOSITORY, ECHO_IMAGE, PAUSE_IMAGE, node_bin_dir
+from cozylab.realnode.spec import (
+    AGENT_REPOSITORY,
+    ECHO_IMAGE,
+    NODE_CACHE,
+    PAUSE_IMAGE,
+    node_bin_dir,
+)
 
 REPO = Path(__file__).resolve().parents[2]
+#: the tag of this checkout's image (a build of main is installed with image.tag set to it),
+#: and the tag the lab gives it again for a second build of main
+MAIN_TAG, MAIN_TAG_B = "main-a", "main-b"
 
 
 def lab_images() -> list[Path]:
@@ -114,10 +123,31 @@ def release_of(workdir: Path, helm: list[str], version: str, commit: str) -> Rel
     return Release(version, chart, tag, archive_path, default_tag=True)
 
 
-def main_release(tag: str = "main") -> Release:
+def main_release(tag: str = MAIN_TAG) -> Release:
     """This checkout: its chart directory and its image, built from its Dockerfile, under `tag`
     (a user of a build that is not a release sets image.tag)."""
     import cozyebpf
 
     archive_path = agent_image(REPO, f"{AGENT_REPOSITORY}:{tag}", cozyebpf.__version__)
     return Release("main", REPO / "charts" / "cozyebpf", tag, archive_path)
+
+
+def main() -> None:
+    """`python -m cozylab.realnode.images` (scripts/setup.sh --real-node): build, or find in
+    the cache, the agent's images of this checkout and of the previous release."""
+    import time
+
+    t0 = time.monotonic()
+    version, commit = previous_release()
+    work = NODE_CACHE / "trees"
+    work.mkdir(parents=True, exist_ok=True)
+    prev = release_of(work, [str(REPO / ".venv" / "bin" / "helm")], version, commit)
+    this = main_release(MAIN_TAG)
+    print(
+        f"==> agent images in {time.monotonic() - t0:.0f}s: {prev.name} {prev.archive}, "
+        f"main {this.archive}"
+    )
+
+
+if __name__ == "__main__":
+    main()

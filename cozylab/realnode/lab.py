@@ -30,6 +30,7 @@ from cozylab.realnode.spec import (
     TOR_IP,
     kube_bin,
     missing_prerequisites,
+    node_bin_dir,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +83,10 @@ class RealNodeLab:
             for s in NODES
         ]
         self._sysctls: dict[str, str] = {}
+        #: the machine's values of the kubelet's sysctls when the lab came up
+        self._before: dict[str, str] = {}
+        #: the fixed directories (FIXED_DIRS) that the machine had before the lab
+        self._fixed_before: set[str] = set(FIXED_DIRS)
         self._made_dirs: list[Path] = []
         self.timings: dict[str, float] = {}
 
@@ -107,6 +112,7 @@ class RealNodeLab:
             self.plane.attach(self.tor, "br0", SEGMENT_PREFIX)
             self.timings["control plane"] = time.monotonic() - t0
             base = lab_images.lab_images()
+            self._fixed_before = {d for d in FIXED_DIRS if Path(d).exists()}
             for fixed in FIXED_DIRS:
                 if not Path(fixed).exists():
                     Path(fixed).mkdir(parents=True)
@@ -187,6 +193,45 @@ class RealNodeLab:
                 d.rmdir()
         self._made_dirs.clear()
 
+    def leftovers(self) -> dict[str, list[str]]:
+        """What of the lab is still on the machine (after `down`, every list is empty): its
+        processes (anything running a binary of the node's or Kubernetes' build, or from the
+        lab's directories), its cgroups, its mounts, its namespaces, the directories it made at
+        fixed paths, the sysctls the kubelet set that differ from before."""
+        roots = (
+            str(node_bin_dir()),
+            str(kube_bin("kubelet").parent),
+            str(STATE_ROOT / self.prefix),
+        )
+        procs = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                exe = os.readlink(proc / "exe")
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if exe.startswith(roots) or any(r in cmd for r in roots[2:]):
+                procs.append(f"{proc.name} {cmd.strip()[:120]}")
+        existing = run("ip", "netns", "list", check=False).stdout.split()
+        return {
+            "processes": procs,
+            "cgroups": [str(d) for d in self.cgroups.existing()],
+            "mounts": self.lab_mounts(),
+            "namespaces": [ns for ns in [*self.namespaces, self.plane.ns] if ns in existing],
+            "directories": [
+                str(d)
+                for d in (STATE_ROOT / self.prefix, RUN_ROOT / self.prefix, *map(Path, FIXED_DIRS))
+                if d.exists() and str(d) not in self._fixed_before
+            ],
+            "sysctls": [
+                f"{k} = {_sysctl_path(k).read_text().strip()} (was {v})"
+                for k, v in self._before.items()
+                if _sysctl_path(k).read_text().strip() != v
+            ],
+        }
+
     def lab_mounts(self) -> list[str]:
         """The machine's mounts (its own mount namespace) under the lab's directories."""
         out = run("findmnt", "-rno", "TARGET", check=False).stdout.split()
@@ -204,6 +249,7 @@ class RealNodeLab:
             p = _sysctl_path(key)
             if p.exists() and key not in self._sysctls:
                 self._sysctls[key] = p.read_text().strip()
+        self._before = dict(self._sysctls)
 
     def _restore_sysctls(self) -> None:
         for key, value in self._sysctls.items():

@@ -12,10 +12,11 @@ containerd, kubelet and kube-proxy run, each with its own root, state and socket
   same for both, and the second node's agent would adopt the first one's maps). The pins go with
   the node; from outside, `Node.enter()` reaches them. Inside, every mount is then made shared,
   as systemd leaves a node's (this machine has no systemd: its mounts are private, and
-  containerd refuses the chart's bpffs volume, HostToContainer, on a private mount). Two
-  directories that containerd's CNI library and the kubelet write at fixed paths, /var/lib/cni
-  (libcni's cache) and /var/log/containers (the kubelet's links to the logs), are the node's own
-  directories bind-mounted there, inside.
+  containerd refuses the chart's bpffs volume, HostToContainer, on a private mount). The
+  directories that containerd's CNI library, the kubelet and containerd's shims write at fixed
+  paths, /var/lib/cni (libcni's cache), /var/log/containers (the kubelet's links to the logs)
+  and /run/containerd (the shims' sockets), are the node's own directories bind-mounted there,
+  inside.
 - Every process is in the lab's cgroup subtree (`Subtree`): the daemons in <node>/system, the
   Pods under the kubelet's --cgroup-root <node> (cgroupfs driver, as containerd's).
 - Identity: the kubelet's client certificate is system:node:<node> (the Node authorizer and
@@ -53,7 +54,7 @@ from cozylab.realnode.spec import (
 #: directories the node's components write at fixed paths: the node's own, bind-mounted there
 #: inside its mount namespace (the mount points are made on the machine if missing, and removed
 #: again by the lab when it made them and they are empty)
-FIXED_DIRS = ("/var/lib/cni", "/var/log/containers")
+FIXED_DIRS = ("/var/lib/cni", "/var/log/containers", "/run/containerd")
 
 
 class Node:

@@ -77,6 +77,21 @@ class Row:
         return "PASS" if self.ok else "FAIL"
 
 
+#: the story's steps in order: the name of their rows -> the method
+STEPS = {
+    "install": "install",
+    "backends": "backends",
+    "operate": "operate",
+    "agent killed": "agent_killed",
+    "backend moved": "backend_moved",
+    "not ready": "not_ready",
+    "uninstall": "uninstall",
+    "upgrade from the previous release": "upgrade_from_previous",
+    "upgrade between builds of main": "upgrade_main",
+    "last uninstall": "last_uninstall",
+}
+
+
 @dataclass
 class Rollout:
     """What a watcher saw of the agent's Pods during a rollout: the most nodes at once without a
@@ -112,25 +127,33 @@ class Story:
             yield
         except Exception as e:
             self.row(name, "completes", False, f"error: {type(e).__name__}: {e}")
+        finally:
+            self.save_logs(name)
         self.say(f"---- {name}: {time.monotonic() - t0:.0f}s")
 
+    def save_logs(self, step: str) -> None:
+        """The agents' logs (and their previous containers'), read through the API, into
+        <workdir>/logs/<step>/: what an operator would read after a step."""
+        where = (
+            self.lab.workdir
+            / "logs"
+            / f"{len(self.rows):03d}-{step.split(':')[0].replace(' ', '-')}"
+        )
+        where.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(Exception):
+            for p in self.agent_pods():
+                name = p["metadata"]["name"]
+                for extra in ((), ("--previous",)):
+                    out = self.lab.kubectl("logs", "-n", AGENT_NAMESPACE, name, *extra, check=False)
+                    if out.returncode == 0:
+                        (where / f"{name}{'-previous' if extra else ''}.log").write_text(out.stdout)
+
     def run(self) -> list[Row]:
-        for step in (
-            self.install,
-            self.backends,
-            self.operate,
-            self.agent_killed,
-            self.backend_moved,
-            self.not_ready,
-            self.uninstall,
-            self.upgrade_from_previous,
-            self.upgrade_main,
-            self.last_uninstall,
-        ):
-            with self.step(
-                step.__doc__.split("\n")[0].rstrip(".") if step.__doc__ else step.__name__
-            ):
-                step()
+        """Every step in order (`STEPS`), each with its rows; a step that fails with an error
+        says so in a row of its own, and the story goes on."""
+        for name, method in STEPS.items():
+            with self.step(name):
+                getattr(self, method)()
         return self.rows
 
     # -- the agent -------------------------------------------------------------------------
@@ -212,7 +235,7 @@ class Story:
 
     def install(self) -> None:
         """install: helm install of main's chart on two real nodes."""
-        step = "install"
+        step = "install"  # STEPS: the name of each step's rows
         lab = self.lab
         lab.kubectl("create", "namespace", AGENT_NAMESPACE)
         lab.kubectl(
@@ -628,7 +651,12 @@ class Story:
                     f"{said}; nodes in turn {seen.order}, at most {seen.most_unready} without a "
                     f"Ready agent ({time.monotonic() - t0:.0f}s)",
                 )
-                s.flowing()
+                try:  # every stream moves on again (a stream that broke does not: the rows say)
+                    s.flowing(timeout=30)
+                except TimeoutError as e:
+                    self.row(
+                        step, f"after helm {how} to {target.name}, traffic flows", False, str(e)
+                    )
         for check, ok, said in s.results():
             self.row(step, check, ok, said)
 
@@ -645,7 +673,7 @@ class Story:
 
     def upgrade_from_previous(self) -> None:
         """previous release: its chart and image, helm upgrade to main and rollback."""
-        step, lab = f"{self.previous.name} -> {self.main.name} -> {self.previous.name}", self.lab
+        step, lab = "upgrade from the previous release", self.lab
         seen = self.rollout(lambda: self.helm("install", release=self.previous))
         ok, said = self.all_ready(self.previous.tag)
         self.row(step, f"helm install of {self.previous.name}", ok and seen.most_unready <= 2, said)
@@ -658,7 +686,7 @@ class Story:
 
     def upgrade_main(self) -> None:
         """main to main: helm upgrade between two builds of main, and rollback."""
-        step = f"{self.main.name} -> {self.main_b.name} -> {self.main.name}"
+        step = "upgrade between builds of main"
         self.rollout(lambda: self.helm("upgrade", release=self.main))
         self.cycle(step, self.main, self.main_b, self.main)
 

@@ -136,6 +136,21 @@ def _kube() -> str | None:
     return "; ".join(lacking) if lacking else None
 
 
+def _real_node() -> str | None:
+    """What the real-node lab runs (cozylab/realnode/): Kubernetes' node binaries, containerd,
+    runc and the CNI plugins (scripts/setup.sh --real-node builds and installs them), and
+    podman and debootstrap for the agent's images."""
+    from cozylab.realnode.spec import missing_prerequisites
+
+    lacking = missing_prerequisites()
+    lacking += [
+        f"the {c} command (scripts/setup.sh --real-node installs it)"
+        for c in ("podman", "debootstrap")
+        if shutil.which(c) is None
+    ]
+    return "; ".join(lacking) if lacking else None
+
+
 #: name -> check: None when present, else what is missing and how to get it
 PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "root": _root,
@@ -155,6 +170,7 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "ovn": _ovn,
     "kernel-guest": _kernel_guest,
     "kube": _kube,
+    "real-node": _real_node,
     "fq": _fq,
 }
 
