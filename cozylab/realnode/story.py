@@ -28,6 +28,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -272,6 +274,41 @@ class Story:
                 on_node.attached,
                 f"xdp {on_node.xdp}, {len(on_node.pins)} pins",
             )
+        self.container_sees(step, NODES[0].name)
+
+    #: what the agent reads of the kernel in its container, as a process on the node reads it
+    KERNEL_FACTS = (
+        "import os, cozyebpf.datapath.kernel as k; "
+        "print(k.hz(), os.path.exists('/proc/config.gz'), "
+        "bool(open('/proc/timer_list').read(64)), "
+        "os.path.isdir('/boot') and bool(os.listdir('/boot')))"
+    )
+
+    def container_sees(self, step: str, node: str) -> None:
+        """What a container hides of the kernel that a process on the node sees (the limits'
+        clock reads the tick length from /proc/config.gz, /boot or /proc/timer_list), and
+        whether the agent's reading of it is the same in both places."""
+        pod = self.agent_pod(node)
+        inside = self.lab.kubectl(
+            "exec", "-n", AGENT_NAMESPACE, pod, "--", "python3", "-c", self.KERNEL_FACTS
+        ).stdout.split()
+        outside = subprocess.run(
+            [*self.lab.node(node).enter(), sys.executable, "-c", self.KERNEL_FACTS],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        ).stdout.split()
+        names = ("tick rate (CONFIG_HZ)", "/proc/config.gz", "/proc/timer_list readable", "/boot")
+        self.row(
+            step,
+            "the agent reads the kernel's tick rate in its container as on the node",
+            inside[0] == outside[0],
+            "; ".join(
+                f"{n}: {i} inside, {o} on the node"
+                for n, i, o in zip(names, inside, outside, strict=True)
+            ),
+        )
 
     # -- 2. backends -------------------------------------------------------------------------
 
