@@ -345,7 +345,7 @@ def main() -> None:
     "lookup; TTL 1, too big for the device, fragments and options still take the stack. "
     "Behind XDP ingress a tc program hands on what XDP let through. off: the path through "
     "the stack. auto: on where pod-facing hooks are attached (--pod-devices; a Cozystack node, "
-    "where it was measured), else off (README, Host routing).",
+    "where it was measured), else off (docs/behaviour.md, Host routing).",
 )
 @click.option(
     "--guard-packet-rate",
@@ -354,7 +354,7 @@ def main() -> None:
     help="The node's guard: packets per second into each Service's LB IPs, dropped at XDP "
     "above it, for every Service that sets no networking.cozystack.io/ingressPacketRate of its "
     "own (a flood to one VM is cut before the node does any work for it). A number with an "
-    "optional k, M, G suffix; 0: no guard (README, Limits per public IP).",
+    "optional k, M, G suffix; 0: no guard (docs/behaviour.md, Limits per public IP).",
 )
 # (longer than 80 lines with its docstring, which is the command's --help: the steps are
 # functions of their own)

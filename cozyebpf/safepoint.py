@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: seconds a stop waits for the section in progress: well under the chart's
 #: terminationGracePeriodSeconds (30), far above an attach (milliseconds) or a map batch
-#: (10,000 Services: 0.20 s, README *Performance*)
+#: (10,000 Services: 0.20 s, bench/README.md)
 STOP_WAIT = 10.0
 
 

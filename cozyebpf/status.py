@@ -174,7 +174,7 @@ def datapath_status(pin_dir: str) -> dict[str, Any]:
     out["maps"] = {name: {"entries": n, "capacity": cap} for name, (n, cap) in entries.items()}
     # egress limits are shaped where every uplink's root qdisc is fq (the uplink's egress sets
     # each packet's departure time), else policed (dropped over the rate where the pod's packet
-    # is translated): README, Limits per public IP
+    # is translated): docs/behaviour.md, Limits per public IP
     out["limits"] = [
         {
             "service": svc,

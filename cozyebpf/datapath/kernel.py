@@ -1,5 +1,5 @@
 """What cozyebpf does on each kernel, as the kernel matrix proved it (issue 36: `make
-kernel-matrix`; README, *Kernels*; docs/design.md, *The kernel matrix*).
+kernel-matrix`; README, *Install*; docs/design.md, *The kernel matrix*).
 
 - Linux 6.6 and later (Talos 1.9-1.11: 6.12; Talos 1.12, 1.13: 6.18): every tc program on tcx,
   placed before every other program of its hook (BPF_F_BEFORE).

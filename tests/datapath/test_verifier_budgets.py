@@ -1,8 +1,9 @@
-"""Every program against its verifier budget, from the table in docs/design.md (*Verifier
-budgets*): the programs loaded as the agent loads them (bpf/cozyebpf.c, one compilation), each
-entry program with the full path and the other programs it hands frames to.
+"""Every program against its verifier budget, from bpf/verifier-budgets.json (data the
+kernel matrix measured; docs/design.md, *Verifier budgets*): the programs loaded as the agent
+loads them (bpf/cozyebpf.c, one compilation), each entry program with the full path and the
+other programs it hands frames to.
 
-The verifier counts differently on each kernel, so the table has a column per kernel line the
+The verifier counts differently on each kernel, so the file has a column per kernel line the
 kernel matrix runs (cozylab/kmatrix.py: 6.1, 6.12, 6.18) and the running kernel is held to
 its own. A kernel between two lines is held to the older line's column (its verifier grew from
 that one; the test says so and asks for a column of its own), and a kernel older than every
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,32 +32,20 @@ ENTRIES = {
     "cz_pod_ingress": "sched_cls",
     "cz_route_tc": "sched_cls",
 }
-README_HOOKS = {  # README's per-hook figures: the largest of these programs' budgets
-    "XDP": ("cz_ingress", "cz_ingress_slow", "cz_ingress_outside"),
-    "tc ingress": ("cz_ingress_tc", "cz_ingress_tc_slow", "cz_ingress_tc_outside"),
-    "egress": ("cz_egress", "cz_egress_slow"),
-}
-
-
-#: the column README.md quotes (this machine's kernel; Talos 1.12 and 1.13 ship 6.18)
-README_LINE = "6.18"
+BUDGETS = "bpf/verifier-budgets.json"
 
 
 def budgets(repo_root: Path) -> dict[str, dict[str, int]]:
-    """The table of docs/design.md's *Verifier budgets*: kernel line (6.1) -> program ->
-    verified instructions."""
-    text = (repo_root / "docs" / "design.md").read_text()
-    section = text.partition("### Verifier budgets\n")[2].partition("\n#")[0]
-    head = re.search(r"^\| program \| hook \|(.*)\|$", section, re.M)
-    assert head, "docs/design.md has no table under '### Verifier budgets'"
-    lines = re.findall(r"^ Linux (\d+\.\d+) $", head.group(1).replace("|", "\n"), re.M)
-    assert lines, f"the budgets' columns are not 'Linux X.Y': {head.group(0)}"
+    """bpf/verifier-budgets.json as kernel line (6.1) -> program -> verified instructions."""
+    data = json.loads((repo_root / BUDGETS).read_text())
+    lines = list(data["kernels"])
+    assert lines, f"{BUDGETS} names no kernel line"
     table: dict[str, dict[str, int]] = {line: {} for line in lines}
-    for name, cells in re.findall(r"^\| `(\w+)` \| [^|]+ \|(.*)\|$", section, re.M):
-        counts = [c.strip() for c in cells.split("|")]
-        assert len(counts) == len(lines), f"{name}: {len(counts)} budgets, {len(lines)} columns"
-        for line, n in zip(lines, counts, strict=True):
-            table[line][name] = int(n.replace(",", ""))
+    for name, row in data["programs"].items():
+        missing = [line for line in lines if not isinstance(row.get(line), int)]
+        assert not missing, f"{BUDGETS}: {name} has no budget for Linux {', '.join(missing)}"
+        for line in lines:
+            table[line][name] = row[line]
     return table
 
 
@@ -73,7 +61,7 @@ def column(table: dict[str, dict[str, int]], release: str) -> tuple[str, str]:
     older = [c for c in table if _version(c) < _version(line)]
     if not older:
         pytest.fail(
-            f"Linux {release} is older than every column of docs/design.md's budgets "
+            f"Linux {release} is older than every column of {BUDGETS} "
             f"({', '.join(table)}): cozyebpf is proven on none older (cozylab/kmatrix.py)"
         )
     nearest = max(older, key=_version)
@@ -118,12 +106,12 @@ def test_every_program_is_within_its_budget(
         print(f"\nverifier: {why}")
         for name, n in counts.items():
             print(f"verifier: {name}: {n:,} verified instructions (budget {table.get(name, 0):,})")
-    assert set(counts) == set(table), "programs and rows of docs/design.md's budgets differ"
+    assert set(counts) == set(table), f"programs and rows of {BUDGETS} differ"
     over = {name: (n, table[name]) for name, n in counts.items() if n > table[name]}
     assert not over, (
-        f"over budget (verified, budget): {over}. {why}. A change that needs more raises the "
-        f"row of every kernel it grows on (make kernel-matrix measures them) and says why in "
-        f"the commit."
+        f"over budget (verified, budget): {over}. {why}. A change that needs more raises its "
+        f"rows in {BUDGETS} on every kernel it grows on (make kernel-matrix measures them) and "
+        f"says why in the commit."
     )
 
 
@@ -137,17 +125,3 @@ def test_a_kernel_is_held_to_its_own_column_or_the_nearest_older_one(repo_root: 
     assert column(table, "6.19.1")[0] == "6.18"
     with pytest.raises(pytest.fail.Exception, match="older than every column"):
         column(table, "5.15.0-1-amd64")
-
-
-def test_the_readme_quotes_the_largest_budget_of_each_hook(repo_root: Path) -> None:
-    table = budgets(repo_root)
-    readme = " ".join((repo_root / "README.md").read_text().split())
-    m = re.search(
-        r"verifier processes at most ([\d,]+) instructions for an XDP program, ([\d,]+) for tc "
-        r"ingress and ([\d,]+) for egress",
-        readme,
-    )
-    assert m, "README no longer quotes the verifier's figures as this test expects"
-    quoted = [int(g.replace(",", "")) for g in m.groups()]
-    quoted_line = table[README_LINE]
-    assert quoted == [max(quoted_line[p] for p in progs) for progs in README_HOOKS.values()]
