@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.common import mpps
 from bench.datapath import PATHS, VARIANT_LABELS
-from bench.report import _mpps
 
 
 def chart(res: dict[str, Any], path: Path) -> None:
@@ -79,7 +79,7 @@ def datapath_chart(ax: Any, dp: dict[str, Any]) -> None:
     for j, v in enumerate(variants):
         xs, ys = [], []
         for i, p in enumerate(paths):
-            val = _mpps(dp, p, v)
+            val = mpps(dp, p, v)
             if val:
                 xs.append(i + (j - len(variants) / 2 + 0.5) * w)
                 ys.append(val)

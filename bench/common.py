@@ -166,3 +166,9 @@ def cleanup_leftovers() -> list[str]:
                 subprocess.run(["rm", "-rf", os.path.join(PIN_ROOT, name)], check=False)
             removed.append(os.path.join(PIN_ROOT, name))
     return removed
+
+
+def mpps(dp: dict[str, Any], path: str, variant: str) -> float | None:
+    """The datapath part's median Mpps of `variant` on `path` (None: not measured)."""
+    e = dp.get("summary", {}).get(path, {}).get(variant)
+    return e["mpps"] if e else None

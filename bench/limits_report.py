@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.common import median
-from bench.limits import (
+from bench.limits_params import (
     BAND,
     CONFIG_LABELS,
     CONFIGS,
@@ -20,12 +20,12 @@ from bench.limits import (
     NODE_LABELS,
     NODE_NAMES,
     NODES,
-    QUANTITY,
     REACHABLE,
     SHAPED,
     Settings,
     frame_mss,
 )
+from cozyebpf.model.limits import parse_quantity
 
 
 def summarize_accuracy(
@@ -78,7 +78,7 @@ def summarize_accuracy(
                         or None,
                     }
                     if lim != "none":
-                        bps = QUANTITY[lim]
+                        bps = parse_quantity(lim)
                         row["limit_bps"] = bps
                         row["ratio"] = round(good / bps, 4)
                         row["wire_ratio"] = round(good * frame / mss / bps, 4)

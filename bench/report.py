@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from bench.common import mpps
 from bench.datapath import PATHS, VARIANT_LABELS
 
 FORWARD_PATHS = ("whole-ip", "port-allowed", "reply", "egress-snat", "egress-whole")
@@ -37,11 +38,6 @@ def _stretch(value: float | None, stretch: float, higher_is_better: bool = True)
     ok = value >= stretch if higher_is_better else value <= stretch
     op = ">=" if higher_is_better else "<="
     return f"; stretch {op} {stretch}: {'PASS' if ok else 'MISS'}"
-
-
-def _mpps(dp: dict[str, Any], path: str, v: str) -> float | None:
-    e = dp.get("summary", {}).get(path, {}).get(v)
-    return e["mpps"] if e else None
 
 
 class Targets:
@@ -120,10 +116,10 @@ def _ratio(t: Targets, name: str, a: float | None, b: float | None, want: float)
 def forward_targets(dp: dict[str, Any], t: Targets) -> None:
     """Forwarding per path vs plain routing (issue 10's goals) and vs cozy-proxy's nftables."""
     for path in FORWARD_PATHS:
-        cz, plain, nft = (_mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
+        cz, plain, nft = (mpps(dp, path, v) for v in ("cz-xdp", "plain", "nft"))
         floor_v = "tc-next" if path.startswith("egress-") else "xdp-pass"
-        floor = _mpps(dp, path, floor_v)
-        mini = _mpps(dp, path, "min-snat")
+        floor = mpps(dp, path, floor_v)
+        mini = mpps(dp, path, "min-snat")
         ratio = cz / plain if cz and plain else None
         want, stretch = FORWARD_GOALS[path]
         t.add(
@@ -142,8 +138,8 @@ def forward_targets(dp: dict[str, Any], t: Targets) -> None:
 
 def drop_targets(dp: dict[str, Any], t: Targets) -> None:
     """The port filter's drop vs a bare XDP_DROP and vs cozy-proxy's nftables drop."""
-    cz, bare, nft = (_mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
-    mini = _mpps(dp, "port-drop", "min-xdp")
+    cz, bare, nft = (mpps(dp, "port-drop", v) for v in ("cz-xdp", "xdp-drop", "nft"))
+    mini = mpps(dp, "port-drop", "min-xdp")
     ratio = cz / bare if cz and bare else None
     t.add(
         "port-drop: cozyebpf (XDP) drop vs bare XDP_DROP",
@@ -160,7 +156,7 @@ def variant_targets(dp: dict[str, Any], t: Targets) -> None:
     """What a feature costs: the product against its builds without per-Service counters and
     without the source check, and Services with source ranges against those without."""
     for path in (p for p in PATHS if "cz-xdp-nosvc" in PATHS[p]):
-        cz, nosvc, mon = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"))
+        cz, nosvc, mon = (mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nosvc", "cz-xdp-mon"))
         t.add(
             f"{path}: cozyebpf (XDP) with per-Service counters vs without (cost <= 3 %)",
             cz / nosvc if cz and nosvc else None,
@@ -170,7 +166,7 @@ def variant_targets(dp: dict[str, Any], t: Targets) -> None:
             + (f"; with a monitor running (--type all): {mon / cz:.3f}x" if mon and cz else ""),
         )
     for path in (p for p in PATHS if "cz-xdp-nospoof" in PATHS[p]):
-        cz, nospoof = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nospoof"))
+        cz, nospoof = (mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-nospoof"))
         _ratio(
             t,
             f"{path}: cozyebpf egress with the source check vs without (cost <= 2 %)",
@@ -179,7 +175,7 @@ def variant_targets(dp: dict[str, Any], t: Targets) -> None:
             SPOOF_CHECK_GOAL,
         )
     for path in (p for p in PATHS if "cz-xdp-ranges" in PATHS[p]):
-        cz, ranged = (_mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-ranges"))
+        cz, ranged = (mpps(dp, path, v) for v in ("cz-xdp", "cz-xdp-ranges"))
         t.add(
             f"{path}: cozyebpf (XDP) with source ranges vs without (cost <= 5 %)",
             ranged / cz if cz and ranged else None,
@@ -197,7 +193,7 @@ def pod_hook_targets(dp: dict[str, Any], t: Targets) -> None:
         ("pod-side-other", 0.95),
     ):
         pod, uplink, plain, floor = (
-            _mpps(dp, path, v) for v in ("cz-pod", "cz-xdp", "plain", "cz-xdp-podnext")
+            mpps(dp, path, v) for v in ("cz-pod", "cz-xdp", "plain", "cz-xdp-podnext")
         )
         if not (pod and plain):
             continue
@@ -219,7 +215,7 @@ def pod_hook_targets(dp: dict[str, Any], t: Targets) -> None:
 def minimal_targets(dp: dict[str, Any], t: Targets) -> None:
     """cozyebpf against the minimal XDP NAT, which it must beat."""
     for path in ("port-drop", "whole-ip"):
-        cz, mini = (_mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
+        cz, mini = (mpps(dp, path, v) for v in ("cz-xdp", "min-xdp"))
         _ratio(t, f"{path}: cozyebpf (XDP) vs a minimal XDP NAT (must be leaner)", cz, mini, 1.0)
 
 
@@ -550,7 +546,7 @@ def datapath_table(dp: dict[str, Any], reps: int) -> list[str]:
     for v in DATAPATH_ROWS:
         row = f"{v:13s}"
         for path in paths:
-            base = _mpps(dp, path, "xdp-drop" if path == "port-drop" else "plain")
+            base = mpps(dp, path, "xdp-drop" if path == "port-drop" else "plain")
             e = dp["summary"].get(path, {}).get(v)
             if not e:
                 row += f"{'-':>21s}"
@@ -723,7 +719,7 @@ def write(
 ) -> tuple[Path, Path | None, Path | None]:
     """JSON and chart in results_dir; the chart also as bench/chart.png (the one the README
     shows) after a complete full run (not --quick, datapath and control, no errors)."""
-    from bench.charts import chart  # charts reads report's helpers
+    from bench.charts import chart  # (matplotlib: imported only to draw)
 
     results_dir.mkdir(parents=True, exist_ok=True)
     js = results_dir / f"{res['started'].replace(':', '')}.json"

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 
 #: --guard-packet-rate's default: 1,000,000 packets per second into each Service's LB IPs
-#: (docs/behaviour.md, Limits per public IP: above what one VM's virtio queue pair forwards, so that the
-#: guard never cuts a VM's own traffic; a 10 Gbit/s flood of small packets, 14.88 million a
-#: second, loses 93 % of it at XDP)
+#: (docs/behaviour.md, Limits per public IP: above what one VM's virtio queue pair forwards,
+#: so that the guard never cuts a VM's own traffic; a 10 Gbit/s flood of small packets,
+#: 14.88 million a second, loses 93 % of it at XDP)
 DEFAULT_GUARD = "1M"
 
 

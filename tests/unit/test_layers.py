@@ -6,6 +6,7 @@ one that reaches up."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from tests.support.imports import imports
@@ -72,3 +73,33 @@ def test_only_the_kube_client_imports_the_kubernetes_package() -> None:
         }
     )
     assert users == ["kube/client.py"]
+
+
+def test_the_bench_has_no_import_circle() -> None:
+    """bench/'s modules import one another in one direction (the parts measure, the reports
+    summarize and draw): no module reaches, through others, back to itself. `from bench import
+    x` counts as an import of bench.x."""
+    bench = PRODUCT.parent / "bench"
+    graph: dict[str, set[str]] = {p.stem: set() for p in bench.glob("*.py")}
+    for path, _, name in imports(sorted(bench.glob("*.py"))):
+        if name.startswith("bench."):
+            graph[path.stem].add(name.split(".")[1])
+    for path in sorted(bench.glob("*.py")):  # from bench import x, y
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                graph[path.stem] |= {a.name for a in node.names if a.name in graph}
+
+    def circle(start: str) -> list[str] | None:
+        todo, seen = [(start, [start])], set()
+        while todo:
+            here, trail = todo.pop()
+            for there in sorted(graph.get(here, ())):
+                if there == start:
+                    return [*trail, there]
+                if there not in seen:
+                    seen.add(there)
+                    todo.append((there, [*trail, there]))
+        return None
+
+    circles = {m: c for m in sorted(graph) if (c := circle(m))}
+    assert circles == {}, " | ".join(" -> ".join(c) for c in circles.values())
