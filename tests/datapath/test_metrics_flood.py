@@ -301,7 +301,7 @@ class Holders:
     def __init__(self, agent: AgentLab, ns: str, sources: list[str], address: tuple[str, int]):
         self.agent, self.ns, self.address = agent, ns, address
         self.halt = threading.Event()
-        self.live: set[str] = set()
+        self.live: dict[str, float] = {}  # source -> when its connection was opened
         self.opened = collections.Counter[str]()
         self.lock = threading.Lock()
         self.threads = [
@@ -319,7 +319,7 @@ class Holders:
                     s.bind((source, 0))
                     s.connect(self.address)
                     with self.lock:
-                        self.live.add(source)
+                        self.live[source] = time.monotonic()
                         self.opened[source] += 1
                     while not self.halt.is_set() and not select.select([s], [], [], 0.1)[0]:
                         pass
@@ -327,12 +327,18 @@ class Holders:
                 pass
             finally:
                 with self.lock:
-                    self.live.discard(source)
+                    self.live.pop(source, None)
             self.halt.wait(0.01)
 
-    def holding(self) -> int:
+    def settled(self, seconds: float = 0.5) -> bool:
+        """Every source holds a connection that the server kept for `seconds`: a connection
+        the server refuses as full is closed at once, and its holder sees the close within
+        0.1 s, so a connection only just opened may not be held by the server yet."""
+        now = time.monotonic()
         with self.lock:
-            return len(self.live)
+            return len(self.live) == len(self.threads) and all(
+                now - t >= seconds for t in self.live.values()
+            )
 
     def stop(self) -> None:
         self.halt.set()
@@ -373,7 +379,7 @@ def test_an_authorised_scraper_gets_its_scrapes_past_64_idle_sources(
     codes: list[int | None] = []
     try:
         for _ in range(10):
-            wait_for(lambda: holders.holding() == len(IDLE_SOURCES), 30, "64 silent connections")
+            wait_for(holders.settled, 30, "64 silent connections that the server holds")
             got = scrape()
             codes.append(None if got is None else got[0])
         assert codes == [200] * 10, codes
