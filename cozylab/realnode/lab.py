@@ -366,6 +366,13 @@ class RealNodeLab:
     ) -> subprocess.CompletedProcess[str]:
         return self._tool([str(REPO / ".venv" / "bin" / "helm"), *args], check, timeout)
 
+    def shell(self, script: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        """`script` run by bash (-e, pipefail) where kubectl and helm run, from the checkout
+        (relative paths as the README's), with the lab's kubectl and helm first on PATH."""
+        tools = f"{kube_bin('kubectl').parent}:{REPO / '.venv' / 'bin'}"
+        argv = ["env", f"PATH={tools}:{os.environ.get('PATH', '')}", "bash", "-eo", "pipefail"]
+        return self._tool([*argv, "-c", f"cd {REPO}\n{script}"], True, timeout)
+
     def pods(self, namespace: str, selector: str = "") -> list[Obj]:
         return (
             self.admin.list("Pod", namespace, selector=selector)

@@ -1,10 +1,10 @@
 """What a user does with cozyebpf on real nodes, in order, each step checked as the user would
 check it (`Story.run` returns one `Row` per check):
 
-1. install: the namespace as the README says, `helm install` of charts/cozyebpf with the values
-   a user sets (the uplink device, the proxy name; a build of main is an image tag too), the
-   DaemonSet's Pods Ready on both nodes under the runtime; inside a Pod, the capabilities and
-   seccomp mode the chart asks for;
+1. install: the README's own Install commands (cozylab/realnode/readme.py: the namespace, its
+   label, `helm install` of charts/cozyebpf with the uplink device and the image a user sets),
+   the DaemonSet's Pods Ready on both nodes under the runtime; inside a Pod, the capabilities
+   and seccomp mode the chart asks for; the README's Check commands answer on each node;
 2. backends: a Deployment behind a port-filter Service and a VM-like Pod behind a whole-IP
    Service; their EndpointSlices come from the kubelets' probes; TCP, UDP and ICMP through
    both LB IPs from the client; the backends' egress seen as their LB IPs;
@@ -40,7 +40,7 @@ import yaml
 
 from cozylab.kubecp.spec import Obj
 from cozylab.netns import wait_for
-from cozylab.realnode import probes
+from cozylab.realnode import probes, readme
 from cozylab.realnode.images import Release
 from cozylab.realnode.lab import RealNodeLab
 from cozylab.realnode.spec import AGENT_REPOSITORY, CLIENT_IP, LB_FILTERED, LB_WHOLE, NODES
@@ -236,15 +236,14 @@ class Story:
     # -- 1. install --------------------------------------------------------------------------
 
     def install(self) -> None:
-        """install: helm install of main's chart on two real nodes."""
+        """install: the README's commands install main's chart on two real nodes."""
         step = "install"  # STEPS: the name of each step's rows
         lab = self.lab
-        lab.kubectl("create", "namespace", AGENT_NAMESPACE)
-        lab.kubectl(
-            "label", "namespace", AGENT_NAMESPACE, "pod-security.kubernetes.io/enforce=privileged"
-        )
+        # the README's own commands (Install), with the lab's image: what a user types
+        image = {"REGISTRY/cozyebpf": AGENT_REPOSITORY, "TAG": self.main.tag}
+        script = readme.filled(readme.blocks("Install"), **image)
         t0 = time.monotonic()
-        self.rollout(lambda: self.helm("install", release=self.main))
+        self.rollout(lambda: lab.shell(script))
         ok, said = self.all_ready(self.main.tag)
         self.row(
             step,
@@ -275,6 +274,19 @@ class Story:
                 f"xdp {on_node.xdp}, {len(on_node.pins)} pins",
             )
         self.container_sees(step, NODES[0].name)
+        self.readme_check(step)
+
+    def readme_check(self, step: str) -> None:
+        """The README's *Check that it works* commands, on each node: `cozyebpf status` in the
+        agent's Pod, and its log saying the datapath is ready."""
+        for n in NODES:
+            script = readme.filled(readme.blocks("Check that it works"), NODE=n.name)
+            try:
+                out = self.lab.shell(script, timeout=120).stdout
+                ok, said = "datapath ready" in out, f"{len(out.splitlines())} lines"
+            except RuntimeError as e:
+                ok, said = False, str(e)[-600:]
+            self.row(step, f"{n.name}: the README's check commands answer", ok, said)
 
     #: what the agent reads of the kernel in its container, as a process on the node reads it
     KERNEL_FACTS = (

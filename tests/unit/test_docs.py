@@ -204,3 +204,22 @@ def test_every_relative_link_reaches_a_file_and_a_heading(doc: Path) -> None:
         if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
             broken.append(target)
     assert not broken, f"{doc.relative_to(REPO)}: links that reach nothing: {broken}"
+
+
+def test_the_readmes_commands_are_what_the_real_node_lab_runs(tmp_path: Path) -> None:
+    """Issue 46, item 5: the real-node lab runs the README's Install and Check blocks
+    (cozylab/realnode/readme.py, the install step); here, quickly, that they are there with
+    the placeholders the lab fills, and that a block or a placeholder gone is an error that
+    says so, not a lab that installs some other way."""
+    from cozylab.realnode.readme import blocks, filled
+
+    install = blocks("Install")
+    assert "helm install cozyebpf charts/cozyebpf" in install
+    filled(install, **{"REGISTRY/cozyebpf": "lab/cozyebpf", "TAG": "t"})
+    assert "cozyebpf status" in filled(blocks("Check that it works"), NODE="node-1")
+    readme = tmp_path / "README.md"
+    readme.write_text("## Install\n\nno commands\n\n## Check that it works\n```sh\nls NODES\n```\n")
+    with pytest.raises(LookupError, match="no ```sh block"):
+        blocks("Install", readme)
+    with pytest.raises(LookupError, match="no placeholder NODE"):
+        filled(blocks("Check that it works", readme), NODE="node-1")
