@@ -50,8 +50,9 @@ PORTS_SPILL = 0xFF  # nports: more than INLINE_PORTS, all of them are in allow4/
 #: Services the maps hold by default (`PinnedMaps.ensure(max_services=...)`)
 DEFAULT_MAX_SERVICES = 65536
 #: kernel memory the per-Service counters may take by default: svcstats is a per-CPU array,
-#: allocated whole, 96 bytes per slot and possible CPU; with more CPUs than this allows for
-#: every Service, fewer Services get counters of their own (`map_specs(service_slots=...)`)
+#: allocated whole, 160 bytes per slot and possible CPU (struct svc_stat); with more CPUs than
+#: this allows for every Service, fewer Services get counters of their own
+#: (`map_specs(service_slots=...)`)
 SVCSTATS_BUDGET = 64 << 20
 
 
