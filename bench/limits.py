@@ -196,7 +196,7 @@ class Agent:
         enforced_limits), so that the bench waits for what the agent does."""
         own, errors = read_limits(s.annotations)
         assert not errors, errors
-        return enforced_limits(own, self.guard_pps)
+        return enforced_limits(own, self.guard_pps, self.guard_pps)  # the ceiling: the guard's
 
     def counters(self) -> dict[str, int]:
         with PinnedMaps.open(self.pin) as m:

@@ -120,6 +120,7 @@ class Agent:
         local: LocalAddresses | None = None,
         reserved_cidrs: Sequence[IPNetwork] = (),
         guard_pps: int | None = None,
+        max_pps: int | None = None,
     ) -> None:
         self.source = source
         #: this node's addresses, followed in the kernel (None: not checked, for tests)
@@ -141,6 +142,7 @@ class Agent:
             clock=clock,
             reserved_cidrs=reserved_cidrs,
             guard_pps=guard_pps,
+            max_pps=max_pps,
         )
         self.resync_interval = resync_interval
         self.on_problems = on_problems

@@ -356,6 +356,14 @@ def main() -> None:
     "own (a flood to one VM is cut before the node does any work for it). A number with an "
     "optional k, M, G suffix; 0: no guard (docs/behaviour.md, Limits per public IP).",
 )
+@click.option(
+    "--max-packet-rate",
+    default="",
+    help="The node's ceiling of a Service's own networking.cozystack.io/ingressPacketRate: "
+    "a Service that asks for more gets this, with a Warning Event naming it. A number with an "
+    "optional k, M, G suffix; 0: no ceiling. [default: the guard's rate] A guard above the "
+    "ceiling is refused at start (docs/behaviour.md, Limits per public IP).",
+)
 # (longer than 80 lines with its docstring, which is the command's --help: the steps are
 # functions of their own)
 def run(**options: Any) -> None:
@@ -391,6 +399,7 @@ def run(**options: Any) -> None:
         _stop_on_signals(stop, safe, wake)  # inside: a stop from now on lands in `except`
         reserved_cidrs = cfg.reserved_networks()
         guard_pps = cfg.guard_pps()
+        max_pps = cfg.max_pps()
         devs = resolve_devices(cfg.devices)
         pod_devs = resolve_pod_devices(cfg.pod_devices, devs)
         node = cfg.node_name or socket.gethostname()
@@ -418,6 +427,7 @@ def run(**options: Any) -> None:
             local=local,
             reserved_cidrs=reserved_cidrs,
             guard_pps=guard_pps,
+            max_pps=max_pps,
         )
         wake.append(agent.notify)
         local.start()

@@ -62,6 +62,7 @@ class RunConfig:
     metrics_cert_dir: str
     host_routing: str  # "auto" (on with pod-facing devices), "on" or "off"
     guard_packet_rate: str  # a quantity ("1M"), "0": no guard
+    max_packet_rate: str  # a quantity, "": the guard's, "0": no ceiling
 
     def reserved_networks(self) -> tuple[IPNetwork, ...]:
         """--reserved-cidrs as networks; PermanentError naming a bad item."""
@@ -90,6 +91,33 @@ class RunConfig:
                 "agent.guardPacketRate)"
             ) from None
 
+    def max_pps(self) -> int | None:
+        """--max-packet-rate in packets per second: the ceiling of a Service's own
+        ingressPacketRate (None: no ceiling); by default the guard's. PermanentError naming a
+        bad value, or a guard above the ceiling (the guard would let in more than any Service
+        may ask for), and the fix."""
+        guard = self.guard_pps()
+        text = self.max_packet_rate.strip()
+        if text == "":
+            return guard
+        if text == "0":
+            return None
+        try:
+            ceiling = parse_packet_rate("--max-packet-rate", text)
+        except LimitError as e:
+            raise PermanentError(
+                f"{str(e).removeprefix('annotation ')}; or 0 for no ceiling, or leave it unset "
+                "for the guard's rate (the chart's agent.maxPacketRate)"
+            ) from None
+        if guard is not None and guard > ceiling:
+            raise PermanentError(
+                f"--guard-packet-rate {guard:,} is above --max-packet-rate {ceiling:,}: the "
+                "node's guard would let in more packets than any Service may ask for; lower the "
+                "guard or raise the ceiling (the chart's agent.guardPacketRate and "
+                "agent.maxPacketRate)"
+            )
+        return ceiling
+
     def exclude_devices(self) -> tuple[str, ...]:
         """--reserved-exclude-devices as names."""
         return tuple(_items(self.reserved_exclude_devices))
@@ -117,6 +145,7 @@ class RunConfig:
             pod_devices=pod_devices,
             host_routing=self.host_routing == "on"
             or (self.host_routing == "auto" and bool(pod_devices)),
+            guard_pps=self.guard_pps(),
         )
 
 

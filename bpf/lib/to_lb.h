@@ -63,18 +63,22 @@ static __always_inline int to_lb4(struct __sk_buff *skb, void *data, void *data_
 	reason = fast_ingress(data, data_end, skb->len, cz_tc_segs(skb), &f, &to);
 	if (reason == CZ_SLOW || reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
-	drop = reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE;
+	/* the filter's drops and the limit's (fast_ingress charged the Service's buckets) */
+	drop = reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE || reason == CZ_DROP_LIMIT;
 	/*
 	 * Larger than the pod's device (Kube-OVN's ovn0 under a larger uplink; the device would
 	 * drop it, the ToR bring it back as a martian): the node is told the path's MTU, as the
 	 * stack tells it when a route's device is too small. Nothing is recorded, translated,
 	 * counted or shown to a monitor (which shows a frame under the reason it is counted
-	 * under). (No TTL here: the node sent it, or forwarded it already, and counted that hop
-	 * then.)
+	 * under); only a packet its limit let in is answered (its buckets were charged by the
+	 * decision: the node's sender pays for what it sent). (No TTL here: the node sent it, or
+	 * forwarded it already, and counted that hop then.)
 	 */
 	if (!drop && (too_big || cz_too_big(skb, skb->len - sizeof(struct ethhdr), fib.mtu_result)))
 		return cz_frag_needed4(skb, ip->daddr, fib.mtu_result);
-	/* only what the pod's filter let in: the flow admits what the client sends as well */
+	/* only what the pod's filter and its Service's limit let in: the flow admits what the
+	 * client sends as well (a refused packet recorded one: a tenant could write flow entries
+	 * at any rate by flooding another's limited LB IP) */
 	if (!drop)
 		flow_record(0, &pod, &client, f.dport, f.sport, f.proto, 0, f.tcp_flags, 1);
 	if (cz_fast_end_f(skb, 0, 0, reason, &f, skb->len, data_end, &to))

@@ -49,6 +49,7 @@ class BpfDatapath:
         flow_timeouts: Mapping[str, float] | None = None,
         pod_devices: Sequence[str] = (),
         host_routing: bool = False,
+        guard_pps: int | None = None,
     ) -> None:
         if not devices:
             raise DatapathError("no devices given: name the uplink devices with --devices")
@@ -62,6 +63,9 @@ class BpfDatapath:
         #: behind XDP ingress, cz_route_tc on tcx ingress hands on what XDP marked
         #: (docs/design.md, Host routing)
         self.host_routing = host_routing
+        #: the node's guard (--guard-packet-rate; None: none): also the limit of slot 0, which
+        #: the Services without a counter slot of their own share (PinnedMaps.set_guard)
+        self.guard_pps = guard_pps
         self.pin_dir = pin_dir
         self.xdp_mode = xdp_mode
         self.tc_mode = tc_mode
@@ -122,6 +126,7 @@ class BpfDatapath:
             self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)
             self.maps.set_flow_timeouts(**self.flow_timeouts)
             self.maps.set_node(uplinks, bool(self.pod_devices), self.host_routing)
+            self.maps.set_guard(self.guard_pps)
         self._shaping()
 
     def begin(self) -> None:

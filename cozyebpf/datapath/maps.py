@@ -246,10 +246,29 @@ class PinnedMaps(Views, FlowTables):
             refused.discard(gone)
         return {s for s in refused if not self.slots.slot(s)}, self.slots.capacity
 
+    def set_guard(self, pps: int | None) -> None:
+        """The node's guard of `pps` packets per second (None: none) as the limits of slot 0:
+        the slot of every Service without one of its own (all taken: --counted-services), whose
+        LB IPs carry F_LIMIT where it is limited, so that those Services share the guard's one
+        bucket rather than have no limit at all (docs/behaviour.md, Limits per public IP). Its
+        bucket is left as it is (slot 0 has no owner to change)."""
+        if self.layout.limits.name not in self.fds:
+            return
+        lim = Limits(ingress_pps=pps, guard=True) if pps else NO_LIMITS
+        self._update_batch(
+            self.layout.limits, [(0).to_bytes(4, sys.byteorder)], [bytes(limit_val(lim))]
+        )
+
+    def guard_slot(self) -> Limits:
+        """The limits of slot 0 (set_guard)."""
+        raw = self._lookup(self.layout.limits, (0).to_bytes(4, sys.byteorder))
+        return limits_of(LimitVal.from_buffer_copy(raw)) if raw is not None else NO_LIMITS
+
     def _write_limits(self, limits: Mapping[str, Limits]) -> None:
         """Each Service's limits at its slot (no limit: zeros). A Service without a slot of its
-        own (all taken: --counted-services) has none enforced, as it has no counters of its own
-        (ServiceSlots.activate logs that once; README, *Limits of this version*)."""
+        own (all taken: --counted-services) has none of its own enforced, as it has no counters
+        of its own (ServiceSlots.activate logs that once; README, *Limits of this version*): it
+        shares slot 0's, the node's guard (set_guard)."""
         keys, values = [], []
         if self.layout.limits.name not in self.fds:
             return

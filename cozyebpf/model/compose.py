@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from ipaddress import ip_network
 from typing import Any
 
+from cozyebpf.model.limits import ANN_INGRESS_PACKET_RATE
 from cozyebpf.model.read import read_objects
 from cozyebpf.model.records import (
     DEFAULT_PROXY_NAME,
@@ -362,12 +363,17 @@ def _nothing_reserved(ip: IPAddress) -> Refusal | None:
     return None
 
 
-def enforced_limits(limits: Limits, guard_pps: int | None) -> Limits:
+def enforced_limits(limits: Limits, guard_pps: int | None, max_pps: int | None = None) -> Limits:
     """A Service's limits as the datapath enforces them: its own, and the node's guard as its
-    packet rate into its LB IPs where it sets none (its own rate, higher or lower, wins: the
-    guard never cuts traffic below what a Service asked for)."""
+    packet rate into its LB IPs where it sets none (its own rate, lower or up to the node's
+    ceiling `max_pps`, wins: the guard never cuts traffic below what a Service asked for); a
+    rate of its own above the ceiling is the ceiling. The node's operator holds the ceiling,
+    not whoever may annotate a Service: no LB IP takes in more packets than it unless the
+    operator says so (docs/behaviour.md, Limits per public IP)."""
     if limits.ingress_pps is None and guard_pps:
         return replace(limits, ingress_pps=guard_pps, guard=True)
+    if max_pps and limits.ingress_pps is not None and limits.ingress_pps > max_pps:
+        return replace(limits, ingress_pps=max_pps)
     return limits
 
 
@@ -378,14 +384,16 @@ def _compose(
     held: Iterable[IPAddress],
     reserved: Callable[[IPAddress], Refusal | None] = _nothing_reserved,
     guard_pps: int | None = None,
+    max_pps: int | None = None,
 ) -> dict[ObjectRef, _Output]:
     """The cross-Service rules over `evals`, which must hold every Service that shares an LB
     IP or a pod with one of them: a Service with an LB IP that is `reserved` or the pod IP of
     any of them is refused whole, the older Service keeps a contested LB IP, the oldest
     Service of a pod owns its egress, the allowed ports of a pod are the union of its
     port-filter Services'. A pod that is moving, or in `held` (moved a moment ago), is
-    marked learning. Limits: the Service's own and the node's guard of `guard_pps` packets per
-    second into each LB IP (enforced_limits). One output per Service."""
+    marked learning. Limits: the Service's own (its packet rate at most `max_pps`) and the
+    node's guard of `guard_pps` packets per second into each LB IP (enforced_limits). One
+    output per Service."""
     held = frozenset(held)
     out: dict[ObjectRef, _Output] = {}
     valid: list[_Eval] = []
@@ -415,7 +423,18 @@ def _compose(
         migrating = e.moving() | (held & set(pod_ips))
         name = f"{s.ref.namespace}/{s.ref.name}"  # whose counters its entries feed
         refused = _refusals(s.lb_ips, reserved, pod_of)
-        limits = enforced_limits(s.limits, guard_pps)
+        limits = enforced_limits(s.limits, guard_pps, max_pps)
+        if s.limits.ingress_pps is not None and limits.ingress_pps != s.limits.ingress_pps:
+            problems.append(
+                Problem(
+                    s.ref,
+                    f"annotation {ANN_INGRESS_PACKET_RATE} asks for {s.limits.ingress_pps:,} "
+                    f"packets per second, above the node's ceiling of {limits.ingress_pps:,} "
+                    "(--max-packet-rate, the chart's agent.maxPacketRate): its LB IPs get "
+                    "the ceiling; lower the annotation, or ask the node's operator to raise "
+                    "the ceiling",
+                )
+            )
         view = ServiceView(
             s.ref,
             tuple(kept),
@@ -629,12 +648,14 @@ def compose(
     local: Mapping[IPAddress, str] | None = None,
     reserved_cidrs: Iterable[IPNetwork] = (),
     guard_pps: int | None = None,
+    max_pps: int | None = None,
 ) -> ModelResult:
     """The desired state of an ObjectSet, every selected Service's view and every Problem;
     the pods in `held` moved a moment ago (IncrementalModel.held) and are still learning;
     `local` are this node's addresses (address -> device) and `reserved_cidrs` the operator's
     reserved ranges, which no LB IP may take (nor a Node's address, see `Reserved`);
-    `guard_pps` the node's packet-rate guard per Service (enforced_limits)."""
+    `guard_pps` the node's packet-rate guard per Service, `max_pps` its ceiling of a Service's
+    own rate (enforced_limits)."""
     reserved = Reserved(reserved_cidrs)
     reserved.set_local(local or {})
     for node in objects.nodes.values():
@@ -642,7 +663,12 @@ def compose(
     by_service = slices_by_service(objects.slices)
     evals = {key: _evaluate(rec, by_service.get(key, ())) for key, rec in objects.services.items()}
     outputs = _compose(
-        evals.values(), foreign_by_ip(objects.foreign.values()), held, reserved.why, guard_pps
+        evals.values(),
+        foreign_by_ip(objects.foreign.values()),
+        held,
+        reserved.why,
+        guard_pps,
+        max_pps,
     )
     problems = list(objects.problems)
     state = _state_of(outputs.values())
@@ -663,6 +689,7 @@ def build_state(
     local: Mapping[IPAddress, str] | None = None,
     reserved_cidrs: Iterable[IPNetwork] = (),
     guard_pps: int | None = None,
+    max_pps: int | None = None,
 ) -> ModelResult:
     """The desired MapState for the Services labelled for `proxy_name`, with a view of each and
     every Problem found. Never raises on bad input; the result does not depend on input order.
@@ -670,5 +697,11 @@ def build_state(
     `held` pods, when a pod moved, and this node's `local` addresses: what the objects do not
     say)."""
     return compose(
-        read_objects(objects, proxy_name), capacity, held, local, reserved_cidrs, guard_pps
+        read_objects(objects, proxy_name),
+        capacity,
+        held,
+        local,
+        reserved_cidrs,
+        guard_pps,
+        max_pps,
     )

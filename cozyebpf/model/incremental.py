@@ -101,9 +101,11 @@ class IncrementalModel:
         hold: float = MIGRATION_HOLD,
         reserved_cidrs: Iterable[IPNetwork] = (),
         guard_pps: int | None = None,
+        max_pps: int | None = None,
     ) -> None:
         self.proxy_name = proxy_name
         self.guard_pps = guard_pps  # the node's packet-rate guard per Service
+        self.max_pps = max_pps  # and its ceiling of a Service's own rate
         self.capacity = capacity
         self.clock = clock
         self.hold = hold
@@ -380,6 +382,7 @@ class IncrementalModel:
             self._held,
             self.reserved.why,
             self.guard_pps,
+            self.max_pps,
         )
         for ref, o in new_by_ref.items():
             self._outputs[_key(ref)] = o

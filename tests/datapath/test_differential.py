@@ -5,7 +5,9 @@ Each hypothesis example is one map state and a batch of frames (valid, edge-case
 malformed). The maps are cleared and seeded from the state, then every frame runs through the
 programs with BPF_PROG_RUN (ingress frames through both the XDP and the tc ingress program,
 egress frames through the tc egress program, each as if it entered the node by a device: none,
-the one the pod's addr value caches, or one the FIB does not know) and the verdict, the output
+the one the pod's addr value caches, or one the FIB does not know; the egress program in a
+namespace whose routes are the model's, where the node's own packets to LB IPs are decided
+as ingress, to_lb4) and the verdict, the output
 bytes and the counter increments (node-wide and the frame's Service's) must equal the model's,
 and so must the times of the Services' buckets (limits, issue 38), with the clock each program
 read (diffharness.py says how), and, where egress is shaped (the uplinks' fq), the departure
@@ -50,6 +52,7 @@ from tests.support.diffgen import (
     EXAMPLES,
     FEATURES,
     SPOOF_DEVS,
+    TO_LB,
     Scenario,
     address,
     build,
@@ -65,6 +68,7 @@ from tests.support.diffharness import (
     check_frame,
     check_tables,
     scapy_command,
+    to_lb_netns,
 )
 from tests.support.packets import CLIENT, LB_FILT, LB_WHOLE, POD_FILT, POD_WHOLE, assert_frame
 from tests.support.refmodel import LIMIT, PORT_FILTER, Pod, RefState, Svc, Tats
@@ -85,8 +89,9 @@ def dp(request: pytest.FixtureRequest) -> Iterator[Datapath]:
     started = time.monotonic()
     try:
         progs = {name: loader.load(*spec, pin_dir) for name, spec in PROGRAMS.items()}
-        d = Datapath(maps, progs)
-        yield d
+        with to_lb_netns(unique_prefix("difflb"), TO_LB) as net:
+            d = Datapath(maps, progs, net)
+            yield d
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         if capture is not None and d.frames:
             with capture.global_and_fixture_disabled():
@@ -184,6 +189,57 @@ def test_the_run_met_spoofed_sources(dp: Datapath) -> None:
         pytest.skip("spoof not generated in this run")
     counts = dp.counters()
     assert counts.get("drop_spoofed", (0, 0))[0] > 0, counts
+
+
+def test_the_run_met_the_nodes_packets_to_lb_ips(dp: Datapath) -> None:
+    """The node's packets to LB IPs (to_lb4) were handed to the pods' device, answered with
+    fragmentation-needed, dropped by a filter and refused by a Service's limit."""
+    if not {"to-lb", "limits"} <= FEATURES or dp.frames == 0:
+        pytest.skip("to-lb or limits not generated in this run")
+    for what in (
+        "to-lb: to the pod",
+        "to-lb: frag-needed",
+        "to-lb: dropped",
+        "to-lb: refused by the limit",
+    ):
+        assert dp.met[what] > 0, (what, dp.met)
+
+
+@pytest.mark.parametrize("payload", [0, 200], ids=["fits", "too-big-for-the-pod-device"])
+def test_a_nodes_packet_that_the_limit_refuses_opens_no_flow(dp: Datapath, payload: int) -> None:
+    """The node's packet to an LB IP whose Service's limit refuses it (issue 45): dropped and
+    counted as drop_limit, no flow of the pod recorded and, too big for the pod's device, no
+    fragmentation-needed (before, to_lb4 recorded the flow and answered the size: a tenant
+    flooding another tenant's limited LB IP wrote flow entries at any rate). Its bucket
+    refilled, the same packet goes to the pod, its flow recorded (or the size is answered)."""
+    dp.clear()
+    svc, limits = "diff/to-lb", Limits(ingress_pps=1)
+    lb, pod = address(LB_WHOLE), address(POD_WHOLE)
+    now, limit_now = time.monotonic_ns(), dp.limit_now()
+    state = RefState(
+        svc={lb: Svc(pod, LIMIT, svc)},
+        limits={svc: limits},
+        to_lb=TO_LB,
+    )
+    bucket = rm.limit_buckets(limits)[1]
+    assert bucket is not None
+    state.buckets[svc] = Tats(0, limit_now + 10 * bucket.tolerance, 0)  # refuses for long
+    dp.seed(state, now)
+    node = str(min(TO_LB.node_ips))
+    frame = bytes(v4(LB_WHOLE, src=node) / TCP(sport=41000, dport=22, flags="S") / (b"x" * payload))
+    result = check_frame(dp, state, frame, True)
+    assert (result.verdict, result.counts) == (rm.DROP, {"drop_limit": (1, len(frame))})
+    assert dp.flows() == {}
+    state.apply(result, now)
+    state.buckets[svc] = Tats()  # refilled
+    dp.set_buckets(svc, Tats())
+    result = check_frame(dp, state, frame, True)
+    assert result.verdict == rm.REDIRECT
+    if payload:  # fragmentation-needed to the node: nothing counted or recorded
+        assert result.counts == {} and dp.flows() == {}
+    else:
+        assert result.counts == {"nat_ingress": (1, len(frame)), "flow_new": (1, 0)}
+        assert dp.flows() == {rm.FlowKey(pod, address(node), 22, 41000, rm.TCP): False}
 
 
 @pytest.mark.parametrize("steps", REGRESSIONS)

@@ -288,6 +288,43 @@ def fill_egress_bucket(env: AgentLab) -> None:
         bpfsys.map_update(m.fds["buckets"], key, b)
 
 
+def test_egress_stays_limited_when_fq_goes_while_no_agent_runs(env: AgentLab) -> None:
+    """Shaping trusts that fq is on the uplinks (flowcfg's CZ_CFG_SHAPED), and only a running
+    agent follows the qdiscs: fq removed while no agent runs leaves the flag set, and the
+    departure times the uplink's egress gives (skb->tstamp) mean nothing to noqueue (issue 45).
+    Egress stays limited all the same: the shaper refuses what would leave more than the burst's
+    time ahead (its horizon, the policer's burst), so a flood from vm1 gets its 64 KiB and its
+    rate, as policed, each refused packet one drop_limit. This kernel has no fq: the agent is
+    stopped and the flag left set, as an agent that saw fq leaves it (test_shaping.py removes
+    a real fq where the kernel has one)."""
+    env.stop_agent()
+    try:
+        with PinnedMaps.open(env.pin_dir) as m:
+            m.set_shaped(True)
+            m.read_state()  # (loads the slots)
+            key = ctypes.c_uint32(m.slots.slot("default/vm1"))
+            b = BucketVal()
+            assert key.value and bpfsys.map_lookup(m.fds["buckets"], key, b)
+            b.out_edt = 0  # the shaper idle
+            bpfsys.map_update(m.fds["buckets"], key, b)
+        assert (
+            "noqueue" in env.lab.exec(env.lab.node, "tc", "qdisc", "show", "dev", "uplink").stdout
+        )
+        before = drops(env)
+        n = 200
+        out, elapsed = send_egress(env, 40300, n, b"q")
+        burst = EGRESS_BURST_BYTES // WIRE
+        refill = int(elapsed * 125_000 / WIRE) + 1
+        assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
+        assert_whole(out, b"q")
+        assert drops(env) - before == n - len(out)
+    finally:
+        with PinnedMaps.open(env.pin_dir) as m:
+            m.set_shaped(False)
+        env.start_agent()
+        wait_for(lambda: "default/vm1" in env.maps_state().limits, 15, "vm1's limits")
+
+
 SOL_UDP, UDP_SEGMENT = 17, 103  # linux/udp.h: the datagram's segment size, for UDP GSO
 
 

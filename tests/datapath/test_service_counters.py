@@ -6,8 +6,9 @@ by the control plane, named in svcnames, parked and given back, cleared when reu
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address as A
 from ipaddress import ip_address
 
@@ -17,10 +18,11 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
 from cozyebpf.datapath import bpfsys, loader
-from cozyebpf.datapath.layout import SVC_DROPS
+from cozyebpf.datapath.buckets import default_burst_packets
+from cozyebpf.datapath.layout import SVC_DROPS, BucketVal
 from cozyebpf.datapath.maps import PinnedMaps, ServiceCounters
 from cozyebpf.datapath.reasons import REASONS, SVC_DROP_REASONS, drop_index
-from cozyebpf.state import AllowedPort, MapState, PodEntry, Proto, ServiceEntry, diff
+from cozyebpf.state import AllowedPort, Limits, MapState, PodEntry, Proto, ServiceEntry, diff
 from tests.support.packets import CLIENT, LB_FILT, LB_WHOLE, MAC_A, MAC_B, POD_FILT, POD_WHOLE
 
 XDP_DROP, XDP_PASS = 1, 2
@@ -232,3 +234,35 @@ def test_an_owner_change_is_written(p: Progs) -> None:
     p.run("xdp", eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=1, dport=2))
     assert [c.service for c in p.maps.service_counters()] == [VM3]
     assert p.of(VM3).in_packets == 1  # type: ignore[union-attr]
+
+
+def test_a_service_without_a_slot_shares_the_guards_bucket_at_slot_0(p: Progs) -> None:
+    """Every counter slot taken, a Service's addresses carry slot 0 (issue 45): the node's
+    guard is slot 0's limit (set_guard, at the agent's start), so the Services without a slot
+    share the guard's one bucket; before, slot 0 had no limit and such a Service had no guard at
+    all. Here a guard of 1 packet/s: a burst of 64 passes, the rest is drop_limit."""
+    guard = Limits(ingress_pps=1, guard=True)
+
+    def limited(*names: str) -> MapState:
+        st = state(*names)
+        st.services = {k: replace(v, limited=True) for k, v in st.services.items()}
+        st.limits = dict.fromkeys(names, guard)
+        return st
+
+    p.set(limited(VM2, VM3))
+    p.set(limited(VM1, VM2, VM3))
+    assert p.maps.uncounted() == ({VM1}, 2)
+    bpfsys.map_update(p.maps.fds["buckets"], ctypes.c_uint32(0), BucketVal())  # full
+    p.maps.set_guard(1)
+    try:
+        assert p.maps.guard_slot() == guard
+        before = p.maps.counters()["drop_limit"]["packets"]
+        frame = eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=1, dport=2)
+        verdicts = [p.run("xdp", frame) for _ in range(100)]
+        burst = default_burst_packets(1)
+        assert burst <= verdicts.count(XDP_PASS) <= burst + 1, verdicts.count(XDP_PASS)
+        dropped = p.maps.counters()["drop_limit"]["packets"] - before
+        assert dropped == verdicts.count(XDP_DROP) == 100 - verdicts.count(XDP_PASS)
+    finally:
+        p.maps.set_guard(None)
+    assert p.maps.guard_slot() == Limits()

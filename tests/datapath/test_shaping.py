@@ -31,8 +31,11 @@ from tests.datapath.test_limits import (
     POD1,
     POD_HOOK,
     WIRE,
+    assert_whole,
     cli,
     drops,
+    fill_egress_bucket,
+    send_egress,
     services,
 )
 from tests.support.env import hang_bound
@@ -146,3 +149,35 @@ def test_egress_bandwidth_is_shaped_where_the_uplink_has_fq(
         assert "egress limits are policed: uplink has noqueue, not fq" in env.log()
     finally:
         env.stop_agent()
+
+
+def test_egress_stays_limited_when_fq_goes_while_no_agent_runs(env: AgentLab) -> None:
+    """fq on the uplink, the agent shaping, then the agent stopped and fq deleted (issue 45):
+    the flag still says shaped and the departure times mean nothing to noqueue, yet vm1's
+    flood gets its 64 KiB burst and its rate, as policed (the shaper's horizon), the rest
+    drop_limit, whole from the LB IP (test_limits.py's twin leaves the flag set by hand)."""
+    node = env.lab.node
+    env.lab.exec(node, "tc", "qdisc", "replace", "dev", "uplink", "root", "fq")
+    try:
+        env.start_agent()
+        wait_for(lambda: egress_limits(env) == "shaped", hang_bound(15), "egress shaped")
+        env.stop_agent()
+    finally:
+        env.lab.exec(node, "tc", "qdisc", "del", "dev", "uplink", "root")
+    assert egress_limits(env) == "shaped"  # no agent followed the qdisc
+    fill_egress_bucket(env)
+    with PinnedMaps.open(env.pin_dir) as m:
+        m.read_state()  # (loads the slots)
+        key = ctypes.c_uint32(m.slots.slot("default/vm1"))
+        b = BucketVal()
+        assert key.value and bpfsys.map_lookup(m.fds["buckets"], key, b)
+        b.out_edt = 0  # the shaper idle
+        bpfsys.map_update(m.fds["buckets"], key, b)
+    before = drops(env)
+    n = 200
+    out, elapsed = send_egress(env, 40400, n, b"n")
+    burst = EGRESS_BURST_BYTES // WIRE
+    refill = int(elapsed * 125_000 / WIRE) + 1
+    assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
+    assert_whole(out, b"n")
+    assert drops(env) - before == n - len(out)

@@ -19,7 +19,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Address, IPv6Address, ip_network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, ip_network
 from typing import Any, TypeVar
 
 from hypothesis import strategies as st
@@ -44,6 +44,7 @@ from tests.support.refmodel import (
     RefState,
     Svc,
     Tats,
+    ToLb,
     limit_buckets,
 )
 
@@ -69,6 +70,10 @@ FEATURES: frozenset[str] = frozenset(
         # frames from LB IPs at the uplink; skb->tstamp set or not (needs "limits")
         "shaped",
         "gso",  # GSO packets out: the skb's wire_len (and gso_segs), what a limit charges
+        # the node's own packets (and its pods' it forwards) to LB IPs, at the uplink's egress
+        # (to_lb4: decided as ingress, handed to the pod's device; too big for it,
+        # fragmentation-needed): the egress program runs in a namespace whose routes are TO_LB
+        "to-lb",
     }
 )
 # Disabled classes, and why (to narrow a run down, or to run one: CZ_DIFF_FEATURES=ipv4,...):
@@ -189,6 +194,11 @@ FLOW_AGES = (0, 45, 700)
 #: about one, fails, so a packet from a managed pod IP entering by one is spoofed unless the
 #: pod's addr value caches that very device): the first two are what a pod's value may cache
 SPOOF_DEVS = (2_000_000_001, 2_000_000_002, 2_000_000_003)
+#: "to-lb": the node's FIB (its address on the uplink, the pods' prefix behind a pod-facing
+#: device of an MTU that the larger frames exceed: fragmentation-needed), and a pod of that
+#: prefix that no pair manages (a client pod the node forwards for)
+TO_LB = ToLb(frozenset({IPv4Address("192.0.2.1")}), IPv4Network("10.244.0.0/16"), 96)
+TO_LB_CLIENT_POD = IPv4Address("10.244.0.9")
 #: the limits a Service may get: rates so low that a bucket a few packets from full refuses
 #: within a batch (1 packet/s: a burst of 64 packets; 1-8 kbit/s: 64 KiB), the node's guard,
 #: and rates no batch comes near (charged all the same); one direction or both
@@ -277,6 +287,7 @@ class Seed:
             if s in named:
                 state.buckets[s] = Tats(*(at + a if a else 0 for a in ahead))
         state.shaped = self.shaped
+        state.to_lb = TO_LB if "to-lb" in FEATURES else None
         for s, edt in self.edts:  # on CLOCK_MONOTONIC: now_ns's
             if s in named and edt:
                 state.buckets[s] = state.buckets.get(s, Tats())._replace(
@@ -818,6 +829,30 @@ def aimed_packet(c: Choices, ip: Ip, seed: Seed, history: Sequence[Frame]) -> Ip
     return replace(ip, src=t.remote_ip, dst=dst, proto=t.proto, sport=sport, dport=dport)
 
 
+def to_lb_packet(c: Choices, ip: Ip, seed: Seed) -> Ip:
+    """`ip` (IPv4, egress) as the node's own packet to an LB IP (to_lb4): from the node's
+    address, a pod it forwards for (managed or not, or an LB IP's pod without a pod entry), or
+    a remote or an LB IP (by the ToR); to one of the seed's LB IPs, now and then to an allowed
+    port of its pod, or to nobody's; mostly TCP or UDP, of sizes around the pod device's MTU."""
+    pairs = [p for p in seed.pairs if p.lb.version == 4]
+    node = sorted(TO_LB.node_ips)
+    src = c.pick(
+        node * 4
+        + [TO_LB_CLIENT_POD, TO_LB_CLIENT_POD, pairs[0].pod, pairs[0].lb, POOLS[4].remotes[0]]
+    )
+    lbs = [p.lb for p in pairs if p.in_svc] or [pairs[0].lb]
+    dst = c.pick(lbs * 4 + [POOLS[4].other])
+    proto = c.pick((rm.TCP, rm.TCP, rm.UDP, rm.UDP, ip.proto))
+    dport = ip.dport
+    svc = seed.maps.svc.get(dst)
+    allowed = [a.port for a in seed.allow if svc and a.pod_ip == svc.pod_ip and a.proto == proto]
+    if allowed and c.one_in(2):
+        dport = c.pick(allowed)
+    payload = c.pick((0, 9, 40, 80))  # 80: over the MTU (TO_LB), with either header
+    options = c.pick((0, 0, 0, ip.options))
+    return replace(ip, src=src, dst=dst, proto=proto, dport=dport, payload=payload, options=options)
+
+
 def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
     egress = c.pick((False, False, True))
     gso = c.pick(GSO_SEGS) if ("gso" if egress else "gso-in") in FEATURES else 0
@@ -831,12 +866,16 @@ def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
         ip = aimed_packet(c, ip, seed, history)
     if ip.frag and "fragments" not in FEATURES:
         ip = replace(ip, frag="")
+    to_lb = egress and family == 4 and "to-lb" in FEATURES and c.one_in(2)
+    if to_lb:
+        ip = to_lb_packet(c, ip, seed)
+        gso = 0  # (to_lb4 charges the segments' headers: fast_wire_len)
     translated = None
     if ip.csum == "zero-after":
         maps = seed.maps
         if egress and ip.src in maps.pod:
             translated = (ip.src, maps.pod[ip.src].lb_ip)
-        elif not egress and ip.dst in maps.svc:
+        elif (to_lb or not egress) and ip.dst in maps.svc:
             translated = (ip.dst, maps.svc[ip.dst].pod_ip)
     in_dev = 0
     if egress and "spoof" in FEATURES:
@@ -848,7 +887,7 @@ def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
             in_dev = own
         elif kind == "other":
             in_dev = c.pick([d for d in SPOOF_DEVS if d != own])
-    return Frame(
+    frame = Frame(
         egress,
         ip,
         vlans=c.pick(VLANS) if "vlan" in FEATURES else (),
@@ -861,6 +900,9 @@ def make_frame(c: Choices, seed: Seed, history: Sequence[Frame]) -> Frame:
         gso=gso if ip.proto in (rm.TCP, rm.UDP) else 0,
         tstamp=tstamp,
     )
+    if to_lb and not c.one_in(4):  # most as the node sends them: untagged, well formed
+        frame = replace(frame, vlans=(), ethertype=None, mangle="")
+    return frame
 
 
 @dataclass(frozen=True)

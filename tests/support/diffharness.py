@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import socket
 import struct
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, ip_network
 from typing import Any
 
 import pytest
@@ -62,6 +64,7 @@ from cozyebpf.state import (
     ServiceEntry,
     diff,
 )
+from cozylab.netns import in_netns, run
 from tests.support import refmodel as rm
 from tests.support.refmodel import (
     ALLOW_ICMP,
@@ -75,6 +78,7 @@ from tests.support.refmodel import (
     RefState,
     Result,
     Tats,
+    ToLb,
 )
 
 # -- the programs ------------------------------------------------------------------------------
@@ -154,13 +158,65 @@ def probe_state() -> MapState:
     return st
 
 
+@dataclass(frozen=True)
+class ToLbNet:
+    """A network namespace whose routes are the model's FIB of the node's packets to LB IPs
+    (refmodel.ToLb): the uplink (a veth, the node's addresses on it, the default route by it)
+    and a pod-facing device (a veth, the pods' prefix routed to it, its MTU the model's)."""
+
+    name: str
+    uplink: int  # the uplink's ifindex there
+
+
+@contextmanager
+def to_lb_netns(name: str, fib: ToLb) -> Iterator[ToLbNet]:
+    """The namespace of ToLbNet, removed on exit."""
+    ip = ("ip", "-n", name)
+    run("ip", "netns", "add", name)
+    try:
+        run(*ip, "link", "set", "lo", "up")
+        run(*ip, "link", "add", "up0", "type", "veth", "peer", "name", "up1")
+        mtu = str(fib.pod_mtu)
+        run(
+            *ip,
+            "link",
+            "add",
+            "pod0",
+            "mtu",
+            mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "pod1",
+            "mtu",
+            mtu,
+        )
+        for dev in ("up0", "up1", "pod0", "pod1"):
+            run(*ip, "link", "set", dev, "up")
+        for addr in sorted(fib.node_ips):
+            run(*ip, "addr", "add", f"{addr}/24", "dev", "up0")
+        run(*ip, "route", "add", str(fib.pod_net), "dev", "pod0")
+        gateway = ip_network(f"{min(fib.node_ips)}/24", strict=False).broadcast_address - 1
+        run(*ip, "route", "add", "default", "via", str(gateway), "dev", "up0")
+        run("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        yield ToLbNet(name, in_netns(name, lambda: socket.if_nametoindex("up0")))
+    finally:
+        run("ip", "netns", "del", name, check=False)
+
+
 class Datapath:
     """The three loaded programs and their pinned maps: seed, run, read back."""
 
     RAW_MAPS = (FLOW4, FRAG4, FLOW6, FRAG6)  # the tables the programs write
 
-    def __init__(self, maps: PinnedMaps, progs: dict[str, loader.Program]) -> None:
+    def __init__(
+        self, maps: PinnedMaps, progs: dict[str, loader.Program], net: ToLbNet | None = None
+    ) -> None:
         self.maps = maps
+        #: the namespace the egress program runs in, for the node's packets to LB IPs (to_lb4
+        #: asks its FIB); None: the test's own, and the cluster paths off
+        self.net = net
         self.progs = progs
         self.fds = {name: p.fd for name, p in progs.items()}
         self.frames = 0  # checked against the model
@@ -222,6 +278,8 @@ class Datapath:
         st.limits.update(probe_state().limits)
         self.maps.apply(diff(probe_state(), st))
         self.maps.set_shaped(state.shaped)
+        if self.net is not None:  # the cluster paths (to_lb4) on where the model's FIB is
+            self.maps.set_node([self.net.uplink], state.to_lb is not None)
         for pod_ip, dev in state.dev.items():  # the programs' cache: user space writes 0
             if pod_ip in state.pod:
                 self.set_dev(pod_ip, dev)
@@ -339,7 +397,14 @@ class Datapath:
     def run_skb(self, prog: str, frame: bytes, skb: Skb) -> tuple[int, bytes, int]:
         """Run the tc program `prog` on `frame` as the skb `skb` says: (verdict, output,
         skb->tstamp as the program left it)."""
-        r = bpfsys.prog_test_run(self.fds[prog], frame, ctx=skb.ctx(), ctx_out=SKB_SIZE)
+        if prog == "egress" and self.net is not None:  # as the uplink's: its FIB, its ifindex
+            net, fd = self.net, self.fds[prog]
+            ctx = replace(skb, ifindex=net.uplink).ctx()
+            r = in_netns(
+                net.name, lambda: bpfsys.prog_test_run(fd, frame, ctx=ctx, ctx_out=SKB_SIZE)
+            )
+        else:
+            r = bpfsys.prog_test_run(self.fds[prog], frame, ctx=skb.ctx(), ctx_out=SKB_SIZE)
         self.runs += 1
         return r.retval, r.data, int(SKB_U64.unpack_from(r.ctx, SKB_TSTAMP)[0])
 
@@ -348,8 +413,9 @@ class Datapath:
 #: BPF_PROG_RUN takes, shorter than the struct (the rest is zero)
 SKB_CTX = struct.Struct("=9II")
 #: the whole struct __sk_buff (what ctx_out must be), and its fields that the limits read:
-#: tstamp (u64), wire_len and gso_segs (u32 each, in a row)
-SKB_SIZE, SKB_TSTAMP, SKB_WIRE_LEN = 192, 152, 160
+#: tstamp (u64), wire_len and gso_segs (u32 each, in a row); and ifindex (the device the
+#: program runs on: BPF_PROG_RUN takes it from the test's namespace)
+SKB_SIZE, SKB_TSTAMP, SKB_WIRE_LEN, SKB_IFINDEX = 192, 152, 160, 40
 SKB_U64, SKB_GSO = struct.Struct("=Q"), struct.Struct("=II")
 
 
@@ -369,10 +435,12 @@ class Skb:
     wire_len: int = 0
     gso_segs: int = 0
     tstamp: int = 0
+    ifindex: int = 0  # the device the program runs on (0: the namespace's loopback)
 
     def ctx(self) -> bytes:
         out = bytearray(SKB_SIZE)
         out[: SKB_CTX.size] = skb_ctx(self.in_dev)
+        struct.pack_into("=I", out, SKB_IFINDEX, self.ifindex)
         SKB_U64.pack_into(out, SKB_TSTAMP, self.tstamp)
         SKB_GSO.pack_into(out, SKB_WIRE_LEN, self.wire_len, self.gso_segs)
         return bytes(out)
@@ -585,8 +653,9 @@ def check_frame(
     dp.frames += 1
     skb = replace(skb or Skb(), in_dev=in_dev if egress else 0)
     now = 0  # the flows' clock (coarse), as it was read before the run
-    # the clock of the run's limits: shaped egress's is CLOCK_MONOTONIC, the limits' else
-    mono = egress and state.shaped
+    # the clock of the run's limits: shaped egress's is CLOCK_MONOTONIC, the limits' else (the
+    # node's packets to LB IPs are held to their ingress limits: to_lb4)
+    mono = egress and state.shaped and not rm.is_to_lb(state, frame)
 
     def model(prog: str, t: int) -> Result:
         if egress:
@@ -657,11 +726,12 @@ def check_frame(
                 f"{problem}\nclock window [{lo}, {hi}] of {clock}: {len(stretches)} decision(s)"
             )
         svc = tuple(a - b for a, b in zip(dp.svc_stats(want.service), svc_before, strict=True))
-        if svc != per_service(want.counts, egress):
+        outbound = egress and not want.inbound
+        if svc != per_service(want.counts, outbound):
             pytest.fail(
                 f"{prog}: per-Service counters of {want.service!r} (in packets, bytes, out "
                 f"packets, bytes, drops {SVC_DROP_REASONS}) {svc}, want "
-                f"{per_service(want.counts, egress)} for {want.counts}\n"
+                f"{per_service(want.counts, outbound)} for {want.counts}\n"
                 f"frame: {scapy_command(frame)}"
             )
         tats = {s: dp.buckets(s) for s in before_tats}
@@ -706,6 +776,13 @@ def _met_more(
         dp.met["gso: egress charged wire_len"] += 1
     if met and prog == "tc-ingress" and skb.gso_segs > 1:
         dp.met["gso: tc ingress charged segments"] += 1
+    if want.inbound:  # the node's packet to an LB IP (to_lb4)
+        if want.verdict == rm.REDIRECT:
+            dp.met["to-lb: frag-needed" if not want.counts else "to-lb: to the pod"] += 1
+        else:
+            dp.met[
+                f"to-lb: {'refused by the limit' if 'drop_limit' in want.counts else 'dropped'}"
+            ] += 1
 
 
 def check_devs(dp: Datapath, state: RefState, context: str) -> None:

@@ -52,6 +52,18 @@ tests/datapath/test_shaping.py runs it with fq), and fq itself (what a departure
 to the frame: test_shaping.py). BPF_PROG_RUN refuses a wire_len below the frame's length
 (EINVAL), so the floor at the frame's length is met only at equality.
 
+The node's own packets to LB IPs (`RefState.to_lb`: pod-facing hooks attached, flowcfg's
+CZ_CFG_POD_DEVICES, and the FIB they are routed by; issue 45). The uplink's egress takes an
+untagged IPv4 frame from an address that is no managed pod IP (nor, where egress is shaped, an
+LB IP) to a managed LB IP (`_to_lb`, to_lb4): a client the FIB routes by the uplink, a pod
+behind the uplink, a frame the fast path does not take go on untouched (by the ToR); any other
+is decided as ingress decides it, its Service's ingress limits included. A drop is counted as
+ingress counts it and records nothing; a pass too big for the pod's device is answered with
+fragmentation-needed (the frame becomes the ICMP message, back to the node), else the pod's
+flow is recorded and the frame, translated and counted, is handed to the pod's device
+(`REDIRECT`, TC_ACT_REDIRECT). The harness runs the egress program in a namespace whose routes
+are the model's FIB (tests/support/diffharness.py, `to_lb_netns`).
+
 Where the spec leaves a choice open, the model takes the reading named in a comment marked
 "Reading:".
 """
@@ -79,8 +91,11 @@ LEARN = 0x08  # the pod is migrating: TCP that opens nothing passes (pass_learn)
 LIMIT = 0x10
 
 PASS, DROP = "pass", "drop"
+#: handed to another device (the node's own packet to an LB IP, to_lb4: to the pod's device,
+#: or its fragmentation-needed to the uplink's ingress): TC_ACT_REDIRECT
+REDIRECT = "redirect"
 XDP_DROP, XDP_PASS = 1, 2
-TCX_NEXT, TCX_DROP = -1, 2
+TCX_NEXT, TCX_DROP, TC_REDIRECT = -1, 2, 7
 
 FRAG_LIFETIME_NS = 30 * 1_000_000_000
 FLOW_REFRESH_NS = 1_000_000_000  # egress rewrites a flow's time at most once a second
@@ -118,6 +133,8 @@ def xdp_code(verdict: str) -> int:
 
 
 def tc_code(verdict: str) -> int:
+    if verdict == REDIRECT:
+        return TC_REDIRECT
     return TCX_NEXT if verdict == PASS else TCX_DROP
 
 
@@ -166,6 +183,18 @@ class AllowKey(NamedTuple):
     pod_ip: Addr
     proto: int
     port: int
+
+
+@dataclass(frozen=True)
+class ToLb:
+    """The node's FIB as the path of its own packets to LB IPs asks it (to_lb4, flowcfg's
+    CZ_CFG_POD_DEVICES on): the node's own addresses (local: BPF_FIB_LKUP_RET_NOT_FWDED), the
+    prefix routed to a pod-facing device and that device's MTU; every other address is routed
+    by the uplink."""
+
+    node_ips: frozenset[IPv4Address]
+    pod_net: IPv4Network
+    pod_mtu: int
 
 
 class FlowKey(NamedTuple):
@@ -224,6 +253,9 @@ class RefState:
     #: the node's egress limits are shaped (flowcfg's CZ_CFG_SHAPED: every uplink's root qdisc
     #: is fq), not policed
     shaped: bool = False
+    #: pod-facing hooks attached (flowcfg's CZ_CFG_POD_DEVICES), and the FIB the node's own
+    #: packets to LB IPs are routed by (to_lb4); None: the cluster paths are off
+    to_lb: ToLb | None = None
 
     def apply(self, result: Result, now_ns: int) -> None:
         """Record the entries `result` created or refreshed, as the datapath does."""
@@ -276,6 +308,8 @@ class Result:
     #: egress: skb->tstamp as the program leaves it (the shaper's departure time, or what it
     #: came with); None for ingress, where it is not compared
     tstamp: int | None = None
+    #: decided as ingress (to_lb4, an egress frame): counted in its Service's ingress counters
+    inbound: bool = False
 
     @property
     def clocked(self) -> bool:
@@ -804,6 +838,124 @@ def spoofed(state: RefState, pod_ip: Addr, in_dev: int) -> tuple[bool, int | Non
     return True, None
 
 
+def _record_flow(
+    state: RefState,
+    key: FlowKey,
+    tcp_flags: int,
+    now_ns: int,
+    new_flows: set[FlowKey],
+    flow_vals: dict[FlowKey, FlowVal],
+    counts: dict[str, tuple[int, int]],
+) -> None:
+    """The pod's flow `key` recorded (new, with flow_new) or refreshed (at most once a second,
+    or when a TCP packet changes whether it is closing), as egress records it."""
+    old = state.flow_val.get(key, FlowVal(now_ns)) if key in state.flow else None
+    closing = old.closing if old is not None else False
+    if key.proto == TCP:
+        if tcp_flags & (TCP_FIN | TCP_RST):
+            closing = True
+        elif tcp_flags & TCP_SYN:
+            closing = False
+    if old is None:
+        new_flows.add(key)
+        flow_vals[key] = FlowVal(now_ns, closing)
+        # Reading: an event counts one packet and no bytes.
+        counts["flow_new"] = (1, 0)
+    elif closing != old.closing or now_ns - old.seen_ns > FLOW_REFRESH_NS:
+        flow_vals[key] = FlowVal(now_ns, closing)
+
+
+def _fast4(frame: bytes) -> bool:
+    """Does the fast path decide the untagged IPv4 frame (parse.h, fast_hdrs4): no options, not a
+    fragment, its lengths consistent, and a whole TCP or UDP header inside them? Else the full
+    path (or, on the node's path to LB IPs, the ToR) does."""
+    if frame[14] != 0x45 or _u16(frame, 20) & 0x3FFF:
+        return False
+    total = _u16(frame, 16)
+    if total < 20 or 14 + total > len(frame):
+        return False
+    room, proto = total - 20, frame[23]
+    if proto == UDP:
+        return room >= 8 and 8 <= _u16(frame, 38) <= room
+    if proto == TCP:
+        return room >= 20 and 20 <= (frame[46] >> 4) * 4 <= room
+    return False
+
+
+def frag_needed(frame: bytes, mtu: int) -> bytes:
+    """ICMP fragmentation-needed for the node's own IPv4 packet `frame` (untagged, no options),
+    too big for a device of `mtu` (bpf/lib/frag_needed.h): from its destination back to its
+    source, the MACs swapped, quoting its IP header and 8 bytes."""
+    quote = frame[14:42]
+    icmp = struct.pack("!BBHHH", 3, 4, 0, 0, mtu) + quote
+    icmp = icmp[:2] + struct.pack("!H", (0xFFFF - _sum(icmp)) % 0xFFFF) + icmp[4:]
+    ip = struct.pack("!BBHHHBBH", 0x45, 0xC0, 20 + len(icmp), 0, 0, 64, ICMP, 0)
+    ip += frame[30:34] + frame[26:30]
+    ip = ip[:10] + struct.pack("!H", (0xFFFF - _sum(ip)) % 0xFFFF) + ip[12:]
+    return frame[6:12] + frame[0:6] + struct.pack("!H", ETH_IPV4) + ip + icmp
+
+
+def is_to_lb(state: RefState, frame: bytes) -> bool:
+    """Is the egress frame the node's own (or a pod's it forwards) to a managed IPv4 LB IP, which
+    to_lb4 decides as ingress (its limits on the buckets' clock, not the shaper's)?"""
+    where = _locate_ip(frame)
+    if state.to_lb is None or where != (4, 14):
+        return False
+    src, dst = _src_dst(frame, 4, 14)
+    if src in state.pod or (state.shaped and src in state.svc):
+        return False
+    return dst in state.svc
+
+
+def _to_lb(state: RefState, fib: ToLb, frame: bytes, now_ns: int, limit_ns: int | None) -> Result:
+    """Uplink egress, the node's own packet (or a pod's it forwards: its source no managed pod
+    IP) to a managed LB IP whose pod sits behind a pod-facing device (to_lb4): a client the FIB
+    routes by the uplink, a pod routed by the uplink, a frame the fast path does not take: it
+    goes by the ToR, untouched. Else decided as ingress decides it (the filter, the Service's
+    ingress limits); a drop is counted as ingress counts it, and records nothing. Let in: larger
+    than the pod's device, fragmentation-needed goes back to the node (nothing counted or
+    recorded; Reading: its bucket was charged, as the decision charged it); else the pod's flow
+    is recorded (whatever the pod's mode: keyed as its answer will be, pod_side4's) and the
+    frame, translated and counted, is handed to the pod's device."""
+    src, dst = _src_dst(frame, 4, 14)
+    # Reading: the FIB's answer for the client's route is the kernel's for this skb: a route to
+    # a pod-facing device whose MTU the frame exceeds (is_skb_forwardable: the MTU, an Ethernet
+    # and a VLAN header) is BPF_FIB_LKUP_RET_FRAG_NEEDED, and the frame goes on untouched (a
+    # pod's packet came in by that device, so on a node it fits it)
+    client_ok = src in fib.node_ips or (src in fib.pod_net and len(frame) <= fib.pod_mtu + 14 + 4)
+    pod_ip = state.svc[dst].pod_ip
+    if not client_ok or pod_ip not in fib.pod_net or not _fast4(frame):
+        return _untouched(frame)
+    r = ingress(state, frame, now_ns, limit_ns, 1)
+    if r.verdict == DROP:
+        return replace(r, inbound=True)
+    if len(frame) - 14 > fib.pod_mtu:
+        return Result(
+            REDIRECT,
+            frag_needed(frame, fib.pod_mtu),
+            {},
+            service=r.service,
+            buckets=r.buckets,
+            inbound=True,
+        )
+    sport, dport = struct.unpack_from("!HH", frame, 34)
+    proto = frame[23]
+    key = FlowKey(pod_ip, src, int(dport), int(sport), proto)
+    counts = dict(r.counts)
+    new_flows: set[FlowKey] = set()
+    flow_vals: dict[FlowKey, FlowVal] = {}
+    tcp_flags = frame[47] if proto == TCP else 0
+    _record_flow(state, key, tcp_flags, now_ns, new_flows, flow_vals, counts)
+    return replace(
+        r,
+        verdict=REDIRECT,
+        counts=counts,
+        new_flows=frozenset(new_flows),
+        flow_vals=flow_vals,
+        inbound=True,
+    )
+
+
 def egress(
     state: RefState,
     frame: bytes,
@@ -846,6 +998,8 @@ def _egress(
         svc = state.svc.get(src)
         if state.shaped and svc is not None and l3 == 14:
             return _shape_lb(state, frame, svc, cost, mono_ns, tstamp)
+        if state.to_lb is not None and family == 4 and l3 == 14 and dst in state.svc:
+            return _to_lb(state, state.to_lb, frame, now_ns, limit_ns)
         return _untouched(frame)
     service = pod.service
     p = _parse_ip(frame, family, l3)
@@ -889,21 +1043,8 @@ def _egress(
         elif icmp_type == ECHO_REQUEST[family]:
             key = FlowKey(src, dst, _echo_id(frame, p.l4), 0, p.proto)
         if key is not None:
-            old = state.flow_val.get(key, FlowVal(now_ns)) if key in state.flow else None
-            closing = old.closing if old is not None else False
-            if p.proto == TCP:
-                tcp_flags = frame[p.l4 + 13]
-                if tcp_flags & (TCP_FIN | TCP_RST):
-                    closing = True
-                elif tcp_flags & TCP_SYN:
-                    closing = False
-            if old is None:
-                new_flows.add(key)
-                flow_vals[key] = FlowVal(now_ns, closing)
-                # Reading: an event counts one packet and no bytes.
-                counts["flow_new"] = (1, 0)
-            elif closing != old.closing or now_ns - old.seen_ns > FLOW_REFRESH_NS:
-                flow_vals[key] = FlowVal(now_ns, closing)
+            tcp_flags = frame[p.l4 + 13] if p.proto == TCP else 0
+            _record_flow(state, key, tcp_flags, now_ns, new_flows, flow_vals, counts)
     return Result(
         PASS,
         out,

@@ -76,9 +76,10 @@ RANGES = (
 LIMITS = {
     ANN_INGRESS_BANDWIDTH: (None, None, "100M", "1G", "fast", "10"),
     ANN_EGRESS_BANDWIDTH: (None, None, "1G", "2.5G", "-1"),
-    ANN_INGRESS_PACKET_RATE: (None, None, "100k", "50000", "0"),
+    ANN_INGRESS_PACKET_RATE: (None, None, "100k", "50000", "0", "2M"),
 }
 GUARD = 1_000_000
+CEILING = 1_500_000  # the node's ceiling of a Service's own rate: "2M" is above it
 
 keys = st.tuples(st.sampled_from(NAMESPACES), st.sampled_from(NAMES))
 slice_keys = st.tuples(st.sampled_from(NAMESPACES), st.sampled_from(SLICE_NAMES))
@@ -172,6 +173,7 @@ class Histories(RuleBasedStateMachine):
             clock=lambda: self.now,
             reserved_cidrs=RESERVED_CIDRS,
             guard_pps=GUARD,
+            max_pps=CEILING,
         )
         self.before = MapState()
         self.problems_before: set[Problem] = set()
@@ -298,6 +300,7 @@ class Histories(RuleBasedStateMachine):
             self.local,
             RESERVED_CIDRS,
             GUARD,
+            CEILING,
         )
         assert_same(got, want)
         # the diff is exactly what the controller must write

@@ -276,3 +276,65 @@ def test_a_bad_guard_names_the_flag_and_the_fix() -> None:
     msg = str(e.value)
     assert msg.startswith('--guard-packet-rate: "fast" is not a packet'), msg
     assert "or 0 for no guard (the chart's agent.guardPacketRate)" in msg
+
+
+# -- the node's ceiling of a Service's own packet rate (issue 45) -------------------------
+
+
+def _ceiling(guard: str, ceiling: str) -> int | None:
+    cfg = SimpleNamespace(guard_packet_rate=guard, max_packet_rate=ceiling)
+    cfg.guard_pps = lambda: RunConfig.guard_pps(cfg)  # type: ignore[arg-type]
+    return RunConfig.max_pps(cfg)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("guard", "ceiling", "pps"),
+    [
+        ("1M", "", 1_000_000),  # by default, the guard's rate
+        ("1M", "5M", 5_000_000),
+        ("1M", "0", None),  # none
+        ("0", "", None),  # no guard, no ceiling by default
+        ("0", "2M", 2_000_000),
+        ("500k", "500k", 500_000),
+    ],
+)
+def test_the_ceiling_flag(guard: str, ceiling: str, pps: int | None) -> None:
+    assert _ceiling(guard, ceiling) == pps
+
+
+def test_a_guard_above_the_ceiling_is_refused_at_start() -> None:
+    with pytest.raises(PermanentError) as e:
+        _ceiling("2M", "1M")
+    msg = str(e.value)
+    assert msg.startswith("--guard-packet-rate 2,000,000 is above --max-packet-rate 1,000,000"), msg
+    assert "agent.guardPacketRate and agent.maxPacketRate" in msg
+    with pytest.raises(PermanentError) as e:
+        _ceiling("1M", "fast")
+    assert str(e.value).startswith('--max-packet-rate: "fast" is not a packet'), str(e.value)
+
+
+def test_a_services_rate_above_the_ceiling_is_the_ceiling_and_a_warning() -> None:
+    """Whoever may annotate a Service cannot take the node's guard off: a rate above the
+    ceiling (the guard's rate by default) is enforced as the ceiling, and a Warning names the
+    Service, the annotation and the ceiling; a rate at or below it stands, without a word."""
+    svc = Svc("vm", "203.0.113.10", "10.244.1.10", annotations={ANN_INGRESS_PACKET_RATE: "1G"})
+    r = build_state(objects(svc), guard_pps=1_000_000, max_pps=1_000_000)
+    assert r.state.limits["default/vm"] == Limits(ingress_pps=1_000_000)
+    (p,) = r.problems
+    assert str(p.ref) == "Service default/vm"  # the Event goes on the Service
+    assert p.severity == "warning"
+    assert p.message == (
+        f"annotation {ANN_INGRESS_PACKET_RATE} asks for 1,000,000,000 packets per second, above "
+        "the node's ceiling of 1,000,000 (--max-packet-rate, the chart's agent.maxPacketRate): "
+        "its LB IPs get the ceiling; lower the annotation, or ask the node's operator to raise "
+        "the ceiling"
+    )
+    for own in ("1M", "50k"):
+        svc = Svc("vm", "203.0.113.10", "10.244.1.10", annotations={ANN_INGRESS_PACKET_RATE: own})
+        r = build_state(objects(svc), guard_pps=1_000_000, max_pps=1_000_000)
+        assert r.state.limits["default/vm"] == Limits(ingress_pps=parse_quantity(own))
+        assert r.problems == []
+    # without a ceiling, a Service's own rate stands, whatever it is
+    svc = Svc("vm", "203.0.113.10", "10.244.1.10", annotations={ANN_INGRESS_PACKET_RATE: "1G"})
+    r = build_state(objects(svc), guard_pps=1_000_000)
+    assert r.state.limits["default/vm"] == Limits(ingress_pps=10**9) and r.problems == []
