@@ -12,8 +12,9 @@
  *
  * A packet of `cost` bytes (or 1 packet) at `now` passes when max(tat, now) + cost * unit (in
  * whole ns, rounded down) is at most now + tol; the bucket's time then moves by its cost: an
- * atomic add where the bucket is busy (tat >= now), a compare-and-exchange that starts it at
- * `now` where it was idle (another CPU's start in between: its cost is added after that one).
+ * atomic add where the bucket is busy (now < tat <= now + CZ_AHEAD_MAX_NS), a
+ * compare-and-exchange that starts it at `now` where it was full (another CPU's start in
+ * between: its cost is added after that one). A full bucket passes any one packet (below).
  * The clock is the tick's: jiffies times the tick's length in ns (CZ_NS_PER_JIFFY, from the
  * kernel's CONFIG_HZ: the loader's -D flag), which the verifier inlines; bpf_ktime_get_coarse_ns
  * (the same resolution, the monitor's clock) is a helper call that cost a limited packet 15 ns
@@ -40,20 +41,46 @@ static __always_inline __u64 cz_limit_now(void)
 	return bpf_ktime_get_coarse_ns();
 }
 
-/* One bucket: the time it would reach if the packet passes (*end), and whether it may. */
+/*
+ * How far ahead of the clock a bucket's time may lie and still be this clock's: 2^48 ns (3.3
+ * days). The longest a bucket of the kubelet's lowest rate runs ahead is minutes (a 64 KiB
+ * burst at 1 kbit/s: 524 s, and one packet's debt: below); the two clocks an agent may pick
+ * (above) differ by 50 to 500 days (jiffies starts 2^32 - 300 * HZ ticks ahead of the boot). A
+ * bucket further ahead was written on the other clock (the agent before this one picked it:
+ * another version, a container that cannot read the kernel's tick rate): it is read as full,
+ * as a bucket far behind the clock (written on a clock behind this one) already is. Without
+ * this, such a bucket refused every packet for months. buckets.py, AHEAD_MAX_NS.
+ */
+#define CZ_AHEAD_MAX_NS (1ULL << 48)
+
+/* Is the bucket's time `tat` ahead of `now` on this clock (busy; else full)? One unsigned
+ * comparison: behind the clock, `tat - now` wraps to more than the bound. */
+static __always_inline int cz_gcra_busy(__u64 tat, __u64 now)
+{
+	return tat - now - 1 < CZ_AHEAD_MAX_NS;
+}
+
+/*
+ * One bucket: the time it would reach if the packet passes (*end), and whether it may. A full
+ * bucket passes any one packet, whatever its cost, and goes into debt by what the cost exceeds
+ * of the burst: a GSO packet's charge (a 64 KiB TSO packet, its headers once per segment: 68 KB;
+ * BIG TCP's up to 512 KiB) or a GRO packet's segments can exceed the least burst (64 KiB, 64
+ * packets), and such a packet was refused even from a full bucket, for ever. The debt holds
+ * the rate: what follows waits until it is paid.
+ */
 static __always_inline int cz_gcra_admits(const struct cz_gcra *g, __u64 tat, __u64 now, __u64 cost,
 					  __u64 *end)
 {
-	__u64 start = tat > now ? tat : now;
+	__u64 start = cz_gcra_busy(tat, now) ? tat : now;
 
 	*end = start + ((cost * g->unit) >> CZ_UNIT_SHIFT);
-	return *end - now <= g->tol;
+	return start == now || *end - now <= g->tol; /* (start == now: full) */
 }
 
 /* The packet passed: the bucket's time moves from `tat` (as read) to `end`. */
 static __always_inline void cz_gcra_take(__u64 *time, __u64 tat, __u64 now, __u64 end)
 {
-	if (tat >= now) {
+	if (cz_gcra_busy(tat, now)) {
 		__sync_fetch_and_add(time, end - tat);
 		return;
 	}
@@ -130,14 +157,24 @@ static __always_inline __u32 cz_wire_len(struct __sk_buff *skb)
 }
 
 /*
+ * fq's horizon: fq drops a packet whose skb->tstamp lies more than this ahead of its clock
+ * (TCA_FQ_HORIZON, 10 s by default, horizon_drop). The shaper refuses such a packet itself
+ * (drop_limit): below 52 kbit/s (64 KiB in more than 10 s) its burst's time is longer, and fq
+ * dropped what it let through, counted in tc -s qdisc, not in drop_limit. buckets.py,
+ * FQ_HORIZON_NS.
+ */
+#define CZ_FQ_HORIZON_NS 10000000000ULL
+
+/*
  * Shaped egress (CZ_CFG_SHAPED: every uplink's root qdisc is fq, which holds a packet until its
  * skb->tstamp, as Cilium's bandwidth manager uses it): the Service's packets leave one after the
  * other at its rate from its next departure time (out_edt, the monotonic clock fq compares
  * with; a busy shaper's packet gets it as skb->tstamp, an idle one's leaves now). No burst: the
  * shaper paces from the first byte. The same GCRA as the policer's (its tol the burst's time):
- * a packet that would leave more than the burst's time ahead (the horizon: what the queue holds)
- * is dropped, nothing charged (1). Where fq is not the root (a veth's noqueue, another qdisc),
- * skb->tstamp means nothing, and the policer is used.
+ * a packet that would leave more than the burst's time ahead, or more than fq's horizon (the
+ * horizon: what the queue holds), is dropped, nothing charged (1); an idle shaper lets any one
+ * packet leave now. Where fq is not the root (a veth's noqueue, another qdisc), skb->tstamp
+ * means nothing, and the policer is used.
  */
 static __always_inline int cz_shape(struct __sk_buff *skb, __u32 slot, __u32 bytes, int peek)
 {
@@ -149,12 +186,15 @@ static __always_inline int cz_shape(struct __sk_buff *skb, __u32 slot, __u32 byt
 		return 0;
 	now = bpf_ktime_get_ns();
 	t = b->out_edt;
-	if (!cz_gcra_admits(&l->out_bytes, t, now, bytes, &end))
+	/* beyond fq's horizon: t - now > CZ_FQ_HORIZON_NS, and busy (cz_gcra_busy), in one
+	 * unsigned comparison */
+	if (!cz_gcra_admits(&l->out_bytes, t, now, bytes, &end) ||
+	    t - now - 1 - CZ_FQ_HORIZON_NS < CZ_AHEAD_MAX_NS - CZ_FQ_HORIZON_NS)
 		return 1;
 	if (peek)
 		return 0;
 	cz_gcra_take(&b->out_edt, t, now, end);
-	if (t > now)
+	if (cz_gcra_busy(t, now))
 		skb->tstamp = t;
 	return 0;
 }

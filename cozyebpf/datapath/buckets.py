@@ -33,10 +33,20 @@ NS = 1_000_000_000
 #: 200 ms (Linux's minimum RTO), during which the bucket refills only up to its depth: a depth
 #: of 50 ms gave a single TCP flow a quarter of its limit (the accuracy bench, bench/README.md),
 #: 250 ms (the RTO and a margin) gives it the limit (1.03x at 10M, 1.05x at 100M, 0.96x at 1G
-#: in the same bench). BURST_MIN_BYTES: a GSO packet's and a jumbo frame's worth at low rates.
+#: in the same bench). BURST_MIN_BYTES: a GSO packet's and a jumbo frame's worth at low rates
+#: (a packet whose charge exceeds the burst still passes a full bucket: Bucket.admit).
 BURST_TIME_NS = 250_000_000
 BURST_MIN_BYTES = 64 * 1024
 BURST_MIN_PACKETS = 64
+#: how far ahead of the clock a bucket's time may lie and still be that clock's (CZ_AHEAD_MAX_NS,
+#: 2^48 ns, 3.3 days): one further ahead was written on the other clock the programs may read
+#: (jiffies times the tick's length, or the coarse clock: 50 to 500 days apart), and is full.
+#: The lowest rates' buckets run minutes ahead at most (64 KiB at 1 kbit/s: 524 s).
+AHEAD_MAX_NS = 1 << 48
+#: fq's horizon (TCA_FQ_HORIZON's default, 10 s; CZ_FQ_HORIZON_NS): fq drops a packet whose
+#: departure time lies further ahead. The shaper refuses such a packet itself (drop_limit), as
+#: it does one beyond its burst's time (below 52 kbit/s the burst's time is the longer).
+FQ_HORIZON_NS = 10 * NS
 
 
 @dataclass(frozen=True)
@@ -68,13 +78,34 @@ class Bucket:
 
     def admit(self, tat: int, now_ns: int, cost: int) -> tuple[bool, int]:
         """(admitted, the bucket's new time) for a packet of `cost` at `now_ns`, from the
-        bucket's time `tat` (ns; 0 for a new bucket: full). Integer arithmetic only, as the
-        programs do it."""
-        start = max(tat, now_ns)
-        end = start + self.cost_ns(cost)
-        if end - now_ns > self.tolerance:
+        bucket's time `tat` (ns; 0 for a new bucket: full). A full bucket (its time not ahead
+        of the clock, or further ahead than AHEAD_MAX_NS: another clock's) admits any one
+        packet, and its time moves by the packet's cost, past the tolerance if the cost is
+        (debt). Integer arithmetic only, as the programs do it."""
+        busy = now_ns < tat <= now_ns + AHEAD_MAX_NS
+        end = (tat if busy else now_ns) + self.cost_ns(cost)
+        if busy and end - now_ns > self.tolerance:
             return False, tat
         return True, end
+
+    def admit_shaped(self, edt: int, now_ns: int, cost: int) -> tuple[bool, int]:
+        """The shaper's admit (bpf/lib/limit.h, cz_shape) on its next departure `edt` (ns of
+        CLOCK_MONOTONIC): as `admit`, and a packet that would depart more than fq's horizon
+        (FQ_HORIZON_NS) ahead is refused too (fq would drop it: at 1 kbit/s the burst's time
+        is 524 s)."""
+        admitted, end = self.admit(edt, now_ns, cost)
+        if admitted and now_ns + FQ_HORIZON_NS < edt <= now_ns + AHEAD_MAX_NS:
+            return False, edt
+        return admitted, end
+
+    def left(self, tat: int, now_ns: int, horizon: int | None = None) -> float:
+        """The share of the burst left (1.0 full, 0.0 empty or in debt) of a bucket whose time
+        is `tat` at `now_ns`; a shaper's against its horizon (`horizon`: FQ_HORIZON_NS), where
+        that is shorter than the burst's time."""
+        if not now_ns < tat <= now_ns + AHEAD_MAX_NS:
+            return 1.0
+        room = min(self.tolerance, horizon) if horizon is not None else self.tolerance
+        return max(0.0, 1.0 - (tat - now_ns) / (room or 1))
 
 
 def default_burst_bytes(bits: int) -> int:

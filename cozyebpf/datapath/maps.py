@@ -12,11 +12,18 @@ import errno
 import logging
 import struct
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from ipaddress import IPv4Network, IPv6Network
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.datapath.buckets import buckets_of, limit_clock_ns, limit_val, limits_of
+from cozyebpf.datapath.buckets import (
+    FQ_HORIZON_NS,
+    buckets_of,
+    limit_clock_ns,
+    limit_val,
+    limits_of,
+)
 from cozyebpf.datapath.codec import (
     ALLOW_KEY,
     Mirror,
@@ -213,11 +220,14 @@ class PinnedMaps(Views, FlowTables):
         """Each Service with limits: its Limits and, for each of its buckets (buckets_of's
         names), the share of its burst left now (1.0 full, 0.0 empty) as the programs left
         it: the bucket's time against the programs' clock (limit_clock_ns; none where that
-        cannot be read)."""
+        cannot be read). Shaped egress (shaped()): the egress bucket is the shaper's, its next
+        departure (out_edt) against the monotonic clock, its burst the shaper's horizon."""
         out: dict[str, tuple[Limits, dict[str, float]]] = {}
         if self.layout.buckets.name not in self.fds:
             return out
         now = limit_clock_ns()
+        shaped = self.shaped()
+        mono = time.monotonic_ns()  # CLOCK_MONOTONIC: bpf_ktime_get_ns, the shaper's
         self._read_slots()
         for service, lim in self._read_limits().items():
             raw = self._lookup(
@@ -228,11 +238,10 @@ class PinnedMaps(Views, FlowTables):
             times["egress_bytes"] = b.out_bytes
             left: dict[str, float] = {}
             for name, bucket in buckets_of(lim).items():
-                if now is None:  # the programs' clock cannot be read here (not root)
-                    continue
-                ahead = max(0, times[name] - now)  # how far the bucket's time runs ahead
-                tol = bucket.tolerance or 1
-                left[name] = max(0.0, 1.0 - ahead / tol)
+                if name == "egress_bytes" and shaped:
+                    left[name] = bucket.left(b.out_edt, mono, FQ_HORIZON_NS)
+                elif now is not None:  # (None: the programs' clock cannot be read here)
+                    left[name] = bucket.left(times[name], now)
             out[service] = (lim, left)
         return out
 
@@ -251,13 +260,16 @@ class PinnedMaps(Views, FlowTables):
         the slot of every Service without one of its own (all taken: --counted-services), whose
         LB IPs carry F_LIMIT where it is limited, so that those Services share the guard's one
         bucket rather than have no limit at all (docs/behaviour.md, Limits per public IP). Its
-        bucket is left as it is (slot 0 has no owner to change)."""
+        bucket starts full when the guard's rate changes, as any Service's (_write_limits)."""
         if self.layout.limits.name not in self.fds:
             return
         lim = Limits(ingress_pps=pps, guard=True) if pps else NO_LIMITS
-        self._update_batch(
-            self.layout.limits, [(0).to_bytes(4, sys.byteorder)], [bytes(limit_val(lim))]
-        )
+        key, new = (0).to_bytes(4, sys.byteorder), limit_val(lim)
+        raw = self._lookup(self.layout.limits, key)
+        old = LimitVal.from_buffer_copy(raw) if raw is not None else LimitVal()
+        self._update_batch(self.layout.limits, [key], [bytes(new)])
+        if fields := _changed_buckets(old, new):
+            self._reset_buckets([(key, fields)])
 
     def guard_slot(self) -> Limits:
         """The limits of slot 0 (set_guard)."""
@@ -268,16 +280,41 @@ class PinnedMaps(Views, FlowTables):
         """Each Service's limits at its slot (no limit: zeros). A Service without a slot of its
         own (all taken: --counted-services) has none of its own enforced, as it has no counters
         of its own (ServiceSlots.activate logs that once; README, *Limits of this version*): it
-        shares slot 0's, the node's guard (set_guard)."""
-        keys, values = [], []
+        shares slot 0's, the node's guard (set_guard). A bucket whose limit changes starts full
+        (its time 0; egress: the shaper's too), once the new limit is written: its time was
+        charged at the old rate (a raised 1 packet/s limit that a flood had emptied would drop
+        for up to 64 s more, 1 kbit/s for minutes)."""
+        keys, values, changed = [], [], []
         if self.layout.limits.name not in self.fds:
             return
         for service, lim in limits.items():
             slot = self.slots.slot(service)
             if slot:
-                keys.append(slot.to_bytes(4, sys.byteorder))
-                values.append(bytes(limit_val(lim)))
+                key = slot.to_bytes(4, sys.byteorder)
+                new = limit_val(lim)
+                raw = self._lookup(self.layout.limits, key)
+                old = LimitVal.from_buffer_copy(raw) if raw is not None else LimitVal()
+                if fields := _changed_buckets(old, new):
+                    changed.append((key, fields))
+                keys.append(key)
+                values.append(bytes(new))
         self._update_batch(self.layout.limits, keys, values)
+        self._reset_buckets(changed)
+
+    def _reset_buckets(self, changed: list[tuple[bytes, tuple[str, ...]]]) -> None:
+        """Each slot's named bucket times zeroed (full); its other buckets as the programs
+        left them (a charge between the read and the write is lost: at most a packet's)."""
+        if not changed or self.layout.buckets.name not in self.fds:
+            return
+        keys, values = [], []
+        for key, fields in changed:
+            raw = self._lookup(self.layout.buckets, key)
+            b = BucketVal.from_buffer_copy(raw) if raw is not None else BucketVal()
+            for f in fields:
+                setattr(b, f, 0)
+            keys.append(key)
+            values.append(bytes(b))
+        self._update_batch(self.layout.buckets, keys, values)
 
     def _read_allowed(self, m: Mirror) -> set[AllowedPort]:
         """The allowed ports (into `m` too)."""
@@ -583,3 +620,21 @@ HINT_POD, HINT_LB = 1, 2  # a key's roles in addrhint (its halves: bpf/lib/looku
 def _roles_in(m: Mirror, key: bytes) -> int:
     """The roles `key` has in the mirror, as addrhint keeps them."""
     return (HINT_POD if key in m.pod else 0) | (HINT_LB if key in m.svc else 0)
+
+
+#: the bucket times (struct cz_bucket) that each limit (struct cz_limit) charges
+_BUCKETS_OF_LIMIT = (
+    ("in_bytes", ("in_bytes",)),
+    ("in_pkts", ("in_pkts",)),
+    ("out_bytes", ("out_bytes", "out_edt")),
+)
+
+
+def _changed_buckets(old: LimitVal, new: LimitVal) -> tuple[str, ...]:
+    """The bucket times whose limit differs between `old` and `new` (its rate or its burst)."""
+    out: list[str] = []
+    for limit, times in _BUCKETS_OF_LIMIT:
+        a, b = getattr(old, limit), getattr(new, limit)
+        if (a.unit, a.tol) != (b.unit, b.tol):
+            out += times
+    return tuple(out)

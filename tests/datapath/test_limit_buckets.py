@@ -18,7 +18,7 @@ import ctypes
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import ip_address
 
 import pytest
@@ -27,10 +27,10 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet
 
 from cozyebpf.datapath import bpfsys
-from cozyebpf.datapath.buckets import Bucket, limit_clock_ns
+from cozyebpf.datapath.buckets import AHEAD_MAX_NS, FQ_HORIZON_NS, Bucket, limit_clock_ns
 from cozyebpf.datapath.layout import BucketVal
 from cozyebpf.datapath.maps import PinnedMaps
-from cozyebpf.state import Limits, MapState, PodEntry, ServiceEntry, diff
+from cozyebpf.state import Limits, MapDiff, MapState, PodEntry, ServiceEntry, diff
 from tests.support.packets import (
     CLIENT,
     LB_FILT,
@@ -93,6 +93,20 @@ class Progs:
         return self.maps.counters()["drop_limit"]["packets"]
 
 
+def state(limits: Limits) -> MapState:
+    """vm1 (whole IP) with `limits`, and vm2 without."""
+    st = MapState()
+    lb, pod = ip_address(LB_WHOLE), ip_address(POD_WHOLE)
+    st.services[lb] = ServiceEntry(pod, False, False, VM, limited=True)
+    st.pods[pod] = PodEntry(lb, False, False, VM, limited=True)
+    st.limits[VM] = limits
+    # another VM's LB IP, without limits: a destination the uplink's to_lb path sees
+    lb2, pod2 = ip_address(LB_FILT), ip_address(POD_FILT)
+    st.services[lb2] = ServiceEntry(pod2, False, False, "default/vm2")
+    st.pods[pod2] = PodEntry(lb2, False, False, "default/vm2")
+    return st
+
+
 @pytest.fixture(scope="module")
 def p() -> Iterator[Progs]:
     from cozyebpf.datapath.attach import detach_all
@@ -103,16 +117,7 @@ def p() -> Iterator[Progs]:
     maps = PinnedMaps.ensure(pin, max_services=2)
     try:
         loaded = load_programs(pin)
-        st = MapState()
-        lb, pod = ip_address(LB_WHOLE), ip_address(POD_WHOLE)
-        st.services[lb] = ServiceEntry(pod, False, False, VM, limited=True)
-        st.pods[pod] = PodEntry(lb, False, False, VM, limited=True)
-        st.limits[VM] = LIMITS
-        # another VM's LB IP, without limits: a destination the uplink's to_lb path sees
-        lb2, pod2 = ip_address(LB_FILT), ip_address(POD_FILT)
-        st.services[lb2] = ServiceEntry(pod2, False, False, "default/vm2")
-        st.pods[pod2] = PodEntry(lb2, False, False, "default/vm2")
-        maps.apply(diff(maps.read_state(), st))
+        maps.apply(diff(maps.read_state(), state(LIMITS)))
         yield Progs(maps, {k: prog.fd for k, prog in loaded.items()})
     finally:
         maps.close()
@@ -310,3 +315,128 @@ def test_policed_egress_leaves_the_departure_time_and_an_lb_ip_packet_alone(p: P
     assert p.run_skb("egress", tcp_from(LB_WHOLE)) == (TC_NEXT, 0)
     assert p.run_skb("egress", tcp_from(LB_WHOLE, dst=LB_FILT)) == (TC_NEXT, 0)
     assert p.buckets().out_edt == t
+
+
+#: how far the other clock the programs may read runs ahead: jiffies times the tick's length
+#: starts 2^32 - 300 * HZ ticks ahead of the coarse clock (the least: HZ 1000, 49.7 days)
+OTHER_CLOCK = (2**32 - 300 * 1000) * 10**6
+
+
+def bounds(before: int, after: int, cost_ns: int) -> range:
+    """The times a full bucket reaches: its cost from the clock the program read."""
+    return range(before + cost_ns, after + cost_ns + 1)
+
+
+@pytest.mark.parametrize(("prog", "tag", "passes", "drops"), INGRESS, ids=IDS)
+def test_a_bucket_written_on_the_other_clock_is_full(
+    p: Progs, prog: str, tag: bool, passes: int, drops: int
+) -> None:
+    """Buckets are pinned, the clock that wrote them is not: an agent that picked the other
+    clock (jiffies times the tick's length, or the coarse clock: 50 to 500 days apart) finds
+    them far ahead of its own. Further ahead than AHEAD_MAX_NS they are full (the packet
+    passes and starts them at the clock); short of it they are this clock's (refused)."""
+    before = clock()
+    p.set_buckets(before + OTHER_CLOCK, before + OTHER_CLOCK, 0)
+    frame = to_lb(tag)
+    assert p.run(prog, frame) == passes
+    after = clock()
+    b = p.buckets()
+    assert b.in_bytes in bounds(before, after, BYTES_IN.cost_ns(len(bytes(frame))))
+    assert b.in_pkts in bounds(before, after, PKTS_IN.cost_ns(1))
+    ours = clock() + AHEAD_MAX_NS - 10**12  # 1,000 s short of the bound: this clock's, empty
+    p.set_buckets(ours, ours, 0)
+    assert p.run(prog, frame) == drops
+    assert (p.buckets().in_bytes, p.buckets().in_pkts) == (ours, ours)
+
+
+@pytest.mark.parametrize("tag", [False, True], ids=["fast", "full"])
+def test_an_egress_bucket_written_on_the_other_clock_is_full(p: Progs, tag: bool) -> None:
+    """The same for the egress policer's bucket."""
+    before = clock()
+    p.set_buckets(0, 0, before + OTHER_CLOCK)
+    frame = from_pod(tag)
+    assert p.run("egress", frame) == TC_NEXT
+    after = clock()
+    assert p.buckets().out_bytes in bounds(before, after, BYTES_OUT.cost_ns(len(bytes(frame))))
+
+
+@pytest.mark.parametrize("tag", [False, True], ids=["fast", "full"])
+def test_a_full_bucket_passes_one_packet_over_its_burst(p: Progs, tag: bool) -> None:
+    """The least burst (64 packets, 64 KiB) is less than what one packet may be charged: here a
+    GRO packet of 100 segments into tc ingress at 1 packet/s (a 64 KiB TSO packet's 68 KB out:
+    test_limits.py, whose UDP GSO packets go through real veths; BPF_PROG_RUN takes no wire
+    length above 64 KiB). From a full bucket it passes and the bucket goes into debt by its
+    cost (the rate holds: the next packet is refused)."""
+    eth = Ether(src=MAC_A, dst=MAC_B)
+    eth = eth / Dot1Q(vlan=5) if tag else eth
+    frame = eth / IP(src=CLIENT, dst=LB_WHOLE) / tcp_from(POD_WHOLE)[TCP]
+    segs = 100
+    assert PKTS_IN.cost_ns(segs) > PKTS_IN.tolerance  # more packets than the burst
+    before = clock()
+    p.set_buckets(0, 0, 0)
+    assert p.run_skb("tc", frame, segs, len(bytes(frame)))[0] == TC_NEXT
+    after = clock()
+    assert p.buckets().in_pkts in bounds(before, after, PKTS_IN.cost_ns(segs))
+    assert p.run_skb("tc", frame)[0] == TC_SHOT  # in debt
+
+
+def test_the_shaper_drops_beyond_fqs_horizon(shaped: Progs) -> None:
+    """fq drops a packet whose departure time is more than its horizon (10 s) ahead; at
+    1 kbit/s the burst's time is 524 s. A departure 20 s ahead is the shaper's drop_limit
+    (nothing moved), one 9 s ahead leaves then."""
+    p = shaped
+    assert BYTES_OUT.tolerance > 30 * 10**9 and FQ_HORIZON_NS == 10 * 10**9
+    t = time.monotonic_ns() + 20 * 10**9
+    p.set_buckets(0, 0, 0, t)
+    before = p.drops()
+    frame = tcp_from(POD_WHOLE)
+    assert p.run_skb("egress", frame)[0] == TC_SHOT
+    assert p.drops() == before + 1 and p.buckets().out_edt == t
+    t = time.monotonic_ns() + 9 * 10**9
+    p.set_buckets(0, 0, 0, t)
+    assert p.run_skb("egress", frame) == (TC_NEXT, t)
+    assert p.buckets().out_edt == t + BYTES_OUT.cost_ns(len(bytes(frame)))
+
+
+def test_maps_show_the_shapers_state_while_shaped(p: Progs) -> None:
+    """`status` and `maps dump` (PinnedMaps.limits) show the egress bucket the programs use:
+    the policer's (out_bytes) when policed, the shaper's (out_edt, on the monotonic clock,
+    against its horizon: 10 s at 1 kbit/s) when shaped."""
+    p.set_buckets(0, 0, 0, time.monotonic_ns() + 5 * 10**9)
+    assert p.maps.limits()[VM][1]["egress_bytes"] == 1.0  # policed: out_bytes, full
+    p.maps.set_shaped(True)
+    try:
+        left = p.maps.limits()[VM][1]["egress_bytes"]
+    finally:
+        p.maps.set_shaped(False)
+    assert 0.45 < left < 0.55, left
+
+
+def test_a_changed_limit_starts_its_buckets_full(p: Progs) -> None:
+    """A bucket's time was charged at its limit's rate: a raised 1 packet/s limit that a flood
+    emptied would refuse for up to 64 s more. A changed limit starts its own buckets full (the
+    egress one: the policer's and the shaper's); the others are left as they were, and an apply
+    that leaves the limits as they are (an agent's restart) touches no bucket."""
+    now, mono = clock(), time.monotonic_ns()
+    empty = (now + PKTS_IN.tolerance, now + PKTS_IN.tolerance, now + BYTES_OUT.tolerance)
+    try:
+        p.set_buckets(*empty, mono + 10**9)
+        p.maps.apply(MapDiff(limits_set={VM: LIMITS}))  # the same limits, written again
+        b = p.buckets()
+        assert (b.in_bytes, b.in_pkts, b.out_bytes, b.out_edt) == (*empty, mono + 10**9)
+        assert p.run("xdp", to_lb(False)) == XDP_DROP
+        raised = Limits(ingress_bps=1_000, egress_bps=1_000, ingress_pps=1_000)
+        p.maps.apply(diff(p.maps.read_state(), state(raised)))
+        b = p.buckets()
+        assert (b.in_bytes, b.in_pkts, b.out_bytes, b.out_edt) == (
+            empty[0],
+            0,
+            empty[2],
+            mono + 10**9,
+        )
+        assert p.run("xdp", to_lb(False)) == XDP_PASS  # at once
+        p.maps.apply(diff(p.maps.read_state(), state(replace(raised, egress_bps=2_000))))
+        b = p.buckets()
+        assert (b.out_bytes, b.out_edt) == (0, 0) and b.in_pkts != 0
+    finally:
+        p.maps.apply(diff(p.maps.read_state(), state(LIMITS)))

@@ -22,6 +22,7 @@ from scapy.packet import Packet
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.buckets import limit_clock_ns
+from cozyebpf.datapath.flows import coarse_now_ns
 from cozyebpf.datapath.layout import BucketVal
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.state import Limits
@@ -49,7 +50,9 @@ WIRE = PAYLOAD + 8 + 20 + 14
 LIMIT = "networking.cozystack.io/"
 
 
-def services(vm2_annotations: dict[str, str] | None = None) -> tuple[Svc, Svc]:
+def services(
+    vm2_annotations: dict[str, str] | None = None, vm1_pps: int = ING_PPS
+) -> tuple[Svc, Svc]:
     vm1 = Svc(
         "vm1",
         LB_WHOLE,
@@ -58,7 +61,7 @@ def services(vm2_annotations: dict[str, str] | None = None) -> tuple[Svc, Svc]:
         lb_ip6=LB6_WHOLE,
         pod_ip6=POD1.ip6,
         annotations={
-            LIMIT + "ingressPacketRate": str(ING_PPS),
+            LIMIT + "ingressPacketRate": str(vm1_pps),
             LIMIT + "egressBandwidth": EGRESS,
         },
     )
@@ -429,3 +432,123 @@ def test_a_bad_limit_is_a_warning_and_the_service_is_programmed_without_it(
     got = blast(env, [udp4(LB_FILT, 24000 + i, b"b%05d" % i) for i in range(20)], {POD2.ip: POD2})
     assert len([f for f in got[POD2.ip] if UDP in Ether(f)]) == 20
     env.set_services(*services())
+
+
+def vm1_buckets(env: AgentLab) -> BucketVal:
+    with PinnedMaps.open(env.pin_dir) as m:
+        m.read_state()  # (loads the slots)
+        key = ctypes.c_uint32(m.slots.slot("default/vm1"))
+        b = BucketVal()
+        assert key.value and bpfsys.map_lookup(m.fds["buckets"], key, b)
+        return b
+
+
+def test_a_raised_limit_passes_traffic_at_once(env: AgentLab) -> None:
+    """vm1's 2 packets/s emptied by a flood (its bucket 32 s ahead), then raised to 1,000
+    packets/s: the new limit's bucket starts full (a burst of 250), so the next 100 datagrams
+    all pass -- before, the bucket charged at 2 packets/s refused them for up to 32 s more.
+    Back to 2 packets/s afterwards."""
+    blast(env, [udp4(LB_WHOLE, 26000 + i, b"x%05d" % i) for i in range(100)], {POD1.ip: POD1})
+    raised = Limits(ingress_pps=1_000, egress_bps=1_000_000)
+    try:
+        env.set_services(*services(vm1_pps=1_000))
+        wait_for(lambda: env.maps_state().limits.get("default/vm1") == raised, 15, "1,000/s")
+        before = drops(env)
+        got = blast(
+            env, [udp4(LB_WHOLE, 27000 + i, b"y%05d" % i) for i in range(100)], {POD1.ip: POD1}
+        )
+        passed = [Ether(f) for f in got[POD1.ip] if UDP in Ether(f)]
+        assert len(passed) == 100, f"{len(passed)} of 100 passed the raised limit"
+        assert drops(env) == before
+        assert {bytes(p[UDP].payload)[:1] for p in passed} == {b"y"}
+    finally:
+        env.set_services(*services())
+        wait_for(lambda: env.maps_state().limits["default/vm1"].ingress_pps == ING_PPS, 15, "2/s")
+
+
+#: the agent in a mount namespace of its own where the kernel's tick rate cannot be read (the
+#: config and /proc/timer_list hidden, as in a container without them): its programs read the
+#: coarse clock, not jiffies times the tick's length
+OTHER_CLOCK = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "--",
+    "sh",
+    "-c",
+    "for f in /proc/config.gz /boot/config-$(uname -r) /proc/timer_list; do "
+    '[ -e "$f" ] && { mount --bind /dev/null "$f" || exit 1; }; done; exec "$@"',
+    "sh",
+]
+
+
+def test_a_clock_change_across_a_restart_does_not_lock_the_service_out(env: AgentLab) -> None:
+    """The buckets are pinned, the clock that wrote them is not: an agent that cannot read the
+    tick rate (another version, a container without /proc/config.gz) reads the coarse clock,
+    which is 50 to 500 days behind jiffies times the tick's length. vm1's bucket, emptied on
+    jiffies' clock, is then read as full (a burst of 64 passes) rather than months ahead (every
+    datagram refused); the bucket runs on the new clock from then on. And back."""
+    probe = env.lab.exec(
+        env.lab.node,
+        *OTHER_CLOCK,
+        *env.cmd[:-2],
+        "-c",
+        "from cozyebpf.datapath import kernel; print(kernel.hz())",
+    )
+    assert probe.stdout.strip() == "None", probe.stdout  # the wrapper hides the tick rate
+    blast(env, [udp4(LB_WHOLE, 28000 + i, b"c%05d" % i) for i in range(100)], {POD1.ip: POD1})
+    assert vm1_buckets(env).in_pkts > coarse_now_ns() + 40 * 86400 * 10**9  # jiffies' clock
+    env.stop_agent()
+    env.wrapper = OTHER_CLOCK
+    try:
+        env.start_agent()
+        wait_for(lambda: "default/vm1" in env.maps_state().limits, 15, "vm1's limits")
+        t0 = time.monotonic()
+        got = blast(
+            env, [udp4(LB_WHOLE, 29000 + i, b"k%05d" % i) for i in range(100)], {POD1.ip: POD1}
+        )
+        elapsed = time.monotonic() - t0
+        passed = [Ether(f) for f in got[POD1.ip] if UDP in Ether(f)]
+        assert BURST <= len(passed) <= BURST + int(elapsed * ING_PPS) + 1, len(passed)
+        ahead = vm1_buckets(env).in_pkts - coarse_now_ns()  # now on the coarse clock
+        assert 0 < ahead <= 40 * 10**9, ahead
+    finally:
+        env.stop_agent()
+        env.wrapper = []
+        env.start_agent()
+        wait_for(lambda: "default/vm1" in env.maps_state().limits, 15, "vm1's limits")
+    # back on jiffies' clock: the coarse clock's bucket is far behind it, full
+    got = blast(env, [udp4(LB_WHOLE, 30000 + i, b"j%05d" % i) for i in range(100)], {POD1.ip: POD1})
+    assert len([f for f in got[POD1.ip] if UDP in Ether(f)]) >= BURST
+
+
+def test_a_full_bucket_passes_a_gso_packet_over_its_burst(env: AgentLab) -> None:
+    """vm1's 1 Mbit/s out: its burst, 64 KiB, is the least, and a UDP GSO packet of 128
+    segments of 511 bytes puts 70,784 bytes on the wire (a 64 KiB TSO packet: 68 KB). From a
+    full bucket it passes (the bucket goes into debt by the rest); before, no such packet ever
+    passed. The client receives its 128 datagrams whole, from the LB IP."""
+    fill_egress_bucket(env)
+    before = drops(env)
+    segs, size = 128, 511
+    assert segs * (size + 8 + 20 + 14) > EGRESS_BURST_BYTES
+    sock = env.lab.ns_socket(env.lab.pod_ns(POD1), socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(SOL_UDP, UDP_SEGMENT, size)
+    sink = env.lab.ns_socket(env.lab.client, socket.AF_INET, socket.SOCK_DGRAM)
+    sink.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE: none lost here
+    sink.bind((CLIENT_IP, 40003))
+    got: list[tuple[bytes, tuple[str, int]]] = []
+    try:
+        sock.sendto(
+            b"".join(b"%03d" % k + b"o" * (size - 3) for k in range(segs)), (CLIENT_IP, 40003)
+        )
+        sink.settimeout(0.5)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append(sink.recvfrom(2048))
+    finally:
+        sock.close()
+        sink.close()
+    assert drops(env) == before, "the GSO packet was refused from a full bucket"
+    assert sorted(d for d, _ in got) == [b"%03d" % k + b"o" * (size - 3) for k in range(segs)]
+    assert all(a[0] == LB_WHOLE for _, a in got)

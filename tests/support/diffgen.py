@@ -211,8 +211,13 @@ LIMIT_SETS = (
     Limits(ingress_bps=10**10, egress_bps=10**10, ingress_pps=10**6),
 )
 #: how full a seeded bucket is: room for this many frames of 100 bytes (or packets) before it
-#: refuses; None: a new bucket (time 0); -1: idle for a second (its time behind the clock)
-ROOMS = (None, None, -1, 0, 1, 3, 8)
+#: refuses; None: a new bucket (time 0); -1: idle for a second (its time behind the clock); -2:
+#: written on the other clock the programs may read, OTHER_CLOCK_NS ahead (full: limit.h,
+#: CZ_AHEAD_MAX_NS)
+ROOMS = (None, None, -1, -2, 0, 1, 3, 8)
+#: how far jiffies times the tick's length runs ahead of the coarse clock, at the least (HZ
+#: 1000: 49.7 days)
+OTHER_CLOCK_NS = (2**32 - 300 * 1000) * 10**6
 #: the segments of a GSO (GRO) packet, now and then, and the headers each carries on the wire
 #: (Ethernet, IPv4 and TCP with timestamps): a frame of 45 segments is charged 2,904 bytes more
 GSO_SEGS = (0,) * 9 + (2, 3, 45)
@@ -305,10 +310,12 @@ def families() -> tuple[int, ...]:
 
 def _ahead(draw: st.DrawFn, bucket: Bucket | None, frame: int) -> int:
     """A seeded bucket's time, ahead of the clock (`Seed.buckets`): room for a few frames of
-    `frame` bytes (or packets), idle, or new."""
+    `frame` bytes (or packets), idle, another clock's, or new."""
     room = pick(draw, ROOMS)
     if bucket is None or room is None:
         return 0
+    if room == -2:
+        return OTHER_CLOCK_NS
     if room < 0:
         return -1_000_000_000
     return max(1, bucket.tolerance - bucket.cost_ns(room * frame))

@@ -40,12 +40,13 @@ around each run.
 Shaped egress (`RefState.shaped`: the node's uplinks all have fq, flowcfg's CZ_CFG_SHAPED).
 The egress limit is then the uplink's egress's, as a shaper (`shape`): the Service's next
 departure (`Tats.out_edt`, ns of CLOCK_MONOTONIC: an argument of its own, `mono_ns`) is the
-GCRA time of its byte bucket, its tolerance the horizon: a frame departs at max(out_edt, now),
-which moves by its cost (wire_len, as above), and gets that departure as its skb->tstamp when
-the shaper is busy (`Result.tstamp`; an idle shaper leaves the tstamp as it came); one beyond
-the horizon is dropped as `drop_limit`, nothing moved. The policer's bucket is not touched. The
-uplink's egress shapes the managed pod's frame it translates (LIMIT on the pod IP) and a frame
-from a managed LB IP (a VM's, translated by the pod-facing hook), which it lets go untouched.
+GCRA time of its byte bucket, its tolerance the horizon (and fq's, 10 s: Bucket.admit_shaped):
+a frame departs at max(out_edt, now), which moves by its cost (wire_len, as above), and gets
+that departure as its skb->tstamp when the shaper is busy (`Result.tstamp`; an idle shaper
+leaves the tstamp as it came); one beyond the horizon is dropped as `drop_limit`, nothing
+moved. The policer's bucket is not touched. The uplink's egress shapes the managed pod's
+frame it translates (LIMIT on the pod IP) and a frame from a managed LB IP (a VM's,
+translated by the pod-facing hook), which it lets go untouched.
 Left out: the pod-facing hook (`cz_pod_ingress*`, which in shaped mode translates without
 limiting: the harness does not run it, its routing decisions need a FIB of uplinks;
 tests/datapath/test_shaping.py runs it with fq), and fq itself (what a departure time does
@@ -76,7 +77,7 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import NamedTuple, TypeAlias
 
-from cozyebpf.datapath.buckets import Bucket
+from cozyebpf.datapath.buckets import AHEAD_MAX_NS, Bucket
 from cozyebpf.state import Limits
 
 Addr: TypeAlias = IPv4Address | IPv6Address
@@ -368,13 +369,13 @@ def shape(
     if bucket is None:
         return True, {}, tstamp
     tats = state.buckets.get(service, Tats())
-    admitted, end = bucket.admit(tats.out_edt, mono_ns, cost)
+    admitted, end = bucket.admit_shaped(tats.out_edt, mono_ns, cost)
     if not admitted:
         return False, {}, tstamp
     # Reading: a busy shaper (its departure ahead of now) gives the frame that departure; an
     # idle one lets it leave now, which the program does by leaving skb->tstamp as it came (0,
     # or a socket's own departure time, which fq then keeps) -- it does not write `now`.
-    departs = tats.out_edt if tats.out_edt > mono_ns else tstamp
+    departs = tats.out_edt if mono_ns < tats.out_edt <= mono_ns + AHEAD_MAX_NS else tstamp
     return True, {service: tats._replace(out_edt=end)}, departs
 
 

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from cozyebpf.config import RunConfig
 from cozyebpf.datapath.buckets import (
+    AHEAD_MAX_NS,
     BURST_MIN_BYTES,
+    FQ_HORIZON_NS,
     NS,
     UNIT_SHIFT,
     Bucket,
@@ -97,6 +99,47 @@ def test_a_full_bucket_admits_its_burst_at_once_and_then_the_rate() -> None:
     assert not b.admit(tat, now + 1_000_000, 1)[0]
 
 
+def test_a_full_bucket_passes_one_packet_over_its_burst_into_debt() -> None:
+    """The least burst (64 KiB) is less than a 64 KiB TSO packet's charge (68 KB with its
+    headers per segment): a full bucket passes it, and the bucket's time runs its cost ahead
+    (debt) until the rate has paid what exceeds the burst; a busy bucket refuses it."""
+    b = Bucket.bytes_per_second(1_000_000)
+    assert b.tolerance == b.cost_ns(BURST_MIN_BYTES)
+    now, cost = 5 * NS, 68_440
+    ok, tat = b.admit(0, now, cost)
+    assert ok and tat == now + b.cost_ns(cost) > now + b.tolerance
+    assert not b.admit(tat, now, 64)[0]  # in debt
+    later = tat - b.tolerance + b.cost_ns(64)
+    assert b.admit(tat, later, 64) == (True, tat + b.cost_ns(64))  # paid: the rate again
+    assert not b.admit(now + 1, now, cost)[0]  # not full: refused
+
+
+def test_a_bucket_far_ahead_is_another_clocks_and_full() -> None:
+    """A bucket time more than AHEAD_MAX_NS (2^48 ns, 3.3 days) ahead was written on the other
+    clock the programs may read (50 to 500 days apart): full. Up to it, this clock's."""
+    b = Bucket.packets_per_second(1)
+    now = 5 * NS
+    jiffies_clock = now + (2**32 - 300 * 1000) * 10**6  # HZ 1000: 49.7 days ahead
+    assert b.admit(jiffies_clock, now, 1) == (True, now + b.cost_ns(1))
+    assert b.left(jiffies_clock, now) == 1.0
+    assert not b.admit(now + AHEAD_MAX_NS, now, 1)[0]
+    assert b.left(now + AHEAD_MAX_NS, now) == 0.0
+    assert b.admit(now - 10 * NS, now, 1)[0]  # behind the clock: full, as before
+
+
+def test_the_shaper_refuses_beyond_fqs_horizon() -> None:
+    """The shaper's departure may not lie further ahead than fq's horizon (10 s), which at
+    1 kbit/s is far inside the burst's time (524 s); an idle shaper lets a packet leave now."""
+    b = Bucket.bytes_per_second(1_000)
+    now = 5 * NS
+    assert b.tolerance > 50 * NS
+    assert b.admit(now + 20 * NS, now, 100)[0]  # the policer's arithmetic would admit it
+    assert b.admit_shaped(now + 20 * NS, now, 100) == (False, now + 20 * NS)
+    assert b.admit_shaped(now + 9 * NS, now, 100) == (True, now + 9 * NS + b.cost_ns(100))
+    assert b.admit_shaped(0, now, 70_000) == (True, now + b.cost_ns(70_000))
+    assert b.left(now + 5 * NS, now, FQ_HORIZON_NS) == 0.5
+
+
 def test_default_bursts() -> None:
     assert default_burst_bytes(1_000_000_000) == 31_250_000  # 250 ms of 1 Gbit/s
     assert default_burst_bytes(1_000_000) == BURST_MIN_BYTES  # 31,250 bytes: the least
@@ -115,19 +158,21 @@ def test_no_more_than_the_burst_and_the_rate_pass(
     bits: int, burst: int, arrivals: list[tuple[int, int]]
 ) -> None:
     """Whatever arrives, what passes between the first arrival and the last costs at most their
-    distance plus the burst's time (GCRA's invariant), and each byte's charge is its time at the
-    rate less under 1 ns per packet (rounded down)."""
+    distance plus the burst's time (GCRA's invariant), or plus one packet's where a full bucket
+    passed one that costs more (its debt), and each byte's charge is its time at the rate less
+    under 1 ns per packet (rounded down)."""
     b = Bucket.bytes_per_second(bits, burst_bytes=burst)
-    tat, now, charged = 0, 5 * NS, 0
+    tat, now, charged, dearest = 0, 5 * NS, 0, 0
     first = now
     for gap, size in arrivals:
         now += gap
         ok, tat = b.admit(tat, now, size)
         if ok:
             charged += b.cost_ns(size)
+            dearest = max(dearest, b.cost_ns(size))
             exact = size * 8 * NS / bits
             assert exact - 1 - size / 2**UNIT_SHIFT <= b.cost_ns(size) <= exact
-    assert charged <= now - first + b.tolerance
+    assert charged <= now - first + max(b.tolerance, dearest)
 
 
 @given(
