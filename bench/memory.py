@@ -202,7 +202,7 @@ def measure(n: int) -> dict[str, Any]:
         assert len(maps.read_state().services) == n
         seen: set[int] = set()
         _skip_shared(seen)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for (name, what), roots in zip(STRUCTURES, _structures(agent, source, maps), strict=True):
             size, count, strs = deep_size(roots, seen)
             rows.append(
