@@ -380,6 +380,7 @@ def run(**options: Any) -> None:
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
     from cozyebpf.datapath.bpf import handle_cozy_proxy
     from cozyebpf.kube.portsec import checks
+    from cozyebpf.memlimit import MemoryWatch
     from cozyebpf.sources.local import LocalAddresses
 
     stop = threading.Event()
@@ -418,6 +419,7 @@ def run(**options: Any) -> None:
             local=local,
             reserved_cidrs=reserved_cidrs,
             guard_pps=guard_pps,
+            memory=MemoryWatch(node),
         )
         wake.append(agent.notify)
         local.start()
