@@ -163,9 +163,20 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.002)
 
 
+def map_memory(fds: dict[str, int]) -> dict[str, int]:
+    """The kernel memory of each map (`memlock` of its fdinfo: what it charges), bytes."""
+    out = {}
+    for name, fd in fds.items():
+        for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+            if line.startswith("memlock:"):
+                out[name] = int(line.split()[1])
+    return out
+
+
 def measure(n: int) -> dict[str, Any]:
     """One size, in this process (run each size in a process of its own: `main`)."""
     from cozyebpf.agent import Agent
+    from cozyebpf.datapath.layout import possible_cpus
     from cozyebpf.datapath.maps import PinnedMaps
     from cozyebpf.kube.client import api_client
     from cozyebpf.sources.kube import KubeSource
@@ -184,6 +195,7 @@ def measure(n: int) -> dict[str, Any]:
         if api.stdout.readline().strip() != "ready":
             raise RuntimeError("the API double did not start")
         maps = PinnedMaps.ensure(pins, capacity)
+        kernel = map_memory(maps.fds)
         gc.collect()
         rss_base = proc_status(os.getpid(), "VmRSS")
         source = KubeSource(api_client(str(tmp / "kubeconfig")), "cozy-proxy")
@@ -232,6 +244,9 @@ def measure(n: int) -> dict[str, Any]:
             "rss": rss,
             "peak": hwm,
             "per_service": (rss - rss_base) / n,
+            "maps_bytes": sum(v for k, v in kernel.items() if k != "svcstats"),
+            "counters_bytes": kernel.get("svcstats", 0),
+            "cpus": possible_cpus(),
             "lists_s": t_listed - t0,
             "cold_start_s": t_synced - t_listed,
             "structures": rows,
