@@ -13,7 +13,8 @@ model that holds the same objects). What no structure reaches is the interpreter
 the allocator's free and fragmented memory: RSS minus the sum. Also:
 
 - RSS before the lists (the interpreter with the agent's modules), after the sync (and after
-  the agent's `release_memory`), and the peak (VmHWM) before the walk;
+  the agent's `release_memory`), and the peak (VmHWM) before the walk; with two malloc arenas,
+  as `cozyebpf run` sets them;
 - the cold start: from the informers' last list (`KubeSource.synced`) to the first sync written
   (every Service in the maps), beside the time the lists themselves took.
 
@@ -195,11 +196,13 @@ def map_memory(fds: dict[str, int]) -> dict[str, int]:
 def measure(n: int) -> dict[str, Any]:
     """One size, in this process (run each size in a process of its own: `main`)."""
     from cozyebpf.agent import Agent
+    from cozyebpf.cli import _fewer_malloc_arenas
     from cozyebpf.datapath.layout import possible_cpus
     from cozyebpf.datapath.maps import PinnedMaps
     from cozyebpf.kube.client import api_client
     from cozyebpf.sources.kube import KubeSource
 
+    _fewer_malloc_arenas()  # as `cozyebpf run` does, before any thread
     capacity = DEFAULT_CAPACITY if n < DEFAULT_CAPACITY - 1000 else 131072
     tmp = Path(tempfile.mkdtemp(prefix="cz-mem-"))
     pins = pin_dir(f"mem{n}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from ipaddress import ip_address
+from sys import intern
 from typing import Any
 
 from cozyebpf.model.fields import (
@@ -137,7 +138,7 @@ def read_object(
         ready = _ready_addresses(ref, obj, problems, nodes, pods, verify_endpoints)
         return SliceRecord(
             ref,
-            service,
+            intern(service),  # the same string as its Service's name (fields._ident)
             frozenset(ready),
             tuple(problems),
             tuple(sorted(nodes, key=_node_key)),
