@@ -340,8 +340,9 @@ class Agent:
             touched = self._touched(changes) if ps is not None else set()
             changes.record_into(self.model)
             delta = self.model.flush() if self.model.pending else None
-        if big:
-            freeze_heap()
+        first = not self.synced_once
+        if big and not first:
+            freeze_heap()  # (the first sync's release_memory collects and freezes once, after)
         if delta is not None:
             self._report(delta.problems_added, delta.problems_removed)
             self._report_moves(held, self.model.held)
@@ -349,7 +350,10 @@ class Agent:
             self._check_pods(ps, touched)
         if now >= self._resync_at:
             try:
-                self.controller.sync(self.model.state)
+                # the cold start's writes with the collector paused (its passes over every
+                # record just made took seconds at 100,000 Services): release_memory follows
+                with gc_paused() if first else contextlib.nullcontext():
+                    self.controller.sync(self.model.state)
             except CozyError as e:
                 self._done("full", now, False)
                 self._failed(now, "sync", e)
