@@ -325,6 +325,37 @@ def record(commit: str, results: list[dict[str, Any]]) -> None:
     RECORD.write_text(json.dumps(runs, indent=1) + "\n")
 
 
+def compare(before: str, after: str) -> str:
+    """RECORD's runs of two commits side by side: per size and structure, MB and bytes per
+    Service, before -> after."""
+    runs = json.loads(RECORD.read_text())
+    a = {r["n"]: r for r in runs[before]}
+    b = {r["n"]: r for r in runs[after]}
+    sizes = sorted(a.keys() & b.keys())
+    lines = [
+        f"| {before} -> {after} | " + " | ".join(f"{n // 1000}k, B/Service" for n in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    names = [row["structure"] for row in a[sizes[0]]["structures"]]
+    for i, name in enumerate(names):
+        per = [
+            (a[n]["structures"][i]["bytes"] / n, b[n]["structures"][i]["bytes"] / n) for n in sizes
+        ]
+        cells = [f"{x:,.0f} -> {y:,.0f}" for x, y in per]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    figures: list[tuple[str, str, float, str]] = [  # label, key, scale, format
+        ("RSS above the baseline, B/Service", "per_service", 1, ",.0f"),
+        ("RSS after the sync, MB", "rss", 1e6, ".0f"),
+        ("peak (VmHWM), MB", "peak", 1e6, ".0f"),
+        ("lists, s", "lists_s", 1, ".1f"),
+        ("cold start (last list -> maps), s", "cold_start_s", 1, ".1f"),
+    ]
+    for label, key, scale, fmt in figures:
+        cells = [f"{a[n][key] / scale:{fmt}} -> {b[n][key] / scale:{fmt}}" for n in sizes]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
     ap.add_argument("sizes", nargs="*", type=int, default=[10000, 30000])
@@ -335,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"also keep the results in {RECORD.relative_to(RECORD.parents[1])} under this commit",
     )
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="two recorded commits")
     args = ap.parse_args(argv)
+    if args.compare:
+        print(compare(*args.compare))
+        return 0
     if args.one:
         print(json.dumps(measure(args.sizes[0])))
         return 0
