@@ -66,8 +66,8 @@ limit = max(agentBase + agentPeakPerService x maxServices + compilerChild + maps
             request x 100 / warnPercent); both rounded up to a MiB. */}}
 {{- define "cozyebpf.memoryConstants" -}}
 agentBase: 52428800
-agentPerService: 7000
-agentPeakPerService: 8000
+agentPerService: 5800
+agentPeakPerService: 7000
 compilerChild: 230686720
 mapsPerService: 2400
 counterPerSlot: 16
