@@ -35,6 +35,7 @@ from cozyebpf.state import IPAddress, Limits, address_key
 
 if TYPE_CHECKING:
     from cozyebpf.kube.portsec import PortSecurity
+    from cozyebpf.memlimit import MemoryWatch
     from cozyebpf.sources.local import LocalAddresses
     from cozyebpf.state import IPNetwork
 
@@ -121,8 +122,12 @@ class Agent:
         reserved_cidrs: Sequence[IPNetwork] = (),
         guard_pps: int | None = None,
         max_pps: int | None = None,
+        memory: MemoryWatch | None = None,
     ) -> None:
         self.source = source
+        #: the agent's memory against its cgroup's limit (None: not checked, for tests)
+        self.memory = memory
+        self._memory_problem: Problem | None = None
         #: this node's addresses, followed in the kernel (None: not checked, for tests)
         self.local = local
         if local is not None:
@@ -149,6 +154,7 @@ class Agent:
         self.check_interval = check_interval
         self.notifier = Notifier()
         self._next_check = self.clock() + check_interval
+        self._next_memory_check = self.clock()  # at the first tick, then every check_interval
         self.synced_once = False  # readiness: a complete source was programmed once
         self.last_tick = self.clock()
         self._resync_at = 0.0  # the first complete source is synced at once
@@ -216,6 +222,8 @@ class Agent:
         (sorted)."""
         extra = self.portsec.problems() if self.portsec is not None else []
         extra += self._uncounted.values()
+        if self._memory_problem is not None:
+            extra.append(self._memory_problem)
         return sorted([*self.model.problems(), *extra]) if extra else self.model.problems()
 
     def _check_counted(self) -> None:
@@ -275,7 +283,24 @@ class Agent:
         for pod in sorted(before - after, key=address_key):
             log.info("pod %s is settled: its port filter is strict again", pod)
 
+    def _check_memory(self) -> None:
+        """The memory against the cgroup's limit (memlimit.py): a Problem on the Node above
+        85 %, resolved below 80 %."""
+        if self.memory is None:
+            return
+        try:
+            p = self.memory.check(len(self.model.services))
+        except Exception as e:  # a failed read must not stop the loop
+            log.error("reading the agent's memory and its limit failed: %s", e)
+            return
+        old, self._memory_problem = self._memory_problem, p
+        if p != old:
+            self._report([p] if p else [], [old] if old else [])
+
     def _check(self, now: float) -> None:
+        if now >= self._next_memory_check:
+            self._next_memory_check = now + self.check_interval
+            self._check_memory()
         datapath = self.controller.datapath
         if not datapath.attached or now < self._next_check:
             return
@@ -317,8 +342,9 @@ class Agent:
             touched = self._touched(changes) if ps is not None else set()
             changes.record_into(self.model)
             delta = self.model.flush() if self.model.pending else None
-        if big:
-            freeze_heap()
+        first = not self.synced_once
+        if big and not first:
+            freeze_heap()  # (the first sync's release_memory collects and freezes once, after)
         if delta is not None:
             self._report(delta.problems_added, delta.problems_removed)
             self._report_moves(held, self.model.held)
@@ -326,7 +352,10 @@ class Agent:
             self._check_pods(ps, touched)
         if now >= self._resync_at:
             try:
-                self.controller.sync(self.model.state)
+                # the cold start's writes with the collector paused (its passes over every
+                # record just made took seconds at 100,000 Services): release_memory follows
+                with gc_paused() if first else contextlib.nullcontext():
+                    self.controller.sync(self.model.state)
             except CozyError as e:
                 self._done("full", now, False)
                 self._failed(now, "sync", e)

@@ -388,6 +388,7 @@ def run(**options: Any) -> None:
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
     from cozyebpf.datapath.bpf import handle_cozy_proxy
     from cozyebpf.kube.portsec import checks
+    from cozyebpf.memlimit import MemoryWatch
     from cozyebpf.sources.local import LocalAddresses
 
     stop = threading.Event()
@@ -428,6 +429,7 @@ def run(**options: Any) -> None:
             reserved_cidrs=reserved_cidrs,
             guard_pps=guard_pps,
             max_pps=max_pps,
+            memory=MemoryWatch(node),
         )
         wake.append(agent.notify)
         local.start()

@@ -33,6 +33,7 @@ from cozyebpf.datapath.reasons import EVENT_REASONS, REASONS
 from cozyebpf.errors import CozyError
 from cozyebpf.httpserver import DEFAULT_LIMITS, Handler, HttpServer, Limits, ServerStats
 from cozyebpf.kube.metricsauth import AuthStats
+from cozyebpf.memlimit import CgroupMemory, rss
 from cozyebpf.model.compose import REFUSAL_HARM
 from cozyebpf.status import read_model
 
@@ -189,6 +190,25 @@ class AgentCollector(Collector):
         )
         info.add_metric([__version__, str(LAYOUT_VERSION)], 1)
         yield info
+        yield from self._memory()
+
+    def _memory(self) -> Iterator[Metric]:
+        """The agent's memory against its limit (memlimit.py), read now: its cgroup's working
+        set (the process's RSS where no cgroup is readable), and the limit (0: none)."""
+        watch = self.agent.memory
+        m = (watch.cgroup if watch is not None else CgroupMemory()).read()
+        yield GaugeMetricFamily(
+            "cozyebpf_agent_memory_bytes",
+            "The agent's memory: its cgroup's working set (usage minus inactive file pages, "
+            "what the limit is held against), or its RSS where no cgroup is readable.",
+            value=m.used if m is not None else rss(),
+        )
+        yield GaugeMetricFamily(
+            "cozyebpf_agent_memory_limit_bytes",
+            "The memory limit of the agent's cgroup (0: none). Above 85 % of it the agent "
+            "warns (an Event on its Node).",
+            value=(m.limit or 0) if m is not None else 0,
+        )
 
     @staticmethod
     def _refused(views: list[ServiceView]) -> Iterator[Metric]:

@@ -153,20 +153,30 @@ def ports_bytes(ports: Collection[tuple[int, int]]) -> tuple[int, bytes]:
     return n, inline.ljust(CZ_PORT.size * INLINE_PORTS, b"\0")
 
 
+#: a pod's allowed ports in the mirror: (protocol, port) pairs
+PortSet = frozenset[tuple[int, int]]
+_NO_PORTS: PortSet = frozenset()
+
+
 class Mirror:
     """What the maps hold, keyed by packed addresses (cheap to hash, unlike ipaddress objects):
     enough to encode any addr value without reading the maps. Each role (an LB IP, a pod IP)
     names the Service it is counted for; `refs` says how many roles name each Service (those
-    named by none give their counter slot back)."""
+    named by none give their counter slot back).
+
+    Kept small (issue 48: one per Service): a pod's allowed ports are a frozenset shared by
+    every pod with the same ports (`_sets`: Services repeat a few port lists), their encoding
+    is cached per set, not per pod, and the LB IPs that go to a pod are a tuple (mostly one)."""
 
     def __init__(self) -> None:
         self.svc: dict[bytes, tuple[bytes, int, str]] = {}  # LB IP -> (pod IP, flags, Service)
         self.pod: dict[bytes, tuple[bytes, int, str]] = {}  # pod IP -> (LB IP, flags, Service)
-        self.ports: dict[bytes, set[tuple[int, int]]] = {}  # pod IP -> (protocol, port)s
-        self.lbs_of: dict[bytes, set[bytes]] = {}  # pod IP -> LB IPs whose Service goes there
-        self.enc: dict[bytes, tuple[int, bytes]] = {}  # pod IP -> its encoded ports (a cache)
+        self.ports: dict[bytes, PortSet] = {}  # pod IP -> (protocol, port)s
+        self.lbs_of: dict[bytes, tuple[bytes, ...]] = {}  # pod IP -> LB IPs that go there
         self.refs: dict[str, int] = {}  # Service -> roles that name it
         self.ranges: dict[bytes, Ranges] = {}  # restricted pod IP -> its source ranges
+        self._sets: dict[PortSet, PortSet] = {_NO_PORTS: _NO_PORTS}  # each port set once
+        self._enc: dict[PortSet, tuple[int, bytes]] = {}  # a port set's encoding (a cache)
 
     @classmethod
     def of(cls, st: MapState) -> Mirror:
@@ -176,9 +186,25 @@ class Mirror:
         for p, e in st.pods.items():
             m.set_pod(p.packed, e.lb_ip.packed, flags_of(e), e.service)
         for a in st.allowed:
-            m.ports.setdefault(a.pod_ip.packed, set()).add((int(a.proto), a.port))
+            m.add_port(a.pod_ip.packed, int(a.proto), a.port)
         m.ranges = {p.packed: nets for p, nets in st.ranges.items()}
         return m
+
+    def _shared(self, ports: PortSet) -> PortSet:
+        return self._sets.setdefault(ports, ports)
+
+    def add_port(self, pod: bytes, proto: int, port: int) -> None:
+        self.ports[pod] = self._shared(self.ports.get(pod, _NO_PORTS) | {(proto, port)})
+
+    def del_port(self, pod: bytes, proto: int, port: int) -> None:
+        mine = self.ports.get(pod)
+        if mine is None:
+            return
+        rest = mine - {(proto, port)}
+        if rest:
+            self.ports[pod] = self._shared(rest)
+        else:
+            del self.ports[pod]
 
     def _ref(self, service: str, step: int) -> None:
         if service:
@@ -192,7 +218,9 @@ class Mirror:
         self.unlink(lb)
         self.svc[lb] = (pod, flags, service)
         self._ref(service, 1)
-        self.lbs_of.setdefault(pod, set()).add(lb)
+        lbs = self.lbs_of.get(pod, ())
+        if lb not in lbs:
+            self.lbs_of[pod] = (*lbs, lb)
 
     def unlink(self, lb: bytes) -> str | None:
         """Remove the LB role of `lb`; the Service it named, if any."""
@@ -202,8 +230,10 @@ class Mirror:
         self._ref(old[2], -1)
         lbs = self.lbs_of.get(old[0])
         if lbs is not None:
-            lbs.discard(lb)
-            if not lbs:
+            rest = tuple(x for x in lbs if x != lb)
+            if rest:
+                self.lbs_of[old[0]] = rest
+            else:
                 del self.lbs_of[old[0]]
         return old[2]
 
@@ -240,9 +270,10 @@ class Mirror:
             flags |= F_RANGES
         if pod is not None and addr in self.ranges:
             pod_flags |= F_RANGES  # egress records the flows, so that replies pass
-        enc = self.enc.get(in_pod)
+        mine = self.ports.get(in_pod, _NO_PORTS)
+        enc = self._enc.get(mine)
         if enc is None:
-            enc = self.enc[in_pod] = ports_bytes(self.ports.get(in_pod, ()))
+            enc = self._enc[mine] = ports_bytes(mine)
         nports, ports = enc
         return ADDR_VAL[len(addr)].pack(
             to, kind, flags, pod_flags, nports, lb, ports, in_slot, out_slot, 0

@@ -100,7 +100,7 @@ class PinnedMaps(Views, FlowTables):
         #: addrhint as this process last wrote it (None: not yet): the words, how many keys
         #: have each bit (word, bit), and the roles (HINT_POD, HINT_LB) each key has in it
         self._hint: dict[int, int] | None = None
-        self._hint_n: dict[tuple[int, int], int] = {}
+        self._hint_n: dict[int, int] = {}  # (word << 6 | bit) -> keys that set it
         self._hint_roles: dict[bytes, int] = {}
 
     @classmethod
@@ -330,7 +330,7 @@ class PinnedMaps(Views, FlowTables):
                     log.warning("%s holds an entry with unknown protocol %d", spec.name, proto_n)
                     continue
                 out.add(AllowedPort(address(pod), proto, port))
-                m.ports.setdefault(pod, set()).add((proto_n, port))
+                m.add_port(pod, proto_n, port)
         return out
 
     def read_state(self) -> MapState:
@@ -426,7 +426,7 @@ class PinnedMaps(Views, FlowTables):
         for a in d.allowed_add:
             pod = a.pod_ip.packed
             add_keys[len(pod)].append(allow_key(a))
-            m.ports.setdefault(pod, set()).add((int(a.proto), a.port))
+            m.add_port(pod, int(a.proto), a.port)
             ported.add(pod)
         for lb, s in d.services_set.items():
             key = lb.packed
@@ -450,22 +450,17 @@ class PinnedMaps(Views, FlowTables):
             touched.add(key)
         for a in d.allowed_del:
             pod = a.pod_ip.packed
-            mine = m.ports.get(pod)
-            if mine is not None:
-                mine.discard((int(a.proto), a.port))
-                if not mine:
-                    del m.ports[pod]
+            m.del_port(pod, int(a.proto), a.port)
             ported.add(pod)
         for pod in ported:
-            m.enc.pop(pod, None)
-            touched |= m.lbs_of.get(pod, set())
+            touched.update(m.lbs_of.get(pod, ()))
             if pod in m.pod:
                 touched.add(pod)
         # source ranges: a pod's networks are added before and removed after the addr values
         # that (un)mark it restricted, so that no source it accepts is ever refused
         range_add, range_del, flipped = _ranges_change(m, d)
         for pod in flipped:
-            touched |= m.lbs_of.get(pod, set())
+            touched.update(m.lbs_of.get(pod, ()))
             if pod in m.pod:
                 touched.add(pod)
         sets = [a for a in touched if a in m.svc or a in m.pod]
@@ -538,7 +533,8 @@ class PinnedMaps(Views, FlowTables):
             for role in (HINT_POD, HINT_LB):
                 if not (new & ~old if gain else old & ~new) & role:
                     continue
-                w, b = pos = self._hint_pos(k, role)
+                w, b = self._hint_pos(k, role)
+                pos = w << 6 | b  # an int, not a tuple: one per address
                 n = self._hint_n.get(pos, 0) + (1 if gain else -1)
                 if n:
                     self._hint_n[pos] = n

@@ -18,7 +18,9 @@ from cozyebpf.model import Problem
 log = logging.getLogger(__name__)
 
 COMPONENT = "cozyebpf"
-API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
+API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1", "Node": "v1"}
+#: where the Events of cluster-scoped objects (a Node) go, as the kubelet puts its own
+CLUSTER_EVENTS_NAMESPACE = "default"
 
 
 def _now() -> str:
@@ -36,7 +38,10 @@ def event_body(p: Problem, node: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": event_name(p, node), "namespace": p.ref.namespace},
+        "metadata": {
+            "name": event_name(p, node),
+            "namespace": p.ref.namespace or CLUSTER_EVENTS_NAMESPACE,
+        },
         "involvedObject": {
             "apiVersion": API_VERSIONS.get(p.ref.kind, "v1"),
             "kind": p.ref.kind,
@@ -82,7 +87,8 @@ class EventRecorder:
 
     def record(self, problems: list[Problem]) -> None:
         for p in problems:
-            if p.ref.kind not in API_VERSIONS or not p.ref.namespace or not p.ref.name:
+            scoped = p.ref.namespace or p.ref.kind == "Node"
+            if p.ref.kind not in API_VERSIONS or not scoped or not p.ref.name:
                 continue  # garbage objects: logged, but nothing to attach an Event to
             try:
                 self.queue.put_nowait(p)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from ipaddress import ip_network
+from sys import intern
 from typing import Any
 
 from cozyebpf.model.limits import ANN_INGRESS_PACKET_RATE
@@ -421,7 +422,8 @@ def _compose(
         chosen = dict(e.chosen)
         pod_ips = tuple(chosen[v] for v in FAMILIES if v in chosen)
         migrating = e.moving() | (held & set(pod_ips))
-        name = f"{s.ref.namespace}/{s.ref.name}"  # whose counters its entries feed
+        # whose counters its entries feed; interned: one string however often it is composed
+        name = intern(f"{s.ref.namespace}/{s.ref.name}")
         refused = _refusals(s.lb_ips, reserved, pod_of)
         limits = enforced_limits(s.limits, guard_pps, max_pps)
         if s.limits.ingress_pps is not None and limits.ingress_pps != s.limits.ingress_pps:

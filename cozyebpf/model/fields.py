@@ -9,6 +9,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address, ip_network
+from sys import intern
 from typing import Any
 
 from cozyebpf.model.limits import read_limits
@@ -193,7 +194,8 @@ def _ident(
         else:
             what = f"must be a string but is {_describe(name)}"
         return Problem(ref, f"metadata.name {what}; give the object a name", "error")
-    return ObjectRef(kind, ns, name), meta
+    # interned: a namespace's name is in every object of it, a Service's name in its slices
+    return ObjectRef(kind, intern(ns), intern(name)), meta
 
 
 def _lb_ips(ingress: Sequence[Any], problems: list[Problem], ref: ObjectRef) -> list[IPAddress]:
@@ -293,11 +295,23 @@ def _read_service(ref: ObjectRef, obj: Mapping[str, Any], meta: Mapping[str, Any
         port_filter,
         allow_icmp,
         tuple(lb_ips),
-        tuple(sorted(ports)),
+        _shared_ports(tuple(sorted(ports))),
         tuple(problems),
         source_ranges,
         limits,
     )
+
+
+#: each list of ports once (Services repeat a few): bounded, emptied when full
+_PORT_LISTS: dict[tuple[PortSpec, ...], tuple[PortSpec, ...]] = {}
+_PORT_LISTS_MAX = 4096
+
+
+def _shared_ports(ports: tuple[PortSpec, ...]) -> tuple[PortSpec, ...]:
+    """`ports`, or the equal tuple read before (the records keep one per Service)."""
+    if len(_PORT_LISTS) >= _PORT_LISTS_MAX:
+        _PORT_LISTS.clear()
+    return _PORT_LISTS.setdefault(ports, ports)
 
 
 def _parse_cidr(value: object, where: str) -> IPNetwork:
@@ -464,6 +478,8 @@ def _ready_addresses(
                 continue
             out.add(ip)
             node = ep.get("nodeName")
+            if isinstance(node, str):
+                node = intern(node)  # a few nodes, named by every endpoint
             if nodes is not None and isinstance(node, str) and node:
                 nodes.add((ip, node))
             if pods is not None:

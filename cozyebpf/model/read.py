@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from ipaddress import ip_address
+from sys import intern
 from typing import Any
 
 from cozyebpf.model.fields import (
@@ -133,12 +134,12 @@ def read_object(
         pods: set[tuple[str, str, str]] = set()
         manager = slice_labels.get(LABEL_MANAGED_BY) if isinstance(slice_labels, Mapping) else None
         if verify_endpoints and manager != SLICE_CONTROLLER:
-            return SliceRecord(ref, service, frozenset(), (_untrusted_slice(ref, manager),))
+            return SliceRecord(ref, service, (), (_untrusted_slice(ref, manager),))
         ready = _ready_addresses(ref, obj, problems, nodes, pods, verify_endpoints)
         return SliceRecord(
             ref,
-            service,
-            frozenset(ready),
+            intern(service),  # the same string as its Service's name (fields._ident)
+            tuple(sorted(ready, key=_address_key)),
             tuple(problems),
             tuple(sorted(nodes, key=_node_key)),
             tuple(sorted(pods)),
@@ -146,6 +147,10 @@ def read_object(
     if kind == "Node" and api_version in (None, "v1"):
         return _read_node(obj)
     return None
+
+
+def _address_key(ip: IPAddress) -> tuple[int, IPAddress]:
+    return (ip.version, ip)
 
 
 def _node_key(pair: tuple[IPAddress, str]) -> tuple[int, IPAddress, str]:

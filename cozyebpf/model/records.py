@@ -130,7 +130,9 @@ class SliceRecord:
 
     ref: ObjectRef
     service: str
-    ready: frozenset[IPAddress]
+    #: sorted (IPv4 first), each once: a tuple, not a frozenset (216 bytes for one address;
+    #: the model keeps one per EndpointSlice)
+    ready: tuple[IPAddress, ...]
     problems: tuple[Problem, ...]
     nodes: tuple[tuple[IPAddress, str], ...] = ()
     pods: tuple[tuple[str, str, str], ...] = ()

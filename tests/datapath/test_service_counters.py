@@ -84,8 +84,7 @@ def progs() -> Iterator[Progs]:
 def p(progs: Progs) -> Progs:
     """vm1 and vm2 programmed, from counters that start at zero (the slots are cleared)."""
     progs.set(MapState())
-    for slot in range(progs.maps.layout.svcstats.max_entries):
-        progs.maps.slots._clear(slot)
+    progs.maps.slots._clear(list(range(progs.maps.layout.svcstats.max_entries)))
     return progs
 
 

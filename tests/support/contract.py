@@ -26,6 +26,8 @@ CONTRACT: dict[str, set[str]] = {
     "cozyebpf_problems": {"severity"},
     "cozyebpf_services_refused": {"reason"},
     "cozyebpf_build_info": {"version", "layout"},
+    "cozyebpf_agent_memory_bytes": set(),
+    "cozyebpf_agent_memory_limit_bytes": set(),
     "cozyebpf_monitor_events_lost_total": set(),
     "cozyebpf_metrics_connections_refused_total": {"reason"},
     "cozyebpf_metrics_connections_cut_total": {"reason"},

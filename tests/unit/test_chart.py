@@ -217,11 +217,12 @@ def test_the_daemonset_is_what_the_node_needs(rendered: tuple[str, list[dict[str
     assert pod.get("priorityClassName", "") == values["daemonset"]["priorityClassName"]
     assert pod["tolerations"] == values["daemonset"]["tolerations"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels(ds).items()
-    # a memory limit: the only thing that keeps Talos' OOM handler off a node DaemonSet
-    assert (
-        c["resources"]["limits"]["memory"] == values["daemonset"]["resources"]["limits"]["memory"]
-    )
-    assert c["resources"]["requests"]["memory"]
+    # a memory limit: the only thing that keeps Talos' OOM handler off a node DaemonSet; the
+    # values' resources where set, else computed from maxServices and countedServices
+    a = values["agent"]
+    want = values["daemonset"]["resources"] or memory_for(a["maxServices"], a["countedServices"])
+    assert c["resources"] == want
+    assert c["resources"]["limits"]["memory"]
     # not privileged: exactly the capabilities the capability test proves sufficient
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
@@ -509,6 +510,80 @@ def test_the_endpointslice_guard(rendered: tuple[str, list[dict[str, Any]]]) -> 
     }
 
 
+# -- the memory, computed ---------------------------------------------------------------------
+
+HELPERS = CHART / "templates" / "_helpers.tpl"
+BENCH_MEMORY = REPO / "bench" / "memory.json"
+MiB = 1 << 20
+
+
+def memory_constants() -> dict[str, int]:
+    """The measured constants, from their one place (the chart's helper)."""
+    text = HELPERS.read_text()
+    body = text.partition('{{- define "cozyebpf.memoryConstants" -}}')[2].partition("{{- end")[0]
+    assert body.strip(), "no cozyebpf.memoryConstants in _helpers.tpl"
+    return {k: int(v) for k, v in yaml.safe_load(body).items()}
+
+
+def memory_for(max_services: int, counted: int | None) -> dict[str, Any]:
+    """What the chart must render, the helper's formula written out again."""
+    c = memory_constants()
+    counters = c["counterBudget"]
+    if counted is not None:
+        counters = counted * (c["counterPerSlot"] + c["counterPerSlotCpu"] * c["counterCpus"])
+    kernel = c["mapsPerService"] * max_services + counters
+    request = c["agentBase"] + c["agentPerService"] * max_services + kernel
+    peak = c["agentBase"] + c["agentPeakPerService"] * max_services + c["compilerChild"] + kernel
+    limit = max(peak, request * 100 // c["warnPercent"])
+    return {
+        "requests": {"cpu": "100m", "memory": f"{-(-request // MiB)}Mi"},
+        "limits": {"memory": f"{-(-limit // MiB)}Mi"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("max_services", "counted"), [(1000, None), (10000, 500), (65536, None), (131072, 131072)]
+)
+def test_the_memory_follows_max_services(helm: str, max_services: int, counted: int | None) -> None:
+    args = ["--set", f"agent.maxServices={max_services}"]
+    if counted is not None:
+        args += ["--set", f"agent.countedServices={counted}"]
+    res = container(render(helm, *args))["resources"]
+    assert res == memory_for(max_services, counted)
+    # the steady state at maxServices is below the share the agent warns at (memlimit.py)
+    request, limit = (int(res[k]["memory"].rstrip("Mi")) for k in ("requests", "limits"))
+    assert request <= 0.8 * limit
+
+
+def test_resources_set_by_hand_win(helm: str) -> None:
+    args = ["--set", "daemonset.resources.limits.memory=3Gi", "--set", "agent.maxServices=9"]
+    assert container(render(helm, *args))["resources"] == {"limits": {"memory": "3Gi"}}
+
+
+def test_the_constants_are_the_benchs_figures() -> None:
+    """bench/memory.json's latest run (python -m bench.memory --record): the agent's RSS and
+    peak per Service at its largest size, its baseline, the maps' and counters' kernel memory
+    per Service; each constant covers its figure, by at most a quarter more."""
+    runs = json.loads(BENCH_MEMORY.read_text())
+    results = list(runs.values())[-1]
+    c = memory_constants()
+    big = max(results, key=lambda r: r["n"])
+    assert big["n"] >= 100000, "the constants are measured at 100,000 Services"
+
+    def covers(constant: int, measured: float) -> None:
+        assert measured <= constant <= 1.25 * measured, (constant, measured)
+
+    covers(c["agentPerService"], big["per_service"])
+    covers(c["agentPeakPerService"], (big["peak"] - big["rss_base"]) / big["n"])
+    covers(c["agentBase"], max(r["rss_base"] for r in results))
+    for r in results:
+        covers(c["mapsPerService"], r["maps_bytes"] / r["capacity"])
+        per_slot = r["counters_bytes"] / (r["capacity"] + 1)  # slot 0 is no Service's
+        assert per_slot <= c["counterPerSlot"] + c["counterPerSlotCpu"] * r["cpus"]
+    assert c["counterBudget"] == 64 * MiB  # layout.SVCSTATS_BUDGET
+    assert c["warnPercent"] <= 100 * 0.80  # memlimit.RESOLVE_AT: a full node does not warn
+
+
 # -- the schema --------------------------------------------------------------------------------
 
 
@@ -523,6 +598,10 @@ def test_the_endpointslice_guard(rendered: tuple[str, list[dict[str, Any]]]) -> 
         (["--set", "health.port=98100"], "/health/port"),
         (["--set", "daemonset.hostNetwork=false"], "/daemonset/hostNetwork"),
         (["--set", "daemonset.resources.limits.memory=null"], "/daemonset/resources/limits"),
+        (["--set", "daemonset.resources.limits.memory=lots"], "/daemonset/resources/limits"),
+        (["--set", "daemonset.resources.requests.memory=1Gi"], "/daemonset/resources"),
+        (["--set", "agent.maxServices=0"], "/agent/maxServices"),
+        (["--set", "agent.countedServices=-5"], "/agent/countedServices"),
         (["--set", "daemonset.tolerations=everything"], "/daemonset/tolerations"),
         (["--set", "agent.podDevice=ovn0"], "/agent"),  # a misspelt value name
     ],

@@ -74,7 +74,7 @@ def learning(model: IncrementalModel) -> tuple[bool, bool]:
 def test_a_slice_record_pairs_ready_addresses_with_their_nodes() -> None:
     rec = read_object(endpoints("node1", "node3"), 1)
     assert isinstance(rec, SliceRecord)
-    assert rec.ready == frozenset({POD})
+    assert rec.ready == (POD,)
     assert rec.nodes == ((POD, "node1"), (POD, "node3"))
 
 

@@ -47,3 +47,55 @@ status.hostIP. */}}
 {{- define "cozyebpf.metricsAddress" -}}
 {{- printf "%s:%v" (default "$(NODE_IP)" .Values.metrics.host) .Values.metrics.port -}}
 {{- end -}}
+
+{{/* The agent's memory, computed from agent.maxServices and agent.countedServices unless
+daemonset.resources is set: the measured constants and the formula, the one place of both
+(tests/unit/test_chart.py holds the constants to the figures bench/memory.json records; bytes).
+- agentBase: the agent before any Service (interpreter, modules, metrics); agentPerService and
+  agentPeakPerService: its RSS after the first sync and its peak, per Service (measured at
+  100,000 Services; the caches of a cluster at maxServices);
+- compilerChild: bcc's child at start, 3-4 s, then it exits (deploy/README.md, Resources);
+- mapsPerService: the pinned maps' kernel memory per Service of maxServices (memlock of each
+  map but svcstats); counterPerSlot and counterPerSlotCpu: svcstats (a per-CPU array) per
+  counted Service, counterBudget what it may take when agent.countedServices is null (the
+  agent's default), counterCpus the CPUs assumed when it is set;
+- warnPercent: the agent warns above 85 % of its limit and resolves below 80: the steady state
+  at maxServices stays below it.
+request = agentBase + agentPerService x maxServices + maps + counters;
+limit = max(agentBase + agentPeakPerService x maxServices + compilerChild + maps + counters,
+            request x 100 / warnPercent); both rounded up to a MiB. */}}
+{{- define "cozyebpf.memoryConstants" -}}
+agentBase: 52428800
+agentPerService: 5800
+agentPeakPerService: 7000
+compilerChild: 230686720
+mapsPerService: 2400
+counterPerSlot: 16
+counterPerSlotCpu: 160
+counterBudget: 67108864
+counterCpus: 32
+warnPercent: 80
+{{- end -}}
+
+{{- define "cozyebpf.resources" -}}
+{{- if .Values.daemonset.resources -}}
+{{- toYaml .Values.daemonset.resources -}}
+{{- else -}}
+{{- $c := include "cozyebpf.memoryConstants" . | fromYaml -}}
+{{- $n := int64 .Values.agent.maxServices -}}
+{{- $counters := int64 $c.counterBudget -}}
+{{- if not (kindIs "invalid" .Values.agent.countedServices) -}}
+{{- $counters = mul (int64 .Values.agent.countedServices) (add $c.counterPerSlot (mul $c.counterPerSlotCpu $c.counterCpus)) -}}
+{{- end -}}
+{{- $kernel := add (mul $c.mapsPerService $n) $counters -}}
+{{- $request := add $c.agentBase (mul $c.agentPerService $n) $kernel -}}
+{{- $peak := add $c.agentBase (mul $c.agentPeakPerService $n) $c.compilerChild $kernel -}}
+{{- $limit := max $peak (div (mul $request 100) $c.warnPercent) -}}
+{{- $mi := 1048576 -}}
+requests:
+  cpu: 100m
+  memory: {{ div (add $request (sub $mi 1)) $mi }}Mi
+limits:
+  memory: {{ div (add $limit (sub $mi 1)) $mi }}Mi
+{{- end -}}
+{{- end -}}
