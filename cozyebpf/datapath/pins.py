@@ -258,7 +258,8 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
     """Open existing pins (for `maps dump`), whatever their size; every map must be there with
     our layout and version, but that the maps of a layout this one can run on and read (from
     OLDEST_COMPATIBLE on: an older release still running on the node) may lack the maps added
-    after it, which only the agent writes (those are then not in the fds). Their fds, and the
+    after it, and those added to its layout after a release of it (MapSpec.late), which only
+    the agent writes (those are then not in the fds). Their fds, and the
     layout their sizes say."""
     found = read_pinned_meta(pin_dir)
     if found is not None and not found.runnable():
@@ -271,8 +272,14 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
             try:
                 fds[spec.name] = fd = bpfsys.obj_get(path)
             except bpfsys.BpfError as e:
-                if e.errno == errno.ENOENT and OLDEST_COMPATIBLE <= version < SAME_SINCE[spec.name]:
-                    continue  # newer than the maps' layout: nothing of theirs is in it
+                # newer than the maps' layout, or added to it after a release of it (late):
+                # nothing of theirs is in it
+                if (
+                    e.errno == errno.ENOENT
+                    and version >= OLDEST_COMPATIBLE
+                    and (version < SAME_SINCE[spec.name] or spec.late)
+                ):
+                    continue
                 if e.errno == errno.ENOENT:
                     raise DatapathError(
                         f"no cozyebpf map pinned at {path}: is `cozyebpf run` running on this "
@@ -406,7 +413,7 @@ def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
 
 
 FLOW_MAPS = ("flow4", "flow6")
-HINT_MAPS = ("flowhint", "addrhint")
+HINT_MAPS = ("flowhint", "addrhint", "rolehint")
 
 
 def _padded(spec: MapSpec, info: bpfsys.MapInfo, version: int | None) -> bool:

@@ -199,6 +199,7 @@ def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
         "seen4",
         "seen6",
         "addrhint",
+        "rolehint",
         "tail_rare",
         "limits",
         "buckets",
@@ -220,9 +221,13 @@ def test_layout_5_is_upgraded_in_place_without_a_lost_packet(
     traffic = upgrade_under_traffic(env, old, "seen4")
     assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
     new = env.map_ids()
-    assert set(new) - set(traffic.old_maps) == {"addrhint", "tail_rare", "limits", "buckets"}, (
-        "created beside the others"
-    )
+    assert set(new) - set(traffic.old_maps) == {
+        "addrhint",
+        "rolehint",
+        "tail_rare",
+        "limits",
+        "buckets",
+    }, "created beside the others"
     assert {k: new[k] for k in traffic.old_maps if k != "svcstats"} == {
         k: v for k, v in traffic.old_maps.items() if k != "svcstats"
     }, "every map but svcstats kept as it is"
@@ -235,3 +240,4 @@ def test_layout_5_is_upgraded_in_place_without_a_lost_packet(
     # the new programs count into the new map: traffic after the switch
     assert counted["default/vm1"].in_packets > 0 and counted["default/vm2"].out_packets > 0
     env.set_services(WHOLE)
+
