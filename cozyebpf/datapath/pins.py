@@ -260,8 +260,8 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
     our layout and version, but that the maps of a layout this one can run on and read (from
     OLDEST_COMPATIBLE on: an older release still running on the node) may lack the maps added
     after it, and those added to its layout after a release of it (MapSpec.late), which only
-    the agent writes (those are then not in the fds). Their fds, and the
-    layout their sizes say."""
+    the agent writes (those are then not in the fds). Their fds, and the layout their sizes
+    say."""
     found = read_pinned_meta(pin_dir)
     if found is not None and not found.runnable():
         raise LayoutTooNew(pin_dir, found, reader=True)
