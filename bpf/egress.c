@@ -99,7 +99,7 @@ static __always_inline struct addr4_val *shaped_src4(struct iphdr *ip)
 	return cz_addr4.lookup(&ip->saddr);
 }
 
-/* An IPv4 packet of no pod IP to no LB IP (addrhint): shape_lb if it is from an LB IP and egress
+/* An IPv4 packet of no pod IP to no LB IP (rolehint): shape_lb if it is from an LB IP and egress
  * is shaped; else nothing of ours. */
 static __always_inline int shape_lb4(struct __sk_buff *skb, struct iphdr *ip)
 {
@@ -131,7 +131,7 @@ static __always_inline int fast_egress(struct __sk_buff *skb, void *data, void *
 	if (ip) {
 		struct addr4_val *v = NULL;
 
-		/* no pod IP as source, no LB IP as destination: nothing of ours (addrhint), unless
+		/* no pod IP as source, no LB IP as destination: nothing of ours (rolehint), unless
 		 * from an LB IP where egress is shaped (shape_lb) */
 		if (cz_addr4_hinted(ip->saddr, CZ_HINT_POD))
 			v = cz_addr4.lookup(&ip->saddr);
@@ -296,7 +296,7 @@ int cz_pod_ingress(struct __sk_buff *skb)
 		cz_tail_rare.call(skb, CZ_RARE_POD6);
 		return cz_tail_missed(skb, 0, 1); /* the loader fills the arrays before attaching */
 	}
-	/* a plain pod's packet: two bits of addrhint (types.h), and it goes */
+	/* a plain pod's packet: two bits of rolehint (types.h), and it goes */
 	next = cz_addr4_hinted(ip->daddr, CZ_HINT_LB) ? pod_next4(ip) : CZ_TC_NEXT;
 	if (!cz_addr4_hinted(ip->saddr, CZ_HINT_POD))
 		return next;

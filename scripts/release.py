@@ -6,8 +6,9 @@
    `__version__`, the chart's `version` and `appVersion`, the image tag (values.yaml,
    deploy/daemonset.yaml, deploy/uninstall/uninstall.yaml: "v" and the version) are in step, the
    version is X.Y.Z, and CHANGELOG.md has a section `## [X.Y.Z] - YYYY-MM-DD` under an
-   `## [Unreleased]` one, and pyproject.toml names the previous release (an older version, and
-   its commit, which must be in git). tests/unit/test_release.py runs the same check in CI.
+   `## [Unreleased]` one, and pyproject.toml names the previous release (a version not newer:
+   the same between releases, when the tree still says the last one; and its commit, which
+   must be in git). tests/unit/test_release.py runs the same check in CI.
 2. The packaged chart: `helm package charts/cozyebpf` -> DIR/cozyebpf-X.Y.Z.tgz.
 3. The release notes: that CHANGELOG section, with the artefacts' names -> DIR/RELEASE-NOTES.md.
 4. The image (unless --no-image): `<builder> build` of the Dockerfile, tagged
@@ -89,8 +90,10 @@ def problems(repo: Path = REPO) -> list[str]:
     prev = previous_release(repo)
     if not SEMVER.match(prev.get("version", "")) or not prev.get("commit"):
         out.append("pyproject.toml: [tool.cozyebpf.previous-release] needs version and commit")
-    elif SEMVER.match(version) and _key(prev["version"]) >= _key(version):
-        out.append(f"the previous release {prev['version']} is not older than {version}")
+    elif SEMVER.match(version) and _key(prev["version"]) > _key(version):
+        # (the same version between releases: the tree still says the last release, which the
+        # upgrade tests run against it; a release bumps the version past it)
+        out.append(f"the previous release {prev['version']} is newer than {version}")
     sections = SECTION.findall(_read(repo, "CHANGELOG.md"))
     names = [name for name, _ in sections]
     if not names or names[0] != "Unreleased":

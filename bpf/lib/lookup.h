@@ -13,20 +13,20 @@
 
 #define CZ_FRAG_TIMEOUT_NS 30000000000ULL
 
-#define CZ_HINT_POD 0 /* addrhint's half of the pod IPs */
+#define CZ_HINT_POD 0 /* rolehint's half of the pod IPs */
 #define CZ_HINT_LB 1  /* and of the LB IPs */
 
 /*
  * May the IPv4 address `a` be a key of addr4 in the role `half` (CZ_HINT_POD, CZ_HINT_LB)? 0: it
- * is not (its bit in that half of addrhint is clear, types.h). The same hash as user space's
+ * is not (its bit in that half of rolehint is clear, types.h). The same hash as user space's
  * (layout.addr_hint_bit), on the address as it lies in memory; an array lookup, which the
  * verifier inlines.
  */
 static __always_inline int cz_addr4_hinted(__be32 a, __u32 half)
 {
-	__u32 h = ((__u32)a * 0x9E3779B1u) >> (32 - CZ_ADDRHINT_LOG2);
-	__u32 w = (h >> 6) + half * (CZ_ADDRHINT_MAX / 2);
-	__u64 *v = cz_addrhint.lookup(&w);
+	__u32 h = ((__u32)a * 0x9E3779B1u) >> (32 - CZ_ROLEHINT_LOG2);
+	__u32 w = (h >> 6) + half * (CZ_ROLEHINT_MAX / 2);
+	__u64 *v = cz_rolehint.lookup(&w);
 
 	return v && ((*v >> (h & 63)) & 1);
 }

@@ -35,8 +35,8 @@ BPF_TABLE_PINNED("lru_hash", struct frag6_key, struct frag_val, cz_frag6, CZ_FRA
 		 CZ_PIN_DIR "/frag6");
 /* CZ_FLOWHINT_MAX == 2 * CZ_FLOWHINT_WORDS; CZ_FLOWHINT_WORDS * 64 == 1 << CZ_FLOWHINT_LOG2 */
 BPF_TABLE_PINNED("array", __u32, __u64, cz_flowhint, CZ_FLOWHINT_MAX, CZ_PIN_DIR "/flowhint");
-/* CZ_ADDRHINT_MAX * 64 == 1 << CZ_ADDRHINT_LOG2 (types.h) */
-BPF_TABLE_PINNED("array", __u32, __u64, cz_addrhint, CZ_ADDRHINT_MAX, CZ_PIN_DIR "/addrhint");
+/* CZ_ROLEHINT_MAX * 64 == 2 << CZ_ROLEHINT_LOG2 (types.h; addrhint is user space's, 0.3.0's) */
+BPF_TABLE_PINNED("array", __u32, __u64, cz_rolehint, CZ_ROLEHINT_MAX, CZ_PIN_DIR "/rolehint");
 
 /* per-Service counters (stats.h), the monitor (monitor.h) and explain's dry runs (dryrun.h) */
 BPF_TABLE_PINNED("percpu_array", __u32, struct svc_stat, cz_svcstats, CZ_SVCSTATS_MAX,

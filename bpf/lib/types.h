@@ -158,13 +158,18 @@ struct range4_key {
  */
 
 /*
- * addrhint (layout 7): array of CZ_ADDRHINT_MAX __u64, one-hash Bloom filters of addr4's keys by
- * role, in two halves of 1 << CZ_ADDRHINT_LOG2 bits: the pod IPs (words from 0), the LB IPs
- * (words from CZ_ADDRHINT_MAX / 2). User space is its only writer: a key's bit is set before
- * the key is written and cleared (when no other key has it) after the key is gone, so an
- * address whose bit is clear has no such role in addr4, and the pod-facing hook and the
- * uplinks' egress let a packet go without a lookup when its source is no pod IP and its
- * destination no LB IP. A stale bit costs a lookup, never a verdict.
+ * rolehint (layout 7, since 0.4.0): array of CZ_ROLEHINT_MAX __u64, one-hash Bloom filters of
+ * addr4's keys by role, in two halves of 1 << CZ_ROLEHINT_LOG2 bits: the pod IPs (words from 0),
+ * the LB IPs (words from CZ_ROLEHINT_MAX / 2). User space is its only writer: a key's bit is set
+ * before the key is written and cleared (when no other key has it) after the key is gone, so an
+ * address whose bit is clear has no such role in addr4, and the pod-facing hook and the uplinks'
+ * egress let a packet go without a lookup when its source is no pod IP and its destination no LB
+ * IP. A stale bit costs a lookup, never a verdict.
+ *
+ * addrhint (layout 7, 0.3.0's): one filter of every key over the whole array, which 0.3.0's
+ * programs read. These programs do not; user space keeps it so, for 0.3.0's programs while they
+ * are still attached (an upgrade from 0.3.0, a rollback to it). A pinned map keeps its meaning
+ * within a layout: the role split is rolehint, not a new reading of addrhint.
  */
 
 /* IPv6: the same maps, keyed and valued with 16-byte addresses */

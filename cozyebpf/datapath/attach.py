@@ -570,6 +570,9 @@ def detach_all(pin_dir: str) -> list[str]:
                     f"removing our clsact filters from {dev} failed ({e}); this needs CAP_NET_ADMIN"
                 ) from e
     if os.path.isdir(pin_dir):
+        from cozyebpf.datapath.pins import drop_retired
+
+        removed += drop_retired(pin_dir)  # prog arrays an agent stopped in its upgrade kept
         for spec in ALL_MAPS:
             path = os.path.join(pin_dir, spec.name)
             if os.path.exists(path):

@@ -17,7 +17,7 @@ from cozyebpf.datapath import attach, bpfsys, kernel, loader, rtnl
 from cozyebpf.datapath.compiler import Compilation, Request
 from cozyebpf.datapath.layout import DEFAULT_MAX_SERVICES, MON_OFF
 from cozyebpf.datapath.maps import DEFAULT_FLOW_TIMEOUTS, DEFAULT_PIN_DIR, PinnedMaps
-from cozyebpf.datapath.pins import monitor_running
+from cozyebpf.datapath.pins import drop_retired, monitor_running
 from cozyebpf.errors import DatapathError
 from cozyebpf.state import Capacity, MapDiff, MapState
 
@@ -142,7 +142,8 @@ class BpfDatapath:
         """Take the loaded programs from the child and attach them to every device. Egress
         goes first on every device: the ingress program trusts the flow hints, which the egress
         program of this layout sets; flows that older programs recorded get theirs in between
-        (PinnedMaps.seed_flow_hints)."""
+        (PinnedMaps.seed_flow_hints). Then the prog arrays that prepare() replaced, which the
+        programs attached before used until now, are unpinned (pins.retire)."""
         assert self._compilation is not None, "begin() first"
         compilation, self._compilation = self._compilation, None
         for name, kind, fd in compilation.result():
@@ -155,6 +156,9 @@ class BpfDatapath:
         self._follow_qdiscs()
         with self.guard("attaching the programs"):
             self._attach_all()
+            # the prog arrays a migration replaced (pins.retire): no program of ours uses
+            # them any more
+            drop_retired(self.pin_dir)
 
     def _follow_routes(self) -> None:
         """The pod-facing hook and host routing cache the FIB's answers (bpf/lib/fib.h,

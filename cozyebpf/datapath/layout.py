@@ -29,7 +29,10 @@ LAYOUT_VERSION = 7
 #: layout 7 only added a map (addrhint), so 6 can run on its maps. Since 0.3.0 layout 7 gained
 #: maps that its agents do not know and leave (tail_rare, limits, buckets) and a flag bit they
 #: never read (F_LIMIT): the version stays, as both ways round each runs on the other's maps
-#: (a missing map is created).
+#: (a missing map is created). Such maps are `late` (MapSpec): readers go on without them on
+#: 0.3.0's maps. addrhint keeps 0.3.0's meaning; the role split of the address hint that came
+#: after 0.3.0 is a map of its own (rolehint), as a pinned map never changes its meaning within
+#: a layout (issue 45).
 OLDEST_COMPATIBLE = 6
 
 F_PORT_FILTER = 0x01
@@ -426,6 +429,11 @@ class MapSpec:
     #: their end, whose zero means what it meant): such a pin with smaller values is copied,
     #: its values zero-padded, not rebuilt (0: never)
     padded_since: int = 0
+    #: added to layout `since` after a release of that layout had shipped (0.3.0 for layout 7):
+    #: maps of that layout may lack it, as that release's agent neither creates nor writes it.
+    #: A reader (`maps dump`, status) goes on without it; an agent creates it (docs/design.md,
+    #: *Releases and map layouts*)
+    late: bool = False
     max_entries: int = 0  # in a Layout
 
     @property
@@ -540,12 +548,22 @@ MAPS: tuple[MapSpec, ...] = (
         "flowhint", _ARRAY, _u32, _u64, "__u32", "__u64",
         lambda s, _: 2 * _pow2(max(1, s // 2)), 2, "CZ_FLOWHINT_MAX",
     ),
-    # the addresses' hint (layout 7): one-hash Bloom filters of addr4's pod IPs and LB IPs, a
-    # half each, 64 bits per Service (a power of two); user space's alone, rebuilt from addr4
-    # at every start
+    # the addresses' hint (layout 7, 0.3.0's): a one-hash Bloom filter of addr4's keys over the
+    # whole array, 64 bits per Service (a power of two). 0.3.0's programs read it; this
+    # release's read rolehint, and its agent keeps this one as 0.3.0 defined it, for 0.3.0's
+    # programs while they are attached (an upgrade's, a rollback's compile window). Rebuilt from
+    # addr4 at every start
     MapSpec(
         "addrhint", _ARRAY, _u32, _u64, "__u32", "__u64", lambda s, _: _pow2(max(64, s)), 7,
-        "CZ_ADDRHINT_MAX",
+        in_c=False,
+    ),
+    # the addresses' hint by role (layout 7, since 0.4.0): one-hash Bloom filters of addr4's
+    # pod IPs and LB IPs, a half each, the size of addrhint; user space writes it, rebuilt from
+    # addr4 at every start. addrhint's meaning never changes within layout 7: the role split is
+    # a map of its own, which 0.3.0's agent neither knows nor writes
+    MapSpec(
+        "rolehint", _ARRAY, _u32, _u64, "__u32", "__u64", lambda s, _: _pow2(max(64, s)), 7,
+        "CZ_ROLEHINT_MAX", late=True,
     ),
     # the full paths the entry programs hand uncommon frames to (bpf/lib/tail.h), one prog array
     # per program type; pinned, so that they keep their programs when the agent is gone
@@ -553,7 +571,9 @@ MAPS: tuple[MapSpec, ...] = (
     MapSpec("tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 2),
     # the rare paths the tc entry programs hand their rare frames to (issue 37: to_lb4, the
     # pod-facing hook's IPv6 route); a map an older agent of layout 7 does not know, and leaves
-    MapSpec("tail_rare", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 7),
+    MapSpec(
+        "tail_rare", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4, 7, late=True
+    ),
     # per-Service counters: a slot per Service, as many as SVCSTATS_BUDGET allows on this
     # machine unless chosen, and slot 0; layout 6 (drops[] grew from 8 to 16 at the end, for
     # drop_spoofed: the counters of layouts 3-5 are copied, zero-padded)
@@ -566,11 +586,11 @@ MAPS: tuple[MapSpec, ...] = (
     # 7 does not know, and leaves
     MapSpec(
         "limits", _ARRAY, _u32, LimitVal, "__u32", "struct cz_limit", lambda _, n: n + 1, 7,
-        "CZ_SVCSTATS_MAX",
+        "CZ_SVCSTATS_MAX", late=True,
     ),
     MapSpec(
         "buckets", _ARRAY, _u32, BucketVal, "__u32", "struct cz_bucket", lambda _, n: n + 1, 7,
-        "CZ_SVCSTATS_MAX",
+        "CZ_SVCSTATS_MAX", late=True,
     ),
     # the monitor (bpf/lib/monitor.h): its switch and token bucket, its counters, its ring buffer
     MapSpec("monctl", _ARRAY, _u32, MonCtl, "__u32", "struct mon_ctl", 1, 3),
@@ -622,6 +642,7 @@ class Layout:
     stats: MapSpec
     flowhint: MapSpec
     addrhint: MapSpec
+    rolehint: MapSpec
     tail_xdp: MapSpec
     tail_tc: MapSpec
     tail_rare: MapSpec
@@ -658,8 +679,13 @@ class Layout:
 
     @property
     def addr_hint_log2(self) -> int:
-        """log2 of the bits of one half of the address hint (CZ_ADDRHINT_LOG2)."""
-        return (self.addrhint.max_entries // 2 * 64).bit_length() - 1
+        """log2 of addrhint's bits (0.3.0's CZ_ADDRHINT_LOG2: one filter over the array)."""
+        return (self.addrhint.max_entries * 64).bit_length() - 1
+
+    @property
+    def role_hint_log2(self) -> int:
+        """log2 of the bits of one half of rolehint (CZ_ROLEHINT_LOG2)."""
+        return (self.rolehint.max_entries // 2 * 64).bit_length() - 1
 
 
 def map_specs(max_services: int = DEFAULT_MAX_SERVICES, service_slots: int | None = None) -> Layout:
@@ -682,8 +708,9 @@ FRAG4, FRAG6, FLOWHINT = DEFAULT_LAYOUT.frag4, DEFAULT_LAYOUT.frag6, DEFAULT_LAY
 
 
 def addr_hint_bit(addr: bytes, log2: int) -> int:
-    """The address hint's bit of an IPv4 address (packed): cz_addr4_hinted in bpf/lib/lookup.h,
-    on the word as it lies in memory."""
+    """The address hint's bit of an IPv4 address (packed), of a filter of 1 << log2 bits:
+    cz_addr4_hinted in bpf/lib/lookup.h (rolehint's halves) and 0.3.0's (addrhint), on the word
+    as it lies in memory."""
     x = int.from_bytes(addr, sys.byteorder)
     return ((x * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - log2)
 

@@ -79,7 +79,7 @@ def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None
     flags = [f'-DCZ_PIN_DIR="{pin_dir}"']
     sizes = {s.macro: s.max_entries for s in lay.all if s.macro}  # seen4 and seen6 share one
     flags += [f"-D{macro}={n}" for macro, n in sizes.items()]
-    flags += [f"-DCZ_FLOWHINT_LOG2={lay.hint_log2}", f"-DCZ_ADDRHINT_LOG2={lay.addr_hint_log2}"]
+    flags += [f"-DCZ_FLOWHINT_LOG2={lay.hint_log2}", f"-DCZ_ROLEHINT_LOG2={lay.role_hint_log2}"]
     rate = kernel.hz()  # the limits' clock: jiffies of this length (bpf/lib/limit.h)
     flags += [f"-DCZ_NS_PER_JIFFY={1_000_000_000 // rate if rate else 0}"]
     flags += ["-Wno-unused-function", *extra]

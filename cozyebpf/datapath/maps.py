@@ -97,10 +97,11 @@ class PinnedMaps(Views, FlowTables):
         self.sizes = {s.name: s.max_entries for s in layout.all if not s.fixed}
         self._m: Mirror | None = None  # the mirror; None: read the maps before the next apply
         self._repair = False  # read_state rewrites addr values that disagree (the agent's)
-        #: addrhint as this process last wrote it (None: not yet): the words, how many keys
-        #: have each bit (word, bit), and the roles (HINT_POD, HINT_LB) each key has in it
-        self._hint: dict[int, int] | None = None
-        self._hint_n: dict[int, int] = {}  # (word << 6 | bit) -> keys that set it
+        #: the address hints (rolehint, addrhint) as this process last wrote them (None: not
+        #: yet): the words by (map, word), how many keys have each bit (map, word, bit), and
+        #: the roles (HINT_POD, HINT_LB; HINT_ANY for addrhint) each key has in them
+        self._hint: dict[tuple[str, int], int] | None = None
+        self._hint_n: dict[tuple[str, int, int], int] = {}
         self._hint_roles: dict[bytes, int] = {}
 
     @classmethod
@@ -486,25 +487,33 @@ class PinnedMaps(Views, FlowTables):
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
 
-    def _hint_pos(self, key: bytes, role: int) -> tuple[int, int]:
-        """(word, bit) of an IPv4 key's bit in the half of `role` (bpf/lib/types.h)."""
-        b = addr_hint_bit(key, self.layout.addr_hint_log2)
-        base = 0 if role == HINT_POD else self.layout.addrhint.max_entries // 2
-        return base + (b >> 6), b & 63
+    def _hint_pos(self, key: bytes, role: int) -> tuple[str, int, int]:
+        """(map, word, bit) of an IPv4 key's bit for `role`: HINT_POD and HINT_LB in their
+        halves of rolehint (bpf/lib/types.h), HINT_ANY in addrhint, one filter over the whole
+        array as 0.3.0's programs read it."""
+        lay = self.layout
+        if role == HINT_ANY:
+            b = addr_hint_bit(key, lay.addr_hint_log2)
+            return lay.addrhint.name, b >> 6, b & 63
+        b = addr_hint_bit(key, lay.role_hint_log2)
+        base = 0 if role == HINT_POD else lay.rolehint.max_entries // 2
+        return lay.rolehint.name, base + (b >> 6), b & 63
 
-    def _hint_write(self, words: Iterable[int]) -> None:
+    def _hint_write(self, words: Iterable[tuple[str, int]]) -> None:
         assert self._hint is not None
-        ws = sorted(set(words))
-        self._update_batch(
-            self.layout.addrhint,
-            [struct.pack("=I", w) for w in ws],
-            [struct.pack("=Q", self._hint.get(w, 0)) for w in ws],
-        )
+        words = list(words)
+        for spec in (self.layout.addrhint, self.layout.rolehint):
+            ws = sorted({w for name, w in words if name == spec.name})
+            self._update_batch(
+                spec,
+                [struct.pack("=I", w) for w in ws],
+                [struct.pack("=Q", self._hint.get((spec.name, w), 0)) for w in ws],
+            )
 
     def _hint_rebuild(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
-        """addrhint from addr4's entries as read, (key, value) pairs: every word the first
-        time, then the words that differ from what this process last wrote (bpf/lib/types.h,
-        addrhint). O(addr4): at a start and a full read."""
+        """addrhint and rolehint from addr4's entries as read, (key, value) pairs: every word
+        the first time, then the words that differ from what this process last wrote
+        (bpf/lib/types.h). O(addr4): at a start and a full read."""
         old = self._hint
         self._hint, self._hint_n, self._hint_roles = {}, {}, {}
         roles = {}
@@ -514,7 +523,12 @@ class PinnedMaps(Views, FlowTables):
                 roles[k] = (HINT_POD if kind & K_POD else 0) | (HINT_LB if kind & K_LB else 0)
         self._hint_change(roles, gain=True, write=False)
         if old is None:
-            self._hint_write(range(self.layout.addrhint.max_entries))
+            lay = self.layout
+            self._hint_write(
+                (spec.name, w)
+                for spec in (lay.addrhint, lay.rolehint)
+                for w in range(spec.max_entries)
+            )
         else:
             self._hint_write(
                 w for w in old.keys() | self._hint.keys() if old.get(w) != self._hint.get(w)
@@ -522,28 +536,29 @@ class PinnedMaps(Views, FlowTables):
 
     def _hint_change(self, roles: dict[bytes, int], gain: bool, write: bool = True) -> None:
         """Give the IPv4 keys in `roles` (key -> HINT_POD | HINT_LB, 0: none) their roles in
-        addrhint: `gain`, only the roles each gains (before the keys are written); else only
-        those each loses (after), a bit cleared when no key has it any more. O(the keys)."""
+        rolehint, and their bit in addrhint while they have any: `gain`, only the roles each
+        gains (before the keys are written); else only those each loses (after), a bit cleared
+        when no key has it any more. O(the keys)."""
         if self._hint is None:  # not written by this process: what addr4 holds first
             self._hint_rebuild(self._items(self.layout.addr4))
         assert self._hint is not None
-        changed: set[int] = set()
-        for k, new in roles.items():
+        changed: set[tuple[str, int]] = set()
+        for k, given in roles.items():
+            new = given | HINT_ANY if given else 0
             old = self._hint_roles.get(k, 0)
-            for role in (HINT_POD, HINT_LB):
+            for role in (HINT_POD, HINT_LB, HINT_ANY):
                 if not (new & ~old if gain else old & ~new) & role:
                     continue
-                w, b = self._hint_pos(k, role)
-                pos = w << 6 | b  # an int, not a tuple: one per address
+                name, w, b = pos = self._hint_pos(k, role)
                 n = self._hint_n.get(pos, 0) + (1 if gain else -1)
                 if n:
                     self._hint_n[pos] = n
                 else:
                     self._hint_n.pop(pos, None)
                 if (n == 1 and gain) or (n == 0 and not gain):
-                    bits = self._hint.get(w, 0) ^ (1 << b)
-                    self._hint[w] = bits
-                    changed.add(w)
+                    bits = self._hint.get((name, w), 0) ^ (1 << b)
+                    self._hint[(name, w)] = bits
+                    changed.add((name, w))
             now = old | new if gain else new
             if now:
                 self._hint_roles[k] = now
@@ -610,11 +625,13 @@ def _ranges_change(m: Mirror, d: MapDiff) -> tuple[list[bytes], list[bytes], set
     return range_add, range_del, flipped
 
 
-HINT_POD, HINT_LB = 1, 2  # a key's roles in addrhint (its halves: bpf/lib/lookup.h)
+#: a key's roles in the address hints: rolehint's halves (bpf/lib/lookup.h), and addrhint
+#: (0.3.0's), where a key with any role has its bit
+HINT_POD, HINT_LB, HINT_ANY = 1, 2, 4
 
 
 def _roles_in(m: Mirror, key: bytes) -> int:
-    """The roles `key` has in the mirror, as addrhint keeps them."""
+    """The roles `key` has in the mirror, as rolehint keeps them."""
     return (HINT_POD if key in m.pod else 0) | (HINT_LB if key in m.svc else 0)
 
 

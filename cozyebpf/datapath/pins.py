@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from cozyebpf import __version__
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import (
+    ALL_MAPS,
     LAYOUT_VERSION,
     META,
     OLDEST_COMPATIBLE,
@@ -258,8 +259,9 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
     """Open existing pins (for `maps dump`), whatever their size; every map must be there with
     our layout and version, but that the maps of a layout this one can run on and read (from
     OLDEST_COMPATIBLE on: an older release still running on the node) may lack the maps added
-    after it, which only the agent writes (those are then not in the fds). Their fds, and the
-    layout their sizes say."""
+    after it, and those added to its layout after a release of it (MapSpec.late), which only
+    the agent writes (those are then not in the fds). Their fds, and the layout their sizes
+    say."""
     found = read_pinned_meta(pin_dir)
     if found is not None and not found.runnable():
         raise LayoutTooNew(pin_dir, found, reader=True)
@@ -271,8 +273,14 @@ def open_pins(pin_dir: str) -> tuple[dict[str, int], Layout]:
             try:
                 fds[spec.name] = fd = bpfsys.obj_get(path)
             except bpfsys.BpfError as e:
-                if e.errno == errno.ENOENT and OLDEST_COMPATIBLE <= version < SAME_SINCE[spec.name]:
-                    continue  # newer than the maps' layout: nothing of theirs is in it
+                # newer than the maps' layout, or added to it after a release of it (late):
+                # nothing of theirs is in it
+                if (
+                    e.errno == errno.ENOENT
+                    and version >= OLDEST_COMPATIBLE
+                    and (version < SAME_SINCE[spec.name] or spec.late)
+                ):
+                    continue
                 if e.errno == errno.ENOENT:
                     raise DatapathError(
                         f"no cozyebpf map pinned at {path}: is `cozyebpf run` running on this "
@@ -406,7 +414,7 @@ def ensure_pins(pin_dir: str, layout: Layout) -> Ensured:
 
 
 FLOW_MAPS = ("flow4", "flow6")
-HINT_MAPS = ("flowhint", "addrhint")
+HINT_MAPS = ("flowhint", "addrhint", "rolehint")
 
 
 def _padded(spec: MapSpec, info: bpfsys.MapInfo, version: int | None) -> bool:
@@ -453,9 +461,12 @@ def _migrate(
     keys = [] if ringbuf else bpfsys.map_keys(old_fd, info.key_size)
     new_fd = _new_map(spec)
     copied = copy_entries(spec, old_fd, new_fd, keys, info.value_size) if copy else 0
+    if info.type == bpfsys.BPF_MAP_TYPE_PROG_ARRAY:
+        retire(path, info.id)  # its programs stay in it while the old entries run
+    else:
+        os.unlink(path)
     if not keep_old:
         os.close(old_fd)
-    os.unlink(path)
     bpfsys.obj_pin(new_fd, path)
     os.chmod(path, 0o600)
     if copy:
@@ -473,6 +484,53 @@ def _migrate(
             else "",
         )
     return new_fd
+
+
+#: <pin dir>/retired/<name>-<map id>: prog arrays replaced by a migration, kept pinned until the
+#: new programs are attached (`retire`, `drop_retired`)
+RETIRED = "retired"
+_RETIRED_NAME = re.compile(r"^(\w+)-(\d+)$")
+
+
+def retire(path: str, map_id: int) -> str:
+    """Move the pin of a prog array that a migration replaces to <pin dir>/retired/<name>-<id>.
+    A prog array empties itself when the last pin or file descriptor of it goes (the kernel
+    clears it as its last user reference is dropped), and the entry programs still attached
+    tail-call through it until the new ones replace them: unpinned there, every frame they
+    hand to a full or rare path would miss its tail call and be dropped (ARP included), for
+    the whole compile window. `drop_retired` removes it once the new programs are attached."""
+    pin_dir, name = os.path.split(path)
+    where = os.path.join(pin_dir, RETIRED)
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    dest = os.path.join(where, f"{name}-{map_id}")
+    os.rename(path, dest)
+    log.info(
+        "kept the replaced prog array %s pinned at %s until the new programs are attached: "
+        "the programs attached now still hand frames on through it",
+        path,
+        dest,
+    )
+    return dest
+
+
+def drop_retired(pin_dir: str) -> list[str]:
+    """Unpin the prog arrays `retire` kept (the programs that used them are detached): what was
+    removed. Only names of ours (<prog array>-<id>) are unlinked."""
+    arrays = {m.name for m in ALL_MAPS if m.map_type == bpfsys.BPF_MAP_TYPE_PROG_ARRAY}
+    where = os.path.join(pin_dir, RETIRED)
+    removed: list[str] = []
+    if not os.path.isdir(where):
+        return removed
+    for name in sorted(os.listdir(where)):
+        m = _RETIRED_NAME.match(name)
+        if m and m.group(1) in arrays:
+            os.unlink(os.path.join(where, name))
+            removed.append(os.path.join(where, name))
+    with contextlib.suppress(OSError):  # not empty: something that is not ours
+        os.rmdir(where)
+    if removed:
+        log.info("unpinned the replaced prog arrays: %s", ", ".join(removed))
+    return removed
 
 
 def copy_entries(

@@ -1,8 +1,10 @@
-"""addrhint (bpf/lib/types.h): the one-hash Bloom filter of addr4's keys that lets the
+"""rolehint (bpf/lib/types.h): the one-hash Bloom filters of addr4's keys by role that let the
 pod-facing hook and the uplinks' egress skip a plain pod's packet without a lookup. Whatever
 the agent applies, every key of addr4 has its bit in the half of each of its roles (pod IP, LB
 IP), set before the key is written; once a role is gone its bit is clear unless another key has
-it; an agent that starts rebuilds it from addr4.
+it; an agent that starts rebuilds it from addr4. addrhint, 0.3.0's filter of every key over the
+whole array, which 0.3.0's programs read while they are attached (an upgrade from it, a
+rollback to it), is kept the same way in 0.3.0's meaning.
 Real maps (PinnedMaps on bpffs); tests/datapath/test_prog_run.py shows the programs read it."""
 
 from __future__ import annotations
@@ -28,31 +30,41 @@ def pin() -> Iterator[str]:
     detach_all(path)
 
 
-def words(maps: PinnedMaps) -> dict[int, int]:
-    """addrhint as the kernel holds it: word -> bits, the words that are not zero."""
-    spec = maps.layout.addrhint
+def words(maps: PinnedMaps) -> dict[tuple[str, int], int]:
+    """rolehint and addrhint as the kernel holds them: (map, word) -> bits, the words that are
+    not zero."""
     out = {}
-    for w in range(spec.max_entries):
-        raw = maps._lookup(spec, w.to_bytes(4, "little"))
-        assert raw is not None
-        if v := int.from_bytes(raw, "little"):
-            out[w] = v
+    for spec in (maps.layout.rolehint, maps.layout.addrhint):
+        for w in range(spec.max_entries):
+            raw = maps._lookup(spec, w.to_bytes(4, "little"))
+            assert raw is not None
+            if v := int.from_bytes(raw, "little"):
+                out[(spec.name, w)] = v
     return out
 
 
-def expected(maps: PinnedMaps) -> dict[int, int]:
-    """The bits of the IPv4 keys addr4 holds now, in the half of each of their roles."""
+def expected(maps: PinnedMaps) -> dict[tuple[str, int], int]:
+    """The bits of the IPv4 keys addr4 holds now: in rolehint, in the half of each of their
+    roles; in addrhint, as 0.3.0 reads it (one filter over the whole array)."""
     from cozyebpf.datapath.codec import addr_val
     from cozyebpf.datapath.layout import K_LB, K_POD
 
-    half = maps.layout.addrhint.max_entries // 2
-    out: dict[int, int] = {}
-    for k, v in maps._items(maps.layout.addr4):
+    lay = maps.layout
+    half = lay.rolehint.max_entries // 2
+    out: dict[tuple[str, int], int] = {}
+
+    def put(name: str, w: int, b: int) -> None:
+        out[(name, w)] = out.get((name, w), 0) | 1 << b
+
+    for k, v in maps._items(lay.addr4):
         kind = addr_val(v, 4).kind
         for role, base in ((K_POD, 0), (K_LB, half)):
             if kind & role:
-                b = addr_hint_bit(k, maps.layout.addr_hint_log2)
-                out[base + (b >> 6)] = out.get(base + (b >> 6), 0) | 1 << (b & 63)
+                b = addr_hint_bit(k, lay.role_hint_log2)
+                put("rolehint", base + (b >> 6), b & 63)
+        if kind & (K_POD | K_LB):
+            b = addr_hint_bit(k, lay.addr_hint_log2)
+            put("addrhint", b >> 6, b & 63)
     return out
 
 
@@ -129,9 +141,9 @@ def test_a_starting_agent_rebuilds_the_hint(pin: str) -> None:
     ).state
     maps.apply(diff(maps.read_state(), state))
     want = expected(maps)
-    spec = maps.layout.addrhint
-    stale = [w.to_bytes(4, "little") for w in range(spec.max_entries)]
-    maps._update_batch(spec, stale, [(0xF0F0).to_bytes(8, "little")] * len(stale))
+    for spec in (maps.layout.addrhint, maps.layout.rolehint):
+        stale = [w.to_bytes(4, "little") for w in range(spec.max_entries)]
+        maps._update_batch(spec, stale, [(0xF0F0).to_bytes(8, "little")] * len(stale))
     maps.close()
     again = PinnedMaps.ensure(pin, max_services=16)
     try:

@@ -233,3 +233,39 @@ def test_counters_whose_values_grew_at_their_end_are_copied_zero_padded(pin_dir:
     for cpu in range(cpus):
         got = SvcStat.from_buffer_copy(new.raw, cpu * ctypes.sizeof(SvcStat))
         assert got.in_packets == 10 + cpu and list(got.drops) == [0] * 7 + [70 + cpu] + [0] * 8
+
+
+def test_a_replaced_prog_array_stays_pinned_until_dropped(pin_dir: str) -> None:
+    """A prog array of another size is replaced, but its pin moves to retired/<name>-<id>
+    (the entry programs still attached tail-call through it: an unpinned prog array empties
+    itself) until drop_retired, after the new programs are attached; `detach` removes what an
+    agent stopped in between left. (The same upgrade under traffic, the compile held: tests/
+    datapath/test_upgrade.py.)"""
+    from cozyebpf.datapath.attach import detach_all
+    from cozyebpf.datapath.pins import drop_retired
+
+    PinnedMaps.ensure(pin_dir, max_services=16).close()
+    os.unlink(f"{pin_dir}/tail_tc")
+    os.close(pin_map(f"{pin_dir}/tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 8))
+    old_id = map_id(f"{pin_dir}/tail_tc")
+    PinnedMaps.ensure(pin_dir, max_services=16).close()
+    assert os.listdir(f"{pin_dir}/retired") == [f"tail_tc-{old_id}"]
+    assert map_id(f"{pin_dir}/retired/tail_tc-{old_id}") == old_id, "the old array, still pinned"
+    assert map_id(f"{pin_dir}/tail_tc") != old_id
+    assert drop_retired(pin_dir) == [f"{pin_dir}/retired/tail_tc-{old_id}"]
+    assert not os.path.exists(f"{pin_dir}/retired")
+    # an agent stopped between the two: detach removes it with the rest
+    os.unlink(f"{pin_dir}/tail_tc")
+    os.close(pin_map(f"{pin_dir}/tail_tc", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 8))
+    PinnedMaps.ensure(pin_dir, max_services=16).close()
+    assert os.path.isdir(f"{pin_dir}/retired")
+    removed = detach_all(pin_dir)
+    assert any("/retired/tail_tc-" in r for r in removed) and not os.path.exists(pin_dir)
+
+
+def map_id(path: str) -> int:
+    fd = bpfsys.obj_get(path)
+    try:
+        return bpfsys.map_info(fd).id
+    finally:
+        os.close(fd)

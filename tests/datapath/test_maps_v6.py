@@ -283,6 +283,7 @@ def test_sizes_derive_from_max_services(pin_dir: str, caplog: pytest.LogCaptureF
             "frag6": 1024,
             "flowhint": 16,
             "addrhint": 64,  # 64 bits per Service, at least 64 words
+            "rolehint": 64,
             "svcstats": 17,  # a counter slot per Service, and slot 0 (never given out)
             "svcnames": 17,
             "limits": 17,  # the limits and buckets at each Service's slot
@@ -406,9 +407,10 @@ def test_apply_order_never_opens_a_hole(maps: PinnedMaps, monkeypatch: pytest.Mo
         ("update", "addr6"),
         ("delete", "allow4"),
         ("delete", "allow6"),
-        # the address hint: no key comes that was not there (its bit would be set before
-        # addr4's update); the bits of the keys gone are cleared last
+        # the address hints: no key comes that was not there (its bit would be set before
+        # addr4's update); the bits of the keys gone are cleared last, 0.3.0's and by role
         ("update", "addrhint"),
+        ("update", "rolehint"),
     ], calls  # one batch per map and step
     monkeypatch.undo()
     assert maps.read_state() == desired

@@ -519,14 +519,14 @@ def test_tc_rewrites_keep_checksum_complete_skbs_right(
 
 
 def test_egress_trusts_the_address_hint(progs: Progs) -> None:
-    """addrhint (bpf/lib/types.h): an address whose bit is clear is in no addr4 entry, and the
+    """rolehint (bpf/lib/types.h): an address whose bit is clear is in no addr4 entry, and the
     egress program lets its packet go without a lookup. Clearing a managed pod's bit by hand
     (which user space never does while the pod is in addr4) shows the program reads it: the
     pod's packet then leaves untranslated; with the bit back, translated again."""
     from ipaddress import IPv4Address
 
-    spec = progs.maps.layout.addrhint
-    bit = layout.addr_hint_bit(IPv4Address(POD_WHOLE).packed, progs.maps.layout.addr_hint_log2)
+    spec = progs.maps.layout.rolehint
+    bit = layout.addr_hint_bit(IPv4Address(POD_WHOLE).packed, progs.maps.layout.role_hint_log2)
     key = (bit >> 6).to_bytes(4, "little")  # in the pod IPs' half, the first
     frame = bytes(
         Ether(src=MAC_A, dst=MAC_B) / IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=5, dport=6) / b"h"

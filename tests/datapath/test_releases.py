@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cozyebpf import __version__
-from cozyebpf.datapath.layout import ALL_MAPS, LAYOUT_VERSION, OLDEST_COMPATIBLE, SAME_SINCE
+from cozyebpf.datapath.layout import ALL_MAPS, LAYOUT_VERSION, OLDEST_COMPATIBLE
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta
 from cozylab.k8s import Svc, manifest
@@ -205,6 +205,56 @@ def previous_release_tree(repo: Path, dest: Path) -> tuple[str, Path]:
     return str(prev["version"]), dest
 
 
+def installed_release(tree: Path, dest: Path) -> dict[str, str]:
+    """The release's tree installed as its image installs it (Dockerfile: a regular, not
+    editable, `pip install` of the package; bpf/ beside it, named by COZYEBPF_BPF_DIR), into
+    `dest`; the environment that runs it with this Python."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--target",
+            str(dest),
+            str(tree),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    env = {"PYTHONPATH": str(dest), "PYTHONSAFEPATH": "1", "COZYEBPF_BPF_DIR": str(tree / "bpf")}
+    where = subprocess.run(
+        [sys.executable, "-c", "import cozyebpf; print(cozyebpf.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
+    ).stdout.strip()
+    assert where == str(dest / "cozyebpf" / "__init__.py"), where
+    return env
+
+
+def previous_maps(tree: Path) -> set[str]:
+    """The maps of the previous release's registry (its layout.py, run from its tree)."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from cozyebpf.datapath.layout import ALL_MAPS; print(*(m.name for m in ALL_MAPS))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"},
+    )
+    return set(p.stdout.split())
+
+
 @dataclass
 class Switches:
     """The issue's traffic while the agents change: UDP echo to a whole-IP LB IP (a new flow
@@ -261,22 +311,27 @@ def switches(env: AgentLab) -> Iterator[tuple[Switches, Callable[[], bytes]]]:
 def test_upgrade_from_the_previous_release_and_back_under_traffic(
     tmp_path: Path, cozyebpf_cmd: list[str], repo_root: Path
 ) -> None:
-    """The previous release (its tree from git) runs the node; this release replaces it, then
-    the previous one comes back (helm upgrade, helm rollback). Under the issue's traffic not one
-    request or answer is lost, the download never stalls, and the idle connection the pod opened
-    before the upgrade is answered after the rollback: its flow outlived both."""
+    """The previous release (its tree from git at its release commit, installed as its image
+    installs it) runs the node; this release replaces it, then the previous one comes back (helm
+    upgrade, helm rollback). Under the issue's traffic not one request or answer is lost, the
+    download never stalls, and the idle connection the pod opened before the upgrade is
+    answered after the rollback: its flow outlived both. (0.3.0 -> main -> 0.3.0 lost
+    thousands of packets and reset the download while `addrhint` had two meanings in layout 7,
+    issue 45.)"""
     version, old = previous_release_tree(repo_root, tmp_path / "previous")
+    prev_env = installed_release(old, tmp_path / "installed")
     said = subprocess.run(
         [sys.executable, "-m", "cozyebpf", "--version"],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(old), "PYTHONSAFEPATH": "1"},
+        env={**os.environ, **prev_env},
     )
     # its own code (0.1.0 said "cozyebpf, version 0.1.0"; from 0.2.0 on the layouts too)
     assert said.stdout.startswith((f"cozyebpf, version {version}\n", f"cozyebpf {version} ")), (
         said.stdout + said.stderr
     )
-    # its map layout, from its own types.h (0.2.0: 6; this release adds addrhint, layout 7)
+    # its map layout, from its own types.h (0.3.0: 7; this release adds rolehint and other
+    # late maps to layout 7)
     types = (old / "bpf" / "lib" / "types.h").read_text()
     found = re.search(r"#define CZ_LAYOUT_VERSION (\d+)", types)
     assert found is not None
@@ -286,19 +341,23 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
         new_cmd = env.cmd
 
         def run_previous() -> None:
-            # its own package and bpf/ with this Python (PYTHONSAFEPATH: not the working
-            # directory's package, for its compiler child too)
+            # its own package as installed and its bpf/ with this Python (PYTHONSAFEPATH: not
+            # the working directory's package, for its compiler child too)
             env.cmd = [sys.executable, "-m", "cozyebpf"]
-            env.env.update(PYTHONPATH=str(old), PYTHONSAFEPATH="1")
+            env.env.update(prev_env)
             env.start_agent()
 
         def run_this() -> None:
-            del env.env["PYTHONPATH"], env.env["PYTHONSAFEPATH"]
+            for k in prev_env:
+                del env.env[k]
             env.cmd = new_cmd
             env.start_agent()
 
         run_previous()
         env.set_services(WHOLE, FILT)
+        # its own code, not this tree's (the same version between releases): it pins none of
+        # the maps that only this release has
+        assert not set(env.map_ids()) & ({s.name for s in ALL_MAPS} - previous_maps(old))
         prev_meta = read_pinned_meta(env.pin_dir)
         assert prev_meta is not None and prev_meta.version == old_layout
         assert prev_meta.release in ("", version)  # 0.1.0 recorded no release
@@ -318,7 +377,7 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
             # the maps this release added stay pinned, unused by the previous one
             added = {k: v for k, v in env.map_ids().items() if k not in maps}
             assert env.map_ids() == {**maps, **added}, "every map kept, both ways"
-            assert set(added) == {s.name for s in ALL_MAPS if SAME_SINCE[s.name] > old_layout}
+            assert set(added) == {s.name for s in ALL_MAPS} - previous_maps(old)
         traffic.check()
         assert "rebuilt map" not in env.log() and "migrated map" not in env.log()
         env.set_services(WHOLE)

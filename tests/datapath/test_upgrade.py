@@ -14,22 +14,26 @@ the takeover must be in the new flow hints before the new ingress program trusts
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import LAYOUT_VERSION
 from cozyebpf.datapath.maps import PinnedMaps
 from cozylab.k8s import Svc, manifest
-from cozylab.netns import CLIENT_IP, DEFAULT_PODS, Lab
+from cozylab.netns import CLIENT_IP, DEFAULT_PODS, Lab, drain
 from cozylab.traffic import NewFlows, TcpChat, UdpStream, flowing, line_echo
-from tests.support.env import IN_CI
+from tests.support.env import IN_CI, hang_bound
 from tests.support.labtools import AgentLab, agent_lab, serve, udp_echo, wait_for
 from tests.support.packets import LB_FILT, LB_WHOLE
 
@@ -199,6 +203,7 @@ def test_layout_4_is_upgraded_in_place_without_a_lost_packet(
         "seen4",
         "seen6",
         "addrhint",
+        "rolehint",
         "tail_rare",
         "limits",
         "buckets",
@@ -220,9 +225,13 @@ def test_layout_5_is_upgraded_in_place_without_a_lost_packet(
     traffic = upgrade_under_traffic(env, old, "seen4")
     assert env.layout_version() == LAYOUT_VERSION, env.log()[-3000:]
     new = env.map_ids()
-    assert set(new) - set(traffic.old_maps) == {"addrhint", "tail_rare", "limits", "buckets"}, (
-        "created beside the others"
-    )
+    assert set(new) - set(traffic.old_maps) == {
+        "addrhint",
+        "rolehint",
+        "tail_rare",
+        "limits",
+        "buckets",
+    }, "created beside the others"
     assert {k: new[k] for k in traffic.old_maps if k != "svcstats"} == {
         k: v for k, v in traffic.old_maps.items() if k != "svcstats"
     }, "every map but svcstats kept as it is"
@@ -234,4 +243,154 @@ def test_layout_5_is_upgraded_in_place_without_a_lost_packet(
         counted = {c.service: c for c in m.service_counters()}
     # the new programs count into the new map: traffic after the switch
     assert counted["default/vm1"].in_packets > 0 and counted["default/vm2"].out_packets > 0
+    env.set_services(WHOLE)
+
+
+# -- a prog array of another layout (issue 45, item 7) -----------------------------------------
+
+TAIL_ARRAYS = ("tail_xdp", "tail_tc", "tail_rare")
+
+
+def wider_tail_tree(repo: Path, dest: Path) -> Path:
+    """This tree's package and programs with prog arrays of 8 slots where this layout has 4:
+    an agent whose prog arrays have another layout than this one's, so that this tree's agent
+    replaces them (pins.ensure_pins: another size)."""
+    for part in ("cozyebpf", "bpf"):
+        shutil.copytree(repo / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+    lay = dest / "cozyebpf/datapath/layout.py"
+    text = lay.read_text()
+    for name in TAIL_ARRAYS:
+        old = f'"{name}", bpfsys.BPF_MAP_TYPE_PROG_ARRAY, _u32, _u32, "__u32", "__u32", 4,'
+        assert old in text, name
+        text = text.replace(old, old.replace(" 4,", " 8,"))
+    lay.write_text(text)
+    tail = dest / "bpf/lib/tail.h"
+    text = tail.read_text()
+    for name in TAIL_ARRAYS:
+        old = f"cz_{name}, 4, "
+        assert old in text, name
+        text = text.replace(old, f"cz_{name}, 8, ")
+    tail.write_text(text)
+    return dest
+
+
+def tail_size(env: AgentLab, name: str) -> int:
+    fd = bpfsys.obj_get(f"{env.pin_dir}/{name}")
+    try:
+        return bpfsys.map_info(fd).max_entries
+    finally:
+        os.close(fd)
+
+
+def compiler_child(agent_pid: int) -> int | None:
+    """The pid of the agent's compiler child (cozyebpf.datapath.compiler), if it runs."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == agent_pid and b"cozyebpf.datapath.compiler" in cmdline:
+            return int(entry)
+    return None
+
+
+def arp_answered(env: AgentLab) -> bool:
+    """The client asks who has the node's uplink address (a frame each entry program hands to
+    its full path): is it answered?"""
+    from scapy.layers.l2 import ARP, Ether
+
+    from cozylab.netns import CLIENT_MAC, NODE_UPLINK_IP
+
+    ask = Ether(src=CLIENT_MAC, dst="ff:ff:ff:ff:ff:ff") / ARP(
+        op=1, hwsrc=CLIENT_MAC, psrc=CLIENT_IP, pdst=NODE_UPLINK_IP
+    )
+    sock = env.packet_socket(env.lab.client, "eth0")
+    drain(sock)
+    for _ in range(3):
+        sock.send(bytes(ask))
+        deadline = time.monotonic() + 0.5  # (other frames keep coming: the stream's)
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                data = sock.recv(65535)
+            except TimeoutError:
+                break
+            e = Ether(data)
+            if ARP in e and e[ARP].op == 2 and e[ARP].psrc == NODE_UPLINK_IP:
+                return True
+    return False
+
+
+def pinged(env: AgentLab, addr: str) -> bool:
+    """ICMP echo from the client to `addr` answered (ICMP is the full paths' frame)."""
+    p = env.lab.exec(env.lab.client, "ping", "-c", "2", "-i", "0.2", "-W", "1", addr, check=False)
+    return p.returncode == 0
+
+
+def test_a_prog_array_of_another_layout_keeps_its_programs_until_the_new_ones_attach(
+    env: AgentLab, tmp_path: Path, repo_root: Path
+) -> None:
+    """An upgrade that changes the prog arrays' layout (another size) under traffic: this
+    tree's agent replaces the pinned arrays before its programs are compiled; the old entry
+    programs, still attached, go on handing frames to their full and rare paths through the old
+    arrays, which stay pinned (under retired/) until the new programs are attached. The compiler
+    is held stopped (SIGSTOP) between the two, a compile window as long as the test wants: in
+    it, ARP is answered, ICMP to a whole-IP LB IP (a full-path frame both ways) is answered, and
+    a UDP stream to that LB IP loses nothing. Before, the old arrays were unpinned at once and
+    emptied themselves: every frame handed to a full path was dropped (missed tail call) for
+    the whole window, ARP included. After the attach the old arrays are gone."""
+    lab = env.lab
+    old = wider_tail_tree(repo_root, tmp_path / "wider")
+    new_cmd = env.cmd
+    env.cmd = [sys.executable, "-m", "cozyebpf"]
+    env.env.update(PYTHONPATH=str(old), PYTHONSAFEPATH="1")
+    env.start_agent()
+    wait_for(lambda: "now 2 services, 2 pods" in env.log(), 10, "the old agent's sync")
+    assert {n: tail_size(env, n) for n in TAIL_ARRAYS} == dict.fromkeys(TAIL_ARRAYS, 8)
+    assert arp_answered(env) and pinged(env, LB_WHOLE), "the old agent's programs answer"
+    stream = UdpStream(lab, lab.client, (LB_WHOLE, 9100), (lab.pod_ns(POD1), 9100), 1000)
+    stream.start()
+    try:
+        flowing([stream], udp=300, tcp=0, other=0)
+        assert env.stop_agent(signal.SIGTERM) == 0
+        del env.env["PYTHONPATH"], env.env["PYTHONSAFEPATH"]
+        env.cmd = new_cmd
+        offset = len(env.log())
+        starting = threading.Thread(target=env.start_agent)
+        starting.start()
+        held = None
+        try:
+            # prepare() replaced the arrays; hold the compiler before anything is attached
+            wait_for(
+                lambda: f"{env.pin_dir}/tail_tc" in env.log()[offset:] and env.proc is not None,
+                hang_bound(60),
+                "the new agent's prepare",
+            )
+            assert env.proc is not None
+            held = wait_for(lambda: compiler_child(env.proc.pid), hang_bound(60), "the compiler")
+            os.kill(held, signal.SIGSTOP)
+            assert "datapath ready" not in env.log()[offset:], "held before the attach"
+            assert {n: tail_size(env, n) for n in TAIL_ARRAYS} == dict.fromkeys(TAIL_ARRAYS, 4)
+            before = len(stream.sent)
+            # the compile window: the old entry programs and their arrays
+            # (before issue 45's fix: both dropped, the old entries' tail calls missed)
+            answered = {"ARP": arp_answered(env), "ICMP to the LB IP": pinged(env, LB_WHOLE)}
+            assert answered == {"ARP": True, "ICMP to the LB IP": True}, "in the compile window"
+            flowing([stream], udp=300, tcp=0, other=0)
+            assert len(stream.sent) - before >= 300
+        finally:
+            if held is not None:
+                os.kill(held, signal.SIGCONT)
+            starting.join()
+        assert "datapath ready" in env.log()[offset:], env.log()[offset:][-3000:]
+        assert not os.path.exists(f"{env.pin_dir}/retired"), "the old arrays unpinned"
+        assert arp_answered(env) and pinged(env, LB_WHOLE)
+        flowing([stream], udp=300, tcp=0, other=0)
+    finally:
+        stream.stop()
+    assert len(stream.sent) > 900 and stream.lost() == [], f"{len(stream.lost())} lost"
     env.set_services(WHOLE)

@@ -172,7 +172,8 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "frag4": 1024,
         "frag6": 1024,
         "flowhint": 1024,  # 2 halves of 512 words (a power of two >= 500)
-        "addrhint": 1024,  # 64 bits per Service (a power of two >= 1000 words), in 2 halves
+        "addrhint": 1024,  # 64 bits per Service (a power of two >= 1000 words): 0.3.0's
+        "rolehint": 1024,  # the same, in 2 halves (pod IPs, LB IPs)
         "tail_xdp": 4,  # prog arrays: not Service-related
         "tail_tc": 4,
         "tail_rare": 4,
@@ -191,7 +192,8 @@ def test_map_sizes_derive_from_the_number_of_services() -> None:
         "seen6": 256,
     }
     assert lay.hint_words == 512 and lay.hint_log2 == 15
-    assert lay.addr_hint_log2 == 15  # two halves of 512 words of 64 bits
+    assert lay.addr_hint_log2 == 16  # addrhint: one filter of 1024 words of 64 bits
+    assert lay.role_hint_log2 == 15  # rolehint: two halves of 512 words
     assert layout.map_specs().addr4.max_entries == 2 * layout.DEFAULT_MAX_SERVICES
     with pytest.raises(ValueError):
         layout.map_specs(0)
