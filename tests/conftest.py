@@ -22,6 +22,11 @@ from tests.support import prereqs
 from tests.support.env import IN_CI, TEST_CMD
 
 DATAPATH_DIR = Path(__file__).resolve().parent / "datapath"
+#: The packet tests (marker `packet`; named here and nowhere else): the real programs loaded
+#: and scapy-built frames sent through veths of namespace labs or BPF_PROG_RUN, compared whole:
+#: NAT both ways, the port filter, ICMP, IPv6, PMTU (ICMP fragmentation-needed to the pod) and
+#: fragments. What the Vagrant VM's `test` provisioner runs (`pytest -m packet`, vagrant/).
+PACKET_TESTS = ("test_lab.py", "test_dualstack.py", "test_pmtu.py", "test_prog_run.py")
 _MISSING = pytest.StashKey[str]()
 
 
@@ -44,6 +49,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if DATAPATH_DIR in item.path.resolve().parents:
                 item.add_marker(pytest.mark.datapath)
+                if item.path.name in PACKET_TESTS:
+                    item.add_marker(pytest.mark.packet)
             missing = prereqs.missing_of(needs(item))
             if not missing:
                 continue

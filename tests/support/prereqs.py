@@ -166,6 +166,7 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "ping": _command("ping", "iputils-ping"),
     "ethtool": _command("ethtool", "ethtool"),
     "capsh": _command("capsh", "libcap2-bin"),
+    "shellcheck": _command("shellcheck", "shellcheck"),
     "helm": _helm,
     "ovn": _ovn,
     "kernel-guest": _kernel_guest,
