@@ -96,6 +96,7 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
 #: parallel workers (pytest-xdist, --dist loadfile), and a worker that starts one of these last
 #: would run it alone at the end. The order of the others is kept.
 SLOW_FIRST = (  # by their share of a sequential run (--durations), largest first
+    "test_vagrant_vm.py",  # a VM under emulation: about 17 minutes, two CPUs for qemu
     "test_differential.py",
     "test_kernel_guest.py",  # a qemu guest: one CPU busy for about two minutes
     "test_stop_points.py",

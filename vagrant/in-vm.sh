@@ -31,7 +31,7 @@ test)
 	mapfile -t files < <("$PY" -c 'from tests.conftest import DATAPATH_DIR, PACKET_TESTS
 for name in PACKET_TESTS: print(DATAPATH_DIR.relative_to(DATAPATH_DIR.parents[1]) / name)')
 	# shellcheck disable=SC2086 # COZYEBPF_PACKET_ARGS is pytest's words
-	CI=true "$PY" -m pytest -p no:cacheprovider -q -m packet "${files[@]}" ${COZYEBPF_PACKET_ARGS:-} || rc=$?
+	CI=true "$PY" -m pytest -p no:cacheprovider -v -m packet "${files[@]}" ${COZYEBPF_PACKET_ARGS:-} || rc=$?
 	printf '==> in-vm: the packet tests took %ss (exit %s)\n' "$((SECONDS - start))" "$rc"
 	exit "$rc"
 	;;
