@@ -3,7 +3,7 @@
 # repetitions and sizes (under 3 minutes). See bench/README.md.
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick bench-setup image-test cluster-lab real-ovn-lab real-node-lab deploy release kernel-matrix
+.PHONY: bench bench-quick bench-setup image-test cluster-lab real-ovn-lab real-node-lab deploy release kernel-matrix vagrant-box vagrant-lab
 
 # deploy/ rendered from the chart (charts/cozyebpf), the one source of truth; run it after
 # every change to the chart (tests/unit/test_chart.py fails while deploy/ differs).
@@ -61,6 +61,22 @@ real-node-lab:
 # make kernel-matrix KERNEL_MATRIX_ARGS='--kernels 6.1,host --plan ci'
 kernel-matrix:
 	bash scripts/kernel-matrix.sh $(KERNEL_MATRIX_ARGS)
+
+# The Vagrant VM's box (vagrant/, issue 47), built here from Debian's packages (the kernel
+# matrix's root file system, Debian's 6.1 kernel, sshd, GRUB, the tests' Python dependencies
+# in /opt/cozyebpf/venv) into /var/cache/cozyebpf/vagrant-box/, and added to Vagrant as
+# cozyebpf/bookworm-local (scripts/vagrant-box.sh; about 4 minutes, a second when current).
+vagrant-box:
+	bash scripts/setup.sh --vagrant
+	bash scripts/vagrant-box.sh --add
+
+# The Vagrant VM run for real (scripts/vagrant-lab.sh): libvirt's daemons, that box,
+# `vagrant up --provider libvirt` (qemu's TCG here) on the lab's isolated network, the packet
+# tests (pytest -m packet) and the demo in the VM, `vagrant destroy`, and nothing left; a row
+# per step with its time (vagrant/README.md has the figures). Options, e.g.:
+# make vagrant-lab VAGRANT_LAB_ARGS='--pytest-args "-k test_port_filter" --no-demo'
+vagrant-lab:
+	bash scripts/vagrant-lab.sh $(VAGRANT_LAB_ARGS)
 
 bench-setup:
 	bash scripts/setup.sh

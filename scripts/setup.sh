@@ -29,6 +29,11 @@
 #      (scripts/build-node.sh, into /var/cache/cozyebpf/node/); the agent's images of this
 #      checkout and of the previous release (scripts/build-agent-image.sh: the first build
 #      bootstraps the local Debian base; rebuilt when what the Dockerfile copies changed)
+#   9. with --vagrant (the Vagrant VM's make targets pass it; vagrant/README.md): Vagrant
+#      and its libvirt provider from Debian (vagrant, vagrant-libvirt, libvirt-daemon-system,
+#      qemu-system-x86, qemu-utils, dnsmasq-base for the lab's DHCP, rsync for the synced
+#      folder). apt starts no daemon here (no init system): scripts/vagrant-lab.sh starts
+#      libvirt's daemons and stops them again
 #
 # Environment (for testing this script only):
 #   COZYEBPF_MODULES_DIR  directory to link headers in
@@ -41,14 +46,15 @@ cd "$REPO_ROOT"
 
 START_SECONDS=$SECONDS
 
-KERNEL_GUESTS=0 KUBE=0 REAL_NODE=0
+KERNEL_GUESTS=0 KUBE=0 REAL_NODE=0 VAGRANT=0
 for arg in "$@"; do
 	case $arg in
 	--kernel-guests) KERNEL_GUESTS=1 ;;
 	--kube) KUBE=1 ;;
 	--real-node) REAL_NODE=1 KUBE=1 ;;
+	--vagrant) VAGRANT=1 ;;
 	*)
-		printf 'setup.sh: unknown argument %s (--kube, --kernel-guests, --real-node or none)\n' "$arg" >&2
+		printf 'setup.sh: unknown argument %s (--kube, --kernel-guests, --real-node, --vagrant or none)\n' "$arg" >&2
 		exit 2
 		;;
 	esac
@@ -67,7 +73,7 @@ VENV="$REPO_ROOT/.venv"
 PIP_STAMP="$VENV/.cozyebpf-pip-stamp"
 
 # Summary pieces, filled in by each step.
-S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_KUBE="" S_GUESTS="" S_NODE=""
+S_APT="" S_HEADERS="" S_BPFFS="" S_VENV="" S_PIP="" S_HELM="" S_KUBE="" S_GUESTS="" S_NODE="" S_VAGRANT=""
 
 # --- 1. apt packages ---------------------------------------------------------
 APT_PACKAGES=(
@@ -78,11 +84,20 @@ APT_PACKAGES=(
 	# the cluster lab on Kube-OVN's real dataplane (cozylab/realovn/): OVS 3.1, OVN 23.03,
 	# Kube-OVN's natOutgoing rules as its daemon writes them (iptables-nft, ipset)
 	openvswitch-switch ovn-central ovn-host ipset iptables
+	# tests/unit/test_vagrant.py: the Vagrant VM's shell scripts, checked without a VM
+	shellcheck
 )
 if ((REAL_NODE)); then
 	# the real-node lab: images built here (podman, debootstrap), runc with seccomp
 	# (libseccomp-dev), pause linked statically (libc6-dev), the standard CNI plugins
 	APT_PACKAGES+=(podman debootstrap libseccomp-dev libc6-dev containernetworking-plugins)
+fi
+if ((VAGRANT)); then
+	# the Vagrant VM (vagrant/): Vagrant 2.3 with the libvirt provider, libvirt 9.0 and qemu
+	# (TCG where KVM is unusable), dnsmasq for the lab network's DHCP, rsync for the synced
+	# folder
+	APT_PACKAGES+=(vagrant vagrant-libvirt libvirt-daemon-system qemu-system-x86 qemu-utils
+		dnsmasq-base rsync)
 fi
 
 missing_apt_packages() {
@@ -259,8 +274,14 @@ if ((REAL_NODE)); then
 	S_NODE="; real node: $(basename "$(bash scripts/build-node.sh --print-dir)"), images ($((SECONDS - t_node))s)"
 fi
 
+if ((VAGRANT)); then
+	vagrant plugin list 2>/dev/null | grep -q '^vagrant-libvirt ' ||
+		die "vagrant does not list its libvirt provider (vagrant plugin list; Debian's vagrant-libvirt package provides it)"
+	S_VAGRANT="; vagrant: $(vagrant --version | cut -d' ' -f2) with vagrant-libvirt"
+fi
+
 log "checking imports: bcc, click, yaml, pyroute2, scapy"
 "$VENV/bin/python" -c 'import bcc, click, yaml, pyroute2, scapy' ||
 	die "the venv cannot import bcc, click, yaml, pyroute2 and scapy"
 
-log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM$S_KUBE$S_GUESTS$S_NODE)"
+log "setup OK in $((SECONDS - START_SECONDS))s (kernel $KREL; $S_APT; $S_HEADERS; $S_BPFFS; $S_VENV; $S_PIP; $S_HELM$S_KUBE$S_GUESTS$S_NODE$S_VAGRANT)"

@@ -22,6 +22,11 @@ from tests.support import prereqs
 from tests.support.env import IN_CI, TEST_CMD
 
 DATAPATH_DIR = Path(__file__).resolve().parent / "datapath"
+#: The packet tests (marker `packet`; named here and nowhere else): the real programs loaded
+#: and scapy-built frames sent through veths of namespace labs or BPF_PROG_RUN, compared whole:
+#: NAT both ways, the port filter, ICMP, IPv6, PMTU (ICMP fragmentation-needed to the pod) and
+#: fragments. What the Vagrant VM's `test` provisioner runs (`pytest -m packet`, vagrant/).
+PACKET_TESTS = ("test_lab.py", "test_dualstack.py", "test_pmtu.py", "test_prog_run.py")
 _MISSING = pytest.StashKey[str]()
 
 
@@ -44,6 +49,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if DATAPATH_DIR in item.path.resolve().parents:
                 item.add_marker(pytest.mark.datapath)
+                if item.path.name in PACKET_TESTS:
+                    item.add_marker(pytest.mark.packet)
             missing = prereqs.missing_of(needs(item))
             if not missing:
                 continue
@@ -89,6 +96,7 @@ def cozyebpf_cmd(repo_root: Path) -> list[str]:
 #: parallel workers (pytest-xdist, --dist loadfile), and a worker that starts one of these last
 #: would run it alone at the end. The order of the others is kept.
 SLOW_FIRST = (  # by their share of a sequential run (--durations), largest first
+    "test_vagrant_vm.py",  # a VM under emulation: about 17 minutes, two CPUs for qemu
     "test_differential.py",
     "test_kernel_guest.py",  # a qemu guest: one CPU busy for about two minutes
     "test_stop_points.py",

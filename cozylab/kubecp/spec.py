@@ -81,8 +81,12 @@ def bin_dir() -> Path:
 
 
 def missing_prerequisites(binaries: Sequence[str] = BINARIES) -> list[str]:
-    """The binaries that are not built yet, with how to build them."""
-    d = bin_dir()
+    """The binaries that are not built yet, with how to build them (or why their directory is
+    unknown: build-kube.sh cannot say it without Go, e.g. in the Vagrant VM)."""
+    try:
+        d = bin_dir()
+    except RuntimeError as e:
+        return [str(e)]
     lacking = [b for b in binaries if not os.access(d / b, os.X_OK)]
     if not lacking:
         return []

@@ -119,7 +119,10 @@ def kube_bin(name: str) -> Path:
 def missing_prerequisites() -> list[str]:
     """What the lab needs and the machine lacks, each with how to get it."""
     missing = kube_missing((*NODE_BINARIES, "etcd", "kube-apiserver", "kube-controller-manager"))
-    d = node_bin_dir()
+    try:
+        d = node_bin_dir()
+    except RuntimeError as e:  # build-node.sh cannot say where without Go
+        return [*missing, str(e)]
     lacking = [b for b in RUNTIME_BINARIES if not os.access(d / b, os.X_OK)]
     if lacking:
         missing.append(

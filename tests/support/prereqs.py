@@ -86,6 +86,19 @@ def _command(name: str, package: str) -> Callable[[], str | None]:
     return check
 
 
+def _vagrant() -> str | None:
+    """Vagrant with its libvirt provider, libvirt's daemons and qemu, from Debian (the Vagrant
+    VM's lab, scripts/vagrant-lab.sh), and the kernel matrix's root the box is built from."""
+    names = ("vagrant", "libvirtd", "virtlogd", "virsh", "qemu-system-x86_64", "qemu-img", "rsync")
+    lacking = [n for n in names if shutil.which(n) is None]
+    gems = Path("/usr/share/rubygems-integration/all/gems")
+    if not any(gems.glob("vagrant-libvirt-*")):
+        lacking.append("the vagrant-libvirt plugin")
+    if not lacking:
+        return None
+    return f"{', '.join(lacking)} (scripts/setup.sh --vagrant installs them)"
+
+
 def _ovn() -> str | None:
     """Open vSwitch and OVN (userspace datapath: taps) and Kube-OVN's iptables/ipset, for the
     lab on the real dataplane (cozylab/realovn/)."""
@@ -166,11 +179,13 @@ PREREQUISITES: dict[str, Callable[[], str | None]] = {
     "ping": _command("ping", "iputils-ping"),
     "ethtool": _command("ethtool", "ethtool"),
     "capsh": _command("capsh", "libcap2-bin"),
+    "shellcheck": _command("shellcheck", "shellcheck"),
     "helm": _helm,
     "ovn": _ovn,
     "kernel-guest": _kernel_guest,
     "kube": _kube,
     "real-node": _real_node,
+    "vagrant": _vagrant,
     "fq": _fq,
 }
 
