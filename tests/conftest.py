@@ -11,6 +11,7 @@ unless it passed in the guest."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -65,6 +66,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
     except ValueError as e:  # an unknown name in a marker or COZYEBPF_TEST_MISSING
         raise pytest.UsageError(str(e)) from None
+    if os.environ.get("COZYEBPF_VM_LAB") != "1":  # the Vagrant VM: opt-in, not in CI's time
+        vm = [i for i in items if i.get_closest_marker("vm_lab") is not None]
+        if vm:
+            config.hook.pytest_deselected(items=vm)
+            items[:] = [i for i in items if i.get_closest_marker("vm_lab") is None]
     items.sort(key=_slow_first)  # stable: a module's tests keep their order
 
 
