@@ -254,14 +254,20 @@ def test_egress_bandwidth_is_policed_where_the_pod_is_translated(
     tc ingress on the pod's device, host routing handing the packet to the uplink)."""
     with agent_with(env, agent_args):
         fill_egress_bucket(env)
-        before = drops(env)
-        n = 200
-        out, elapsed = send_egress(env, 40000, n, b"e")
-        burst = EGRESS_BURST_BYTES // WIRE
-        refill = int(elapsed * 125_000 / WIRE) + 1
-        assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
-        assert_whole(out, b"e")
-        assert drops(env) - before == n - len(out)
+        assert_egress_policed(env, 40000, b"e")
+
+
+def assert_egress_policed(env: AgentLab, port: int, payload: bytes) -> None:
+    """200 datagrams from vm1 to `port`: its 64 KiB burst and 1 Mbit/s pass, whole, from the LB
+    IP; each other one is a drop_limit."""
+    before = drops(env)
+    n = 200
+    out, elapsed = send_egress(env, port, n, payload)
+    burst = EGRESS_BURST_BYTES // WIRE
+    refill = int(elapsed * 125_000 / WIRE) + 1
+    assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
+    assert_whole(out, payload)
+    assert drops(env) - before == n - len(out)
 
 
 @contextlib.contextmanager
@@ -280,14 +286,15 @@ def agent_with(env: AgentLab, agent_args: list[str]) -> Iterator[None]:
             env.start_agent()
 
 
-def fill_egress_bucket(env: AgentLab) -> None:
-    """vm1's egress bucket full (its time 0), whatever the tests before left of it."""
+def fill_egress_bucket(env: AgentLab, time: str = "out_bytes") -> None:
+    """vm1's egress bucket full (its `time` 0: the policer's, or the shaper's `out_edt`),
+    whatever the tests before left of it."""
     with PinnedMaps.open(env.pin_dir) as m:
         m.read_state()  # (loads the slots)
         key = ctypes.c_uint32(m.slots.slot("default/vm1"))
         b = BucketVal()
         assert key.value and bpfsys.map_lookup(m.fds["buckets"], key, b)
-        b.out_bytes = 0
+        setattr(b, time, 0)
         bpfsys.map_update(m.fds["buckets"], key, b)
 
 
@@ -304,23 +311,11 @@ def test_egress_stays_limited_when_fq_goes_while_no_agent_runs(env: AgentLab) ->
     try:
         with PinnedMaps.open(env.pin_dir) as m:
             m.set_shaped(True)
-            m.read_state()  # (loads the slots)
-            key = ctypes.c_uint32(m.slots.slot("default/vm1"))
-            b = BucketVal()
-            assert key.value and bpfsys.map_lookup(m.fds["buckets"], key, b)
-            b.out_edt = 0  # the shaper idle
-            bpfsys.map_update(m.fds["buckets"], key, b)
+        fill_egress_bucket(env, "out_edt")  # the shaper idle
         assert (
             "noqueue" in env.lab.exec(env.lab.node, "tc", "qdisc", "show", "dev", "uplink").stdout
         )
-        before = drops(env)
-        n = 200
-        out, elapsed = send_egress(env, 40300, n, b"q")
-        burst = EGRESS_BURST_BYTES // WIRE
-        refill = int(elapsed * 125_000 / WIRE) + 1
-        assert burst - 1 <= len(out) <= burst + refill, (len(out), elapsed)
-        assert_whole(out, b"q")
-        assert drops(env) - before == n - len(out)
+        assert_egress_policed(env, 40300, b"q")
     finally:
         with PinnedMaps.open(env.pin_dir) as m:
             m.set_shaped(False)
