@@ -11,9 +11,12 @@ unless it passed in the guest."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +170,20 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for layout, table in {**_lab_tables(), **_WORKER_TABLES}.items():
         terminalreporter.section(f"cluster lab: {layout}")
         terminalreporter.write_line(table)
+
+
+@pytest.fixture(scope="module")
+def alone_with_qemu_and_the_nodes() -> Iterator[None]:
+    """The modules that keep CPUs busy for minutes, a qemu guest under emulation (the kernel
+    matrix's, the Vagrant VM's) or the real-node lab's two nodes, run one at a time across the
+    workers of pytest-xdist: the real-node lab counts every packet lost through a killed agent,
+    an upgrade and a rollback on two cores, and a guest's qemu beside it (a whole CPU for ten
+    minutes) starved its echo Pod (155 of 12,807 UDP datagrams in one CI run, where the
+    namespace labs' restarts lose none). An exclusive lock on a file, held for the module."""
+    path = Path(tempfile.gettempdir()) / "cozyebpf-tests-heavy.lock"
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

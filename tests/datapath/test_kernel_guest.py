@@ -16,7 +16,10 @@ from cozylab import kmatrix
 from tests.datapath.test_verifier_budgets import budgets
 from tests.support.env import hang_bound
 
-pytestmark = pytest.mark.requires("kernel-guest")
+pytestmark = [
+    pytest.mark.requires("kernel-guest"),
+    pytest.mark.usefixtures("alone_with_qemu_and_the_nodes"),
+]
 
 
 def test_every_program_compiles_loads_and_keeps_its_budget_on_linux_6_12(

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.requires("real-node", "helm")
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Row]]:
+def rows(
+    tmp_path_factory: pytest.TempPathFactory, alone_with_qemu_and_the_nodes: None
+) -> Iterator[list[Row]]:
     from tests.support.env import unique_prefix
 
     workdir: Path = tmp_path_factory.mktemp("real-node")

@@ -20,7 +20,11 @@ import pytest
 
 from tests.support.env import hang_bound
 
-pytestmark = [pytest.mark.vm_lab, pytest.mark.requires("vagrant")]
+pytestmark = [
+    pytest.mark.vm_lab,
+    pytest.mark.requires("vagrant"),
+    pytest.mark.usefixtures("alone_with_qemu_and_the_nodes"),
+]
 
 #: the packet test CI runs in the VM (pytest -k): NAT both ways and the port filter, through
 #: one agent start in a namespace lab
