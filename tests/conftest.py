@@ -176,10 +176,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def alone_with_qemu_and_the_nodes() -> Iterator[None]:
     """The modules that keep CPUs busy for minutes, a qemu guest under emulation (the kernel
     matrix's, the Vagrant VM's) or the real-node lab's two nodes, run one at a time across the
-    workers of pytest-xdist: the real-node lab counts every packet lost through a killed agent,
-    an upgrade and a rollback on two cores, and a guest's qemu beside it (a whole CPU for ten
-    minutes) ran beside it in a CI run whose killed agent lost 155 of 12,807 UDP datagrams
-    (the lab alone: 0 of 8,444). An exclusive lock on a file, held for the module."""
+    workers of pytest-xdist. The real-node lab counts every packet lost through a killed agent,
+    an upgrade and a rollback on two cores; in a CI run where a guest's qemu (a whole CPU for
+    minutes) ran beside it, its killed agent lost 155 of 12,807 UDP datagrams (the lab alone:
+    0 of 8,444). An exclusive lock on a file, held for the module."""
     path = Path(tempfile.gettempdir()) / "cozyebpf-tests-heavy.lock"
     with path.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
