@@ -357,10 +357,7 @@ def gso_burst(env: AgentLab) -> None:
                 b"".join(b"%04d%02d" % (i, k) + b"g" * 94 for k in range(segs)), (CLIENT_IP, 40002)
             )
         elapsed = time.monotonic() - t0
-        sink.settimeout(0.5)
-        with contextlib.suppress(TimeoutError):
-            while True:
-                got.append(sink.recvfrom(2048))
+        got += drained(sink)
     finally:
         sock.close()
         sink.close()
@@ -537,13 +534,20 @@ def test_a_full_bucket_passes_a_gso_packet_over_its_burst(env: AgentLab) -> None
         sock.sendto(
             b"".join(b"%03d" % k + b"o" * (size - 3) for k in range(segs)), (CLIENT_IP, 40003)
         )
-        sink.settimeout(0.5)
-        with contextlib.suppress(TimeoutError):
-            while True:
-                got.append(sink.recvfrom(2048))
+        got += drained(sink)
     finally:
         sock.close()
         sink.close()
     assert drops(env) == before, "the GSO packet was refused from a full bucket"
     assert sorted(d for d, _ in got) == [b"%03d" % k + b"o" * (size - 3) for k in range(segs)]
     assert all(a[0] == LB_WHOLE for _, a in got)
+
+
+def drained(sink: socket.socket) -> list[tuple[bytes, tuple[str, int]]]:
+    """What `sink` receives until it has been silent for half a second."""
+    got = []
+    sink.settimeout(0.5)
+    with contextlib.suppress(TimeoutError):
+        while True:
+            got.append(sink.recvfrom(2048))
+    return got
