@@ -47,6 +47,12 @@ MIGRATIONS = (("vm-a", 3), ("vm-a", 1))
 #: yet) dropped the server's segments (drop_source: learning comes after the ranges) for as
 #: long as the ranges were in force, two syncs through the real control plane (the double's
 #: direct slice writes had made that window 30 ms). The ranges now hold the streams' peers.
+#: The datagram bound grows with the switch itself when that takes longer: while the link
+#: moves and OVN activates the target (`move_link`, up to the Southbound row's
+#: "additional-chassis-activated"), the VM is reachable on neither node, whatever the agents
+#: do. A CI run on the loaded machine (a qemu guest beside it) measured a 257 ms switch on
+#: real OVN and 13 datagrams lost in a 138 ms gap: the switch's, not the NAT's. A loss beyond
+#: what was sent while the switch ran still fails.
 MIGRATION_MAX_UDP_LOST = 10
 MIGRATION_MAX_PAUSE = 0.45
 
@@ -264,6 +270,9 @@ class Migration:
             "switch_ms": (t.get("switched", 0) - t.get("switch", 0)) * 1000,
             "udp": udp.summary(),
             "udp_lost": len(udp.lost()),
+            "udp_sent_in_switch": sum(
+                1 for ts in udp.sent.values() if t.get("switch", 0) <= ts <= t.get("switched", 0)
+            ),
             "udp_sent": len(udp.sent),
             "udp_gap_ms": udp.gap() * 1000,
             "tcp_outside_pause_ms": self.tin.longest_pause() * 1000,
@@ -337,10 +346,12 @@ class Migration:
         udp, fig, common = self.udp, self.fig, self._common()
         new = self.t.get("new", math.inf)
         ok = not common and any(ts > new for ts in udp.got.values())
-        ok = ok and fig["udp_lost"] <= MIGRATION_MAX_UDP_LOST
+        most = max(MIGRATION_MAX_UDP_LOST, fig["udp_sent_in_switch"])
+        ok = ok and fig["udp_lost"] <= most
         said = [
             udp.summary(),
-            f"{fig['udp_lost']} lost (at most {MIGRATION_MAX_UDP_LOST})",
+            f"{fig['udp_lost']} lost (at most {most}: {MIGRATION_MAX_UDP_LOST}, or what was sent "
+            f"while the switch ran, {fig['udp_sent_in_switch']})",
             f"the switch took {fig['switch_ms']:.0f} ms",
         ]
         return ok, "; ".join([*common, *said])
