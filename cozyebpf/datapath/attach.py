@@ -523,24 +523,6 @@ def list_attachments(pin_dir: str) -> list[Attachment]:
     return out
 
 
-BPF_FS_MAGIC = 0xCAFE4A11
-
-
-def on_bpffs(path: str) -> bool:
-    """Is `path` on a bpf filesystem? (statfs f_type)"""
-    import ctypes
-    import ctypes.util
-
-    class _Statfs(ctypes.Structure):
-        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 120)]
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    buf = _Statfs()
-    if libc.statfs(path.encode(), ctypes.byref(buf)) != 0:
-        return False
-    return bool(buf.f_type & 0xFFFFFFFF == BPF_FS_MAGIC)
-
-
 def detach_all(pin_dir: str) -> list[str]:
     """Remove every link, legacy filter and pin of ours. Returns what was removed.
 
@@ -551,7 +533,7 @@ def detach_all(pin_dir: str) -> list[str]:
     from cozyebpf.datapath.layout import ALL_MAPS
 
     removed: list[str] = []
-    if os.path.isdir(pin_dir) and not on_bpffs(pin_dir):
+    if os.path.isdir(pin_dir) and not bpfsys.on_bpffs(pin_dir):
         raise DatapathError(f"{pin_dir} is not on a bpf filesystem: not a cozyebpf pin dir")
     ldir = links_dir(pin_dir)
     if os.path.isdir(ldir):

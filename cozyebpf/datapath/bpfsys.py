@@ -610,3 +610,18 @@ def map_count(fd: int, key_size: int, value_size: int, chunk: int = 8192) -> int
     """How many entries a hash map holds (BPF_MAP_LOOKUP_BATCH, the entries not kept): for
     metrics, which must not build Python objects for every flow of a full table."""
     return sum(count for _, _, count in _lookup_batches(fd, key_size, value_size, chunk))
+
+
+BPF_FS_MAGIC = 0xCAFE4A11
+
+
+def on_bpffs(path: str) -> bool:
+    """Is `path` on a bpf filesystem? (statfs f_type)"""
+
+    class _Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 120)]
+
+    buf = _Statfs()
+    if _libc.statfs(path.encode(), ctypes.byref(buf)) != 0:
+        return False
+    return bool(buf.f_type & 0xFFFFFFFF == BPF_FS_MAGIC)

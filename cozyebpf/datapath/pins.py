@@ -226,12 +226,10 @@ def _size_problem(spec: MapSpec, info: bpfsys.MapInfo) -> str | None:
 def _check_bpffs(pin_dir: str) -> None:
     """The pin directory, or where it will be made, must be on a bpf filesystem: pins cannot
     live anywhere else, and nothing is created or changed (no mkdir, no chmod) elsewhere."""
-    from cozyebpf.datapath.attach import on_bpffs
-
     existing = os.path.abspath(pin_dir)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    if not on_bpffs(existing):
+    if not bpfsys.on_bpffs(existing):
         raise DatapathError(
             f"--pin-dir {pin_dir} is not on a bpf filesystem ({existing} is not); give a "
             f"directory under a bpffs mount such as {DEFAULT_PIN_DIR} (mount -t bpf bpf "
