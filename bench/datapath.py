@@ -222,7 +222,7 @@ class DatapathBench:
         self.cz_ingress = loader.load("ingress.c", "cz_ingress", "xdp", self.pin)
         self.cz_ingress_tc = loader.load("ingress_tc.c", "cz_ingress_tc", "sched_cls", self.pin)
         self.cz_egress = loader.load("egress.c", "cz_egress", "sched_cls", self.pin)
-        self.cz_pod = loader.load("egress.c", "cz_pod_ingress", "sched_cls", self.pin)
+        self.cz_pod = loader.load("pod.c", "cz_pod_ingress", "sched_cls", self.pin)
         self.monitor: Any = None
         self.minimal = progs.MinimalNat.load()
         self.minimal.seed(

@@ -529,7 +529,7 @@ def pod_hook(params: Params, rounds: int, runs: int = 4000) -> dict[str, Any]:
         pod_ctx = bytes(36) + struct.pack("=I", idx["pod0"])  # __sk_buff.ingress_ifindex
         log("compiling the pod-facing hook and the egress program")
         fds = {
-            "pod": loader.load("egress.c", "cz_pod_ingress", "sched_cls", pin).fd,
+            "pod": loader.load("pod.c", "cz_pod_ingress", "sched_cls", pin).fd,
             "egress": loader.load("egress.c", "cz_egress", "sched_cls", pin).fd,
             "floor": progs.Sinks.load().tc_next_fd,
         }
@@ -580,7 +580,7 @@ def fib_cache(params: Params, rounds: int) -> dict[str, Any]:
         ctx = bytes(36) + struct.pack("=I", idx["pod0"])  # __sk_buff.ingress_ifindex
         log("compiling the pod-facing hook with and without its FIB answers' cache")
         fds = {
-            "cached": loader.load("egress.c", "cz_pod_ingress", "sched_cls", pin).fd,
+            "cached": loader.load("pod.c", "cz_pod_ingress", "sched_cls", pin).fd,
             "uncached": variant.build("pod_fib_uncached.c", "cz_pod_ingress", "sched_cls", pin).fd,
         }
         first = int(IPv4Address("198.18.0.1"))

@@ -10,10 +10,12 @@
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
-#include "lib/cluster.h"
+#include "lib/filter.h"
 #include "lib/ingress.h"
 #include "lib/limit.h"
 #include "lib/nat.h"
+#include "lib/parse.h"
+#include "lib/route.h"
 #include "lib/tail.h"
 
 /*

@@ -7,9 +7,9 @@
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
-#include "lib/cluster.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
+#include "lib/route.h"
 #include "lib/tail.h"
 #include "lib/tc.h"
 

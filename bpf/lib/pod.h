@@ -1,7 +1,14 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * The pod-facing hook's IPv4 decision (pod_side4) and its verdict for what it lets through
- * (pod_next4).
+ * (pod_next4). On a node whose pods reach it through pod-facing devices (Kube-OVN's ovn0, per-pod
+ * veths), a managed pod's packet that leaves by an uplink is translated at that device, so the
+ * node's masquerade (Kube-OVN's natOutgoing) never sees the pod IP; and a managed pod's answer to
+ * a connection that this node opened to its LB IP (to_lb.h), which the overlay brings back with
+ * the pod IP as source (cozy-proxy PR #18), gets its LB IP back before conntrack looks at it.
+ * Everything else -- pod to pod, a pod's own connection to a node -- is left as the CNI has it.
+ * IPv4 only (Kube-OVN as Cozystack runs it has no IPv6); nothing of this runs unless flowcfg says
+ * pod-facing hooks are attached.
  */
 #ifndef COZYEBPF_POD_H
 #define COZYEBPF_POD_H

@@ -107,7 +107,7 @@ def node() -> Iterator[Node]:
         ids = {d: _ifindex(ns, d) for d in ("spa", "spb", "spu")}
         maps = PinnedMaps.ensure(pin_dir)
         maps.set_node([ids["spu"]], True)
-        module = loader.compile_source("egress.c", pin_dir)
+        module = loader.compile_source("cozyebpf.c", pin_dir)  # egress.c and pod.c
         progs = {
             "egress": loader.load_from(module, "cz_egress", "sched_cls"),
             "pod": loader.load_from(module, "cz_pod_ingress", "sched_cls"),

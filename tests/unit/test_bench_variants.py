@@ -15,7 +15,7 @@ from cozyebpf.datapath.loader import bpf_dir, flatten
 EXPECTED = {
     "egress_nocheck.c": ("egress.c", ["cz_src_unsure"]),
     "egress_fib_always.c": ("egress.c", ["spoof_unsure"]),
-    "pod_fib_uncached.c": ("egress.c", ["cz_fib4_cached"]),
+    "pod_fib_uncached.c": ("pod.c", ["cz_fib4_cached"]),
 }
 
 
