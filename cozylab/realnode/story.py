@@ -9,7 +9,8 @@ check it (`Story.run` returns one `Row` per check):
    Service; their EndpointSlices come from the kubelets' probes; TCP, UDP and ICMP through
    both LB IPs from the client; the backends' egress seen as their LB IPs;
 3. operate: `cozyebpf status` and `maps dump` in an agent's Pod through the API (exec), its logs
-   through the API;
+   through the API; the README's Troubleshoot example (`explain`, `monitor`) for a port the
+   Service does not list;
 4. faults: the agent's process killed inside its container (the kubelet restarts it; traffic
    goes on); a backend Pod deleted and rescheduled on the other node; a readiness probe
    failing (the Service leaves the datapath with a Warning, and comes back);
@@ -428,7 +429,7 @@ class Story:
     # -- 3. operate ---------------------------------------------------------------------------
 
     def operate(self) -> None:
-        """operate: status, maps dump and logs through the API."""
+        """operate: status, maps dump and logs through the API; the Troubleshoot example."""
         step, lab = "operate", self.lab
         vm_node = self.node_of(NAMESPACE, VM)
         pod = self.agent_pod(vm_node)
@@ -472,6 +473,54 @@ class Story:
             "datapath ready" in logs,
             next((line for line in logs.splitlines() if "datapath ready" in line), logs[-200:]),
         )
+        self.troubleshoot(step)
+
+    def troubleshoot(self, step: str) -> None:
+        """The README's *Troubleshoot* example on the node the port-filter Service's LB IP is
+        routed to: its `cozyebpf explain` for a port not in spec.ports (443) answers as the
+        README shows (the same lines, verdict and reason; the lab's Service), and its
+        `cozyebpf monitor`, run while the client tries that port, shows the drop."""
+        lab = self.lab
+        pod = self.agent_pod(self.node_of(NAMESPACE, pod_name(lab, WEB)))
+        exec_ = ("exec", "-n", AGENT_NAMESPACE, pod, "--")
+        try:
+            command, shown = readme.example("Troubleshoot", "cozyebpf explain")
+            command = readme.filled(command, CLIENT=CLIENT_IP, LB_IP=LB_FILTERED)
+            monitor = readme.inline("Troubleshoot", "cozyebpf monitor")
+        except LookupError as e:
+            self.row(step, "the README's Troubleshoot example", False, str(e))
+            return
+        p = lab.kubectl(*exec_, *command.split(), check=False)
+        got = readme.parsed(p.stdout)
+        service = f"{NAMESPACE}/{WEB}"
+        ok = (
+            p.returncode == 0
+            and set(got) == set(shown)
+            and (got.get("verdict"), got.get("reason")) == (shown["verdict"], shown["reason"])
+            and got.get("service") == service
+            and "443/tcp is not in spec.ports" in got.get("hint", "")
+        )
+        said = f"{p.stdout.strip()} {p.stderr.strip()[-300:]}".strip()
+        self.row(step, f"kubectl exec ... {command}: as the README shows", ok, said)
+        # the monitor, stopped by coreutils' timeout in the container, while the client tries
+        out: list[subprocess.CompletedProcess[str]] = []
+        watch = threading.Thread(
+            target=lambda: out.append(
+                lab.kubectl(*exec_, "timeout", "8", *monitor.split(), check=False, timeout=60)
+            )
+        )
+        watch.start()
+        time.sleep(3)  # the monitor's ring buffer is read (and its filter set) within that
+        for _ in range(3):
+            probes.tcp(lab, LB_FILTERED, 443, b"x", timeout=0.5)
+        watch.join(70)
+        lines = [
+            line
+            for line in (out[0].stdout if out else "").splitlines()
+            if "drop_port" in line and f"{LB_FILTERED}:443" in line and service in line
+        ]
+        said = lines[0] if lines else (out[0].stdout + out[0].stderr)[-400:] if out else "hung"
+        self.row(step, f"kubectl exec ... {monitor}: the client's tries dropped", bool(lines), said)
 
     # -- 4. faults ----------------------------------------------------------------------------
 
