@@ -3,7 +3,8 @@
  * Ingress as a tc program, for devices without native XDP or when --ingress-hook tcx is
  * chosen: the same decision as the XDP program (lib/ingress.h), attached through
  * tcx before every other program, so Cilium's tc programs still only see pod IPs.
- * cz_ingress_tc decides the common frame; every other frame goes on to cz_ingress_tc_slow.
+ * cz_ingress_tc decides the common frame; every other frame goes on to cz_ingress_tc_slow, and
+ * with host routing on what it let in to cz_ingress_tc_route.
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
@@ -35,7 +36,26 @@ int cz_ingress_tc(struct __sk_buff *skb)
 		return CZ_TC_NEXT;
 	if (cz_fast_end_f(skb, 0, 0, reason, &f, skb->len, data_end, &to))
 		return CZ_TC_DROP;
-	return cz_route_in(skb, f.v6); /* host routing, or the stack */
+	if (!cz_host_routing())
+		return CZ_TC_NEXT;
+	cz_tail_rare.call(skb, CZ_RARE_ROUTE_IN); /* cz_ingress_tc_route */
+	return CZ_TC_NEXT; /* decided and translated: a missed tail call leaves it to the stack */
+}
+
+/*
+ * Host routing of what cz_ingress_tc let in (--host-routing on): a program of its own, as behind
+ * XDP (cz_route_tc), so that the entry carries the decision alone (the FIB, TTL, MTU and
+ * bpf_redirect_neigh verified in the entry doubled its instructions). The frame is neither
+ * decided nor counted again: cz_route_in hands it on, or leaves it to the stack.
+ */
+int cz_ingress_tc_route(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + sizeof(struct ethhdr) > data_end)
+		return CZ_TC_NEXT;
+	return cz_route_in(skb, *(__be16 *)(data + 12) == bpf_htons(ETH_P_IPV6));
 }
 
 /*

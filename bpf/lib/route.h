@@ -10,6 +10,14 @@
 #include "fib.h"
 #include "tc.h"
 
+/* Is host routing on (--host-routing: flowcfg's CZ_CFG_HOST_ROUTING)? */
+static __always_inline int cz_host_routing(void)
+{
+	struct flow_cfg *c = cz_cfg();
+
+	return c && (c->flags & CZ_CFG_HOST_ROUTING);
+}
+
 /* bcc 0.26 declares bpf_redirect_neigh without its plen argument: the kernel's signature */
 static long (*cz_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen,
 				 __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
@@ -86,11 +94,11 @@ static __always_inline int cz_host_route(struct __sk_buff *skb, int v6, struct b
 }
 
 /*
- * Host routing of tc ingress on an uplink (cz_ingress_tc's fast path), after a translation (or a
- * pass to a pod IP sent directly) that left the packet's header at its fixed offset: the route as
- * for a packet arriving on the uplink, and cz_host_route; CZ_TC_NEXT (the stack) when host routing
- * is off, the FIB does not forward it (local, unreachable, forwarding off, too big for the device)
- * or cz_host_route leaves it to the stack.
+ * Host routing of tc ingress on an uplink (cz_ingress_tc_route, cz_route_tc), after a translation
+ * (or a pass to a pod IP sent directly) that left the packet's header at its fixed offset: the
+ * route as for a packet arriving on the uplink, and cz_host_route; CZ_TC_NEXT (the stack) when host
+ * routing is off, the FIB does not forward it (local, unreachable, forwarding off, too big for the
+ * device) or cz_host_route leaves it to the stack.
  */
 static __always_inline int cz_route_in(struct __sk_buff *skb, int v6)
 {
@@ -129,10 +137,9 @@ static __always_inline int cz_route_in(struct __sk_buff *skb, int v6)
  */
 static __always_inline int cz_xdp_pass(struct xdp_md *ctx)
 {
-	struct flow_cfg *c = cz_cfg();
 	void *data, *meta;
 
-	if (!c || !(c->flags & CZ_CFG_HOST_ROUTING))
+	if (!cz_host_routing())
 		return XDP_PASS;
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(__u32)))
 		return XDP_PASS;

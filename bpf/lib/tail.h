@@ -29,6 +29,9 @@
  */
 #define CZ_RARE_TO_LB 0 /* cz_tail_rare: cz_egress_to_lb, the node's own packet to an LB IP */
 #define CZ_RARE_POD6 1	/* cz_tail_rare: cz_pod_route6, the pod-facing hook's IPv6 route */
+/* cz_tail_rare: cz_ingress_tc_route, host routing of what cz_ingress_tc let in (not rare where
+ * host routing is on, but a path of its own as behind XDP: cz_route_tc) */
+#define CZ_RARE_ROUTE_IN 2
 /* Neither a verdict nor CZ_SLOW: an entry's fast path hands the frame to a rare path */
 #define CZ_RARE 0xfffffffd
 

@@ -153,7 +153,10 @@ SLOW_PATHS = {
 #: and the entry programs' rare paths
 MORE_PATHS = {
     "cz_ingress": (("cz_ingress_outside", "cz_tail_xdp", 1),),
-    "cz_ingress_tc": (("cz_ingress_tc_outside", "cz_tail_tc", 2),),
+    "cz_ingress_tc": (
+        ("cz_ingress_tc_outside", "cz_tail_tc", 2),
+        ("cz_ingress_tc_route", "cz_tail_rare", 2),  # host routing (CZ_RARE_ROUTE_IN)
+    ),
     # the rare paths of the entry programs (bpf/lib/tail.h, CZ_RARE_*)
     "cz_egress": (("cz_egress_to_lb", "cz_tail_rare", 0),),
     "cz_pod_ingress": (("cz_pod_route6", "cz_tail_rare", 1),),

@@ -603,3 +603,32 @@ def test_a_missing_full_path_drops_and_counts(progs: Progs, name: str) -> None:
     assert {k: v["packets"] for k, v in m.counters().items()}["drop_missed_tail_call"] == (
         after["drop_missed_tail_call"]
     )
+
+
+def test_a_missing_host_route_leaves_the_translated_frame_to_the_stack(progs: Progs) -> None:
+    """With host routing on, the tc ingress entry hands what it let in to cz_ingress_tc_route
+    (tail_rare, CZ_RARE_ROUTE_IN). The frame is decided, counted and translated before that: a
+    tail call that fails (the slot emptied) leaves it to the stack as it is (TCX_NEXT, the pod
+    IP as destination), counted once as translated and never as drop_missed_tail_call."""
+    slow, array, slot = next(
+        m for m in loader.MORE_PATHS["cz_ingress_tc"] if m[0] == "cz_ingress_tc_route"
+    )
+    prog = next(p for p in progs.loaded if p.name == "cz_ingress_tc")
+    fd = progs.maps.fds[array.removeprefix("cz_")]
+    frame = eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=4000, dport=53) / b"x"
+    m = progs.maps
+    before = {k: v["packets"] for k, v in m.counters().items()}
+    try:
+        m.set_node([1], False, True)
+        assert bpfsys.map_delete(fd, ctypes.c_uint32(slot))
+        r = bpfsys.prog_test_run(prog.fd, bytes(frame))
+    finally:
+        m.set_node([], False, False)
+        refill = loader.slow_program_fd(prog, slow)
+        assert refill is not None
+        bpfsys.map_update(fd, ctypes.c_uint32(slot), ctypes.c_uint32(refill))
+    after = {k: v["packets"] for k, v in m.counters().items()}
+    assert r.retval == TC_NEXT
+    assert IP(r.data[14:]).dst == POD_WHOLE and checksums_ok(r.data) == []
+    changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert changed == {"nat_ingress": 1}
