@@ -33,8 +33,10 @@ from bench import scale
 from bench.common import REPO, TAG, Params, log, pct, pin_dir, terminate
 from bench.mapwrites import nft_transaction
 from bench.probe import Probe as Stream
+from cozyebpf.config import DEFAULT_GUARD
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.model import build_state
+from cozyebpf.model.limits import parse_packet_rate
 from cozyebpf.state import IPAddress, MapState
 from cozylab.kubeapi import FakeKubeAPI
 from cozylab.netns import DEFAULT_PODS, UPLINK, Lab
@@ -246,7 +248,37 @@ def _wait_maps(pin: str, agent: Agent, st: MapState, timeout: float) -> tuple[fl
         if agent.proc and agent.proc.poll() is not None:
             raise RuntimeError(f"agent exited ({agent.proc.returncode}):\n{agent.tail()}")
         time.sleep(0.001)
-    raise TimeoutError(f"maps not programmed after {timeout}s:\n{agent.tail()}")
+    raise TimeoutError(
+        f"maps not programmed after {timeout}s ({_unlike(maps, sentinels, st)}):\n{agent.tail()}"
+    )
+
+
+def _unlike(maps: Maps | None, sentinels: list[tuple[str, Any]], st: MapState) -> str:
+    """How the pinned maps differ from `st`, in a line: what a timeout of _wait_maps says."""
+    if maps is None:
+        return "the pins could not be opened"
+    missing = [f"{k} {v}" for k, v in sentinels if not maps.has_all([(k, v)])]
+    if missing:
+        return f"not in the maps: {', '.join(missing)}"
+    got = maps.maps.read_state()
+    said = []
+    for part in ("services", "pods", "allowed", "ranges", "limits"):
+        a, b = getattr(got, part), getattr(st, part)
+        if a != b:
+            keys = (
+                set(a) ^ set(b)
+                if isinstance(a, set)
+                else {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+            )
+            first = sorted(keys, key=str)[:1]
+            one = (
+                f"; e.g. {first[0]}: {a.get(first[0]) if isinstance(a, dict) else first[0] in a}"
+                f" here, {b.get(first[0]) if isinstance(b, dict) else first[0] in b} wanted"
+                if first
+                else ""
+            )
+            said.append(f"{part}: {len(keys)} differ{one}")
+    return "; ".join(said) or "equal now"
 
 
 def _ms(xs: list[float]) -> dict[str, Any]:
@@ -278,7 +310,10 @@ class Cluster:
         return [*out, scale.probe_service(), scale.probe_slice(PODS[self.probe_pod].ip)]
 
     def state(self) -> MapState:
-        return build_state(self.objects(), "cozy-proxy").state
+        """What the agent programs for these objects with its defaults: the node's guard on
+        every Service (--guard-packet-rate, and the ceiling that defaults to it)."""
+        guard = parse_packet_rate("--guard-packet-rate", DEFAULT_GUARD)
+        return build_state(self.objects(), "cozy-proxy", guard_pps=guard, max_pps=guard).state
 
 
 @dataclass
