@@ -503,15 +503,16 @@ class Story:
         said = f"{p.stdout.strip()} {p.stderr.strip()[-300:]}".strip()
         self.row(step, f"kubectl exec ... {command}: as the README shows", ok, said)
         # the monitor, stopped by coreutils' timeout in the container, while the client tries
+        # (every half second until then: however long the exec and the monitor's start take)
         out: list[subprocess.CompletedProcess[str]] = []
         watch = threading.Thread(
             target=lambda: out.append(
-                lab.kubectl(*exec_, "timeout", "8", *monitor.split(), check=False, timeout=60)
+                lab.kubectl(*exec_, "timeout", "15", *monitor.split(), check=False, timeout=60)
             )
         )
         watch.start()
-        time.sleep(3)  # the monitor's ring buffer is read (and its filter set) within that
-        for _ in range(3):
+        end = time.monotonic() + 13
+        while watch.is_alive() and time.monotonic() < end:
             probes.tcp(lab, LB_FILTERED, 443, b"x", timeout=0.5)
         watch.join(70)
         lines = [
