@@ -3,8 +3,9 @@
  * Ingress as a tc program, for devices without native XDP or when --ingress-hook tcx is
  * chosen: the same decision as the XDP program (lib/ingress.h), attached through
  * tcx before every other program, so Cilium's tc programs still only see pod IPs.
- * cz_ingress_tc decides the common frame; every other frame goes on to cz_ingress_tc_slow, and
- * with host routing on what it let in to cz_ingress_tc_route.
+ * cz_ingress_tc decides the common IPv4 frame, cz_ingress_tc6 the common IPv6 frame; every other
+ * frame goes on to cz_ingress_tc_slow, and with host routing on what they let in to
+ * cz_ingress_tc_route.
  */
 #include <uapi/linux/bpf.h>
 #include "lib/account.h"
@@ -14,17 +15,15 @@
 #include "lib/tail.h"
 #include "lib/tc.h"
 
-int cz_ingress_tc(struct __sk_buff *skb)
+/*
+ * The end of a tc ingress decision (`reason`, of the frame whose headers `f` holds; `to` its
+ * new destination): a frame the fast path does not take goes to the outside program or the
+ * full path; one let in is counted and translated (cz_fast_end_f), then with host routing on
+ * handed to cz_ingress_tc_route. A tc verdict.
+ */
+static __always_inline int tc_decided(struct __sk_buff *skb, void *data, void *data_end,
+				      __u32 reason, struct cz_fast *f, struct ip6 *to)
 {
-	void *data, *data_end;
-	struct cz_fast f = {};
-	struct ip6 to;
-	__u32 reason;
-
-	cz_tc_pull(skb);
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	reason = fast_ingress(data, data_end, skb->len, cz_tc_segs(skb), &f, &to);
 	if (reason == CZ_SLOW) {
 		if (fast_outside(data, data_end))
 			cz_tail_tc.call(skb, CZ_OUTSIDE_INGRESS_TC);
@@ -34,12 +33,61 @@ int cz_ingress_tc(struct __sk_buff *skb)
 	}
 	if (reason == CZ_NOT_OURS)
 		return CZ_TC_NEXT;
-	if (cz_fast_end_f(skb, 0, 0, reason, &f, skb->len, data_end, &to))
+	if (reason == CZ_DROP_PORT || reason == CZ_DROP_SOURCE || reason == CZ_DROP_LIMIT) {
+		cz_fast_end_d(skb, 0, 0, reason, 1, f->slot, skb->len, f->v6, f->proto, f->l3,
+			      f->sport, f->dport, f->csum, f->csum_off, f->rewrite, data_end, to,
+			      to->a[0]);
+		return CZ_TC_DROP;
+	}
+	if (cz_fast_end_d(skb, 0, 0, reason, 0, f->slot, skb->len, f->v6, f->proto, f->l3, f->sport,
+			  f->dport, f->csum, f->csum_off, f->rewrite, data_end, to, to->a[0]))
 		return CZ_TC_DROP;
 	if (!cz_host_routing())
 		return CZ_TC_NEXT;
 	cz_tail_rare.call(skb, CZ_RARE_ROUTE_IN); /* cz_ingress_tc_route */
 	return CZ_TC_NEXT; /* decided and translated: a missed tail call leaves it to the stack */
+}
+
+/* IPv4; every other frame goes on to cz_ingress_tc6. */
+int cz_ingress_tc(struct __sk_buff *skb)
+{
+	void *data, *data_end;
+	struct cz_fast f = {};
+	struct iphdr *ip;
+	struct ip6 to;
+
+	cz_tc_pull(skb);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = fast_ip4(data, data_end);
+	if (!ip) {
+		cz_tail_rare.call(skb, CZ_RARE_TC6); /* cz_ingress_tc6 */
+		return cz_tail_missed(skb, 0, 0); /* the loader fills the array before attaching */
+	}
+	return tc_decided(skb, data, data_end,
+			  fast_ingress4(data, data_end, skb->len, cz_tc_segs(skb), ip, &f, &to), &f,
+			  &to);
+}
+
+/*
+ * IPv6 at tc ingress, and what is neither family (the full path's): a program of its own, so
+ * that the entry verifies its IPv4 alone (tc's generic fast path and its ending, verified for
+ * both families in one program, made the entry twice the XDP entry, which has a path of its own
+ * for IPv4).
+ */
+int cz_ingress_tc6(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
+	struct cz_fast f = {};
+	struct ip6 to;
+
+	if (!ip6)
+		return tc_decided(skb, data, data_end, CZ_SLOW, &f, &to);
+	return tc_decided(skb, data, data_end,
+			  fast_ingress6(data, data_end, skb->len, cz_tc_segs(skb), ip6, &f, &to),
+			  &f, &to);
 }
 
 /*

@@ -216,8 +216,35 @@ static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 fra
 }
 
 /*
- * Ingress (tc): CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
- * f->rewrite, *to is the new destination (IPv4: to->a[0]).
+ * Ingress, IPv4 (tc): CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass with
+ * f->rewrite, to->a[0] is the new destination.
+ */
+static __always_inline __u32 fast_ingress4(void *data, void *data_end, __u32 frame_len, __u32 segs,
+					   struct iphdr *ip, struct cz_fast *f, struct ip6 *to)
+{
+	struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
+	__be32 pod;
+
+	if (!v)
+		return CZ_NOT_OURS;
+	if (fast_check4(f, ip, data, data_end, frame_len) < 0)
+		return CZ_SLOW;
+	f->rewrite = v->kind & CZ_K_LB;
+	f->slot = v->in_slot;
+	pod = f->rewrite ? v->pod_ip : ip->daddr;
+	to->a[0] = pod;
+	if (!(v->flags & CZ_F_FLOWS))
+		return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
+				   CZ_NAT_INGRESS);
+	return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
+			   fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
+				       (struct ip6 *)&ip->saddr, f->proto, f->sport, f->dport,
+				       f->tcp_flags));
+}
+
+/*
+ * Ingress (tc), either family: CZ_NOT_OURS, CZ_SLOW, or the cz_reason of the verdict. On a pass
+ * with f->rewrite, *to is the new destination (IPv4: to->a[0]).
  */
 static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 frame_len, __u32 segs,
 					  struct cz_fast *f, struct ip6 *to)
@@ -225,26 +252,8 @@ static __always_inline __u32 fast_ingress(void *data, void *data_end, __u32 fram
 	struct iphdr *ip = fast_ip4(data, data_end);
 	struct ipv6hdr *ip6;
 
-	if (ip) {
-		struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
-		__be32 pod;
-
-		if (!v)
-			return CZ_NOT_OURS;
-		if (fast_check4(f, ip, data, data_end, frame_len) < 0)
-			return CZ_SLOW;
-		f->rewrite = v->kind & CZ_K_LB;
-		f->slot = v->in_slot;
-		pod = f->rewrite ? v->pod_ip : ip->daddr;
-		to->a[0] = pod;
-		if (!(v->flags & CZ_F_FLOWS))
-			return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs),
-					   segs, CZ_NAT_INGRESS);
-		return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
-				   fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
-					       (struct ip6 *)&ip->saddr, f->proto, f->sport,
-					       f->dport, f->tcp_flags));
-	}
+	if (ip)
+		return fast_ingress4(data, data_end, frame_len, segs, ip, f, to);
 	ip6 = fast_ip6(data, data_end);
 	if (ip6)
 		return fast_ingress6(data, data_end, frame_len, segs, ip6, f, to);

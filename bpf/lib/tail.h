@@ -32,6 +32,9 @@
 /* cz_tail_rare: cz_ingress_tc_route, host routing of what cz_ingress_tc let in (not rare where
  * host routing is on, but a path of its own as behind XDP: cz_route_tc) */
 #define CZ_RARE_ROUTE_IN 2
+/* cz_tail_rare: cz_ingress_tc6, tc ingress of what is not IPv4 (IPv6's fast path; the rest on to
+ * the full path) */
+#define CZ_RARE_TC6 3
 /* Neither a verdict nor CZ_SLOW: an entry's fast path hands the frame to a rare path */
 #define CZ_RARE 0xfffffffd
 

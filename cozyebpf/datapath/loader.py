@@ -156,6 +156,7 @@ MORE_PATHS = {
     "cz_ingress_tc": (
         ("cz_ingress_tc_outside", "cz_tail_tc", 2),
         ("cz_ingress_tc_route", "cz_tail_rare", 2),  # host routing (CZ_RARE_ROUTE_IN)
+        ("cz_ingress_tc6", "cz_tail_rare", 3),  # what is not IPv4 (CZ_RARE_TC6)
     ),
     # the rare paths of the entry programs (bpf/lib/tail.h, CZ_RARE_*)
     "cz_egress": (("cz_egress_to_lb", "cz_tail_rare", 0),),

@@ -544,7 +544,9 @@ def test_egress_trusts_the_address_hint(progs: Progs) -> None:
     assert IP(progs.tc(frame)[1][14:]).src == LB_WHOLE
 
 
-@pytest.mark.parametrize("name", ["cz_ingress", "cz_ingress_tc", "cz_egress", "cz_egress_to_lb"])
+@pytest.mark.parametrize(
+    "name", ["cz_ingress", "cz_ingress_tc", "cz_egress", "cz_egress_to_lb", "cz_ingress_tc6"]
+)
 def test_a_missing_full_path_drops_and_counts(progs: Progs, name: str) -> None:
     """A tail call that fails (its slot emptied, as only a hand or a bug could: the loader fills
     it before it returns the entry program) drops the frame the fast path left to the full path,
@@ -552,18 +554,22 @@ def test_a_missing_full_path_drops_and_counts(progs: Progs, name: str) -> None:
     frame through untranslated and uncounted before issue 37); a running monitor gets the event,
     and explain's dry run the reason without a count. The slot refilled, the same frame is the
     full path's again. The same for a rare path (cz_egress_to_lb: the node's own packet to an LB
-    IP, which the egress entry hands on untagged; explain's tagged frames go to the full path)."""
+    IP, which the egress entry hands on untagged; explain's tagged frames go to the full path;
+    cz_ingress_tc6: tc ingress's IPv6, which its entry hands on)."""
     from cozyebpf.explain import dry_run
     from cozyebpf.monitor import RingBuffer
 
-    rare = name == "cz_egress_to_lb"
-    entry = "cz_egress" if rare else name
+    rare = name in ("cz_egress_to_lb", "cz_ingress_tc6")
+    entry = {"cz_egress_to_lb": "cz_egress", "cz_ingress_tc6": "cz_ingress_tc"}.get(name, name)
     prog = next(p for p in progs.loaded if p.name == entry)
     xdp = name == "cz_ingress"
-    slow, array, slot = loader.MORE_PATHS[entry][0] if rare else loader.SLOW_PATHS[name]
+    more = {m[0]: m for m in loader.MORE_PATHS.get(entry, ())}
+    slow, array, slot = more[name] if rare else loader.SLOW_PATHS[name]
     fd = progs.maps.fds[array.removeprefix("cz_")]
     if name == "cz_egress":
         ip = IP(src=POD_WHOLE, dst=CLIENT) / UDP(sport=4000, dport=53) / b"x"
+    elif name == "cz_ingress_tc6":
+        ip = IPv6(src="2001:db8:1::2", dst="2001:db8:2::10") / UDP(sport=4000, dport=53) / b"x"
     else:  # (from no pod IP to an LB IP: the egress entry's rare path)
         ip = IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=4000, dport=53) / b"x"
     eth_ = Ether(src=MAC_A, dst=MAC_B)
