@@ -11,6 +11,7 @@
 #include "lib/account.h"
 #include "lib/ingress.h"
 #include "lib/nat.h"
+#include "lib/parse.h"
 #include "lib/route.h"
 #include "lib/tail.h"
 #include "lib/tc.h"
