@@ -63,16 +63,11 @@ def example(section: str, command: str, readme: Path = README) -> tuple[str, dic
     out = re.search(r"^ *```\n(.*?)^ *```", body[m.end() :], re.S | re.M)
     if out is None:
         raise LookupError(f"{readme.name}, '## {section}': no output shown after `{m.group(1)}`")
-    shown = {}
-    for line in out.group(1).splitlines():
-        key, sep, value = line.strip().partition(":")
-        if sep:
-            shown[key] = value.strip()
-    return m.group(1), shown
+    return m.group(1), parsed(out.group(1))
 
 
 def parsed(output: str) -> dict[str, str]:
-    """`key: value` lines of a command's output, as `example` reads the README's."""
+    """The `key: value` lines of a command's output (or of the README's example of it)."""
     return {
         k: v.strip()
         for k, sep, v in (ln.strip().partition(":") for ln in output.splitlines())
