@@ -92,10 +92,11 @@ int cz_ingress_tc6(struct __sk_buff *skb)
 }
 
 /*
- * Host routing of what cz_ingress_tc let in (--host-routing on): a program of its own, as behind
- * XDP (cz_route_tc), so that the entry carries the decision alone (the FIB, TTL, MTU and
- * bpf_redirect_neigh verified in the entry doubled its instructions). The frame is neither
- * decided nor counted again: cz_route_in hands it on, or leaves it to the stack.
+ * Host routing of what cz_ingress_tc and cz_ingress_tc6 let in (--host-routing on): a program of
+ * its own, as behind XDP (cz_route_tc), so that the entries carry the decision alone (the FIB,
+ * TTL, MTU and bpf_redirect_neigh verified in the entry were a third of its instructions on
+ * 6.18). The frame is neither decided nor counted again: cz_route_in hands it on, or leaves it
+ * to the stack.
  */
 int cz_ingress_tc_route(struct __sk_buff *skb)
 {
