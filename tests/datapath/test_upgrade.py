@@ -56,7 +56,7 @@ def layout_tree(repo: Path, dest: Path, version: int) -> Path:
         return p.stdout if p.returncode == 0 else ""
 
     revs = subprocess.run(
-        ["git", "-C", str(repo), "rev-list", "--max-count=500", "HEAD"],
+        ["git", "-C", str(repo), "rev-list", "HEAD"],  # the whole history: it only grows
         capture_output=True,
         text=True,
     )
