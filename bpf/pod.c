@@ -51,19 +51,29 @@ static __always_inline int pod_route6(struct __sk_buff *skb, void *data, void *d
 	return rc;
 }
 
+/* An untagged IPv6 frame from a managed pod: its source's entry (*ip6 its header), or NULL. */
+static __always_inline struct addr6_val *pod_source6(void *data, void *data_end,
+						     struct ipv6hdr **ip6)
+{
+	struct addr6_val *v;
+
+	*ip6 = fast_ip6(data, data_end);
+	if (!*ip6)
+		return NULL;
+	v = cz_addr6.lookup((struct ip6 *)&(*ip6)->saddr);
+	return v && (v->kind & CZ_K_POD) ? v : NULL;
+}
+
 /*
  * The pod-facing hook, IPv6: the source check (cz_spoofed), then what leaves by an uplink is
  * translated (and host-routed: pod_route6); the rest is translated by the uplinks' egress.
  */
 static __always_inline int pod_check6(struct __sk_buff *skb, void *data, void *data_end)
 {
-	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
-	struct addr6_val *v;
+	struct ipv6hdr *ip6;
+	struct addr6_val *v = pod_source6(data, data_end, &ip6);
 
-	if (!ip6)
-		return CZ_TC_NEXT;
-	v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
-	if (!v || !(v->kind & CZ_K_POD))
+	if (!v)
 		return CZ_TC_NEXT;
 	if (cz_unlikely(cz_spoofed(skb, &v->dev, 1, &ip6->saddr, skb->ingress_ifindex)))
 		return egress_drop(skb, ip6, 1, v->out_slot, CZ_DROP_SPOOFED);
@@ -75,13 +85,10 @@ int cz_pod_route6(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ipv6hdr *ip6 = fast_ip6(data, data_end);
-	struct addr6_val *v;
+	struct ipv6hdr *ip6;
+	struct addr6_val *v = pod_source6(data, data_end, &ip6);
 
-	if (!ip6)
-		return CZ_TC_NEXT;
-	v = cz_addr6.lookup((struct ip6 *)&ip6->saddr);
-	if (!v || !(v->kind & CZ_K_POD))
+	if (!v)
 		return CZ_TC_NEXT;
 	return pod_route6(skb, data, data_end, ip6, v);
 }

@@ -195,24 +195,34 @@ static __always_inline __u32 fast_ingress6(void *data, void *data_end, __u32 fra
 {
 	struct addr6_val *v = cz_addr6.lookup((struct ip6 *)&ip6->daddr);
 	struct ip6 remote;
+	__u32 reason;
 
 	if (!v)
 		return CZ_NOT_OURS;
 	if (fast_check6(f, ip6, data, data_end, frame_len) < 0)
 		return CZ_SLOW;
-	f->rewrite = v->kind & CZ_K_LB;
 	f->slot = v->in_slot;
-	if (f->rewrite)
+	if (v->kind & CZ_K_LB)
 		*to = v->pod_ip;
 	else
 		__builtin_memcpy(to, &ip6->daddr, sizeof(*to));
-	if (!(v->flags & CZ_F_FLOWS))
-		return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
-				   CZ_NAT_INGRESS);
-	__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
-	return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
-			   fast_filter(1, v->flags, v->ports, v->nports, to, &remote, f->proto,
-				       f->sport, f->dport, f->tcp_flags));
+	if (!(v->flags & CZ_F_FLOWS)) {
+		reason = cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
+				     CZ_NAT_INGRESS);
+	} else {
+		__builtin_memcpy(&remote, &ip6->saddr, sizeof(remote));
+		reason = cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
+				     fast_filter(1, v->flags, v->ports, v->nports, to, &remote,
+						 f->proto, f->sport, f->dport, f->tcp_flags));
+	}
+	/*
+	 * Read again after the decision, not kept from the branch above: kept, it was a constant
+	 * 0 on one way and 1 on the other through the whole filter, two states the verifier of
+	 * Linux 6.1 does not prune as one (a spilled 0 is STACK_ZERO there), so it followed the
+	 * filter twice.
+	 */
+	f->rewrite = v->kind & CZ_K_LB;
+	return reason;
 }
 
 /*
@@ -223,23 +233,26 @@ static __always_inline __u32 fast_ingress4(void *data, void *data_end, __u32 fra
 					   struct iphdr *ip, struct cz_fast *f, struct ip6 *to)
 {
 	struct addr4_val *v = cz_addr4.lookup(&ip->daddr);
+	__u32 reason;
 	__be32 pod;
 
 	if (!v)
 		return CZ_NOT_OURS;
 	if (fast_check4(f, ip, data, data_end, frame_len) < 0)
 		return CZ_SLOW;
-	f->rewrite = v->kind & CZ_K_LB;
 	f->slot = v->in_slot;
-	pod = f->rewrite ? v->pod_ip : ip->daddr;
+	pod = (v->kind & CZ_K_LB) ? v->pod_ip : ip->daddr;
 	to->a[0] = pod;
 	if (!(v->flags & CZ_F_FLOWS))
-		return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
-				   CZ_NAT_INGRESS);
-	return cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
-			   fast_filter(0, v->flags, v->ports, v->nports, (struct ip6 *)&pod,
-				       (struct ip6 *)&ip->saddr, f->proto, f->sport, f->dport,
-				       f->tcp_flags));
+		reason = cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
+				     CZ_NAT_INGRESS);
+	else
+		reason = cz_limit_in(v->flags, f->slot, fast_wire_len(f, frame_len, segs), segs,
+				     fast_filter(0, v->flags, v->ports, v->nports,
+						 (struct ip6 *)&pod, (struct ip6 *)&ip->saddr,
+						 f->proto, f->sport, f->dport, f->tcp_flags));
+	f->rewrite = v->kind & CZ_K_LB; /* after the decision: see fast_ingress6 */
+	return reason;
 }
 
 /*

@@ -125,3 +125,21 @@ def test_a_kernel_is_held_to_its_own_column_or_the_nearest_older_one(repo_root: 
     assert column(table, "6.19.1")[0] == "6.18"
     with pytest.raises(pytest.fail.Exception, match="older than every column"):
         column(table, "5.15.0-1-amd64")
+
+
+def test_the_tc_entry_verifies_no_more_than_the_xdp_entry(
+    counts: dict[str, int], repo_root: Path
+) -> None:
+    """The tc ingress entry decides what the XDP entry decides, with its rare paths (IPv6, host
+    routing) behind tail calls as XDP's are: it may take the verifier no more work, on the
+    running kernel and in every kernel line's measured column (issue 46)."""
+    assert counts["cz_ingress_tc"] <= counts["cz_ingress"], (
+        f"Linux {os.uname().release}: tc entry {counts['cz_ingress_tc']:,}, XDP entry "
+        f"{counts['cz_ingress']:,}"
+    )
+    over = {
+        line: (row["cz_ingress_tc"], row["cz_ingress"])
+        for line, row in budgets(repo_root).items()
+        if row["cz_ingress_tc"] > row["cz_ingress"]
+    }
+    assert not over, f"{BUDGETS}: the tc entry above the XDP entry (tc, XDP): {over}"
