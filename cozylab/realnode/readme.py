@@ -7,7 +7,10 @@ the lab, not a stale page."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +59,14 @@ def inline(section: str, command: str, readme: Path = README) -> str:
     return _inline(section, command, readme)[0].group(1)
 
 
+def forms(command: str) -> list[str]:
+    """The commands a README line with optional flags stands for, each flag written `[--flag]`:
+    `cozyebpf status [--json]` is `cozyebpf status` and `cozyebpf status --json`."""
+    flags = re.findall(r"\s*\[(--[\w-]+)\]", command)
+    bare = re.sub(r"\s*\[--[\w-]+\]", "", command)
+    return [bare, *(f"{bare} {flag}" for flag in flags)]
+
+
 def example(section: str, command: str, readme: Path = README) -> tuple[str, dict[str, str]]:
     """`inline`, and the output the README shows for it (the plain ``` block after it,
     `key: value` lines); LookupError when either is gone."""
@@ -73,3 +84,67 @@ def parsed(output: str) -> dict[str, str]:
         for k, sep, v in (ln.strip().partition(":") for ln in output.splitlines())
         if sep
     }
+
+
+def operated(
+    status: list[str],
+    dump: list[str],
+    runs: Mapping[str, subprocess.CompletedProcess[str]],
+    lb_ips: tuple[str, str],
+) -> list[tuple[str, bool, str]]:
+    """The rows of the *Operate* commands `status` and `maps dump` (`forms`: plain, then
+    --json) as they answered on a node with a whole-IP and a port-filter Service (`lb_ips`):
+    (check, ok, what was said). The JSON forms name the attachments and both LB IPs; the plain
+    forms, what an operator reads, say the same: XDP on eth0, one Service of each mode, a row
+    per Service with its LB IP, Service and mode as --json has them."""
+    said = {c: f"{p.stdout[-300:]} {p.stderr[-300:]}".strip() for c, p in runs.items()}
+    rows = []
+    try:
+        dp = json.loads(runs[status[1]].stdout)["datapath"]
+        ok = bool(dp.get("attachments")) and not dp.get("error")
+        said[status[1]] = f"attachments {len(dp['attachments'])}, layout {dp.get('layout')}"
+    except (ValueError, KeyError, TypeError) as e:
+        ok, said[status[1]] = False, f"{type(e).__name__} {e}: {said[status[1]]}"
+    rows.append((status[1], ok, said[status[1]]))
+    svcs: dict[str, tuple[str, str]] = {}
+    try:
+        svcs = {
+            s["lb_ip"]: (s["mode"], s["service"])
+            for s in json.loads(runs[dump[1]].stdout)["services"]
+        }
+        said[dump[1]] = json.dumps(svcs)
+    except (ValueError, KeyError, TypeError) as e:
+        said[dump[1]] = f"{type(e).__name__} {e}: {said[dump[1]]}"
+    rows.append((f"{dump[1]}: both Services programmed", set(lb_ips) <= set(svcs), said[dump[1]]))
+    text = runs[status[0]].stdout
+    rows.append(
+        (
+            f"{status[0]}: XDP on eth0, one Service of each mode",
+            runs[status[0]].returncode == 0
+            and "eth0 xdp" in text
+            and "services: 1 whole-IP, 1 port-filter" in text,
+            said[status[0]],
+        )
+    )
+    table = [line.split() for line in runs[dump[0]].stdout.splitlines()]
+    rows.append(
+        (
+            f"{dump[0]}: a row per Service, as --json says",
+            runs[dump[0]].returncode == 0
+            and set(lb_ips) <= set(svcs)
+            and all(
+                any({ip, service, mode} <= set(r) for r in table)
+                for ip, (mode, service) in svcs.items()
+            ),
+            said[dump[0]],
+        )
+    )
+    return rows
+
+
+def upgrade(chart: str, tag: str, readme: Path = README) -> str:
+    """The README's *Upgrade and roll back* commands with the new release's packaged chart
+    (`chart`, for cozyebpf-X.Y.Z.tgz) and its image's tag; LookupError when they are gone."""
+    return filled(
+        blocks("Upgrade and roll back", readme), **{"cozyebpf-X.Y.Z.tgz": chart, "TAG": tag}
+    )

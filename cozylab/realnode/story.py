@@ -56,7 +56,7 @@ from cozylab.realnode.workloads import (
     vm_pod,
     web_deployment,
 )
-from cozylab.traffic import EchoHub, describe
+from cozylab.traffic import EchoHub
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_NAMESPACE = "cozy-system"
@@ -429,43 +429,25 @@ class Story:
     # -- 3. operate ---------------------------------------------------------------------------
 
     def operate(self) -> None:
-        """operate: status, maps dump and logs through the API; the Troubleshoot example."""
+        """operate: the README's *Operate* commands `status` and `maps dump`, each as written
+        (`[--json]`: without and with) in an agent's Pod through the API (exec); its logs; the
+        Troubleshoot example."""
         step, lab = "operate", self.lab
-        vm_node = self.node_of(NAMESPACE, VM)
-        pod = self.agent_pod(vm_node)
-        p = lab.kubectl(
-            "exec", "-n", AGENT_NAMESPACE, pod, "--", "cozyebpf", "status", "--json", check=False
-        )
+        pod = self.agent_pod(self.node_of(NAMESPACE, VM))
         try:
-            st = json.loads(p.stdout)
-            ok = bool(st.get("datapath", {}).get("attachments")) and not st.get("datapath", {}).get(
-                "error"
+            status, dump = (
+                readme.forms(readme.inline("Operate", c))
+                for c in ("cozyebpf status", "cozyebpf maps dump")
             )
-            dp = st["datapath"]
-            said = f"attachments {len(dp['attachments'])}, layout {dp.get('layout')}"
-        except (ValueError, KeyError, AttributeError) as e:
-            ok, said = False, f"{describe(e)}: {p.stdout[-300:]} {p.stderr[-300:]}"
-        self.row(step, "kubectl exec ... cozyebpf status", ok, said)
-        p = lab.kubectl(
-            "exec",
-            "-n",
-            AGENT_NAMESPACE,
-            pod,
-            "--",
-            "cozyebpf",
-            "maps",
-            "dump",
-            "--json",
-            check=False,
-        )
-        try:
-            dump = json.loads(p.stdout)
-            svcs = {s["lb_ip"]: (s["mode"], s["service"]) for s in dump["services"]}
-            ok = LB_WHOLE in svcs and LB_FILTERED in svcs
-            said = json.dumps(svcs)
-        except (ValueError, KeyError) as e:
-            ok, said = False, f"{describe(e)}: {p.stdout[-300:]} {p.stderr[-300:]}"
-        self.row(step, "kubectl exec ... cozyebpf maps dump: both Services programmed", ok, said)
+        except LookupError as e:
+            self.row(step, "the README's Operate commands", False, str(e))
+            return
+        runs = {
+            c: lab.kubectl("exec", "-n", AGENT_NAMESPACE, pod, "--", *c.split(), check=False)
+            for c in (*status, *dump)
+        }
+        for check, ok, said in readme.operated(status, dump, runs, (LB_WHOLE, LB_FILTERED)):
+            self.row(step, f"kubectl exec ... {check}", ok, said)
         logs = lab.kubectl("logs", "-n", AGENT_NAMESPACE, pod).stdout
         self.row(
             step,
@@ -741,7 +723,7 @@ class Story:
                 (third, "rollback" if third is first else "upgrade"),
             ):
                 t0 = time.monotonic()
-                seen = self.rollout(self._changer(how, target))
+                seen = self.rollout(self._changer(step, how, target))
                 ok, said = self.all_ready(target.tag)
                 self.row(
                     step,
@@ -759,10 +741,33 @@ class Story:
         for check, ok, said in s.results():
             self.row(step, check, ok, said)
 
-    def _changer(self, how: str, target: Release) -> Callable[[], object]:
+    def _changer(self, step: str, how: str, target: Release) -> Callable[[], object]:
         if how == "rollback":
             return lambda: self.lab.helm("rollback", RELEASE, "-n", AGENT_NAMESPACE)
-        return lambda: self.helm("upgrade", release=target)
+        return lambda: self.upgrade_as_readme(step, target)
+
+    def upgrade_as_readme(self, step: str, target: Release) -> None:
+        """helm upgrade to a build of main as the README's *Upgrade and roll back* writes it:
+        main's chart packaged as a release's is (`helm package`: cozyebpf-X.Y.Z.tgz), TAG the
+        build's image tag, the values installed with given nowhere again. Then a check that
+        they were kept (the lab installs with agent.devices=eth0, the chart's default is auto)."""
+        lab = self.lab
+        out = lab.workdir / "main-chart"
+        out.mkdir(exist_ok=True)
+        p = lab.helm("package", str(target.chart), "-d", str(out))
+        chart = p.stdout.strip().rpartition(": ")[2]
+        lab.shell(readme.upgrade(chart, target.tag))
+        values = json.loads(
+            lab.helm("get", "values", RELEASE, "-n", AGENT_NAMESPACE, "--all", "-o", "json").stdout
+        )
+        kept = {"agent.devices": values["agent"]["devices"], "image.tag": values["image"]["tag"]}
+        self.row(
+            step,
+            f"helm upgrade to {target.name} as the README writes it: the values installed "
+            "with kept, the new tag taken",
+            kept == {"agent.devices": "eth0", "image.tag": target.tag},
+            json.dumps(kept),
+        )
 
     def node_of(self, namespace: str, pod: str) -> str:
         obj = self.lab.admin.get("Pod", namespace, pod)
@@ -786,7 +791,7 @@ class Story:
     def upgrade_main(self) -> None:
         """main to main: helm upgrade between two builds of main, and rollback."""
         step = "upgrade between builds of main"
-        self.rollout(lambda: self.helm("upgrade", release=self.main))
+        self.rollout(lambda: self.upgrade_as_readme(step, self.main))
         self.cycle(step, self.main, self.main_b, self.main)
 
     def last_uninstall(self) -> None:

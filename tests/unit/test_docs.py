@@ -12,6 +12,7 @@ bpf/verifier-budgets.json)."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -223,3 +224,52 @@ def test_the_readmes_commands_are_what_the_real_node_lab_runs(tmp_path: Path) ->
         blocks("Install", readme)
     with pytest.raises(LookupError, match="no placeholder NODE"):
         filled(blocks("Check that it works", readme), NODE="node-1")
+
+
+def test_the_readmes_upgrade_and_operate_commands_are_what_the_lab_runs(tmp_path: Path) -> None:
+    """The real-node lab upgrades with the README's *Upgrade and roll back* block (its chart
+    and TAG filled) and runs the *Operate* table's `status` and `maps dump` in both forms; here
+    that the block keeps the installed values, and that the rows fail on what they must."""
+    from subprocess import CompletedProcess
+
+    from cozylab.realnode.readme import forms, inline, operated, upgrade
+
+    script = upgrade("/w/cozyebpf-1.2.3.tgz", "v1.2.3")
+    assert "helm upgrade cozyebpf /w/cozyebpf-1.2.3.tgz" in script
+    assert "--reset-then-reuse-values" in script and "image.tag=v1.2.3" in script
+    readme = tmp_path / "README.md"
+    readme.write_text("## Upgrade and roll back\n```sh\nhelm upgrade cozyebpf charts/x\n```\n")
+    with pytest.raises(LookupError, match=r"no placeholder cozyebpf-X\.Y\.Z\.tgz"):
+        upgrade("c.tgz", "t", readme)
+
+    status = forms(inline("Operate", "cozyebpf status"))
+    dump = forms(inline("Operate", "cozyebpf maps dump"))
+    assert status == ["cozyebpf status", "cozyebpf status --json"]
+    assert dump == ["cozyebpf maps dump", "cozyebpf maps dump --json"]
+    lbs = ("203.0.113.10", "203.0.113.11")
+    svcs = [
+        {"lb_ip": lbs[0], "mode": "whole-ip", "service": "ns/vm"},
+        {"lb_ip": lbs[1], "mode": "port-filter", "service": "ns/web"},
+    ]
+
+    def ran(out: str) -> CompletedProcess[str]:
+        return CompletedProcess([], 0, out, "")
+
+    good = {
+        status[0]: ran("attached: eth0 xdp (cz_ingress)\nservices: 1 whole-IP, 1 port-filter (2)"),
+        status[1]: ran(json.dumps({"datapath": {"attachments": [{}], "layout": {}}})),
+        dump[0]: ran(f"  {lbs[0]} 10.0.0.1 ns/vm whole-ip\n  {lbs[1]} 10.0.0.2 ns/web port-filter"),
+        dump[1]: ran(json.dumps({"services": svcs})),
+    }
+    assert all(ok for _, ok, _ in operated(status, dump, good, lbs))
+    # the plain dump missing a Service's row, or naming it with another mode
+    for text in (
+        f"  {lbs[0]} 10.0.0.1 ns/vm whole-ip",
+        f"  {lbs[0]} ns/vm port-filter\n  {lbs[1]} ns/web port-filter",
+    ):
+        rows = operated(status, dump, {**good, dump[0]: ran(text)}, lbs)
+        assert [ok for _, ok, _ in rows] == [True, True, True, False], rows
+    rows = operated(status, dump, {**good, status[0]: ran("attached: nothing")}, lbs)
+    assert [ok for _, ok, _ in rows] == [True, True, False, True], rows
+    rows = operated(status, dump, {**good, dump[1]: ran("not json")}, lbs)
+    assert [ok for _, ok, _ in rows] == [True, False, True, False], rows
