@@ -3,12 +3,13 @@
 #   ./scripts/test.sh [pytest args...]      (default pytest args: -q)
 # as root, or as a user who may sudo: it runs itself again through sudo then.
 #
-# 1. scripts/setup.sh --kube --kernel-guests --real-node (idempotent; fast when everything is
-#    in place; the first time it also builds the labs' Kubernetes, about 12 minutes, the kernel
-#    matrix's guests, 3 to 5 minutes, which tests/datapath/test_kernel_guest.py boots, and the
-#    real-node lab's runtime and images, about 10 minutes, which
-#    tests/datapath/test_real_node.py runs). The Vagrant VM (tests/datapath/test_vagrant_vm.py)
-#    is opt-in: COZYEBPF_VM_LAB=1 after scripts/setup.sh --vagrant, or make vagrant-lab
+# 1. scripts/setup.sh --kube --kernel-guests --real-node --vagrant (idempotent; fast when
+#    everything is in place; the first time it also builds the labs' Kubernetes, about 12
+#    minutes, the kernel matrix's guests, 3 to 5 minutes, which tests/datapath/test_kernel_guest.py
+#    boots, the real-node lab's runtime and images, about 10 minutes, which
+#    tests/datapath/test_real_node.py runs, and installs Vagrant with libvirt, about 2 minutes,
+#    for tests/datapath/test_vagrant_vm.py: the VM's box, vagrant up, one packet test in it,
+#    about 20 minutes; a local run leaves that test out with COZYEBPF_VM_LAB=0)
 # 2. lint: ruff check, ruff format --check, mypy, clang-format on bpf/ and cozylab/bpf/
 # 3. pytest: tests/unit (no kernel needed) and tests/datapath (real BPF), pyproject.toml's
 #    testpaths (tests/unit/test_chart.py too: helm from step 1 lints and renders the chart;
@@ -27,7 +28,7 @@ cd "$REPO_ROOT" || exit 1
 section() { printf '\n======== %s ========\n' "$*"; }
 
 section "setup"
-if ! bash scripts/setup.sh --kube --kernel-guests --real-node; then
+if ! bash scripts/setup.sh --kube --kernel-guests --real-node --vagrant; then
 	echo "test.sh: setup failed, not running lint or tests" >&2
 	exit 1
 fi
