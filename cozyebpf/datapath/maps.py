@@ -13,6 +13,7 @@ import logging
 import struct
 import sys
 import time
+from array import array
 from collections.abc import Iterable, Mapping
 from ipaddress import IPv4Network, IPv6Network
 
@@ -44,6 +45,7 @@ from cozyebpf.datapath.flows import (
     FlowTables,
     coarse_now_ns,
 )
+from cozyebpf.datapath.hints import HINT_LB, HINT_POD, AddrHints, Words
 from cozyebpf.datapath.layout import (
     DEFAULT_MAX_SERVICES,
     F_RANGES,
@@ -55,7 +57,6 @@ from cozyebpf.datapath.layout import (
     BucketVal,
     Layout,
     LimitVal,
-    addr_hint_bit,
     be16,
     map_specs,
     possible_cpus,
@@ -98,11 +99,8 @@ class PinnedMaps(Views, FlowTables):
         self._m: Mirror | None = None  # the mirror; None: read the maps before the next apply
         self._repair = False  # read_state rewrites addr values that disagree (the agent's)
         #: the address hints (rolehint, addrhint) as this process last wrote them (None: not
-        #: yet): the words by (map, word), how many keys have each bit (map, word, bit), and
-        #: the roles (HINT_POD, HINT_LB; HINT_ANY for addrhint) each key has in them
-        self._hint: dict[tuple[str, int], int] | None = None
-        self._hint_n: dict[tuple[str, int, int], int] = {}
-        self._hint_roles: dict[bytes, int] = {}
+        #: yet)
+        self._hints: AddrHints | None = None
 
     @classmethod
     def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> PinnedMaps:
@@ -417,6 +415,8 @@ class PinnedMaps(Views, FlowTables):
             )
         if self._m is None:
             self.read_state()
+        if self._hints is None:  # not written by this process: what addr4 holds, as the mirror
+            self._hint_rebuild(self._items(self.layout.addr4))
         m = self._m
         assert m is not None
         touched: set[bytes] = set()
@@ -429,26 +429,33 @@ class PinnedMaps(Views, FlowTables):
             add_keys[len(pod)].append(allow_key(a))
             m.add_port(pod, int(a.proto), a.port)
             ported.add(pod)
+        # the IPv4 keys whose roles may change, and the roles they had (none: not kept; at a
+        # cold start no key has one): the address hints' bits change with them
+        rolekeys: set[bytes] = set()
+        before: dict[bytes, int] = {}
+
+        def seen(key: bytes) -> bytes:
+            if len(key) == 4 and key not in rolekeys:
+                rolekeys.add(key)
+                if r := _roles_in(m, key):
+                    before[key] = r
+            touched.add(key)
+            return key
+
         for lb, s in d.services_set.items():
-            key = lb.packed
+            key = seen(lb.packed)
             named.add(m.unlink(key))
             m.link(key, s.pod_ip.packed, flags_of(s), s.service)
             named.add(s.service)
-            touched.add(key)
         for p, e in d.pods_set.items():
-            key = p.packed
+            key = seen(p.packed)
             named.add(m.del_pod(key))
             m.set_pod(key, e.lb_ip.packed, flags_of(e), e.service)
             named.add(e.service)
-            touched.add(key)
         for lb in d.services_del:
-            key = lb.packed
-            named.add(m.unlink(key))
-            touched.add(key)
+            named.add(m.unlink(seen(lb.packed)))
         for p in d.pods_del:
-            key = p.packed
-            named.add(m.del_pod(key))
-            touched.add(key)
+            named.add(m.del_pod(seen(p.packed)))
         for a in d.allowed_del:
             pod = a.pod_ip.packed
             m.del_port(pod, int(a.proto), a.port)
@@ -474,12 +481,13 @@ class PinnedMaps(Views, FlowTables):
             self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
             self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
             self._write_ranges(range_add)
-            roles = {k: _roles_in(m, k) for k in touched if len(k) == 4}
-            self._hint_change(roles, gain=True)  # the roles that come: bits before the keys
+            # the roles that come: bits before the keys
+            self._hint_change(before, ((k, _roles_in(m, k)) for k in rolekeys), gain=True)
             self._write_addrs(sets)
             self._delete_allowed(d.allowed_del)
             self._write_ranges(range_del, delete=True)
-            self._hint_change(roles, gain=False)  # the roles gone: bits after the keys
+            # the roles gone: bits after the keys
+            self._hint_change(before, ((k, _roles_in(m, k)) for k in rolekeys), gain=False)
             self._write_limits(dict.fromkeys(d.limits_del - d.limits_set.keys(), NO_LIMITS))
             self.slots.park(n for n in services if n not in m.refs)
         except bpfsys.BpfError as e:
@@ -487,85 +495,53 @@ class PinnedMaps(Views, FlowTables):
             hint = " (map full?)" if e.errno in (errno.E2BIG, errno.ENOSPC) else ""
             raise DatapathError(f"programming maps in {self.pin_dir} failed: {e}{hint}") from e
 
-    def _hint_pos(self, key: bytes, role: int) -> tuple[str, int, int]:
-        """(map, word, bit) of an IPv4 key's bit for `role`: HINT_POD and HINT_LB in their
-        halves of rolehint (bpf/lib/types.h), HINT_ANY in addrhint, one filter over the whole
-        array as 0.3.0's programs read it."""
-        lay = self.layout
-        if role == HINT_ANY:
-            b = addr_hint_bit(key, lay.addr_hint_log2)
-            return lay.addrhint.name, b >> 6, b & 63
-        b = addr_hint_bit(key, lay.role_hint_log2)
-        base = 0 if role == HINT_POD else lay.rolehint.max_entries // 2
-        return lay.rolehint.name, base + (b >> 6), b & 63
-
-    def _hint_write(self, words: Iterable[tuple[str, int]]) -> None:
-        assert self._hint is not None
-        words = list(words)
-        for spec in (self.layout.addrhint, self.layout.rolehint):
-            ws = sorted({w for name, w in words if name == spec.name})
+    def _hint_write(self, words: Words) -> None:
+        """Write the hints' words named; a map with more than a quarter of its words to write
+        is written whole, in one batch of two buffers (a cold start sets a word per key: a
+        list of a key and a value per word was 30 MB of its peak at 100,000 Services)."""
+        assert self._hints is not None
+        for name, ws in words.items():
+            if not ws:
+                continue
+            arr = self._hints.words[name]
+            spec = getattr(self.layout, name)
+            if len(ws) * 4 > len(arr) and not self._no_batch:
+                try:
+                    keys = array("I", range(len(arr))).tobytes()
+                    bpfsys.map_update_batch(self.fds[name], keys, arr.tobytes(), len(arr))
+                    continue
+                except bpfsys.BpfError as e:
+                    if e.errno not in bpfsys.BATCH_UNSUPPORTED:
+                        raise
+                    self._no_batch = True  # (one call per word, below)
+            order = sorted(ws)
             self._update_batch(
                 spec,
-                [struct.pack("=I", w) for w in ws],
-                [struct.pack("=Q", self._hint.get((spec.name, w), 0)) for w in ws],
+                [struct.pack("=I", w) for w in order],
+                [struct.pack("=Q", arr[w]) for w in order],
             )
 
     def _hint_rebuild(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
         """addrhint and rolehint from addr4's entries as read, (key, value) pairs: every word
         the first time, then the words that differ from what this process last wrote
         (bpf/lib/types.h). O(addr4): at a start and a full read."""
-        old = self._hint
-        self._hint, self._hint_n, self._hint_roles = {}, {}, {}
-        roles = {}
+        roles = []
         for k, v in raw:
             if len(k) == 4:
                 kind = addr_val(v, 4).kind
-                roles[k] = (HINT_POD if kind & K_POD else 0) | (HINT_LB if kind & K_LB else 0)
-        self._hint_change(roles, gain=True, write=False)
-        if old is None:
-            lay = self.layout
-            self._hint_write(
-                (spec.name, w)
-                for spec in (lay.addrhint, lay.rolehint)
-                for w in range(spec.max_entries)
-            )
-        else:
-            self._hint_write(
-                w for w in old.keys() | self._hint.keys() if old.get(w) != self._hint.get(w)
-            )
+                roles.append(
+                    (k, (HINT_POD if kind & K_POD else 0) | (HINT_LB if kind & K_LB else 0))
+                )
+        old, self._hints = self._hints, AddrHints(self.layout).rebuild(roles)
+        self._hint_write(self._hints.every_word() if old is None else self._hints.differ(old))
 
-    def _hint_change(self, roles: dict[bytes, int], gain: bool, write: bool = True) -> None:
-        """Give the IPv4 keys in `roles` (key -> HINT_POD | HINT_LB, 0: none) their roles in
-        rolehint, and their bit in addrhint while they have any: `gain`, only the roles each
-        gains (before the keys are written); else only those each loses (after), a bit cleared
-        when no key has it any more. O(the keys)."""
-        if self._hint is None:  # not written by this process: what addr4 holds first
-            self._hint_rebuild(self._items(self.layout.addr4))
-        assert self._hint is not None
-        changed: set[tuple[str, int]] = set()
-        for k, given in roles.items():
-            new = given | HINT_ANY if given else 0
-            old = self._hint_roles.get(k, 0)
-            for role in (HINT_POD, HINT_LB, HINT_ANY):
-                if not (new & ~old if gain else old & ~new) & role:
-                    continue
-                name, w, b = pos = self._hint_pos(k, role)
-                n = self._hint_n.get(pos, 0) + (1 if gain else -1)
-                if n:
-                    self._hint_n[pos] = n
-                else:
-                    self._hint_n.pop(pos, None)
-                if (n == 1 and gain) or (n == 0 and not gain):
-                    bits = self._hint.get((name, w), 0) ^ (1 << b)
-                    self._hint[(name, w)] = bits
-                    changed.add((name, w))
-            now = old | new if gain else new
-            if now:
-                self._hint_roles[k] = now
-            else:
-                self._hint_roles.pop(k, None)
-        if write and changed:
-            self._hint_write(changed)
+    def _hint_change(
+        self, before: Mapping[bytes, int], after: Iterable[tuple[bytes, int]], gain: bool
+    ) -> None:
+        """Give the IPv4 keys in `after` their roles' bits, `before` the roles they had
+        (AddrHints.change), and write the words that changed."""
+        assert self._hints is not None
+        self._hint_write(self._hints.change(before, after, gain))
 
     def _write_ranges(self, keys: list[bytes], delete: bool = False) -> None:
         """Add or delete range4/range6 keys, one call each (an LPM trie has no batch
@@ -623,11 +599,6 @@ def _ranges_change(m: Mirror, d: MapDiff) -> tuple[list[bytes], list[bytes], set
             flipped.add(pod)
             range_del += [range_key(pod, n) for n in old]
     return range_add, range_del, flipped
-
-
-#: a key's roles in the address hints: rolehint's halves (bpf/lib/lookup.h), and addrhint
-#: (0.3.0's), where a key with any role has its bit
-HINT_POD, HINT_LB, HINT_ANY = 1, 2, 4
 
 
 def _roles_in(m: Mirror, key: bytes) -> int:

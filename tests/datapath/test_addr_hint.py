@@ -96,14 +96,14 @@ def test_the_hint_follows_every_apply(
     if dense:
         import sys
 
-        from cozyebpf.datapath import maps as maps_module
+        from cozyebpf.datapath import hints as hints_module
 
         real = addr_hint_bit
 
         def few(addr: bytes, log2: int) -> int:
             return real(addr, log2) % 16
 
-        monkeypatch.setattr(maps_module, "addr_hint_bit", few)
+        monkeypatch.setattr(hints_module, "addr_hint_bit", few)
         monkeypatch.setattr(sys.modules[__name__], "addr_hint_bit", few)
     rng = random.Random(2026)
     maps = PinnedMaps.ensure(pin, max_services=16)  # 64 words: bits shared between keys
