@@ -265,3 +265,26 @@ def test_a_service_without_a_slot_shares_the_guards_bucket_at_slot_0(p: Progs) -
     finally:
         p.maps.set_guard(None)
     assert p.maps.guard_slot() == Limits()
+
+
+def test_slots_are_named_and_cleared_batch_by_batch(
+    p: Progs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold start names (and clears) its slots a batch of CHUNK at a time (slots.py): with a
+    batch of one, every Service still gets its name, and a reused slot its zeroed counters."""
+    from cozyebpf.datapath import slots as slots_module
+
+    monkeypatch.setattr(slots_module, "CHUNK", 1)
+    p.set(state(VM1, VM2))
+    assert sorted(c.service for c in p.maps.service_counters()) == [VM1, VM2]
+    vm1 = p.of(VM1)
+    assert vm1 is not None
+    p.run("xdp", eth() / IP(src=CLIENT, dst=LB_WHOLE) / UDP(sport=1, dport=2))
+    assert counts(p.of(VM1))[0] == 1
+    p.set(state(VM2))
+    p.set(state(VM2, VM3))  # vm3 takes vm1's slot, from zero
+    vm3 = p.of(VM3)
+    assert vm3 is not None and vm3.slot == vm1.slot
+    assert counts(vm3) == (0, 0, 0, 0, {})
+    with PinnedMaps.open(p.maps.pin_dir) as reader:
+        assert sorted(reader.service_names().values()) == [VM2, VM3]
