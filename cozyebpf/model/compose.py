@@ -317,8 +317,9 @@ class _Output:
     allowed: tuple[AllowedPort, ...] = ()
     problems: tuple[Problem, ...] = ()
     view: ServiceView | None = None
-    #: for each pod its LB IPs reach: the sources it lets in (None: every source)
-    ranges: tuple[tuple[IPAddress, Ranges | None], ...] = ()
+    #: a Service with source ranges: each pod its LB IPs reach, with the sources it lets in;
+    #: empty for a Service without (its pods, those of `services`, let every source in)
+    ranges: tuple[tuple[IPAddress, Ranges], ...] = ()
     #: its limits, keyed by its name (empty: none, or nothing of it programmed)
     limits: tuple[tuple[str, Limits], ...] = ()
 
@@ -328,19 +329,19 @@ def _state_of(outputs: Iterable[_Output]) -> MapState:
     its Services' (a pod behind a Service without ranges accepts every source, as its allowed
     ports are the union of its Services')."""
     st = MapState()
-    contrib: dict[IPAddress, list[Ranges | None]] = {}
+    contrib: dict[IPAddress, list[Ranges]] = {}
+    every: set[IPAddress] = set()  # pods behind a Service without ranges
     for o in outputs:
         st.services.update(o.services)
         st.pods.update(o.pods)
         st.allowed.update(o.allowed)
         st.limits.update(o.limits)
-        for pod, r in o.ranges:
-            contrib.setdefault(pod, []).append(r)
-    st.ranges = {
-        pod: frozenset().union(*rs)  # type: ignore[arg-type]
-        for pod, rs in contrib.items()
-        if None not in rs
-    }
+        if o.ranges:
+            for pod, r in o.ranges:
+                contrib.setdefault(pod, []).append(r)
+        else:
+            every.update(e.pod_ip for _, e in o.services)
+    st.ranges = {pod: frozenset().union(*rs) for pod, rs in contrib.items() if pod not in every}
     return st
 
 
@@ -417,7 +418,7 @@ def _compose(
         services: list[tuple[IPAddress, ServiceEntry]] = []
         pods: list[tuple[IPAddress, PodEntry]] = []
         allowed: set[AllowedPort] = set()
-        ranges: list[tuple[IPAddress, Ranges | None]] = []
+        ranges: list[tuple[IPAddress, Ranges]] = []
         kept = _claim_lb_ips(s, foreign, lb_owner, problems)
         chosen = dict(e.chosen)
         pod_ips = tuple(chosen[v] for v in FAMILIES if v in chosen)
@@ -468,7 +469,9 @@ def _compose(
                 backend, s.port_filter, s.allow_icmp, name, learning, limits.ingress
             )
             services += [(lb, entry) for lb in lbs]
-            ranges.append((backend, s.ranges_of(version)))
+            restricted = s.ranges_of(version)
+            if restricted is not None:
+                ranges.append((backend, restricted))
             if backend in pod_owner:
                 problems.append(_pod_taken_problem(s.ref, backend, *pod_owner[backend]))
             else:
@@ -585,12 +588,7 @@ def _admit(
             ("allowed", [a.pod_ip for a in o.allowed if a not in allowed]),
             (
                 "ranges",
-                [
-                    pod
-                    for pod, r in o.ranges
-                    for net in (r or ())
-                    if net not in ranges.get(pod, set())
-                ],
+                [pod for pod, r in o.ranges for net in r if net not in ranges.get(pod, set())],
             ),
         ):
             for ip in keys:
@@ -612,7 +610,7 @@ def _admit(
         pods.update(k for k, _ in o.pods)
         allowed.update(o.allowed)
         for pod, r in o.ranges:
-            ranges.setdefault(pod, set()).update(r or ())
+            ranges.setdefault(pod, set()).update(r)
     return _state_of(admitted), left_out
 
 
