@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 from cozyebpf.controller import Controller
 from cozyebpf.datapath import Datapath
 from cozyebpf.errors import CozyError
-from cozyebpf.model import DEFAULT_PROXY_NAME, IncrementalModel, Key, ObjectRef, Problem
+from cozyebpf.model import DEFAULT_PROXY_NAME, Delta, IncrementalModel, Key, ObjectRef, Problem
 from cozyebpf.model.limits import describe
 from cozyebpf.sources import ChangeSet, Notifier, Source, Triggers, gc_paused
-from cozyebpf.state import IPAddress, Limits, address_key
+from cozyebpf.state import IPAddress, Limits, MapDiff, address_key
 
 if TYPE_CHECKING:
     from cozyebpf.kube.portsec import PortSecurity
@@ -338,24 +338,44 @@ class Agent:
         big = changes.whole is not None or len(changes) > 1000
         held = self.model.held
         ps = self.portsec
-        with gc_paused() if big else contextlib.nullcontext():
+        first = not self.synced_once
+        # the collector paused for a large batch; for the cold start until release_memory's
+        # one collection after the first sync (each time the collector came back in between,
+        # it ran full passes over every record just made: about a second at 100,000 Services)
+        paused = contextlib.ExitStack()
+        if big or first:
+            paused.enter_context(gc_paused())
+        with paused:
             touched = self._touched(changes) if ps is not None else set()
             changes.record_into(self.model)
             delta = self.model.flush() if self.model.pending else None
-        first = not self.synced_once
-        if big and not first:
-            freeze_heap()  # (the first sync's release_memory collects and freezes once, after)
+            if not first:
+                paused.close()
+                if big:
+                    freeze_heap()
+            self._program(now, delta, held, ps, touched)
+
+    def _program(
+        self,
+        now: float,
+        delta: Delta | None,
+        held: frozenset[IPAddress],
+        ps: PortSecurity | None,
+        touched: set[Key] | None,
+    ) -> None:
+        """Report what `delta` said and write it (or the full resync, when it is due)."""
         if delta is not None:
             self._report(delta.problems_added, delta.problems_removed)
             self._report_moves(held, self.model.held)
         if ps is not None:
             self._check_pods(ps, touched)
         if now >= self._resync_at:
+            # the full sync writes the change too: its dicts go first (a cold start's is a
+            # copy of the whole state, which the sync's own diff is once more)
+            if delta is not None:
+                delta.diff = MapDiff()
             try:
-                # the cold start's writes with the collector paused (its passes over every
-                # record just made took seconds at 100,000 Services): release_memory follows
-                with gc_paused() if first else contextlib.nullcontext():
-                    self.controller.sync(self.model.state)
+                self.controller.sync(self.model.state)
             except CozyError as e:
                 self._done("full", now, False)
                 self._failed(now, "sync", e)

@@ -31,7 +31,7 @@ from cozyebpf.model.records import (
     ServiceRecord,
     SliceRecord,
 )
-from cozyebpf.state import Capacity, IPAddress, IPNetwork, MapDiff, MapState, diff
+from cozyebpf.state import Capacity, IPAddress, IPNetwork, MapDiff, MapState, diff, whole
 
 #: seconds a pod stays learning after its nodes changed (IncrementalModel): long enough for
 #: its first answer on the new node to record each flow it has (docs/design.md, "Live migration")
@@ -391,7 +391,7 @@ class IncrementalModel:
         for o in new_by_ref.values():
             self._count(o.problems, +1)
         old, new = _state_of(old_outputs), _state_of(new_by_ref.values())
-        d = diff(old, new)
+        d = diff(old, new) if old_outputs else whole(new)  # (new is not used after this)
         self._update_counts(old, -1)
         self._update_counts(new, +1)
         over = self.capacity is not None and self.capacity.full(self._counts) is not None
