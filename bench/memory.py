@@ -102,7 +102,7 @@ def _structures(agent: Any, source: Any, maps: Any) -> list[list[Any]]:
     incremental = [
         v for v in incremental if not any(v is x for x in (*model_inputs, *desired, m.clock))
     ]
-    mirror = [maps._m, maps._hint, maps._hint_n, maps._hint_roles]
+    mirror = [maps._m, maps._hints]
     slots = [maps.slots]
     other = [source._pending, agent._triggers, agent._uncounted, agent.stats]
     return [
@@ -125,7 +125,7 @@ def _detail(agent: Any, source: Any, maps: Any) -> dict[str, int]:
     fields = {f"model.{k}": v for k, v in vars(agent.model).items() if k != "clock"}
     if maps._m is not None:
         fields |= {f"mirror.{k}": v for k, v in vars(maps._m).items()}
-    fields |= {f"maps.{k}": getattr(maps, k) for k in ("_hint", "_hint_n", "_hint_roles")}
+    fields |= {"maps._hints": maps._hints}
     fields |= {f"slots.{k}": v for k, v in vars(maps.slots).items()}
     out = {}
     for name, v in fields.items():
@@ -232,6 +232,8 @@ def measure(n: int) -> dict[str, Any]:
         _wait(lambda: source.synced, 60 + n * 0.003, "the lists")
         t_listed = time.monotonic()
         cpu_listed = _cpu()
+        hwm_listed = proc_status(os.getpid(), "VmHWM")
+        rss_listed = proc_status(os.getpid(), "VmRSS")
         while agent.stats.syncs < 1:
             agent.tick()
             if agent.stats.syncs < 1:
@@ -273,6 +275,8 @@ def measure(n: int) -> dict[str, Any]:
             "rss_base": rss_base,
             "rss": rss,
             "peak": hwm,
+            "peak_lists": hwm_listed,  # the peak before the cold start: the lists'
+            "rss_lists": rss_listed,
             "per_service": (rss - rss_base) / n,
             "maps_bytes": sum(v for k, v in kernel.items() if k != "svcstats"),
             "counters_bytes": kernel.get("svcstats", 0),
@@ -315,11 +319,21 @@ def table(results: list[dict[str, Any]]) -> str:
         + " |"
     )
     lines.append(
+        "| peak above the baseline / after the sync (issue 48: at most 1.2) | "
+        + " | ".join(f"{peak_ratio(r):.2f}" for r in results)
+        + " |"
+    )
+    lines.append(
         "| lists / cold start (last list -> all in the maps) | "
         + " | ".join(f"{r['lists_s']:.2f} / {r['cold_start_s']:.2f} s" for r in results)
         + " |"
     )
     return "\n".join(lines)
+
+
+def peak_ratio(r: dict[str, Any]) -> float:
+    """The peak (VmHWM) above the baseline over the RSS after the sync above it."""
+    return float((r["peak"] - r["rss_base"]) / (r["rss"] - r["rss_base"]))
 
 
 #: the measured runs kept in the tree, by commit (bench/README.md's table is made of them)
@@ -365,6 +379,8 @@ def compare(before: str, after: str) -> str:
     for label, key, scale, fmt in figures:
         cells = [f"{a[n][key] / scale:{fmt}} -> {b[n][key] / scale:{fmt}}" for n in sizes]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    cells = [f"{peak_ratio(a[n]):.2f} -> {peak_ratio(b[n]):.2f}" for n in sizes]
+    lines.append("| peak above the baseline / after the sync | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
