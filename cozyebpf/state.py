@@ -37,41 +37,6 @@ Ranges: TypeAlias = frozenset[IPNetwork]
 FAMILIES = (4, 6)
 
 
-class HashedIPv4Address(IPv4Address):
-    """An IPv4Address that computes its hash once (`ipaddress` formats the address in hex at
-    every hash: about 40 hashes per Service at a cold start, a tenth of its CPU at 100,000).
-    Equal to, hashed and ordered as the IPv4Address of the same address, shown as one: the
-    model's addresses, read from objects (model/fields.py)."""
-
-    __slots__ = ("_hash",)
-
-    def __init__(self, address: object) -> None:
-        super().__init__(address)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"IPv4Address('{self}')"
-
-
-class HashedIPv6Address(IPv6Address):
-    """An IPv6Address that computes its hash once (HashedIPv4Address)."""
-
-    __slots__ = ("_hash",)
-
-    def __init__(self, address: object) -> None:
-        super().__init__(address)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"IPv6Address('{self}')"
-
-
 def family_name(version: int) -> str:
     """The family's name: "IPv4" or "IPv6"."""
     return f"IPv{version}"

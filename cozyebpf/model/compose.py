@@ -5,7 +5,7 @@ The underscored names are the package's own: incremental.py uses them, nothing o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from ipaddress import ip_network
@@ -243,7 +243,7 @@ class _Eval:
 
     ref: ObjectRef
     service: ParsedService | None  # None: unusable, `problems` says why
-    chosen: tuple[tuple[int, IPAddress], ...]  # (family, pod IP)
+    chosen: tuple[IPAddress, ...]  # the pod IP of each family, IPv4 first
     problems: tuple[Problem, ...]
     #: each chosen pod with the nodes its address is ready on (sorted; empty: none named)
     homes: tuple[tuple[IPAddress, tuple[str, ...]], ...] = ()
@@ -262,7 +262,7 @@ class _Eval:
         """The LB IPs it claims and the pods it chose: what links it to other Services."""
         if self.service is None:
             return ()
-        return (*self.service.lb_ips, *(ip for _, ip in self.chosen))
+        return (*self.service.lb_ips, *self.chosen)
 
 
 def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
@@ -279,12 +279,12 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
             ready[ip.version].add(ip)
         for ip, node in sl.nodes:
             on.setdefault(ip, set()).add(node)
-    chosen: list[tuple[int, IPAddress]] = []
+    chosen: list[IPAddress] = []  # FAMILIES' order
     for version, addresses in ready.items():
         if not addresses:
             continue
         pod = min(addresses)
-        chosen.append((version, pod))
+        chosen.append(pod)
         if len(addresses) > 1:
             problems.append(
                 Problem(
@@ -303,17 +303,19 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
                 "programmed; check that its pod is running and ready",
             )
         )
-    homes = tuple((pod, tuple(sorted(on[pod]))) for _, pod in chosen if pod in on)
+    homes = tuple((pod, tuple(sorted(on[pod]))) for pod in chosen if pod in on)
     return _Eval(rec.ref, s, tuple(chosen), tuple(problems), homes)
 
 
 @dataclass(frozen=True, slots=True)
 class _Output:
     """What one Service contributes to the desired state, and everything said about it.
-    Tuples, not dicts and sets: the incremental model keeps one per Service."""
+    Tuples, not dicts and sets: the incremental model keeps one per Service. `services` and
+    `pods` are flat, key and value in turn (LB IP, ServiceEntry, ...; pod IP, PodEntry, ...):
+    a pair per entry was 56 bytes more (`_pairs` reads them)."""
 
-    services: tuple[tuple[IPAddress, ServiceEntry], ...] = ()
-    pods: tuple[tuple[IPAddress, PodEntry], ...] = ()
+    services: tuple[IPAddress | ServiceEntry, ...] = ()
+    pods: tuple[IPAddress | PodEntry, ...] = ()
     allowed: tuple[AllowedPort, ...] = ()
     problems: tuple[Problem, ...] = ()
     view: ServiceView | None = None
@@ -324,6 +326,12 @@ class _Output:
     limits: tuple[tuple[str, Limits], ...] = ()
 
 
+def _pairs(flat: tuple[Any, ...]) -> Iterator[tuple[Any, Any]]:
+    """(key, value) of a flat tuple of keys and values in turn (_Output)."""
+    it = iter(flat)
+    return zip(it, it, strict=True)
+
+
 def _state_of(outputs: Iterable[_Output]) -> MapState:
     """The desired state the outputs make together. A pod's source ranges are the union of
     its Services' (a pod behind a Service without ranges accepts every source, as its allowed
@@ -332,15 +340,15 @@ def _state_of(outputs: Iterable[_Output]) -> MapState:
     contrib: dict[IPAddress, list[Ranges]] = {}
     every: set[IPAddress] = set()  # pods behind a Service without ranges
     for o in outputs:
-        st.services.update(o.services)
-        st.pods.update(o.pods)
+        st.services.update(_pairs(o.services))
+        st.pods.update(_pairs(o.pods))
         st.allowed.update(o.allowed)
         st.limits.update(o.limits)
         if o.ranges:
             for pod, r in o.ranges:
                 contrib.setdefault(pod, []).append(r)
         else:
-            every.update(e.pod_ip for _, e in o.services)
+            every.update(e.pod_ip for e in o.services[1::2])  # type: ignore[union-attr]
     st.ranges = {pod: frozenset().union(*rs) for pod, rs in contrib.items() if pod not in every}
     return st
 
@@ -407,7 +415,7 @@ def _compose(
     valid.sort(key=lambda e: e.age)
     pod_of: dict[IPAddress, ObjectRef] = {}  # every chosen pod -> the oldest Service behind it
     for e in valid:
-        for _, ip in e.chosen:
+        for ip in e.chosen:
             pod_of.setdefault(ip, e.ref)
     lb_owner: dict[IPAddress, ObjectRef] = {}
     pod_owner: dict[IPAddress, tuple[ObjectRef, IPAddress]] = {}  # -> (owner, its egress LB)
@@ -415,13 +423,13 @@ def _compose(
         s = e.service
         assert s is not None
         problems = list(e.problems)
-        services: list[tuple[IPAddress, ServiceEntry]] = []
-        pods: list[tuple[IPAddress, PodEntry]] = []
+        services: list[IPAddress | ServiceEntry] = []  # flat (_Output)
+        pods: list[IPAddress | PodEntry] = []
         allowed: set[AllowedPort] = set()
         ranges: list[tuple[IPAddress, Ranges]] = []
         kept = _claim_lb_ips(s, foreign, lb_owner, problems)
-        chosen = dict(e.chosen)
-        pod_ips = tuple(chosen[v] for v in FAMILIES if v in chosen)
+        chosen: dict[int, IPAddress] = {ip.version: ip for ip in e.chosen}
+        pod_ips = e.chosen  # (one tuple, the evaluation's, in its view)
         migrating = e.moving() | (held & set(pod_ips))
         # whose counters its entries feed; interned: one string however often it is composed
         name = intern(f"{s.ref.namespace}/{s.ref.name}")
@@ -440,7 +448,7 @@ def _compose(
             )
         view = ServiceView(
             s.ref,
-            tuple(kept),
+            s.lb_ips if len(kept) == len(s.lb_ips) else tuple(kept),  # the record's when all
             pod_ips,
             s.port_filter,
             s.allow_icmp,
@@ -468,7 +476,8 @@ def _compose(
             entry = ServiceEntry(
                 backend, s.port_filter, s.allow_icmp, name, learning, limits.ingress
             )
-            services += [(lb, entry) for lb in lbs]
+            for lb in lbs:
+                services += (lb, entry)
             restricted = s.ranges_of(version)
             if restricted is not None:
                 ranges.append((backend, restricted))
@@ -480,7 +489,7 @@ def _compose(
                     lbs[0], s.port_filter, s.allow_icmp, name, learning,
                     limits.egress_bps is not None,
                 )  # fmt: skip
-                pods.append((backend, pod))
+                pods += (backend, pod)
             if s.port_filter:
                 allowed |= {AllowedPort(backend, p.proto, p.port) for p in s.ports}
         limited = ((name, limits),) if limits and (services or pods) else ()
@@ -583,8 +592,8 @@ def _admit(
             continue
         new: dict[tuple[str, int], int] = {}
         for kind, keys in (
-            ("services", [k for k, _ in o.services if k not in services]),
-            ("pods", [k for k, _ in o.pods if k not in pods]),
+            ("services", [k for k in o.services[::2] if k not in services]),
+            ("pods", [k for k in o.pods[::2] if k not in pods]),
             ("allowed", [a.pod_ip for a in o.allowed if a not in allowed]),
             (
                 "ranges",
@@ -606,8 +615,8 @@ def _admit(
             continue
         counts = after
         admitted.append(o)
-        services.update(k for k, _ in o.services)
-        pods.update(k for k, _ in o.pods)
+        services.update(o.services[::2])  # type: ignore[arg-type]
+        pods.update(o.pods[::2])  # type: ignore[arg-type]
         allowed.update(o.allowed)
         for pod, r in o.ranges:
             ranges.setdefault(pod, set()).update(r)

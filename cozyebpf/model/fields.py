@@ -31,13 +31,7 @@ from cozyebpf.model.records import (
     Problem,
     _Invalid,
 )
-from cozyebpf.state import (
-    HashedIPv4Address,
-    HashedIPv6Address,
-    IPAddress,
-    IPNetwork,
-    family_name,
-)
+from cozyebpf.state import IPAddress, IPNetwork, family_name
 
 
 def _q(value: object) -> str:
@@ -109,12 +103,12 @@ def _parse_ip(value: object, where: str, fix: str, version: int | None = None) -
     ip: IPAddress
     try:
         if _CANONICAL_V4.fullmatch(value):  # the common case, without ipaddress's parser
-            ip = HashedIPv4Address(socket.inet_aton(value))
+            ip = IPv4Address(socket.inet_aton(value))
         else:
-            ip = HashedIPv4Address(value)
+            ip = IPv4Address(value)
     except ValueError:
         try:
-            ip = HashedIPv6Address(value)
+            ip = IPv6Address(value)
         except ValueError:
             why = ""
             if (
