@@ -172,7 +172,9 @@ class Mirror:
         self.svc: dict[bytes, tuple[bytes, int, str]] = {}  # LB IP -> (pod IP, flags, Service)
         self.pod: dict[bytes, tuple[bytes, int, str]] = {}  # pod IP -> (LB IP, flags, Service)
         self.ports: dict[bytes, PortSet] = {}  # pod IP -> (protocol, port)s
-        self.lbs_of: dict[bytes, tuple[bytes, ...]] = {}  # pod IP -> LB IPs that go there
+        #: pod IP -> the LB IP that goes there, or a tuple of those (`lbs`: mostly one; a
+        #: tuple of one was 48 bytes more per pod)
+        self.lbs_of: dict[bytes, bytes | tuple[bytes, ...]] = {}
         self.refs: dict[str, int] = {}  # Service -> roles that name it
         self.ranges: dict[bytes, Ranges] = {}  # restricted pod IP -> its source ranges
         self._sets: dict[PortSet, PortSet] = {_NO_PORTS: _NO_PORTS}  # each port set once
@@ -218,9 +220,9 @@ class Mirror:
         self.unlink(lb)
         self.svc[lb] = (pod, flags, service)
         self._ref(service, 1)
-        lbs = self.lbs_of.get(pod, ())
+        lbs = self.lbs(pod)
         if lb not in lbs:
-            self.lbs_of[pod] = (*lbs, lb)
+            self.lbs_of[pod] = (*lbs, lb) if lbs else lb
 
     def unlink(self, lb: bytes) -> str | None:
         """Remove the LB role of `lb`; the Service it named, if any."""
@@ -228,14 +230,21 @@ class Mirror:
         if old is None:
             return None
         self._ref(old[2], -1)
-        lbs = self.lbs_of.get(old[0])
-        if lbs is not None:
-            rest = tuple(x for x in lbs if x != lb)
-            if rest:
-                self.lbs_of[old[0]] = rest
-            else:
-                del self.lbs_of[old[0]]
+        rest = tuple(x for x in self.lbs(old[0]) if x != lb)
+        if len(rest) > 1:
+            self.lbs_of[old[0]] = rest
+        elif rest:
+            self.lbs_of[old[0]] = rest[0]
+        else:
+            self.lbs_of.pop(old[0], None)
         return old[2]
+
+    def lbs(self, pod: bytes) -> tuple[bytes, ...]:
+        """The LB IPs that go to `pod`."""
+        v = self.lbs_of.get(pod)
+        if v is None:
+            return ()
+        return (v,) if isinstance(v, bytes) else v
 
     def set_pod(self, pod: bytes, lb: bytes, flags: int, service: str) -> None:
         self.del_pod(pod)

@@ -461,14 +461,14 @@ class PinnedMaps(Views, FlowTables):
             m.del_port(pod, int(a.proto), a.port)
             ported.add(pod)
         for pod in ported:
-            touched.update(m.lbs_of.get(pod, ()))
+            touched.update(m.lbs(pod))
             if pod in m.pod:
                 touched.add(pod)
         # source ranges: a pod's networks are added before and removed after the addr values
         # that (un)mark it restricted, so that no source it accepts is ever refused
         range_add, range_del, flipped = _ranges_change(m, d)
         for pod in flipped:
-            touched.update(m.lbs_of.get(pod, ()))
+            touched.update(m.lbs(pod))
             if pod in m.pod:
                 touched.add(pod)
         sets = [a for a in touched if a in m.svc or a in m.pod]

@@ -83,8 +83,10 @@ class ServiceSlots:
         self.capacity = capacity  # slots 1..capacity
         self.ncpu = ncpu
         self._slot: dict[str, int] = {}  # Service -> its slot (active or parked)
-        self._name: dict[int, str] = {}  # slot -> Service
-        self._active: set[int] = set()
+        # slot -> Service ("": none) and whether it is active, indexed by slot: arrays of the
+        # map's size, where a dict and a set cost about 200 bytes per Service at 100,000
+        self._name: list[str] = [""] * (capacity + 1)
+        self._active = bytearray(capacity + 1)
         self._parked: dict[int, None] = {}  # parked slots, parked longest first
         self._free: list[int] = []  # a heap of slots below _next that nobody holds
         self._next = 1  # every slot from here on was never named
@@ -96,7 +98,8 @@ class ServiceSlots:
 
     def load(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         """Take the state from svcnames' (key, value) pairs."""
-        self._slot, self._name, self._active, self._parked = {}, {}, set(), {}
+        self._slot, self._parked = {}, {}
+        self._name, self._active = [""] * (self.capacity + 1), bytearray(self.capacity + 1)
         for kraw, vraw in entries:
             slot = int.from_bytes(kraw, "little")
             if not 0 < slot <= self.capacity:
@@ -105,25 +108,25 @@ class ServiceSlots:
             self._slot[entry.service] = slot
             self._name[slot] = entry.service
             if entry.active:
-                self._active.add(slot)
+                self._active[slot] = 1
             else:
                 self._parked[slot] = None
-        self._next = max(self._name, default=0) + 1
-        self._free = [s for s in range(1, self._next) if s not in self._name]
+        self._next = max((s for s, name in enumerate(self._name) if name), default=0) + 1
+        self._free = [s for s in range(1, self._next) if not self._name[s]]
         heapq.heapify(self._free)
 
     def slot(self, service: str) -> int:
         """The active slot of `service`, or 0 (none: its traffic is not counted per Service)."""
         slot = self._slot.get(service, 0)
-        return slot if slot in self._active else 0
+        return slot if self._active[slot] else 0
 
     def name(self, slot: int) -> str:
         """The Service `slot` is named for (active or parked), or ""."""
-        return self._name.get(slot, "")
+        return self._name[slot] if 0 <= slot < len(self._name) else ""
 
     def active(self) -> dict[int, str]:
         """slot -> Service, for the active slots."""
-        return {s: self._name[s] for s in sorted(self._active)}
+        return {s: self._name[s] for s, on in enumerate(self._active) if on}
 
     # -- changing ------------------------------------------------------------------------
 
@@ -142,10 +145,10 @@ class ServiceSlots:
                 names, clears = [], []
             slot = self._slot.get(service)
             if slot is not None:
-                if slot not in self._active:
+                if not self._active[slot]:
                     names.append((slot, bytes(encode_name(service, True))))
                     self._parked.pop(slot, None)
-                    self._active.add(slot)
+                    self._active[slot] = 1
                 continue
             slot = self._take()
             if slot is None:
@@ -161,15 +164,15 @@ class ServiceSlots:
                     )
                     self._warned = True
                 continue
-            old = self._name.pop(slot, None)
-            if old is not None:
+            old = self._name[slot]
+            if old:
                 del self._slot[old]
             clears.append(slot)
             names.append((slot, bytes(encode_name(service, True))))
             self.refused.discard(service)
             self._slot[service] = slot
             self._name[slot] = service
-            self._active.add(slot)
+            self._active[slot] = 1
         self._flush(names, clears)
 
     def _flush(self, names: list[tuple[int, bytes]], clears: list[int]) -> None:
@@ -184,17 +187,17 @@ class ServiceSlots:
         """Park the slots of `services` (no address carries them any more)."""
         for service in services:
             slot = self._slot.get(service)
-            if slot is None or slot not in self._active:
+            if slot is None or not self._active[slot]:
                 continue
             self._write([(slot, bytes(encode_name(service, False)))])
-            self._active.discard(slot)
+            self._active[slot] = 0
             self._parked[slot] = None
 
     def _take(self) -> int | None:
         """A slot for a new Service: never named, else the one parked longest."""
         while self._free:
             slot = heapq.heappop(self._free)
-            if slot not in self._name:
+            if not self._name[slot]:
                 return slot
         if self._next <= self.capacity:
             self._next += 1
