@@ -534,9 +534,10 @@ def memory_for(max_services: int, counted: int | None) -> dict[str, Any]:
     kernel = c["mapsPerService"] * max_services + counters
     request = c["agentBase"] + c["agentPerService"] * max_services + kernel
     peak = c["agentBase"] + c["agentPeakPerService"] * max_services + c["compilerChild"] + kernel
-    limit = max(peak, request * 100 // c["warnPercent"])
+    request_mi = -(-request // MiB)
+    limit = max(peak, request_mi * MiB * 100 // c["warnPercent"])
     return {
-        "requests": {"cpu": "100m", "memory": f"{-(-request // MiB)}Mi"},
+        "requests": {"cpu": "100m", "memory": f"{request_mi}Mi"},
         "limits": {"memory": f"{-(-limit // MiB)}Mi"},
     }
 

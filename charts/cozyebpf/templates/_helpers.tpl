@@ -63,13 +63,14 @@ daemonset.resources is set: the measured constants and the formula, the one plac
   at maxServices stays below it.
 request = agentBase + agentPerService x maxServices + maps + counters;
 limit = max(agentBase + agentPeakPerService x maxServices + compilerChild + maps + counters,
-            request x 100 / warnPercent); both rounded up to a MiB. */}}
+            request x 100 / warnPercent), the request rounded up to a MiB before (so that the
+            rounded request stays within warnPercent of the limit); the limit rounded up too. */}}
 {{- define "cozyebpf.memoryConstants" -}}
-agentBase: 52428800
-agentPerService: 5800
-agentPeakPerService: 7000
+agentBase: 46137344
+agentPerService: 4800
+agentPeakPerService: 5800
 compilerChild: 230686720
-mapsPerService: 2400
+mapsPerService: 2450
 counterPerSlot: 16
 counterPerSlotCpu: 160
 counterBudget: 67108864
@@ -90,11 +91,12 @@ warnPercent: 80
 {{- $kernel := add (mul $c.mapsPerService $n) $counters -}}
 {{- $request := add $c.agentBase (mul $c.agentPerService $n) $kernel -}}
 {{- $peak := add $c.agentBase (mul $c.agentPeakPerService $n) $c.compilerChild $kernel -}}
-{{- $limit := max $peak (div (mul $request 100) $c.warnPercent) -}}
 {{- $mi := 1048576 -}}
+{{- $requestMi := div (add $request (sub $mi 1)) $mi -}}
+{{- $limit := max $peak (div (mul $requestMi $mi 100) $c.warnPercent) -}}
 requests:
   cpu: 100m
-  memory: {{ div (add $request (sub $mi 1)) $mi }}Mi
+  memory: {{ $requestMi }}Mi
 limits:
   memory: {{ div (add $limit (sub $mi 1)) $mi }}Mi
 {{- end -}}
