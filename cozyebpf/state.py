@@ -356,7 +356,8 @@ def diff(live: MapState, desired: MapState) -> MapDiff:
 
 def whole(desired: MapState) -> MapDiff:
     """`diff(MapState(), desired)` without a copy: the diff holds `desired`'s own dicts and
-    sets (for a state made to be written once and dropped: the model's first flush)."""
+    sets, so neither may change while it is in use (the model's flush of new Services only,
+    whose state is dropped after; a sync onto empty maps, which only reads it)."""
     return MapDiff(
         services_set=desired.services,
         pods_set=desired.pods,

@@ -133,10 +133,10 @@ class ServiceSlots:
     def activate(self, services: Iterable[str]) -> None:
         """Give each of `services` its slot (its parked one, else a new one, cleared) before
         any address carries it. Without a free slot a Service is not counted (logged once).
-        The slots' names and clearing are written together at the end, one batch per map (a
-        cold start names every Service: one call each took seconds at 100,000), a batch per
-        CHUNK slots (the cleared counters of 100,000 slots in one batch were 32 MB, most of
-        the cold start's peak)."""
+        The slots' names and clearing are written in batches before it returns, one per map
+        and CHUNK slots (a cold start names every Service: one call each took seconds at
+        100,000; the cleared counters of 100,000 slots in one batch were 32 MB, most of the
+        cold start's peak)."""
         names: list[tuple[int, bytes]] = []
         clears: list[int] = []
         for service in services:
