@@ -409,7 +409,7 @@ class IncrementalModel:
         for o in new_by_ref.values():
             self._count(o.problems, +1)
         old, new = _state_of(old_outputs), _state_of(new_by_ref.values())
-        d = diff(old, new) if old_outputs else whole(new)  # (new is not used after this)
+        d = diff(old, new) if old_outputs else whole(new)  # (new is only read after this)
         self._update_counts(old, -1)
         self._update_counts(new, +1)
         over = self.capacity is not None and self.capacity.full(self._counts) is not None
