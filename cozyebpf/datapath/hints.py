@@ -41,7 +41,8 @@ class AddrHints:
     def _bit(self, key: bytes, role: int) -> tuple[str, int]:
         """(map, bit in the map) of an IPv4 key's bit for `role`: HINT_POD and HINT_LB in their
         halves of rolehint, HINT_ANY in addrhint, one filter over the whole array as 0.3.0's
-        programs read it."""
+        programs read it. (`change` computes the same in line; tests/unit/test_hints.py holds
+        it to this.)"""
         lay = self.layout
         if role == HINT_ANY:
             return self.maps[0], addr_hint_bit(key, lay.addr_hint_log2)
@@ -59,6 +60,12 @@ class AddrHints:
         O(the keys). (`after` may be made as it is read: at a cold start of 100,000 Services
         a dict of pairs was 20 MB of the peak.)"""
         changed: Words = {name: set() for name in self.maps}
+        addr, role = self.maps
+        lay = self.layout
+        addr_log2, role_log2 = lay.addr_hint_log2, lay.role_hint_log2
+        lb_base = lay.rolehint.max_entries // 2 * 64
+        flip = self._flip
+        # (_bit's three cases in line: a cold start gives 200,000 keys two roles each)
         for k, was in after:
             b = before.get(k, 0)
             if b == was:
@@ -66,11 +73,16 @@ class AddrHints:
             old = b | HINT_ANY if b else 0
             new = was | HINT_ANY if was else 0
             moved = new & ~old if gain else old & ~new
-            for role in (HINT_POD, HINT_LB, HINT_ANY):
-                if moved & role:
-                    name, bit = self._bit(k, role)
-                    if self._flip(name, bit, gain):
-                        changed[name].add(bit >> 6)
+            if moved & (HINT_POD | HINT_LB):
+                bit = addr_hint_bit(k, role_log2)
+                if moved & HINT_POD and flip(role, bit, gain):
+                    changed[role].add(bit >> 6)
+                if moved & HINT_LB and flip(role, lb_base + bit, gain):
+                    changed[role].add((lb_base + bit) >> 6)
+            if moved & HINT_ANY:
+                bit = addr_hint_bit(k, addr_log2)
+                if flip(addr, bit, gain):
+                    changed[addr].add(bit >> 6)
         return changed
 
     def _flip(self, name: str, bit: int, gain: bool) -> bool:

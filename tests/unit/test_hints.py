@@ -58,12 +58,11 @@ def test_the_words_follow_every_change(dense: bool, monkeypatch: pytest.MonkeyPa
     assert all(not any(w) for w in h.words.values()) and h.more == {}
 
 
-def test_a_shared_bit_is_cleared_with_its_last_key() -> None:
+def test_a_shared_bit_is_cleared_with_its_last_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two keys on one bit: it stays set when the first goes, and goes with the second."""
+    monkeypatch.setattr(hints_module, "addr_hint_bit", lambda a, n: 5)
     h = AddrHints(map_specs(16))
     a, b = bytes([198, 51, 100, 1]), bytes([198, 51, 100, 2])
-    monkey = {a: 5, b: 5}
-    h._bit = lambda k, role: ("rolehint" if role != HINT_ANY else "addrhint", monkey[k])  # type: ignore[method-assign]
     assert h.change({}, [(a, HINT_POD)], gain=True) == {"rolehint": {0}, "addrhint": {0}}
     assert h.change({}, [(b, HINT_POD)], gain=True) == {"rolehint": set(), "addrhint": set()}
     assert h.change({a: HINT_POD}, [(a, 0)], gain=False) == {"rolehint": set(), "addrhint": set()}
