@@ -200,14 +200,13 @@ def map_memory(fds: dict[str, int]) -> dict[str, int]:
 
 def measure(n: int) -> dict[str, Any]:
     """One size, in this process (run each size in a process of its own: `main`)."""
-    from cozyebpf.agent import Agent
-    from cozyebpf.cli import _fewer_malloc_arenas
+    from cozyebpf.agent import Agent, tune_malloc
     from cozyebpf.datapath.layout import possible_cpus
     from cozyebpf.datapath.maps import PinnedMaps
     from cozyebpf.kube.client import api_client
     from cozyebpf.sources.kube import KubeSource
 
-    _fewer_malloc_arenas()  # as `cozyebpf run` does, before any thread
+    tune_malloc()  # as `cozyebpf run` does, before any thread
     capacity = DEFAULT_CAPACITY if n < DEFAULT_CAPACITY - 1000 else 131072
     tmp = Path(tempfile.mkdtemp(prefix="cz-mem-"))
     pins = pin_dir(f"mem{n}")

@@ -4,7 +4,6 @@ COZYEBPF_PIN_DIR, COZYEBPF_RUN_DEVICES (click's auto_envvar_prefix)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -57,17 +56,6 @@ def _setup_logging(level: str) -> None:
     )
     logging.Formatter.converter = time.gmtime
     logging.getLogger("cozyebpf").setLevel(getattr(logging, level.upper()))
-
-
-def _fewer_malloc_arenas() -> None:
-    """glibc gives each thread that allocates its own malloc arena (up to 8 per core), and
-    memory freed in one is not reused by another: the watch threads' JSON parsing would keep
-    tens of MB resident. Two arenas are plenty for this agent (M_ARENA_MAX, before any thread
-    starts; MALLOC_ARENA_MAX in the environment wins)."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
 
 
 def _fail(e: CozyError) -> NoReturn:
@@ -383,8 +371,9 @@ def run(**options: Any) -> None:
     cfg = RunConfig(**options)
     _setup_logging(cfg.log_level)
     log.info("cozyebpf %s (map layout %d)", __version__, LAYOUT_VERSION)
-    _fewer_malloc_arenas()
-    from cozyebpf.agent import Agent
+    from cozyebpf.agent import Agent, tune_malloc
+
+    tune_malloc()  # before any thread
     from cozyebpf.datapath.attach import resolve_devices, resolve_pod_devices
     from cozyebpf.datapath.bpf import handle_cozy_proxy
     from cozyebpf.kube.portsec import checks

@@ -195,8 +195,28 @@ class Mirror:
     def _shared(self, ports: PortSet) -> PortSet:
         return self._sets.setdefault(ports, ports)
 
+    def _pod_key(self, pod: bytes) -> bytes:
+        """`pod` as the bytes object an LB role's value holds (one object for an address in
+        every dict: 37 bytes each, about 100 per Service)."""
+        lbs = self.lbs_of.get(pod)
+        if lbs is not None:
+            s = self.svc.get(lbs if isinstance(lbs, bytes) else lbs[0])
+            if s is not None and s[0] == pod:
+                return s[0]
+        return pod
+
+    def _lb_key(self, pod: bytes, lb: bytes) -> bytes:
+        """`lb` as the bytes object that keys its LB role, when it goes to `pod`."""
+        lbs = self.lbs_of.get(pod)
+        if isinstance(lbs, bytes):
+            return lbs if lbs == lb else lb
+        return next((x for x in lbs if x == lb), lb) if lbs is not None else lb
+
     def add_port(self, pod: bytes, proto: int, port: int) -> None:
-        self.ports[pod] = self._shared(self.ports.get(pod, _NO_PORTS) | {(proto, port)})
+        mine = self.ports.get(pod)
+        if mine is None:  # a new key: the object the LB roles hold
+            pod, mine = self._pod_key(pod), _NO_PORTS
+        self.ports[pod] = self._shared(mine | {(proto, port)})
 
     def del_port(self, pod: bytes, proto: int, port: int) -> None:
         mine = self.ports.get(pod)
@@ -218,6 +238,8 @@ class Mirror:
 
     def link(self, lb: bytes, pod: bytes, flags: int, service: str) -> None:
         self.unlink(lb)
+        if pod in self.lbs_of:  # another LB IP goes there: its object
+            pod = self._pod_key(pod)
         self.svc[lb] = (pod, flags, service)
         self._ref(service, 1)
         lbs = self.lbs(pod)
@@ -247,7 +269,16 @@ class Mirror:
         return (v,) if isinstance(v, bytes) else v
 
     def set_pod(self, pod: bytes, lb: bytes, flags: int, service: str) -> None:
+        """Set the pod role of `pod`. Its key and `lb` are the objects the LB roles hold when
+        those are set first (apply and read_state link the LB IPs before the pods)."""
         self.del_pod(pod)
+        lbs = self.lbs_of.get(pod)
+        if lbs is not None:  # (_pod_key and _lb_key in one, for a cold start's 100,000)
+            first = lbs if isinstance(lbs, bytes) else lbs[0]
+            s = self.svc.get(first)
+            if s is not None and s[0] == pod:
+                pod = s[0]
+            lb = first if first == lb else self._lb_key(pod, lb)
         self.pod[pod] = (lb, flags, service)
         self._ref(service, 1)
 

@@ -16,6 +16,7 @@ import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from ipaddress import IPv4Network, IPv6Network
+from itertools import islice
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.buckets import (
@@ -171,6 +172,7 @@ class PinnedMaps(Views, FlowTables):
         raw: dict[bytes, bytes] = {}
         restricted: set[bytes] = set()
         name = self.slots.name
+        pods: list[tuple[bytes, bytes, int, str]] = []  # set after every LB role (set_pod)
         for spec, n in ((self.layout.addr4, 4), (self.layout.addr6, 16)):
             for kraw, vraw in self._items(spec):
                 addr, v = address(kraw), addr_val(vraw, n)
@@ -184,9 +186,11 @@ class PinnedMaps(Views, FlowTables):
                     st.services[addr] = service_entry(v.pod_ip, flags, svc)
                 if v.kind & K_POD:
                     flags, svc = v.pod_flags & ~F_RANGES, name(v.out_slot)
-                    m.set_pod(kraw, v.lb_ip, flags, svc)
+                    pods.append((kraw, v.lb_ip, flags, svc))
                     st.pods[addr] = pod_entry(v.lb_ip, flags, svc)
                 raw[kraw] = vraw
+        for kraw, lb, flags, svc in pods:
+            m.set_pod(kraw, lb, flags, svc)
         return st, raw, restricted
 
     def _read_ranges(self, restricted: set[bytes]) -> dict[IPAddress, Ranges]:
@@ -430,12 +434,6 @@ class PinnedMaps(Views, FlowTables):
         ported: set[bytes] = set()
         named: set[str | None] = set()  # the Services of roles that change
         # the mirror first (in apply_to's order), then the values it gives
-        add_keys: dict[int, list[bytes]] = {4: [], 16: []}
-        for a in d.allowed_add:
-            pod = a.pod_ip.packed
-            add_keys[len(pod)].append(allow_key(a))
-            m.add_port(pod, int(a.proto), a.port)
-            ported.add(pod)
         # the IPv4 keys whose roles may change, and the roles they had (none: not kept; at a
         # cold start no key has one): the address hints' bits change with them
         rolekeys: set[bytes] = set()
@@ -459,6 +457,11 @@ class PinnedMaps(Views, FlowTables):
             named.add(m.del_pod(key))
             m.set_pod(key, e.lb_ip.packed, flags_of(e), e.service)
             named.add(e.service)
+        # the ports after the roles: a pod's key is then the object its LB role holds
+        for a in d.allowed_add:
+            pod = a.pod_ip.packed
+            m.add_port(pod, int(a.proto), a.port)
+            ported.add(pod)
         for lb in d.services_del:
             named.add(m.unlink(seen(lb.packed)))
         for p in d.pods_del:
@@ -485,8 +488,7 @@ class PinnedMaps(Views, FlowTables):
             self.slots.activate(n for n in services if n in m.refs)
             self._write_limits(d.limits_set)  # before the flags that make them read
             self._delete_addrs(dels)
-            self._update_batch(self.layout.allow4, add_keys[4], [b"\x01"] * len(add_keys[4]))
-            self._update_batch(self.layout.allow6, add_keys[16], [b"\x01"] * len(add_keys[16]))
+            self._write_allowed(d.allowed_add)
             self._write_ranges(range_add)
             # the roles that come: bits before the keys
             self._hint_change(before, ((k, _roles_in(m, k)) for k in rolekeys), gain=True)
@@ -564,6 +566,16 @@ class PinnedMaps(Views, FlowTables):
                 bpfsys.map_delete(self.fds[spec.name], key)
             else:
                 bpfsys.map_update(self.fds[spec.name], key, one)
+
+    def _write_allowed(self, ports: Iterable[AllowedPort]) -> None:
+        """The allow4/allow6 keys of `ports`, encoded and written WRITE_CHUNK at a time (a cold
+        start's 200,000 keys at once were 16 MB of its peak at 100,000 Services)."""
+        it = iter(ports)
+        while part := [allow_key(a) for a in islice(it, WRITE_CHUNK)]:
+            for spec in (self.layout.allow4, self.layout.allow6):
+                size = spec.key_size
+                mine = [k for k in part if len(k) == size]
+                self._update_batch(spec, mine, [b"\x01"] * len(mine))
 
     def _delete_allowed(self, ports: set[AllowedPort]) -> None:
         for spec, version in ((self.layout.allow4, 4), (self.layout.allow6, 6)):

@@ -23,6 +23,7 @@ import heapq
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from sys import intern
 
 from cozyebpf.datapath import bpfsys
 from cozyebpf.datapath.layout import NAME_LEN, SvcName, SvcStat
@@ -48,7 +49,9 @@ def decode_name(raw: bytes) -> SlotName:
     v = SvcName.from_buffer_copy(raw)
     ns = v.ns.decode(errors="replace")
     name = v.name.decode(errors="replace")
-    return SlotName(f"{ns}/{name}", bool(v.active))
+    # interned: the model composes the same string (compose.py), so a Service's name read
+    # back from the maps (every full sync) is one string with the model's, not a copy
+    return SlotName(intern(f"{ns}/{name}"), bool(v.active))
 
 
 def encode_name(service: str, active: bool) -> SvcName:

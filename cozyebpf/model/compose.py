@@ -273,11 +273,13 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
     problems = list(s.problems)
     ready: dict[int, set[IPAddress]] = {version: set() for version in FAMILIES}
     on: dict[IPAddress, set[str]] = {}
+    readies: list[tuple[IPAddress, ...]] = []
     for sl in slices:
         problems += sl.problems
+        readies.append(sl.ready)
         for ip in sl.ready:
             ready[ip.version].add(ip)
-        for ip, node in sl.nodes:
+        for ip, node in sl.node_pairs() if sl.nodes else ():
             on.setdefault(ip, set()).add(node)
     chosen: list[IPAddress] = []  # FAMILIES' order
     for version, addresses in ready.items():
@@ -304,7 +306,10 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
             )
         )
     homes = tuple((pod, tuple(sorted(on[pod]))) for pod in chosen if pod in on)
-    return _Eval(rec.ref, s, tuple(chosen), tuple(problems), homes)
+    # a slice's own tuple where it is what is chosen (one endpoint: most Services)
+    picked = tuple(chosen)
+    picked = next((r for r in readies if r == picked), picked)
+    return _Eval(rec.ref, s, picked, tuple(problems), homes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -501,7 +501,7 @@ def _pod_of(target: object, namespace: str, strict: bool = False) -> tuple[str, 
         return None
     if strict and ns != namespace:
         return None
-    return (ns, name)
+    return (intern(ns), name)  # a namespace is named by every pod of it
 
 
 def _untrusted_endpoint(ref: ObjectRef, where: str, ip: IPAddress, target: object) -> Problem:

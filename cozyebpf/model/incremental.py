@@ -88,10 +88,6 @@ def _tuple_discard(index: dict[Any, Keys], at: Any, key: Key) -> None:
     _put(index, at, tuple(k for k in _keys(index, at) if k != key))
 
 
-def _key(ref: ObjectRef) -> Key:
-    return (ref.namespace, ref.name)
-
-
 class IncrementalModel:
     """The model kept up to date change by change, with the result of `build_state` on the same
     objects at every `flush()` (tests/unit/test_incremental.py checks that after every step of
@@ -129,8 +125,12 @@ class IncrementalModel:
         self.hold = hold
         self._held: dict[IPAddress, float] = {}  # pod -> until when it stays learning
         self.services: dict[Key, ServiceRecord] = {}
-        self.slices: dict[Key, tuple[SliceRecord, ...]] = {}
-        self._slices_of: dict[Key, Keys] = {}  # Service -> slices that name it
+        #: EndpointSlice -> its record, or a tuple of them where a manifest defines it twice
+        #: (`slice_records`: a tuple of one was 48 bytes more per slice)
+        self.slices: dict[Key, SliceRecord | tuple[SliceRecord, ...]] = {}
+        #: namespace -> Service name -> the slices that name it (by namespace: a (namespace,
+        #: name) tuple per Service was 56 bytes, the names are the records' own strings)
+        self._slices_of: dict[str, dict[str, Keys]] = {}
         self.foreign: dict[Key, ForeignRecord] = {}
         self._foreign_by_ip: dict[IPAddress, set[ForeignRecord]] = {}
         self.nodes: dict[Key, NodeRecord] = {}
@@ -169,23 +169,31 @@ class IncrementalModel:
     def set_slices(self, key: Key, recs: tuple[SliceRecord, ...] | None) -> bool:
         """Record the EndpointSlice `key` (usually one record; None or () : gone); False when
         nothing changed."""
-        old = self.slices.get(key, ())
+        old = self.slice_records(key)
         new = recs or ()
         if old == new:
             return False
         for r in old:
-            service = (r.ref.namespace, r.service)
-            _tuple_discard(self._slices_of, service, key)
-            self._dirty.add(service)
+            names = self._slices_of[r.ref.namespace]
+            _tuple_discard(names, r.service, key)
+            if not names:
+                del self._slices_of[r.ref.namespace]
+            self._dirty.add((r.ref.namespace, r.service))
         for r in new:
-            service = (r.ref.namespace, r.service)
-            _tuple_add(self._slices_of, service, key)
-            self._dirty.add(service)
+            _tuple_add(self._slices_of.setdefault(r.ref.namespace, {}), r.service, key)
+            self._dirty.add((r.ref.namespace, r.service))
         if new:
-            self.slices[key] = new
+            self.slices[key] = new[0] if len(new) == 1 else new
         else:
             del self.slices[key]
         return True
+
+    def slice_records(self, key: Key) -> tuple[SliceRecord, ...]:
+        """The records of the EndpointSlice `key` (usually one; none: unknown)."""
+        v = self.slices.get(key)
+        if v is None:
+            return ()
+        return (v,) if isinstance(v, SliceRecord) else v
 
     def set_foreign(self, key: Key, rec: ForeignRecord | None) -> bool:
         """Record the LB IPs of a Service that is not ours (None: gone, or none)."""
@@ -297,8 +305,8 @@ class IncrementalModel:
     def _slice_records(self, key: Key) -> list[SliceRecord]:
         out = [
             r
-            for sk in _keys(self._slices_of, key)
-            for r in self.slices[sk]
+            for sk in _keys(self._slices_of.get(key[0], {}), key[1])
+            for r in self.slice_records(sk)
             if (r.ref.namespace, r.service) == key
         ]
         out.sort(key=lambda r: r.ref)
@@ -402,8 +410,10 @@ class IncrementalModel:
             self.guard_pps,
             self.max_pps,
         )
-        for ref, o in new_by_ref.items():
-            self._outputs[_key(ref)] = o
+        for k in comp:  # keyed by the evaluations' keys (no new tuple per Service)
+            e = self._evals.get(k)
+            if e is not None:
+                self._outputs[k] = new_by_ref[e.ref]
         for o in old_outputs:
             self._count(o.problems, -1)
         for o in new_by_ref.values():
@@ -459,7 +469,7 @@ class IncrementalModel:
         return frozenset(
             (ns, name)
             for r in self._slice_records(key)
-            for ns, name, on in r.pods
+            for ns, name, on in r.pod_triples()
             if node is None or on in (node, "")
         )
 

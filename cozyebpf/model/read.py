@@ -141,8 +141,8 @@ def read_object(
             intern(service),  # the same string as its Service's name (fields._ident)
             tuple(sorted(ready, key=_address_key)),
             tuple(problems),
-            tuple(sorted(nodes, key=_node_key)),
-            tuple(sorted(pods)),
+            tuple(x for pair in sorted(nodes, key=_node_key) for x in pair),  # flat
+            tuple(x for pod in sorted(pods) for x in pod),
         )
     if kind == "Node" and api_version in (None, "v1"):
         return _read_node(obj)

@@ -5,6 +5,7 @@ objects into them, with `fields.py`'s readers of each field."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from ipaddress import IPv4Address
@@ -122,11 +123,13 @@ class SliceRecord:
     """One EndpointSlice as read from its object: the Service it belongs to (its
     kubernetes.io/service-name label), its ready addresses and the Problems found reading it
     (reported only while that Service is selected and usable, as `build_state` does). `nodes`
-    pairs each ready address with the nodeName of an endpoint that has it (sorted): during a
-    live migration one address is ready on two nodes. `pods` names the pods of its ready
-    endpoints (a targetRef of kind Pod) as (namespace, name, the endpoint's nodeName or ""),
-    sorted: the model does not use them; the agent reads their port security
-    (cozyebpf/kube/portsec.py)."""
+    pairs each ready address with the nodeName of an endpoint that has it (sorted; flat,
+    address and node in turn: `node_pairs`): during a live migration one address is ready on
+    two nodes. `pods` names the pods of its ready endpoints (a targetRef of kind Pod) as
+    namespace, name and the endpoint's nodeName or "" in turn (sorted; `pod_triples`): the
+    model does not use them; the agent reads their port security (cozyebpf/kube/portsec.py).
+    Flat, not a tuple of tuples: most slices have one endpoint, and the outer tuple was 48
+    bytes each (issue 48)."""
 
     ref: ObjectRef
     service: str
@@ -134,8 +137,18 @@ class SliceRecord:
     #: the model keeps one per EndpointSlice)
     ready: tuple[IPAddress, ...]
     problems: tuple[Problem, ...]
-    nodes: tuple[tuple[IPAddress, str], ...] = ()
-    pods: tuple[tuple[str, str, str], ...] = ()
+    nodes: tuple[IPAddress | str, ...] = ()
+    pods: tuple[str, ...] = ()
+
+    def node_pairs(self) -> Iterator[tuple[IPAddress, str]]:
+        """(address, nodeName) of `nodes`."""
+        it = iter(self.nodes)
+        return zip(it, it, strict=True)  # type: ignore[arg-type]
+
+    def pod_triples(self) -> Iterator[tuple[str, str, str]]:
+        """(namespace, name, nodeName or "") of `pods`."""
+        it = iter(self.pods)
+        return zip(it, it, it, strict=True)
 
 
 @dataclass(frozen=True, slots=True)

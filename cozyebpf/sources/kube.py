@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from sys import intern
 from typing import Any
 
 from cozyebpf.errors import SourceError
@@ -152,8 +153,7 @@ class Informer:
     def _record(self, obj: Obj) -> tuple[Key, Record | None]:
         obj.setdefault("kind", self.resource.kind)  # list items carry no kind
         obj.setdefault("apiVersion", self.resource.api_version)
-        m = obj.get("metadata") or {}
-        return (m.get("namespace") or "", m.get("name") or ""), self.read(obj)
+        return _key_of(obj), self.read(obj)
 
     def _list(self) -> tuple[dict[Key, Record], str, int]:
         """A complete, consistent list (all pages at the first page's resourceVersion), read
@@ -225,8 +225,7 @@ class Informer:
         if kind in ("ADDED", "MODIFIED"):
             key, rec = self._record(obj)
         elif kind == "DELETED":
-            m = obj.get("metadata") or {}
-            key, rec = (m.get("namespace") or "", m.get("name") or ""), None
+            key, rec = _key_of(obj), None
         else:
             log.warning("unknown watch event type %r for %ss", kind, self.resource.kind)
             return False
@@ -306,6 +305,17 @@ class Informer:
                         *(doing, what, why, delay),
                     )
                 stop.wait(delay)
+
+
+def _key_of(obj: Obj) -> Key:
+    """(namespace, name) of an object, interned as the records' refs are (fields.py): the
+    cache's key and the record name it with the same two strings, not copies of them."""
+    m = obj.get("metadata") or {}
+    ns, name = m.get("namespace") or "", m.get("name") or ""
+    return (
+        intern(ns) if isinstance(ns, str) else ns,
+        intern(name) if isinstance(name, str) else name,
+    )
 
 
 def _describe(e: BaseException) -> str:

@@ -155,8 +155,9 @@ def test_a_starting_agent_rebuilds_the_hint(pin: str) -> None:
 def test_addresses_and_hints_are_written_batch_by_batch(
     pin: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The addr values go out WRITE_CHUNK at a time (maps.py): with a batch of three, what a
-    reader finds afterwards is every entry of the state, and the hints are addr4's."""
+    """The addr values and the allowed ports go out WRITE_CHUNK at a time (maps.py): with a
+    batch of three, what a reader finds afterwards is every entry of the state, and the hints
+    are addr4's."""
     from cozyebpf.datapath import maps as maps_module
 
     monkeypatch.setattr(maps_module, "WRITE_CHUNK", 3)
@@ -166,10 +167,12 @@ def test_addresses_and_hints_are_written_batch_by_batch(
             [o for s in services(random.Random(48), 20) for o in objects(s)], "cozy-proxy"
         ).state
         assert len(state.services) + len(state.pods) > 3 * 4  # more batches than one
+        assert len(state.allowed) > 3 * 4
         maps.apply(diff(maps.read_state(), state))
         with PinnedMaps.open(pin) as reader:
             got = reader.read_state()
         assert got.services == state.services and got.pods == state.pods
+        assert got.allowed == state.allowed
         assert {k: v.service for k, v in got.services.items()} == {
             k: v.service for k, v in state.services.items()
         }

@@ -75,7 +75,8 @@ def test_a_slice_record_pairs_ready_addresses_with_their_nodes() -> None:
     rec = read_object(endpoints("node1", "node3"), 1)
     assert isinstance(rec, SliceRecord)
     assert rec.ready == (POD,)
-    assert rec.nodes == ((POD, "node1"), (POD, "node3"))
+    assert list(rec.node_pairs()) == [(POD, "node1"), (POD, "node3")]
+    assert rec.nodes == (POD, "node1", POD, "node3")  # flat: one tuple for the slice
 
 
 def test_a_pod_on_one_node_is_not_learning() -> None:
