@@ -167,7 +167,7 @@ def test_addresses_and_hints_are_written_batch_by_batch(
             [o for s in services(random.Random(48), 20) for o in objects(s)], "cozy-proxy"
         ).state
         assert len(state.services) + len(state.pods) > 3 * 4  # more batches than one
-        assert len(state.allowed) > 3 * 4
+        assert len(state.allowed) > 3  # and of the allowed ports
         maps.apply(diff(maps.read_state(), state))
         with PinnedMaps.open(pin) as reader:
             got = reader.read_state()
