@@ -66,9 +66,9 @@ limit = max(agentBase + agentPeakPerService x maxServices + compilerChild + maps
             request x 100 / warnPercent), the request rounded up to a MiB before (so that the
             rounded request stays within warnPercent of the limit); the limit rounded up too. */}}
 {{- define "cozyebpf.memoryConstants" -}}
-agentBase: 46137344
-agentPerService: 4800
-agentPeakPerService: 5800
+agentBase: 41943040
+agentPerService: 4000
+agentPeakPerService: 4700
 compilerChild: 230686720
 mapsPerService: 2450
 counterPerSlot: 16
