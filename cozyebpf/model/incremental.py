@@ -173,11 +173,12 @@ class IncrementalModel:
         new = recs or ()
         if old == new:
             return False
-        for r in old:
-            names = self._slices_of[r.ref.namespace]
-            _tuple_discard(names, r.service, key)
-            if not names:
-                del self._slices_of[r.ref.namespace]
+        for r in old:  # (a slice defined twice: its second record finds it gone)
+            names = self._slices_of.get(r.ref.namespace)
+            if names is not None:
+                _tuple_discard(names, r.service, key)
+                if not names:
+                    del self._slices_of[r.ref.namespace]
             self._dirty.add((r.ref.namespace, r.service))
         for r in new:
             _tuple_add(self._slices_of.setdefault(r.ref.namespace, {}), r.service, key)

@@ -101,3 +101,18 @@ def test_the_model_keys_a_services_output_as_its_evaluation() -> None:
     assert isinstance(sl, SliceRecord)
     assert model.slice_records(("tenant-a", sl.ref.name)) == (sl,)
     assert model._slices_of == {"tenant-a": {"vm1": ("tenant-a", sl.ref.name)}}
+
+
+def test_a_slice_defined_twice_comes_and_goes() -> None:
+    """A manifest may define an EndpointSlice twice: the model keeps both records, and the
+    index by namespace lets go of it once when it goes."""
+    slice_obj = objects(VM)[1]
+    objs = read_objects([objects(VM)[0], slice_obj, slice_obj])
+    model = IncrementalModel()
+    model.replace(objs)
+    model.flush()
+    (recs,) = model.slices.values()
+    assert isinstance(recs, tuple) and len(recs) == 2
+    model.replace(read_objects([objects(VM)[0]]))
+    model.flush()
+    assert model.slices == {} and model._slices_of == {}
