@@ -272,14 +272,8 @@ class Mirror:
         """Set the pod role of `pod`. Its key and `lb` are the objects the LB roles hold when
         those are set first (apply and read_state link the LB IPs before the pods)."""
         self.del_pod(pod)
-        lbs = self.lbs_of.get(pod)
-        if lbs is not None:  # (_pod_key and _lb_key in one, for a cold start's 100,000)
-            first = lbs if isinstance(lbs, bytes) else lbs[0]
-            s = self.svc.get(first)
-            if s is not None and s[0] == pod:
-                pod = s[0]
-            lb = first if first == lb else self._lb_key(pod, lb)
-        self.pod[pod] = (lb, flags, service)
+        pod = self._pod_key(pod)
+        self.pod[pod] = (self._lb_key(pod, lb), flags, service)
         self._ref(service, 1)
 
     def del_pod(self, pod: bytes) -> str | None:

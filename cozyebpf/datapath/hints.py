@@ -38,18 +38,6 @@ class AddrHints:
         #: (map, bit) -> keys beyond the first that have it (only bits two keys share)
         self.more: dict[tuple[str, int], int] = {}
 
-    def _bit(self, key: bytes, role: int) -> tuple[str, int]:
-        """(map, bit in the map) of an IPv4 key's bit for `role`: HINT_POD and HINT_LB in their
-        halves of rolehint, HINT_ANY in addrhint, one filter over the whole array as 0.3.0's
-        programs read it. (`change` computes the same in line; tests/unit/test_hints.py holds
-        it to this.)"""
-        lay = self.layout
-        if role == HINT_ANY:
-            return self.maps[0], addr_hint_bit(key, lay.addr_hint_log2)
-        b = addr_hint_bit(key, lay.role_hint_log2)
-        base = 0 if role == HINT_POD else lay.rolehint.max_entries // 2 * 64
-        return self.maps[1], base + b
-
     def change(
         self, before: Mapping[bytes, int], after: Iterable[tuple[bytes, int]], gain: bool
     ) -> Words:
@@ -65,7 +53,9 @@ class AddrHints:
         addr_log2, role_log2 = lay.addr_hint_log2, lay.role_hint_log2
         lb_base = lay.rolehint.max_entries // 2 * 64
         flip = self._flip
-        # (_bit's three cases in line: a cold start gives 200,000 keys two roles each)
+        # a key's bits: HINT_POD and HINT_LB in their halves of rolehint, HINT_ANY in addrhint,
+        # one filter over the whole array as 0.3.0's programs read it (tests/unit/test_hints.py
+        # computes them from the layout alone)
         for k, was in after:
             b = before.get(k, 0)
             if b == was:

@@ -13,13 +13,25 @@ from cozyebpf.datapath.hints import HINT_ANY, HINT_LB, HINT_POD, AddrHints
 from cozyebpf.datapath.layout import addr_hint_bit, map_specs
 
 
+def _bit(h: AddrHints, key: bytes, role: int) -> tuple[str, int]:
+    """(map, bit in the map) of an IPv4 key's bit for `role`, from the layout alone: HINT_POD
+    and HINT_LB in their halves of rolehint, HINT_ANY in addrhint (the reference that
+    AddrHints.change is held to)."""
+    lay = h.layout
+    if role == HINT_ANY:
+        return "addrhint", hints_module.addr_hint_bit(key, lay.addr_hint_log2)
+    b = hints_module.addr_hint_bit(key, lay.role_hint_log2)
+    base = 0 if role == HINT_POD else lay.rolehint.max_entries // 2 * 64
+    return "rolehint", base + b
+
+
 def _expected(h: AddrHints, roles: dict[bytes, int]) -> dict[str, list[int]]:
     """The words recomputed from the keys' roles alone."""
     out = {name: [0] * len(h.words[name]) for name in h.maps}
     for k, r in roles.items():
         for role in (HINT_POD, HINT_LB, HINT_ANY):
             if (r | HINT_ANY if r else 0) & role:
-                name, bit = h._bit(k, role)
+                name, bit = _bit(h, k, role)
                 out[name][bit >> 6] |= 1 << (bit & 63)
     return out
 
