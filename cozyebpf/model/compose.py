@@ -235,6 +235,9 @@ def _age(s: ParsedService) -> AgeKey:
     )
 
 
+_NOT_MOVING: frozenset[IPAddress] = frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class _Eval:
     """A Service with its EndpointSlices: the backend chosen per family and the Service's own
@@ -251,6 +254,8 @@ class _Eval:
     def moving(self) -> frozenset[IPAddress]:
         """The chosen pods ready on more than one node: a live migration (KubeVirt's source
         and target virt-launcher pods, one address)."""
+        if not self.homes:
+            return _NOT_MOVING
         return frozenset(pod for pod, nodes in self.homes if len(nodes) > 1)
 
     @property
@@ -270,6 +275,14 @@ def _evaluate(rec: ServiceRecord, slices: Iterable[SliceRecord]) -> _Eval:
     if s is None:
         assert rec.problem is not None
         return _Eval(rec.ref, None, (), (rec.problem,))
+    if isinstance(slices, list) and len(slices) == 1 and len(slices[0].ready) == 1:
+        # most Services: one slice, one ready address (what the loops below give for it,
+        # without their dicts and sets: a cold start evaluates every Service)
+        sl = slices[0]
+        pod = sl.ready[0]
+        nodes = sorted({n for ip, n in sl.node_pairs() if ip == pod}) if sl.nodes else ()
+        home = ((pod, tuple(nodes)),) if nodes else ()
+        return _Eval(rec.ref, s, sl.ready, (*s.problems, *sl.problems), home)
     problems = list(s.problems)
     ready: dict[int, set[IPAddress]] = {version: set() for version in FAMILIES}
     on: dict[IPAddress, set[str]] = {}
@@ -435,7 +448,9 @@ def _compose(
         kept = _claim_lb_ips(s, foreign, lb_owner, problems)
         chosen: dict[int, IPAddress] = {ip.version: ip for ip in e.chosen}
         pod_ips = e.chosen  # (one tuple, the evaluation's, in its view)
-        migrating = e.moving() | (held & set(pod_ips))
+        migrating = e.moving()
+        if held:
+            migrating = migrating | held.intersection(pod_ips)
         # whose counters its entries feed; interned: one string however often it is composed
         name = intern(f"{s.ref.namespace}/{s.ref.name}")
         refused = _refusals(s.lb_ips, reserved, pod_of)
@@ -520,7 +535,8 @@ def _claim_lb_ips(
     claimed; a problem for each one it loses and each one another controller announces."""
     kept: list[IPAddress] = []
     for lb in s.lb_ips:
-        for other in sorted(foreign.get(lb, ()), key=lambda f: f.ref):
+        others = foreign.get(lb)
+        for other in sorted(others, key=lambda f: f.ref) if others else ():
             problems.append(_shared_problem(s.ref, lb, other))
         if lb in lb_owner:
             problems.append(
