@@ -179,8 +179,8 @@ def test_a_real_v1_cgroup_near_its_limit() -> None:
         assert child.stdin is not None and child.stdout is not None
         # Moved once the interpreter has started: a v1 cgroup charges what a task faults in
         # after it joins, page cache included. Moved at once, its start-up came too: 61.8 MiB
-        # at the cgroup's peak here instead of 58.25, and with a fresh clone's venv read for
-        # the first time CI's child went over the 64 MiB and the cgroup's OOM killed it.
+        # at the cgroup's peak here instead of 58.25, 2 MiB short of the limit; in CI (a fresh
+        # clone, its venv read for the first time) the child went over and the OOM killed it.
         assert child.stdout.readline().strip() == "started"
         (cg / "cgroup.procs").write_text(str(child.pid))
         child.stdin.write("go\n")
