@@ -48,6 +48,8 @@ class AddrHints:
         O(the keys). (`after` may be made as it is read: at a cold start of 100,000 Services
         a dict of pairs was 20 MB of the peak.)"""
         changed: Words = {name: set() for name in self.maps}
+        if not gain and not before:
+            return changed  # no key had a role, none can lose one (a cold start: `after` unread)
         addr, role = self.maps
         lay = self.layout
         addr_log2, role_log2 = lay.addr_hint_log2, lay.role_hint_log2

@@ -495,9 +495,8 @@ class PinnedMaps(Views, FlowTables):
             self._write_addrs(sets)
             self._delete_allowed(d.allowed_del)
             self._write_ranges(range_del, delete=True)
-            # the roles gone: bits after the keys (none when no key had a role: a cold start)
-            if before:
-                self._hint_change(before, ((k, _roles_in(m, k)) for k in rolekeys), gain=False)
+            # the roles gone: bits after the keys
+            self._hint_change(before, ((k, _roles_in(m, k)) for k in rolekeys), gain=False)
             self._write_limits(dict.fromkeys(d.limits_del - d.limits_set.keys(), NO_LIMITS))
             self.slots.park(n for n in services if n not in m.refs)
         except bpfsys.BpfError as e:
