@@ -91,3 +91,34 @@ def datapath(lab: RealNodeLab, node: str, pin_dir: str = "/sys/fs/bpf/cozyebpf")
     (info,) = json.loads(link.stdout)
     ls = subprocess.run([*n.enter(), "ls", "-1", pin_dir], capture_output=True, text=True)
     return Datapath("xdp" in info, ls.stdout.split() if ls.returncode == 0 else [])
+
+
+def slices_ready(lab: RealNodeLab, namespace: str) -> dict[str, list[tuple[str, bool, str]]]:
+    """The EndpointSlices of `namespace` as the API has them: per Service, each endpoint's
+    first address, its Ready condition and its Pod."""
+    out: dict[str, list[tuple[str, bool, str]]] = {}
+    for s in lab.admin.list("EndpointSlice", namespace):
+        out[s["metadata"]["labels"]["kubernetes.io/service-name"]] = [
+            (
+                e["addresses"][0],
+                bool(e.get("conditions", {}).get("ready")),
+                e.get("targetRef", {}).get("name", ""),
+            )
+            for e in s.get("endpoints") or []
+        ]
+    return out
+
+
+def warnings(lab: RealNodeLab, namespace: str, name: str, saying: str) -> list[str]:
+    """The messages of the Warning Events about the object `name` that contain `saying`."""
+    events = lab.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        f"involvedObject.name={name},type=Warning",
+        "-o",
+        "json",
+    ).stdout
+    return [e["message"] for e in json.loads(events)["items"] if saying in e["message"]]
