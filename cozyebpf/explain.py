@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
-from cozyebpf.datapath import attach, bpfsys
+from cozyebpf.datapath import attach, bpfsys, kernel
 from cozyebpf.datapath.layout import DRY_MAGIC, DryRes
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.reasons import REASONS
@@ -335,6 +335,11 @@ def _path(
     if not maps.host_routing():
         return "the node's stack routes it (--host-routing off)"
     if direction == "ingress":
+        if a.hook == "xdp" and kernel.xdp_meta() is not None:  # compiled without the mark
+            return (
+                "the node's stack routes it (host routing behind XDP marks frames with "
+                "bpf_xdp_adjust_meta, which this kernel refuses; --ingress-hook tcx routes them)"
+            )
         how = "marked by XDP, " if a.hook == "xdp" else ""
         return (
             f"host routing: {how}handed to the device the node's FIB names (bpf_redirect_neigh, "

@@ -133,10 +133,14 @@ static __always_inline int cz_route_in(struct __sk_buff *skb, int v6)
  * routing on, marked in the frame's metadata (CZ_META_ROUTE) for cz_route_tc, the tc program
  * behind it on the same device, which hands it on (cz_route_in) with the skb the redirect needs;
  * XDP keeps every decision and every drop. A driver without XDP metadata refuses the room: the
- * frame goes unmarked, and the stack routes it.
+ * frame goes unmarked, and the stack routes it. CZ_NO_XDP_META (the loader sets it where the
+ * kernel's verifier refuses the helper, kernel.xdp_meta) leaves every frame so.
  */
 static __always_inline int cz_xdp_pass(struct xdp_md *ctx)
 {
+#ifdef CZ_NO_XDP_META
+	return XDP_PASS;
+#else
 	void *data, *meta;
 
 	if (!cz_host_routing())
@@ -149,6 +153,7 @@ static __always_inline int cz_xdp_pass(struct xdp_md *ctx)
 		return XDP_PASS;
 	*(__u32 *)meta = CZ_META_ROUTE;
 	return XDP_PASS;
+#endif
 }
 
 #endif

@@ -121,6 +121,11 @@ class BpfDatapath:
         attached). A kernel older than the oldest proven one is refused (datapath.kernel)."""
         for note in kernel.check():  # what this kernel lacks and the datapath works around
             log.info("%s", note)
+        meta = kernel.xdp_meta_note()
+        if meta and self.host_routing and self.ingress_hook in ("xdp", "auto"):
+            log.warning("%s", meta)
+        elif meta:
+            log.info("%s", meta)
         uplinks = [attach.ifindex_of(dev) for dev in self.devices]  # a typo fails here
         with self.guard("preparing the maps"):
             self.maps = PinnedMaps.ensure(self.pin_dir, self.max_services, self.service_slots)

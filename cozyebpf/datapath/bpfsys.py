@@ -14,6 +14,7 @@ import ctypes.util
 import errno
 import os
 import platform
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
+BPF_PROG_LOAD = 5
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_PROG_TEST_RUN = 10
@@ -77,6 +79,9 @@ MAP_TYPE_NAMES = {
     BPF_MAP_TYPE_LPM_TRIE: "lpm_trie",
     BPF_MAP_TYPE_RINGBUF: "ringbuf",
 }
+
+# program types
+BPF_PROG_TYPE_XDP = 6
 
 # map_create flags
 BPF_F_NO_PREALLOC = 1 << 0
@@ -146,6 +151,23 @@ class _MapElem(ctypes.Structure):
         ("key", ctypes.c_uint64),
         ("value", ctypes.c_uint64),  # or next_key
         ("flags", ctypes.c_uint64),
+    ]
+
+
+class _ProgLoad(ctypes.Structure):
+    _fields_ = [
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * BPF_OBJ_NAME_LEN),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
     ]
 
 
@@ -318,6 +340,35 @@ def map_create(
         map_name=name.encode()[: BPF_OBJ_NAME_LEN - 1],
     )
     return _sys_bpf(BPF_MAP_CREATE, attr, f"create map {name}")
+
+
+def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    """One eBPF instruction (struct bpf_insn), little-endian as on every machine we know."""
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def prog_load(prog_type: int, insns: bytes, name: str, expected_attach_type: int = 0) -> int:
+    """Load a small hand-assembled program (a feature probe; the real programs go through
+    bcc); its fd. A refusal raises BpfError with the verifier's log in the message."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(4096)
+    attr = _ProgLoad(
+        prog_type=prog_type,
+        insn_cnt=len(insns) // 8,
+        insns=_ptr(code),
+        license=_ptr(lic),
+        log_level=1,
+        log_size=len(log),
+        log_buf=_ptr(log),
+        prog_name=name.encode()[: BPF_OBJ_NAME_LEN - 1],
+        expected_attach_type=expected_attach_type,
+    )
+    try:
+        return _sys_bpf(BPF_PROG_LOAD, attr, f"load program {name}")
+    except BpfError as e:
+        text = log.value.decode(errors="replace").strip()
+        raise BpfError(e.errno, f"{e.strerror}: {text}" if text else str(e.strerror)) from None
 
 
 def obj_pin(fd: int, path: str) -> None:

@@ -8,6 +8,11 @@ kernel-matrix`; README, *Install*; docs/design.md, *The kernel matrix*).
   anew after ours, the attachment check puts ours back in front (within --check-interval).
   Before 6.5 bpf_fib_lookup has no BPF_FIB_LOOKUP_SKIP_NEIGH: the programs ask again without
   it (bpf/lib/fib.h), and host routing takes two lookups where it takes one on 6.5.
+- A kernel whose verifier refuses bpf_xdp_adjust_meta in XDP programs (seen on a 6.18 build,
+  6.18.44-fc-v1300, where upstream allows it; `xdp_meta()` asks the kernel itself at start):
+  the programs are compiled without the metadata mark (-DCZ_NO_XDP_META), so behind XDP
+  ingress host routing leaves the uplink's frames to the stack, as on a driver without XDP
+  metadata; every decision and drop stays in XDP.
 - Older than 6.1: refused at start. Nothing older is proven: the verifier of an older kernel
   counts and prunes differently (6.1 rejected programs 6.12 took, until issue 36 changed
   them), and the programs use helpers of 5.8 to 5.12 (the ring buffer, bpf_redirect_neigh,
@@ -67,6 +72,42 @@ def check(release: str | None = None) -> list[str]:
             f"again without it"
         )
     return notes
+
+
+#: bpf_xdp_adjust_meta's number in enum bpf_func_id
+HELPER_XDP_ADJUST_META = 54
+
+
+@functools.cache
+def xdp_meta() -> str | None:
+    """Whether this kernel lets XDP programs call bpf_xdp_adjust_meta: None if it does, else
+    the verifier's refusal. Asked of the kernel itself, as libbpf's helper probes do: a
+    four-instruction XDP program calls it (r1 is the context) and is closed at once."""
+    from cozyebpf.datapath import bpfsys  # the syscall module; the model imports this file
+
+    call = bpfsys.insn(0xB7, dst=2, imm=-4)  # r2 = -4
+    call += bpfsys.insn(0x85, imm=HELPER_XDP_ADJUST_META)  # call bpf_xdp_adjust_meta
+    call += bpfsys.insn(0xB7, dst=0, imm=2) + bpfsys.insn(0x95)  # return XDP_PASS
+    try:
+        fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, call, "cz_probe_meta", bpfsys.BPF_XDP)
+    except OSError as e:  # the verifier's verdict is the log's last line but its statistics
+        lines = [x for x in str(e.strerror or e).splitlines() if not x.startswith("processed ")]
+        return lines[-1].strip() if lines else f"errno {e.errno}"
+    os.close(fd)
+    return None
+
+
+def xdp_meta_note(release: str | None = None) -> str | None:
+    """The log line for a kernel that refuses bpf_xdp_adjust_meta, None where it allows it."""
+    refusal = xdp_meta()
+    if refusal is None:
+        return None
+    return (
+        f"Linux {release or os.uname().release} refuses bpf_xdp_adjust_meta in XDP programs "
+        f"({refusal}): behind XDP ingress, host routing leaves the uplink's frames to the "
+        f"stack, as on a driver without XDP metadata (the pod-facing side and "
+        f"--ingress-hook tcx still route)"
+    )
 
 
 #: the ticks per second kernels are built with (CONFIG_HZ's choices)

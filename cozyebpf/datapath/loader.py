@@ -74,7 +74,8 @@ def pinned_layout(pin_dir: str) -> Layout:
 
 def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None) -> list[str]:
     """-D flags of the pin dir and the map sizes (bcc opens a pinned map only when the
-    declaration matches it): `layout`, else the layout of the maps pinned in `pin_dir`."""
+    declaration matches it): `layout`, else the layout of the maps pinned in `pin_dir`; and of
+    what this kernel refuses (CZ_NO_XDP_META: kernel.xdp_meta)."""
     lay = layout or pinned_layout(pin_dir)
     flags = [f'-DCZ_PIN_DIR="{pin_dir}"']
     sizes = {s.macro: s.max_entries for s in lay.all if s.macro}  # seen4 and seen6 share one
@@ -82,6 +83,8 @@ def cflags(pin_dir: str, extra: Sequence[str] = (), layout: Layout | None = None
     flags += [f"-DCZ_FLOWHINT_LOG2={lay.hint_log2}", f"-DCZ_ROLEHINT_LOG2={lay.role_hint_log2}"]
     rate = kernel.hz()  # the limits' clock: jiffies of this length (bpf/lib/limit.h)
     flags += [f"-DCZ_NS_PER_JIFFY={1_000_000_000 // rate if rate else 0}"]
+    if kernel.xdp_meta() is not None:  # the verifier refuses bpf_xdp_adjust_meta here
+        flags.append("-DCZ_NO_XDP_META")
     flags += ["-Wno-unused-function", *extra]
     return flags
 
