@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cozyebpf import __version__
+from cozyebpf.datapath import kernel
 from cozyebpf.datapath.layout import ALL_MAPS, LAYOUT_VERSION, OLDEST_COMPATIBLE
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta
@@ -255,6 +256,19 @@ def previous_maps(tree: Path) -> set[str]:
     return set(p.stdout.split())
 
 
+def refused_here(tree: Path) -> str | None:
+    """Why the release in `tree` cannot load its programs on this kernel, None if it can: its
+    XDP program calls bpf_xdp_adjust_meta with no way around it (0.3.0 does, in
+    bpf/lib/cluster.h) and this kernel's verifier refuses the helper (kernel.xdp_meta)."""
+    refusal = kernel.xdp_meta()
+    if refusal is None:
+        return None
+    src = "".join(f.read_text() for f in sorted((tree / "bpf").rglob("*.[ch]")))
+    if "bpf_xdp_adjust_meta" not in src or "CZ_NO_XDP_META" in src:
+        return None
+    return f"its XDP program calls bpf_xdp_adjust_meta, and {refusal}"
+
+
 @dataclass
 class Switches:
     """The issue's traffic while the agents change: UDP echo to a whole-IP LB IP (a new flow
@@ -353,6 +367,10 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
             env.cmd = new_cmd
             env.start_agent()
 
+        refused = refused_here(old)
+        if refused is not None:
+            upgrade_where_the_previous_cannot_run(env, run_previous, run_this, old, refused)
+            return
         run_previous()
         env.set_services(WHOLE, FILT)
         # its own code, not this tree's (the same version between releases): it pins none of
@@ -381,6 +399,55 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
         traffic.check()
         assert "rebuilt map" not in env.log() and "migrated map" not in env.log()
         env.set_services(WHOLE)
+
+
+def upgrade_where_the_previous_cannot_run(
+    env: AgentLab,
+    run_previous: Callable[[], None],
+    run_this: Callable[[], None],
+    old: Path,
+    refused: str,
+) -> None:
+    """The upgrade and the rollback on a kernel whose verifier refuses a helper the previous
+    release calls (6.18.44-fc-v1300 and 0.3.0: bpf_xdp_adjust_meta). The previous release, its
+    own code, fails at start and says why; this release, started over the maps it left, runs
+    the node; the rollback to it fails the same way and leaves this release's programs
+    attached, so the issue's traffic goes on through it without one loss, and the idle
+    connection the pod opened is answered when this release is back. What only a kernel that
+    lets the previous release load proves (its programs under traffic, both ways) the kernel
+    matrix's guests have (Debian's 6.1 and 6.12 allow the helper)."""
+    said = start_refused_previous(env, run_previous)
+    assert "bpf_xdp_adjust_meta" in said, f"{refused}; it said:\n{said}"
+    run_this()  # the upgrade: a start over whatever the failed one left pinned
+    env.set_services(WHOLE, FILT)
+    assert "refuses bpf_xdp_adjust_meta" in env.log()  # the fallback, logged
+    with switches(env) as (traffic, answer_later):
+        maps, links = env.map_ids(), env.links()
+        flowing(traffic.all(), udp=0, tcp=30, other=150)
+        assert env.stop_agent(signal.SIGTERM) == 0
+        said = start_refused_previous(env, run_previous)  # the rollback
+        assert "bpf_xdp_adjust_meta" in said, said
+        assert env.links() == links, "the failed rollback changed the attachments"
+        flowing(traffic.all(), udp=0, tcp=30, other=150)
+        run_this()  # rolled forward again
+        flowing(traffic.all(), udp=0, tcp=30, other=150)
+        assert answer_later() == b"later"
+        assert env.map_ids() == maps, "every map kept, both ways"
+    traffic.check()
+    env.set_services(WHOLE)
+
+
+def start_refused_previous(env: AgentLab, run_previous: Callable[[], None]) -> str:
+    """run_previous where the previous release cannot load: it exits at start; its log."""
+    offset = len(env.log())
+    with pytest.raises(AssertionError):
+        run_previous()  # start_agent asserts that the agent still runs once it attached
+    assert env.proc is not None
+    rc = env.proc.wait(timeout=20)
+    env.proc = None
+    said = env.log()[offset:]
+    assert rc != 0, said
+    return said
 
 
 def test_a_newer_additive_layout_under_traffic(filt: AgentLab) -> None:
