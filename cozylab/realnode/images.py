@@ -81,6 +81,8 @@ class Release:
     archive: Path
     #: the tag is the chart's default (a release): helm is given no image value
     default_tag: bool = False
+    #: a release's source tree (its release commit's), None for this checkout
+    tree: Path | None = None
 
 
 def previous_release(repo: Path = REPO) -> tuple[str, str]:
@@ -120,7 +122,7 @@ def release_of(workdir: Path, helm: list[str], version: str, commit: str) -> Rel
         raise RuntimeError(f"helm package of {version}'s chart: {out.stderr.strip()}")
     chart = Path(out.stdout.strip().rpartition(": ")[2])
     archive_path = agent_image(tree, f"{AGENT_REPOSITORY}:{tag}", version)
-    return Release(version, chart, tag, archive_path, default_tag=True)
+    return Release(version, chart, tag, archive_path, default_tag=True, tree=tree)
 
 
 def main_release(tag: str = MAIN_TAG) -> Release:

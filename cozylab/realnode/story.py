@@ -41,7 +41,7 @@ import yaml
 
 from cozylab.kubecp.spec import Obj
 from cozylab.netns import wait_for
-from cozylab.realnode import probes, readme
+from cozylab.realnode import probes, readme, refused
 from cozylab.realnode.images import Release
 from cozylab.realnode.lab import RealNodeLab
 from cozylab.realnode.spec import AGENT_REPOSITORY, CLIENT_IP, LB_FILTERED, LB_WHOLE, NODES
@@ -773,6 +773,9 @@ class Story:
     def upgrade_from_previous(self) -> None:
         """previous release: its chart and image, helm upgrade to main and rollback."""
         step, lab = "upgrade from the previous release", self.lab
+        why = refused.refused_here(self.previous.tree) if self.previous.tree else None
+        if why is not None:  # this kernel refuses its programs (cozylab/realnode/refused.py)
+            return refused.upgrade_from_refused(self, why)
         seen = self.rollout(lambda: self.helm("install", release=self.previous))
         ok, said = self.all_ready(self.previous.tag)
         self.row(step, f"helm install of {self.previous.name}", ok and seen.most_unready <= 2, said)

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from cozyebpf import __version__
-from cozyebpf.datapath import kernel
 from cozyebpf.datapath.layout import ALL_MAPS, LAYOUT_VERSION, OLDEST_COMPATIBLE
 from cozyebpf.datapath.maps import PinnedMaps
 from cozyebpf.datapath.pins import PinnedLayout, read_pinned_meta
 from cozylab.k8s import Svc, manifest
 from cozylab.netns import CLIENT_IP, DEFAULT_PODS, UPLINK
+from cozylab.realnode.refused import refused_here
 from cozylab.traffic import Download, NewFlows, Pusher, TcpChat, flowing, line_echo
 from tests.support.env import IN_CI
 from tests.support.labtools import (
@@ -254,19 +254,6 @@ def previous_maps(tree: Path) -> set[str]:
         env={**os.environ, "PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"},
     )
     return set(p.stdout.split())
-
-
-def refused_here(tree: Path) -> str | None:
-    """Why the release in `tree` cannot load its programs on this kernel, None if it can: its
-    XDP program calls bpf_xdp_adjust_meta with no way around it (0.3.0 does, in
-    bpf/lib/cluster.h) and this kernel's verifier refuses the helper (kernel.xdp_meta)."""
-    refusal = kernel.xdp_meta()
-    if refusal is None:
-        return None
-    src = "".join(f.read_text() for f in sorted((tree / "bpf").rglob("*.[ch]")))
-    if "bpf_xdp_adjust_meta" not in src or "CZ_NO_XDP_META" in src:
-        return None
-    return f"its XDP program calls bpf_xdp_adjust_meta, and {refusal}"
 
 
 @dataclass
