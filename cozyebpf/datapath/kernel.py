@@ -21,6 +21,7 @@ kernel-matrix`; README, *Install*; docs/design.md, *The kernel matrix*).
 
 from __future__ import annotations
 
+import errno
 import functools
 import gzip
 import os
@@ -80,8 +81,9 @@ HELPER_XDP_ADJUST_META = 54
 
 @functools.cache
 def xdp_meta() -> str | None:
-    """Whether this kernel lets XDP programs call bpf_xdp_adjust_meta: None if it does, else
-    the verifier's refusal. Asked of the kernel itself, as libbpf's helper probes do: a
+    """Whether this kernel lets XDP programs call bpf_xdp_adjust_meta: None if it does (or the
+    probe cannot tell: a load refused for another reason than EINVAL), else the verifier's
+    refusal. Asked of the kernel itself, as libbpf's helper probes do: a
     four-instruction XDP program calls it (r1 is the context) and is closed at once."""
     from cozyebpf.datapath import bpfsys  # the syscall module; the model imports this file
 
@@ -90,9 +92,12 @@ def xdp_meta() -> str | None:
     call += bpfsys.insn(0xB7, dst=0, imm=2) + bpfsys.insn(0x95)  # return XDP_PASS
     try:
         fd = bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, call, "cz_probe_meta", bpfsys.BPF_XDP)
-    except OSError as e:  # the verifier's verdict is the log's last line but its statistics
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # not the verifier's answer (no privilege, say): the
+            return None  # programs' own load will say what is wrong, as without the probe
+        # the verifier's verdict: the log's last line but its statistics
         lines = [x for x in str(e.strerror or e).splitlines() if not x.startswith("processed ")]
-        return lines[-1].strip() if lines else f"errno {e.errno}"
+        return lines[-1].strip() if lines else "refused (EINVAL)"
     os.close(fd)
     return None
 
