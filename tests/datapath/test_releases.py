@@ -356,7 +356,7 @@ def test_upgrade_from_the_previous_release_and_back_under_traffic(
 
         refused = refused_here(old)
         if refused is not None:
-            upgrade_where_the_previous_cannot_run(env, run_previous, run_this, old, refused)
+            upgrade_where_the_previous_cannot_run(env, run_previous, run_this, refused)
             return
         run_previous()
         env.set_services(WHOLE, FILT)
@@ -392,7 +392,6 @@ def upgrade_where_the_previous_cannot_run(
     env: AgentLab,
     run_previous: Callable[[], None],
     run_this: Callable[[], None],
-    old: Path,
     refused: str,
 ) -> None:
     """The upgrade and the rollback on a kernel whose verifier refuses a helper the previous
