@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import threading
 import time
@@ -30,7 +31,6 @@ from cozylab.realnode.spec import (
     TOR_IP,
     kube_bin,
     missing_prerequisites,
-    node_bin_dir,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +55,30 @@ CLUSTER_CIDR = "198.51.100.128/26"
 
 def _sysctl_path(key: str) -> Path:
     return Path("/proc/sys") / key.replace(".", "/")
+
+
+def ours(
+    cmd: str,
+    cwd: str,
+    cgroups: str,
+    net: str,
+    dirs: Sequence[str],
+    cgroup_rel: str,
+    netns: set[str],
+) -> bool:
+    """Whether a process is a lab's: its working directory is under one of `dirs` or its
+    command line names one, or one of its cgroups (/proc/<pid>/cgroup) is in the subtree
+    `cgroup_rel`, or its network namespace (/proc/<pid>/ns/net, "net:[<inode>]") is in `netns`."""
+    if any(cwd == d or cwd.startswith(f"{d}/") for d in dirs):
+        return True
+    if any(re.search(re.escape(d) + r"(?=[/\s]|$)", cmd) for d in dirs):
+        return True
+    top = f"/{cgroup_rel.strip('/')}"
+    for line in cgroups.splitlines():
+        path = line.split(":", 2)[-1]
+        if path == top or path.startswith(f"{top}/"):
+            return True
+    return net in netns
 
 
 class RealNodeLab:
@@ -88,6 +112,8 @@ class RealNodeLab:
         #: the fixed directories (FIXED_DIRS) that the machine had before the lab
         self._fixed_before: set[str] = set(FIXED_DIRS)
         self._made_dirs: list[Path] = []
+        #: the lab's network namespaces as /proc/<pid>/ns/net names them ("net:[<inode>]")
+        self._netns_inodes: set[str] = set()
         self.timings: dict[str, float] = {}
 
     @property
@@ -110,6 +136,10 @@ class RealNodeLab:
             self._save_sysctls()
             self.plane.start()
             self.plane.attach(self.tor, "br0", SEGMENT_PREFIX)
+            self._netns_inodes = {
+                f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]"
+                for ns in [*self.namespaces, self.plane.ns]
+            }
             self.timings["control plane"] = time.monotonic() - t0
             base = lab_images.lab_images()
             self._fixed_before = {d for d in FIXED_DIRS if Path(d).exists()}
@@ -195,25 +225,9 @@ class RealNodeLab:
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of the lab is still on the machine (after `down`, every list is empty): its
-        processes (anything running a binary of the node's or Kubernetes' build, or from the
-        lab's directories), its cgroups, its mounts, its namespaces, the directories it made at
-        fixed paths, the sysctls the kubelet set that differ from before."""
-        roots = (
-            str(node_bin_dir()),
-            str(kube_bin("kubelet").parent),
-            str(STATE_ROOT / self.prefix),
-        )
-        procs = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                exe = os.readlink(proc / "exe")
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if exe.startswith(roots) or any(r in cmd for r in roots[2:]):
-                procs.append(f"{proc.name} {cmd.strip()[:120]}")
+        processes (`processes`), its cgroups, its mounts, its namespaces, the directories it made
+        at fixed paths, the sysctls the kubelet set that differ from before."""
+        procs = [f"{pid} {cmd[:120]}" for pid, cmd in self.processes()]
         existing = run("ip", "netns", "list", check=False).stdout.split()
         return {
             "processes": procs,
@@ -231,6 +245,30 @@ class RealNodeLab:
                 if _sysctl_path(k).read_text().strip() != v
             ],
         }
+
+    def processes(self) -> list[tuple[int, str]]:
+        """The machine's processes that are the lab's (pid and command line): those started in
+        one of its directories or naming one, those in its cgroup subtree, those in one of its
+        network namespaces (by the namespaces' inodes, still known after `down` deleted their
+        names). Another lab's processes are not: the cluster lab runs the same Kubernetes
+        binaries beside this one in CI, from directories, cgroups and namespaces of its own."""
+        dirs = tuple(
+            str(d) for d in (self.workdir, STATE_ROOT / self.prefix, RUN_ROOT / self.prefix)
+        )
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(proc / "cwd")
+                cgroups = (proc / "cgroup").read_text()
+                net = os.readlink(proc / "ns" / "net")
+            except OSError:
+                continue
+            if ours(cmd, cwd, cgroups, net, dirs, self.cgroups.rel, self._netns_inodes):
+                found.append((int(proc.name), cmd.strip()))
+        return found
 
     def lab_mounts(self) -> list[str]:
         """The machine's mounts (its own mount namespace) under the lab's directories."""
