@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from ipaddress import ip_network
 from sys import intern
 from typing import Any
@@ -222,17 +222,23 @@ class ModelResult:
     problems: list[Problem] = field(default_factory=list)
 
 
-AgeKey = tuple[bool, datetime, str, str]
+AgeKey = str
+
+_FIRST = datetime(1, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def _age(s: ParsedService) -> AgeKey:
-    """Sort key, oldest first; Services without a (valid) timestamp count as the newest."""
-    return (
-        s.created is None,
-        s.created or datetime.min.replace(tzinfo=UTC),
-        s.ref.namespace,
-        s.ref.name,
-    )
+    """Sort key, oldest first; Services without a (valid) timestamp count as the newest, ties
+    in namespace/name order. One string that sorts as the tuple (no timestamp, creation time,
+    namespace, name) does: a flag, the microseconds since year 1 (offset by 10**18: a fixed 19
+    digits, also for an offset before it), the namespace, NUL (in no Kubernetes name: a
+    namespace sorts before every longer one it begins), the name. A cold start sorts every
+    Service: strings compare many times faster than tuples of a datetime and two strings."""
+    ref = s.ref
+    if s.created is None:
+        return f"1{ref.namespace}\0{ref.name}"
+    return f"0{(s.created - _FIRST) // _MICROSECOND + 10**18:019d}{ref.namespace}\0{ref.name}"
 
 
 _NOT_MOVING: frozenset[IPAddress] = frozenset()

@@ -79,6 +79,9 @@ def _put(index: dict[Any, Keys], at: Any, keys: tuple[Key, ...]) -> None:
 
 
 def _tuple_add(index: dict[Any, Keys], at: Any, key: Key) -> None:
+    if at not in index:  # the first key (every one of a cold start)
+        index[at] = key
+        return
     keys = _keys(index, at)
     if key not in keys:
         _put(index, at, (*keys, key))
@@ -304,6 +307,12 @@ class IncrementalModel:
                     self._removed.add(p)
 
     def _slice_records(self, key: Key) -> list[SliceRecord]:
+        names = self._slices_of.get(key[0])
+        sk = names.get(key[1]) if names is not None else None
+        if sk is not None and isinstance(sk[0], str):  # one slice (most Services)
+            r = self.slices.get(sk)
+            if isinstance(r, SliceRecord):  # of one record: the general path's list of it
+                return [r] if (r.ref.namespace, r.service) == key else []
         out = [
             r
             for sk in _keys(self._slices_of.get(key[0], {}), key[1])
