@@ -31,15 +31,15 @@ from typing import TypeAlias
 IPAddress: TypeAlias = IPv4Address | IPv6Address
 #: A network (a CIDR) of either family.
 IPNetwork: TypeAlias = IPv4Network | IPv6Network
-
-_VERSION_OF: dict[type, int] = {IPv4Address: 4, IPv6Address: 6}
-_POD_IP = operator.attrgetter("pod_ip")
 #: The sources a pod accepts connections from (loadBalancerSourceRanges), all of the pod's
 #: family; empty: none at all.
 Ranges: TypeAlias = frozenset[IPNetwork]
 
 #: The address families, as `IPv4Address.version` / `IPv6Address.version` name them.
 FAMILIES = (4, 6)
+#: an address's family by its class (`MapState.counts` counts classes)
+_VERSION_OF: dict[type, int] = {IPv4Address: 4, IPv6Address: 6}
+_POD_IP = operator.attrgetter("pod_ip")
 
 
 def family_name(version: int) -> str:
