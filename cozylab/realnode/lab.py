@@ -112,8 +112,6 @@ class RealNodeLab:
         #: the fixed directories (FIXED_DIRS) that the machine had before the lab
         self._fixed_before: set[str] = set(FIXED_DIRS)
         self._made_dirs: list[Path] = []
-        #: the lab's network namespaces as /proc/<pid>/ns/net names them ("net:[<inode>]")
-        self._netns_inodes: set[str] = set()
         self.timings: dict[str, float] = {}
 
     @property
@@ -136,10 +134,6 @@ class RealNodeLab:
             self._save_sysctls()
             self.plane.start()
             self.plane.attach(self.tor, "br0", SEGMENT_PREFIX)
-            self._netns_inodes = {
-                f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]"
-                for ns in [*self.namespaces, self.plane.ns]
-            }
             self.timings["control plane"] = time.monotonic() - t0
             base = lab_images.lab_images()
             self._fixed_before = {d for d in FIXED_DIRS if Path(d).exists()}
@@ -249,12 +243,18 @@ class RealNodeLab:
     def processes(self) -> list[tuple[int, str]]:
         """The machine's processes that are the lab's (pid and command line): those started in
         one of its directories or naming one, those in its cgroup subtree, those in one of its
-        network namespaces (by the namespaces' inodes, still known after `down` deleted their
-        names). Another lab's processes are not: the cluster lab runs the same Kubernetes
-        binaries beside this one in CI, from directories, cgroups and namespaces of its own."""
+        network namespaces that are still there. Another lab's processes are not: the cluster
+        lab runs the same Kubernetes binaries beside this one in CI, from directories, cgroups
+        and namespaces of its own. (A namespace deleted by `down` is not looked for: the kernel
+        gives its inode number to the next namespace made, and a CI run found another test's
+        agent in one. The lab's daemons and Pods are in its cgroup subtree anyway.)"""
         dirs = tuple(
             str(d) for d in (self.workdir, STATE_ROOT / self.prefix, RUN_ROOT / self.prefix)
         )
+        netns = set()
+        for ns in [*self.namespaces, self.plane.ns]:
+            with contextlib.suppress(OSError):
+                netns.add(f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]")
         found = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -266,7 +266,7 @@ class RealNodeLab:
                 net = os.readlink(proc / "ns" / "net")
             except OSError:
                 continue
-            if ours(cmd, cwd, cgroups, net, dirs, self.cgroups.rel, self._netns_inodes):
+            if ours(cmd, cwd, cgroups, net, dirs, self.cgroups.rel, netns):
                 found.append((int(proc.name), cmd.strip()))
         return found
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,3 +77,27 @@ def test_processes_are_the_labs_own_only(sleeper: tuple[Path, Path, int, int]) -
     assert mine in pids
     assert theirs not in pids
     assert os.getpid() not in pids
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a network namespace (root)")
+def test_a_process_in_a_namespace_of_the_lab_that_is_there(tmp_path: Path) -> None:
+    """A process in one of the lab's network namespaces counts while the namespace is there;
+    once its name is gone it is not looked for (the kernel gives a deleted namespace's inode
+    number to the next one made: a CI run found another test's agent that way)."""
+    lab = RealNodeLab(f"rnns{os.getpid()}", tmp_path / "real-node0", log=lambda _: None)
+    subprocess.run(["ip", "netns", "add", lab.tor], check=True)
+    p = None
+    try:
+        p = subprocess.Popen(["nsenter", f"--net=/run/netns/{lab.tor}", "sleep", "60"], cwd="/")
+        for _ in range(100):  # until nsenter has entered and exec'd sleep
+            if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                break
+            time.sleep(0.02)
+        assert p.pid in {pid for pid, _ in lab.processes()}
+        subprocess.run(["ip", "netns", "del", lab.tor], check=True)
+        assert p.pid not in {pid for pid, _ in lab.processes()}
+    finally:
+        if p is not None:
+            p.kill()
+            p.wait()
+        subprocess.run(["ip", "netns", "del", lab.tor], check=False, capture_output=True)
