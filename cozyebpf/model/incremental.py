@@ -307,17 +307,12 @@ class IncrementalModel:
                     self._removed.add(p)
 
     def _slice_records(self, key: Key) -> list[SliceRecord]:
-        names = self._slices_of.get(key[0])
-        sk = names.get(key[1]) if names is not None else None
-        if sk is not None and isinstance(sk[0], str):  # one slice (most Services)
-            r = self.slices.get(sk)
-            if isinstance(r, SliceRecord):  # of one record: the general path's list of it
-                return [r] if (r.ref.namespace, r.service) == key else []
+        keys = _keys(self._slices_of.get(key[0], {}), key[1])
+        # one slice of one record (most Services): the list below, without its loops and sort
+        if len(keys) == 1 and isinstance(r := self.slices.get(keys[0]), SliceRecord):
+            return [r] if (r.ref.namespace, r.service) == key else []
         out = [
-            r
-            for sk in _keys(self._slices_of.get(key[0], {}), key[1])
-            for r in self.slice_records(sk)
-            if (r.ref.namespace, r.service) == key
+            r for sk in keys for r in self.slice_records(sk) if (r.ref.namespace, r.service) == key
         ]
         out.sort(key=lambda r: r.ref)
         return out

@@ -54,7 +54,7 @@ def test_not_the_labs(cmd: str, cwd: str, cgroups: str, net: str) -> None:
 
 
 @pytest.fixture
-def sleeper(tmp_path: Path) -> Iterator[tuple[Path, Path, int, int]]:
+def sleeper(tmp_path: Path) -> Iterator[tuple[Path, int, int]]:
     """Two real processes: one started in the lab's directory, one in another lab's."""
     lab, other = tmp_path / "real-node0", tmp_path / "cp0"
     for d in (lab / "cp", other):
@@ -63,15 +63,15 @@ def sleeper(tmp_path: Path) -> Iterator[tuple[Path, Path, int, int]]:
     a = subprocess.Popen(argv, cwd=lab / "cp")
     b = subprocess.Popen(argv, cwd=other)
     try:
-        yield lab, other, a.pid, b.pid
+        yield lab, a.pid, b.pid
     finally:
         for p in (a, b):
             p.kill()
             p.wait()
 
 
-def test_processes_are_the_labs_own_only(sleeper: tuple[Path, Path, int, int]) -> None:
-    lab_dir, _, mine, theirs = sleeper
+def test_processes_are_the_labs_own_only(sleeper: tuple[Path, int, int]) -> None:
+    lab_dir, mine, theirs = sleeper
     lab = RealNodeLab(f"rnunit{os.getpid()}", lab_dir, log=lambda _: None)
     pids = {pid for pid, _ in lab.processes()}
     assert mine in pids
